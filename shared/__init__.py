@@ -1,0 +1,1 @@
+"""Code shared by every recall service: the embedded engine and the common plumbing."""

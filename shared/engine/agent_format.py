@@ -1,0 +1,109 @@
+"""funes' byte-stable agent output format, produced here and parsed back by the recall service.
+
+recall, per hit:
+    [<ts>] <harness> <workdir>/<session_id[:8]> <block_type>  score=<%.3f>
+      → get <session_id> <turn_uuid> --memory <label>
+    <full chunk text>
+      ~ [<role> <block_type> seq<N>] <first 160 code points of a neighbouring chunk>
+    ---
+An empty result is `no results` with no trailing newline.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from shared.engine.hybrid_search import Hit
+from shared.engine.store import Row
+
+NO_RESULTS = "no results"
+PREVIEW_CHARS = 160
+HEADER = re.compile(r"^\[(?P<ts>[^\]]*)\] (?P<harness>\S*) (?P<where>\S+) (?P<block_type>\S+)  score=(?P<score>[-0-9.]+)$")
+HINT = re.compile(r"^  → get .*$")
+NEIGHBOUR = re.compile(r"^  ~ \[(?P<role>\S+) (?P<block_type>\S+) seq(?P<seq>-?\d+)\] (?P<text>.*)$")
+
+
+def _where(row: Row) -> str:
+    return f"{row.workdir}/{row.session_id[:8]}" if row.workdir else row.session_id[:8]
+
+
+def render_recall(hits: list[Hit], memory_label: str) -> str:
+    if not hits:
+        return NO_RESULTS
+    out: list[str] = []
+    for hit in hits:
+        r = hit.row
+        out.append(f"[{r.ts}] {r.harness} {_where(r)} {r.block_type}  score={hit.score:.3f}")
+        out.append(f"  → get {r.session_id} {r.turn_uuid} --memory {memory_label}")
+        out.append(r.text)
+        for n in hit.neighbours:
+            out.append(f"  ~ [{n.role} {n.block_type} seq{n.seq}] {n.text[:PREVIEW_CHARS]}")
+        out.append("---")
+    return "\n".join(out) + "\n"
+
+
+def _stitch(pieces: list[str], max_overlap: int = 150) -> str:
+    """Join the splits of a block, removing the longest suffix/prefix overlap."""
+    text = pieces[0]
+    for nxt in pieces[1:]:
+        best = 0
+        for n in range(min(max_overlap, len(text), len(nxt)), 0, -1):
+            if text.endswith(nxt[:n]):
+                best = n
+                break
+        text = text + ("" if best else " ") + nxt[best:]
+    return text
+
+
+def render_get(rows: list[Row] | None, session_id: str, turn_uuid: str) -> str:
+    if not rows:
+        return f"turn {turn_uuid} not found in session {session_id}\n"
+    out: list[str] = []
+    turns: dict[tuple[int, str], list[Row]] = {}
+    for r in rows:
+        turns.setdefault((r.seq, r.turn_uuid), []).append(r)
+    for (seq, uuid), parts in sorted(turns.items()):
+        blocks: dict[int, list[str]] = {}
+        for p in parts:
+            blocks.setdefault(p.block_idx, []).append(p.text)
+        out.append(f"[{parts[0].ts}] {parts[0].role} seq{seq} turn={uuid}")
+        out.append("\n\n".join(_stitch(b) for _, b in sorted(blocks.items())))
+        out.append("---")
+    return "\n".join(out) + "\n"
+
+
+@dataclass
+class ParsedHit:
+    ts: str
+    harness: str
+    block_type: str
+    text_lines: list[str] = field(default_factory=list)
+    neighbours: list[tuple[str, int, str]] = field(default_factory=list)  # (role, seq, preview)
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self.text_lines).strip()
+
+
+def parse_recall(output: str) -> list[ParsedHit]:
+    """Split on header lines (never on `---`, which chunk text may contain)."""
+    if output.strip() == NO_RESULTS:
+        return []
+    hits: list[ParsedHit] = []
+    for line in output.splitlines():
+        m = HEADER.match(line)
+        if m:
+            hits.append(ParsedHit(m["ts"], m["harness"], m["block_type"]))
+            continue
+        if not hits or HINT.match(line):
+            continue
+        n = NEIGHBOUR.match(line)
+        if n:
+            hits[-1].neighbours.append((n["role"], int(n["seq"]), n["text"]))
+        else:
+            hits[-1].text_lines.append(line)
+    for h in hits:  # the `---` closing each hit is not part of its text
+        while h.text_lines and h.text_lines[-1] in ("---", ""):
+            h.text_lines.pop()
+    return hits

@@ -1,0 +1,136 @@
+"""Recall: dense + BM25 (+ identifier) legs, reciprocal rank fusion, identifier-first order,
+recency weighting, optional cross-encoder rerank, neighbouring turns attached."""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import tantivy
+
+from shared.engine.embedder import Embedder
+from shared.engine.identifiers import count_identifiers, identifier_pattern, query_identifiers
+from shared.engine.memory_reader import MemoryReader
+from shared.engine.reranker import Reranker
+from shared.engine.store import Row
+
+RRF_K = 60
+# Without a cross-encoder the fused scores are close together, so a full half-life decay would
+# let any recent weak match bury an older exact one. Recency may discount a hit by at most this
+# share of its score: it orders near-ties by date, it does not override relevance.
+RECENCY_SHARE = 0.25
+RERANK_POOL_FACTOR = 4
+
+
+@dataclass(frozen=True)
+class RecallParams:
+    k: int = 8
+    candidates: int = 30
+    half_life_days: float = 30.0
+    neighbors: int = 1
+    block_type: str | None = None
+    harness: str | None = None
+
+
+@dataclass
+class Hit:
+    row: Row
+    score: float
+    neighbours: list[Row] = field(default_factory=list)
+
+
+_QUOTE_STRIP = re.compile(r'["\\]')
+_HAS_WORD = re.compile(r"[^\W_]", re.UNICODE)
+
+
+def bm25_query_text(query: str) -> str:
+    """Quote every whitespace-separated word so tantivy's parser accepts any user text.
+
+    `MT-4471` then becomes the positional phrase `mt 4471`; words with no letter or digit
+    are dropped (calibration: this made 20,000 random strings parse).
+    """
+    words = [_QUOTE_STRIP.sub("", w) for w in query.split()]
+    return " ".join(f'"{w}"' for w in words if _HAS_WORD.search(w))
+
+
+def _bm25_leg(reader: MemoryReader, text: str, limit: int, mask: np.ndarray) -> list[int]:
+    if not text:
+        return []
+    try:
+        query = reader.store.fts.parse_query(text, ["text"])
+    except ValueError:
+        return []
+    out: list[int] = []
+    # Ask for more than needed: dead or filtered-out docs are dropped after the search.
+    for row_id, _ in reader.store.bm25(query, limit * 2 + 10):
+        if reader.passes(row_id, mask):
+            out.append(row_id)
+            if len(out) == limit:
+                break
+    return out
+
+
+def _recency(epoch: float | None, now: float, half_life_days: float) -> float:
+    if half_life_days <= 0 or epoch is None:
+        return 1.0
+    age_days = max(now - epoch, 0.0) / 86400.0
+    return 1.0 - RECENCY_SHARE + RECENCY_SHARE * 0.5 ** (age_days / half_life_days)
+
+
+def recall(
+    reader: MemoryReader,
+    embedder: Embedder,
+    query: str,
+    params: RecallParams,
+    reranker: Reranker | None = None,
+    now: float | None = None,
+) -> list[Hit]:
+    query = query.strip()
+    if not query:
+        return []
+    qvec = embedder.embed([query])[0]
+    now = time.time() if now is None else now
+    with reader.lock:
+        reader.refresh()
+        mask = reader.filter_mask(params.block_type, params.harness)
+        c = params.candidates
+        legs = [reader.nearest(qvec, c, mask), _bm25_leg(reader, bm25_query_text(query), c, mask)]
+        idents = query_identifiers(query)
+        if idents:
+            legs.append(_bm25_leg(reader, " ".join(f'"{i}"' for i in idents), c, mask))
+        fused: dict[int, float] = {}
+        for leg in legs:
+            for rank, row_id in enumerate(leg):
+                fused[row_id] = fused.get(row_id, 0.0) + 1.0 / (rank + RRF_K)
+        rows = reader.store.rows(list(fused))
+        patterns = [identifier_pattern(i) for i in idents]
+        ident_hits = {rid: count_identifiers(rows[rid].text, patterns) for rid in rows} if patterns else {}
+        pool = sorted(rows, key=lambda rid: (ident_hits.get(rid, 0), fused[rid]), reverse=True)[:c]
+
+        if reranker is not None and len(pool) >= RERANK_POOL_FACTOR * params.k:
+            base = dict(zip(pool, reranker.scores(query, [rows[r].text for r in pool]).tolist()))
+        else:
+            base = {rid: fused[rid] for rid in pool}
+        scored = {rid: base[rid] * _recency(reader.epoch_of(rid), now, params.half_life_days) for rid in pool}
+        ranked = sorted(pool, key=lambda rid: (ident_hits.get(rid, 0), scored[rid]), reverse=True)[: params.k]
+        hits = [Hit(rows[rid], scored[rid]) for rid in ranked]
+        if params.neighbors > 0:
+            for hit in hits:
+                r = hit.row
+                hit.neighbours = [
+                    n for n in reader.store.session_rows(r.session_id, r.seq - params.neighbors, r.seq + params.neighbors)
+                    if n.turn_uuid != r.turn_uuid
+                ]
+        return hits
+
+
+def turn_window(reader: MemoryReader, session_id: str, turn_uuid: str, window: int) -> list[Row] | None:
+    """Every chunk of the turns within `window` seqs of the target, or None if it is unknown."""
+    with reader.lock:
+        target = reader.store.turn_rows(session_id, turn_uuid)
+        if not target:
+            return None
+        seq = target[0].seq
+        return reader.store.session_rows(session_id, seq - window, seq + window)

@@ -1,0 +1,107 @@
+"""Bring a memory up to date with a tree of transcripts.
+
+Beyond funes (append-only), the result always equals a from-scratch index of the tree as it
+is now: rows of deleted or shrunk conversations are removed and a turn whose text changed is
+embedded again. Only chunks whose text is not already stored are embedded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from shared.engine.chunking import Chunk, chunk_turn
+from shared.engine.embedder import Embedder
+from shared.engine.memory_lock import memory_lock
+from shared.engine.store import MemoryStore, NewRow
+from shared.engine.transcript import discover_transcripts, read_transcript, source_signature
+
+
+@dataclass(frozen=True)
+class IndexReport:
+    sessions: int  # sources (re)parsed this run
+    skipped: int  # sources unchanged since the last run
+    chunks: int  # chunks embedded and added
+    removed: int  # chunks removed (deleted, shrunk or edited conversations)
+    malformed_lines: int
+    generation: int
+
+    def summary_line(self) -> str:
+        return f"indexed sessions={self.sessions} skipped={self.skipped} chunks={self.chunks}"
+
+
+def memory_dir(home: Path) -> Path:
+    return home / "memory"
+
+
+def open_or_create(home: Path, embedder: Embedder) -> MemoryStore:
+    path = memory_dir(home)
+    if MemoryStore.exists(path):
+        store = MemoryStore.open(path)
+        store.check_model(embedder.spec.model_id, embedder.dim)
+        return store
+    return MemoryStore.create(path, embedder.spec.model_id, embedder.dim)
+
+
+def index_tree(home: Path, src: Path, embedder: Embedder, lock_wait_s: float = 0.0) -> IndexReport:
+    """Index `src` into `$home/memory` under the memory lock (MemoryBusy if it is held)."""
+    if not src.exists():
+        raise FileNotFoundError(f"no such path: {src}")
+    with memory_lock(home, lock_wait_s):
+        store = open_or_create(home, embedder)
+        try:
+            return _sync(store, src.resolve(), embedder)
+        finally:
+            store.close()
+
+
+def _sync(store: MemoryStore, src: Path, embedder: Embedder) -> IndexReport:
+    known = store.sources()
+    present = {str(p): p for p in discover_transcripts(src).values()}
+    signatures = {key: source_signature(p) for key, p in present.items()}
+    changed = [key for key in present if known.get(key) != signatures[key]]
+    gone = [key for key in known if key not in present]
+
+    to_add: list[tuple[Chunk, str]] = []
+    dead: list[int] = []
+    malformed = 0
+    for key in changed:
+        parsed = read_transcript(present[key])
+        malformed += parsed.malformed_lines
+        wanted = {c.chunk_key: c for turn in parsed.turns for c in chunk_turn(turn)}
+        stored = store.rows_of_source(key)
+        for ck, chunk in wanted.items():
+            old = stored.get(ck)
+            if old is None or old[1] != chunk.text_hash:
+                to_add.append((chunk, key))
+        dead += [row_id for ck, (row_id, h) in stored.items() if ck not in wanted or wanted[ck].text_hash != h]
+    for key in gone:
+        dead += [row_id for row_id, _ in store.rows_of_source(key).values()]
+
+    if not changed and not gone:
+        return IndexReport(0, len(present), 0, 0, 0, store.generation())
+    vectors = embedder.embed([c.text for c, _ in to_add])
+    added = [NewRow(chunk=c, source_path=key, vector=v) for (c, key), v in zip(to_add, vectors)]
+    generation = store.commit_changes(added, dead, {k: signatures[k] for k in changed}, gone)
+    return IndexReport(len(changed), len(present) - len(changed), len(added), len(dead), malformed, generation)
+
+
+def forget_session(home: Path, session_id: str, lock_wait_s: float = 5.0) -> int:
+    """Remove every chunk of one session now. Returns how many were removed.
+
+    Its source file is left alone: delete it too, or the next index run brings it back.
+    """
+    path = memory_dir(home)
+    if not MemoryStore.exists(path):
+        return 0
+    with memory_lock(home, lock_wait_s):
+        store = MemoryStore.open(path)
+        try:
+            rows = store.conn.execute("SELECT row_id, source_path FROM chunks WHERE session_id=?", (session_id,)).fetchall()
+            if not rows:
+                return 0
+            # Forget the source's signature so a recreated file is indexed again from scratch.
+            store.commit_changes([], [r[0] for r in rows], {}, sorted({r[1] for r in rows}))
+            return len(rows)
+        finally:
+            store.close()

@@ -1,0 +1,303 @@
+"""The on-disk memory: one directory holding a SQLite file and a tantivy BM25 index.
+
+Layout of `<memory>/`:
+- `chunks.sqlite3`: every live chunk (text, coordinates, float32 vector), the sources that
+  produced them, tombstones and the stamp of the embedding model. SQLite in WAL mode is the
+  single source of truth and its transaction is the commit point of an index run.
+- `fts/`: tantivy over the chunk text, keyed by `row_id`. It is a derived index that may run
+  ahead of SQLite (docs added before the SQLite commit) or behind it (docs deleted after), so
+  readers keep only BM25 hits whose row_id SQLite says is alive.
+
+Commit protocol of a write (the caller holds the memory lock):
+1. delete from tantivy any doc whose row_id is above the committed maximum (orphans of a crash);
+2. add the new rows' docs to tantivy and commit it (invisible: SQLite does not know them yet);
+3. one SQLite transaction inserts the rows, deletes the dead ones, records their tombstones and
+   bumps `generation`: from here readers see the new state, all at once;
+4. delete the dead rows' docs from tantivy (queued in `fts_pending_delete`, so a crash here is
+   finished by the next write).
+A kill -9 at any step leaves the last committed generation fully searchable.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import tantivy
+
+from shared.engine.chunking import Chunk
+
+SCHEMA_VERSION = "1"
+DB_NAME = "chunks.sqlite3"
+FTS_DIR = "fts"
+TOMBSTONE_KEEP = 50  # generations of tombstones kept for incremental reader refresh
+
+ROW_COLUMNS = (
+    "row_id, chunk_key, session_id, turn_uuid, seq, ts, ts_epoch, role, harness, workdir,"
+    " block_type, block_idx, split_idx, source_path, text"
+)
+
+
+class MemoryError_(Exception):
+    """A memory that cannot be used as it is (wrong model, corrupt files)."""
+
+
+class ModelMismatch(MemoryError_):
+    pass
+
+
+@dataclass(frozen=True)
+class Row:
+    row_id: int
+    chunk_key: str
+    session_id: str
+    turn_uuid: str
+    seq: int
+    ts: str
+    ts_epoch: float | None
+    role: str
+    harness: str
+    workdir: str
+    block_type: str
+    block_idx: int
+    split_idx: int
+    source_path: str
+    text: str
+
+
+@dataclass(frozen=True)
+class NewRow:
+    chunk: Chunk
+    source_path: str
+    vector: np.ndarray
+
+
+def _fts_schema() -> tantivy.Schema:
+    sb = tantivy.SchemaBuilder()
+    sb.add_integer_field("row_id", stored=True, indexed=True, fast=True)
+    sb.add_text_field("text", stored=False, tokenizer_name="default")
+    return sb.build()
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=FULL")
+    return conn
+
+
+def fts_text(chunk_text: str, ts: str) -> str:
+    """What BM25 sees: the chunk plus its date, since many 'when' questions match only the date."""
+    return f"{chunk_text}\n{ts[:10]}" if ts else chunk_text
+
+
+class MemoryStore:
+    """Open handle on one memory directory. Writes need the memory lock held by the caller."""
+
+    def __init__(self, path: Path, conn: sqlite3.Connection, fts: tantivy.Index) -> None:
+        self.path = path
+        self.conn = conn
+        self.fts = fts
+        self.schema = fts.schema
+
+    # ---- opening -------------------------------------------------------------------------
+    @staticmethod
+    def exists(path: Path) -> bool:
+        return (path / DB_NAME).is_file()
+
+    @classmethod
+    def open(cls, path: Path) -> "MemoryStore":
+        if not cls.exists(path):
+            raise FileNotFoundError(f"no index found at {path}")
+        try:
+            conn = _connect(path / DB_NAME)
+            conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+            fts = tantivy.Index(_fts_schema(), path=str(path / FTS_DIR), reuse=True)
+        except (sqlite3.DatabaseError, ValueError, OSError) as exc:
+            raise MemoryError_(f"memory at {path} is unreadable ({exc}); rebuild it with `recall-engine index`") from exc
+        return cls(path, conn, fts)
+
+    @classmethod
+    def create(cls, path: Path, model_id: str, dim: int) -> "MemoryStore":
+        (path / FTS_DIR).mkdir(parents=True, exist_ok=True)
+        conn = _connect(path / DB_NAME)
+        conn.executescript(
+            """
+            BEGIN;
+            CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+            CREATE TABLE IF NOT EXISTS chunks (
+                row_id INTEGER PRIMARY KEY, chunk_key TEXT NOT NULL, session_id TEXT NOT NULL,
+                turn_uuid TEXT NOT NULL, seq INTEGER NOT NULL, ts TEXT NOT NULL, ts_epoch REAL,
+                role TEXT NOT NULL, harness TEXT NOT NULL, workdir TEXT NOT NULL,
+                block_type TEXT NOT NULL, block_idx INTEGER NOT NULL, split_idx INTEGER NOT NULL,
+                source_path TEXT NOT NULL, text TEXT NOT NULL, text_hash TEXT NOT NULL,
+                vector BLOB NOT NULL);
+            CREATE INDEX IF NOT EXISTS chunks_session_seq ON chunks(session_id, seq);
+            CREATE INDEX IF NOT EXISTS chunks_source ON chunks(source_path);
+            CREATE TABLE IF NOT EXISTS sources (path TEXT PRIMARY KEY, signature TEXT NOT NULL);
+            CREATE TABLE IF NOT EXISTS tombstones (row_id INTEGER NOT NULL, generation INTEGER NOT NULL);
+            CREATE INDEX IF NOT EXISTS tombstones_gen ON tombstones(generation);
+            CREATE TABLE IF NOT EXISTS fts_pending_delete (row_id INTEGER PRIMARY KEY);
+            COMMIT;
+            """
+        )
+        stamp = {"schema_version": SCHEMA_VERSION, "model_id": model_id, "dim": str(dim),
+                 "generation": "0", "max_row_id": "0", "tombstone_floor": "0", "last_indexed": ""}
+        conn.executemany("INSERT OR IGNORE INTO meta(key, value) VALUES (?, ?)", stamp.items())
+        fts = tantivy.Index(_fts_schema(), path=str(path / FTS_DIR), reuse=True)
+        return cls(path, conn, fts)
+
+    def close(self) -> None:
+        self.conn.close()
+
+    # ---- metadata ------------------------------------------------------------------------
+    def meta(self) -> dict[str, str]:
+        return dict(self.conn.execute("SELECT key, value FROM meta").fetchall())
+
+    def check_model(self, model_id: str, dim: int) -> None:
+        meta = self.meta()
+        if meta.get("model_id") != model_id or int(meta.get("dim", "0")) != dim:
+            raise ModelMismatch(
+                f'memory at {self.path} was built with embedding model "{meta.get("model_id")}" '
+                f'(dim {meta.get("dim")}), refusing to mix with "{model_id}" (dim {dim}); '
+                f"rebuild it: delete {self.path} and run `recall-engine index --yes <src>` again"
+            )
+
+    def generation(self) -> int:
+        return int(self.conn.execute("SELECT value FROM meta WHERE key='generation'").fetchone()[0])
+
+    # ---- reads ---------------------------------------------------------------------------
+    def counts(self) -> tuple[int, int]:
+        chunks, sessions = self.conn.execute(
+            "SELECT COUNT(*), COUNT(DISTINCT session_id) FROM chunks").fetchone()
+        return int(chunks), int(sessions)
+
+    def sources(self) -> dict[str, str]:
+        return dict(self.conn.execute("SELECT path, signature FROM sources").fetchall())
+
+    def rows_of_source(self, source_path: str) -> dict[str, tuple[int, str]]:
+        cur = self.conn.execute("SELECT chunk_key, row_id, text_hash FROM chunks WHERE source_path=?", (source_path,))
+        return {key: (row_id, h) for key, row_id, h in cur}
+
+    def rows(self, row_ids: Sequence[int]) -> dict[int, Row]:
+        if not row_ids:
+            return {}
+        marks = ",".join("?" * len(row_ids))
+        cur = self.conn.execute(f"SELECT {ROW_COLUMNS} FROM chunks WHERE row_id IN ({marks})", list(row_ids))
+        return {r[0]: Row(*r) for r in cur}
+
+    def session_rows(self, session_id: str, seq_lo: int, seq_hi: int) -> list[Row]:
+        cur = self.conn.execute(
+            f"SELECT {ROW_COLUMNS} FROM chunks WHERE session_id=? AND seq BETWEEN ? AND ?"
+            " ORDER BY seq, turn_uuid, block_idx, split_idx", (session_id, seq_lo, seq_hi))
+        return [Row(*r) for r in cur]
+
+    def turn_rows(self, session_id: str, turn_uuid: str) -> list[Row]:
+        cur = self.conn.execute(
+            f"SELECT {ROW_COLUMNS} FROM chunks WHERE session_id=? AND turn_uuid=?"
+            " ORDER BY block_idx, split_idx", (session_id, turn_uuid))
+        return [Row(*r) for r in cur]
+
+    def vectors_since(self, after_row_id: int) -> tuple[np.ndarray, np.ndarray, list[tuple]]:
+        """Rows added after `after_row_id`: ids, vectors, and (block_type, harness, ts_epoch)."""
+        cur = self.conn.execute(
+            "SELECT row_id, vector, block_type, harness, ts_epoch FROM chunks WHERE row_id > ? ORDER BY row_id",
+            (after_row_id,))
+        ids, vecs, facets = [], [], []
+        for row_id, blob, block_type, harness, ts_epoch in cur:
+            ids.append(row_id)
+            vecs.append(blob)
+            facets.append((block_type, harness, ts_epoch))
+        dim = int(self.meta()["dim"])
+        matrix = np.frombuffer(b"".join(vecs), dtype=np.float32).reshape(len(ids), dim) if ids else np.zeros((0, dim), np.float32)
+        return np.asarray(ids, dtype=np.int64), matrix, facets
+
+    def tombstones_since(self, generation: int) -> list[int]:
+        return [r[0] for r in self.conn.execute("SELECT row_id FROM tombstones WHERE generation > ?", (generation,))]
+
+    def bm25(self, query: tantivy.Query, limit: int) -> list[tuple[int, float]]:
+        searcher = self.fts.searcher()
+        hits = searcher.search(query, limit).hits
+        out = []
+        for score, addr in hits:
+            doc = searcher.doc(addr)
+            out.append((int(doc["row_id"][0]), float(score)))
+        return out
+
+    def reload_fts(self) -> None:
+        self.fts.reload()
+
+    # ---- writes (memory lock held) ---------------------------------------------------------
+    def commit_changes(
+        self,
+        added: Sequence[NewRow],
+        dead_row_ids: Iterable[int],
+        sources_set: dict[str, str],
+        sources_removed: Iterable[str],
+    ) -> int:
+        """Apply one index run atomically (see the module docstring). Returns the new generation."""
+        dead = sorted(set(dead_row_ids))
+        meta = self.meta()
+        max_row_id = int(meta["max_row_id"])
+        writer = self.fts.writer(heap_size=50_000_000, num_threads=1)
+        try:
+            writer.delete_documents_by_query(self._row_range(max_row_id + 1, None))
+            new_ids = range(max_row_id + 1, max_row_id + 1 + len(added))
+            for row_id, row in zip(new_ids, added):
+                writer.add_document(tantivy.Document(row_id=row_id, text=fts_text(row.chunk.text, row.chunk.ts)))
+            writer.commit()
+
+            generation = int(meta["generation"]) + 1
+            c = self.conn
+            c.execute("BEGIN IMMEDIATE")
+            try:
+                c.executemany(
+                    "INSERT INTO chunks (row_id, chunk_key, session_id, turn_uuid, seq, ts, ts_epoch, role, harness,"
+                    " workdir, block_type, block_idx, split_idx, source_path, text, text_hash, vector)"
+                    " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                    [
+                        (rid, r.chunk.chunk_key, r.chunk.session_id, r.chunk.turn_uuid, r.chunk.seq, r.chunk.ts,
+                         r.chunk.ts_epoch, r.chunk.role, r.chunk.harness, r.chunk.workdir, r.chunk.block_type,
+                         r.chunk.block_idx, r.chunk.split_idx, r.source_path, r.chunk.text, r.chunk.text_hash,
+                         np.asarray(r.vector, dtype=np.float32).tobytes())
+                        for rid, r in zip(new_ids, added)
+                    ],
+                )
+                c.executemany("DELETE FROM chunks WHERE row_id=?", [(i,) for i in dead])
+                c.executemany("INSERT INTO tombstones (row_id, generation) VALUES (?, ?)", [(i, generation) for i in dead])
+                c.executemany("INSERT OR IGNORE INTO fts_pending_delete (row_id) VALUES (?)", [(i,) for i in dead])
+                c.executemany("INSERT OR REPLACE INTO sources (path, signature) VALUES (?, ?)", sources_set.items())
+                c.executemany("DELETE FROM sources WHERE path=?", [(p,) for p in sources_removed])
+                floor = max(0, generation - TOMBSTONE_KEEP)
+                c.execute("DELETE FROM tombstones WHERE generation <= ?", (floor,))
+                c.executemany("UPDATE meta SET value=? WHERE key=?", [
+                    (str(generation), "generation"),
+                    (str(max_row_id + len(added)), "max_row_id"),
+                    (str(floor), "tombstone_floor"),
+                    (time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "last_indexed"),
+                ])
+                c.execute("COMMIT")
+            except BaseException:
+                c.execute("ROLLBACK")
+                raise
+            self._flush_fts_deletes(writer)
+        finally:
+            del writer  # releases tantivy's writer lock
+        self.fts.reload()
+        return generation
+
+    def _flush_fts_deletes(self, writer: tantivy.IndexWriter) -> None:
+        pending = [r[0] for r in self.conn.execute("SELECT row_id FROM fts_pending_delete")]
+        if not pending:
+            return
+        for row_id in pending:
+            writer.delete_documents_by_term("row_id", row_id)
+        writer.commit()
+        self.conn.executemany("DELETE FROM fts_pending_delete WHERE row_id=?", [(i,) for i in pending])
+
+    def _row_range(self, lo: int, hi: int | None) -> tantivy.Query:
+        return tantivy.Query.range_query(self.schema, "row_id", tantivy.FieldType.Integer, lo, hi)

@@ -1,0 +1,101 @@
+"""The `.funes.jsonl` input format: one JSON line per message.
+
+A line is `{session_id, turn_uuid, seq, ts, role, harness, blocks: [{block_type, text}]}`.
+Lines that do not parse or do not fit the model are skipped and counted, never fatal:
+a half-written trailing line from a crashed writer must not stop an index run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+TRANSCRIPT_SUFFIX = ".funes.jsonl"
+
+
+class Block(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    block_type: str = "text"
+    text: str
+
+
+class TranscriptTurn(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    session_id: str = Field(min_length=1)
+    turn_uuid: str = Field(min_length=1)
+    seq: int
+    ts: str = ""
+    role: str = "user"
+    harness: str = ""
+    workdir: str = ""
+    # Blank blocks are kept so block indexes (and so chunk ids) stay stable; chunking skips them.
+    blocks: list[Block]
+
+    @property
+    def has_text(self) -> bool:
+        return any(b.text.strip() for b in self.blocks)
+
+
+@dataclass(frozen=True)
+class ParsedTranscript:
+    turns: list[TranscriptTurn]
+    malformed_lines: int
+
+
+def parse_ts(ts: str) -> float | None:
+    """RFC 3339 → epoch seconds; None when absent or unparseable (funes: weight 1.0)."""
+    if not ts:
+        return None
+    try:
+        dt = datetime.fromisoformat(ts.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=timezone.utc)
+    return dt.timestamp()
+
+
+def read_transcript(path: Path) -> ParsedTranscript:
+    turns: list[TranscriptTurn] = []
+    malformed = 0
+    with open(path, "rb") as fh:
+        for raw in fh:
+            line = raw.decode("utf-8", errors="replace").strip()
+            if not line:
+                continue
+            try:
+                turn = TranscriptTurn.model_validate(json.loads(line))
+            except (ValueError, ValidationError):
+                malformed += 1
+                continue
+            if turn.has_text:
+                turns.append(turn)
+    return ParsedTranscript(turns, malformed)
+
+
+def discover_transcripts(root: Path) -> dict[str, Path]:
+    """Every `*.funes.jsonl` below root (or root itself), keyed by its path relative to root.
+
+    Symlinks are not followed: a tenant's tree must not reach outside itself.
+    """
+    if root.is_file():
+        return {root.name: root}
+    found: dict[str, Path] = {}
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        dirnames.sort()
+        for name in sorted(filenames):
+            if name.endswith(TRANSCRIPT_SUFFIX) and not name.startswith("."):
+                full = Path(dirpath) / name
+                if not full.is_symlink():
+                    found[str(full.relative_to(root))] = full
+    return found
+
+
+def source_signature(path: Path) -> str:
+    st = path.stat()
+    return f"{st.st_size}:{st.st_mtime_ns}"
