@@ -99,3 +99,8 @@ def discover_transcripts(root: Path) -> dict[str, Path]:
 def source_signature(path: Path) -> str:
     st = path.stat()
     return f"{st.st_size}:{st.st_mtime_ns}"
+
+
+def dump_transcript(turns: list[TranscriptTurn]) -> str:
+    """The file body for a conversation: one line per turn, newline-terminated."""
+    return "".join(t.model_dump_json() + "\n" for t in turns)

@@ -1,0 +1,128 @@
+"""One writer at a time, readers never blocked, and a kill -9 never loses the committed state."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+import subprocess
+import threading
+import time
+
+from shared.engine.api import Engine
+from shared.engine.hybrid_search import RecallParams
+from shared.engine.index_run import index_tree, memory_dir
+from shared.engine.memory_lock import CONTENTION_MESSAGE
+from tests.conftest import engine_cli, wait_until, write_conversation
+
+
+def _bulk(src, n: int, prefix: str) -> None:
+    for i in range(n):
+        write_conversation(src, f"{prefix}{i}", [
+            f"Shift note {i}: line {prefix.upper()}-{i} ran at {50 + i % 40} percent of capacity today.",
+            f"Follow-up {i}: ticket MT-{9000 + i} covers the conveyor belt slip on line {prefix.upper()}-{i}.",
+            f"Owner for item {i} is operator number {i % 12}; due by Friday.",
+        ])
+
+
+def _lock_held(home) -> bool:
+    fd = os.open(home / "store.lock", os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+
+
+def _spawn_index(home, src, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([engine_cli(), "index", "--yes", *extra, str(src)], env={**os.environ, "FUNES_HOME": str(home)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_concurrent_index_runs_are_serialised_while_recalls_answer(tmp_path, embedder):
+    src = tmp_path / "src"
+    write_conversation(src, "seed", ["The N-11 upgrade is approved."])
+    home = tmp_path / "home"
+    index_tree(home, src, embedder)
+    _bulk(src, 400, "b")
+
+    first = _spawn_index(home, src)
+    assert wait_until(lambda: _lock_held(home), timeout=30), "the first run takes the lock"
+    engine = Engine(embedder=embedder)
+    latencies: list[float] = []
+    deadline = time.monotonic() + 60
+    saw_busy = False
+    while first.poll() is None and time.monotonic() < deadline:
+        t0 = time.monotonic()
+        out = engine.recall(memory_dir(home), "N-11 upgrade", RecallParams(k=1))
+        latencies.append(time.monotonic() - t0)
+        assert "N-11" in out, "the committed state stays searchable during a run"
+        if not saw_busy:
+            second = subprocess.run([engine_cli(), "index", "--yes", str(src)], env={**os.environ, "FUNES_HOME": str(home)},
+                                    capture_output=True, text=True, timeout=60)
+            if second.returncode == 1:
+                assert CONTENTION_MESSAGE in second.stderr
+                saw_busy = True
+    first.wait(60)
+    assert first.returncode == 0, first.stderr.read()
+    assert saw_busy, "a second index run while one holds the lock fails with funes' message"
+    assert latencies and max(latencies) < 2.0, f"a recall waited on the writer: {max(latencies):.2f}s"
+    waiting = _spawn_index(home, src, "--wait", "30")
+    assert waiting.wait(60) == 0 and "skipped=401" in waiting.stdout.read()
+
+
+def test_two_waiting_index_runs_both_finish_one_after_the_other(tmp_path):
+    src = tmp_path / "src"
+    _bulk(src, 40, "w")
+    home = tmp_path / "home"
+    runs = [_spawn_index(home, src, "--wait", "60") for _ in range(2)]
+    outs = [(p.wait(120), p.stdout.read()) for p in runs]
+    assert all(code == 0 for code, _ in outs)
+    lines = sorted(out.strip() for _, out in outs)
+    assert lines == ["indexed sessions=0 skipped=40 chunks=0", "indexed sessions=40 skipped=0 chunks=120"]
+
+
+def test_kill_9_mid_index_leaves_a_searchable_memory(tmp_path, embedder):
+    src = tmp_path / "src"
+    write_conversation(src, "seed", ["The N-11 upgrade is approved."])
+    home = tmp_path / "home"
+    index_tree(home, src, embedder)
+    _bulk(src, 300, "k")
+    t0 = time.monotonic()
+    assert _spawn_index(tmp_path / "timing", src).wait(120) == 0
+    full_run = time.monotonic() - t0
+    engine = Engine(embedder=embedder)
+    # Kill points spread over the run, late ones landing in the commit phase.
+    for fraction in (0.5, 0.8, 0.9, 0.95, 0.98, 1.0):
+        proc = _spawn_index(home, src)
+        time.sleep(full_run * fraction)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        assert "N-11" in engine.recall(memory_dir(home), "N-11 upgrade", RecallParams(k=1))
+    index_tree(home, src, embedder)
+    scratch = engine.reader(memory_dir(tmp_path / "timing")).store
+    assert engine.reader(memory_dir(home)).store.counts() == (901, 301)
+    assert scratch.counts() == (901, 301)
+    out = engine.recall(memory_dir(home), "MT-9077 conveyor", RecallParams(k=1, neighbors=0))
+    assert "MT-9077" in out
+    bm25_only = engine.recall(memory_dir(home), "MT-9077", RecallParams(k=3, neighbors=0))
+    assert bm25_only.count("MT-9077 covers") == 1, "no row is duplicated by the interrupted runs"
+
+
+def test_readers_in_threads_see_a_new_conversation_after_commit(tmp_path, embedder):
+    src = tmp_path / "src"
+    write_conversation(src, "a", ["alpha topic"])
+    home = tmp_path / "home"
+    index_tree(home, src, embedder)
+    engine = Engine(embedder=embedder)
+    assert "Z-991" not in engine.recall(memory_dir(home), "Z-991", RecallParams())
+    write_conversation(src, "b", ["The Z-991 valve was replaced."])
+    index_tree(home, src, embedder)
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(engine.recall(memory_dir(home), "Z-991", RecallParams(k=1))))
+               for _ in range(4)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert all("Z-991 valve" in r for r in results)

@@ -1,0 +1,140 @@
+"""Index runs: incremental equals from scratch, deletes and edits take effect, bad input is survived."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from shared.engine.api import Engine
+from shared.engine.hybrid_search import RecallParams
+from shared.engine.index_run import index_tree, memory_dir
+from shared.engine.store import ModelMismatch
+from tests.conftest import write_conversation
+
+CONVS = {
+    "plant": ["Let's review the N-11 upgrade. Load at 91% is acceptable but tight.",
+              "Decision: proceed with the N-11 upgrade once ticket MT-4471 for the K-2 machine is closed."],
+    "pump": ["The K-047 compressor vibration alarm fires again.", "I opened work order MT-1040 for the gland leak on pump P-003."],
+    "budget": ["Budget scenario: hyperbolic, q0 1500 units/day, Di 0.25/yr, b 0.6.", "That gives 1069.5 units/day at 18 months."],
+}
+
+
+def rows_of(home: Path) -> set[tuple[str, str, str]]:
+    conn = sqlite3.connect(memory_dir(home) / "chunks.sqlite3")
+    try:
+        return set(conn.execute("SELECT session_id, turn_uuid, text FROM chunks").fetchall())
+    finally:
+        conn.close()
+
+
+def top_sessions(home: Path, embedder, query: str) -> list[str]:
+    engine = Engine(embedder=embedder)
+    reader = engine.reader(memory_dir(home))
+    from shared.engine.hybrid_search import recall
+
+    return [h.row.session_id for h in recall(reader, embedder, query, RecallParams(k=3, neighbors=0))]
+
+
+def test_incremental_index_equals_from_scratch(tmp_path, embedder):
+    src = tmp_path / "src"
+    write_conversation(src, "plant", CONVS["plant"][:1])
+    inc = tmp_path / "inc"
+    first = index_tree(inc, src, embedder)
+    assert (first.sessions, first.chunks) == (1, 1)
+    write_conversation(src, "plant", CONVS["plant"])  # the gateway resends the whole conversation
+    write_conversation(src, "pump", CONVS["pump"])
+    second = index_tree(inc, src, embedder)
+    assert second.chunks == 3, "only the new turns are embedded"
+    write_conversation(src, "budget", CONVS["budget"])
+    index_tree(inc, src, embedder)
+
+    scratch = index_tree(tmp_path / "scratch", src, embedder)
+    assert scratch.chunks == 6
+    assert rows_of(inc) == rows_of(tmp_path / "scratch")
+    for q in ("N-11 decision", "gland leak work order", "18 month forecast"):
+        assert top_sessions(inc, embedder, q) == top_sessions(tmp_path / "scratch", embedder, q)
+
+
+def test_unchanged_tree_is_a_no_op(tmp_path, embedder):
+    src = tmp_path / "src"
+    for cid, msgs in CONVS.items():
+        write_conversation(src, cid, msgs)
+    index_tree(tmp_path / "home", src, embedder)
+    again = index_tree(tmp_path / "home", src, embedder)
+    assert (again.sessions, again.skipped, again.chunks) == (0, 3, 0)
+    assert again.summary_line() == "indexed sessions=0 skipped=3 chunks=0"
+
+
+def test_deleted_conversation_disappears_from_results(tmp_path, embedder):
+    src = tmp_path / "src"
+    for cid, msgs in CONVS.items():
+        write_conversation(src, cid, msgs)
+    home = tmp_path / "home"
+    index_tree(home, src, embedder)
+    engine = Engine(embedder=embedder)
+    assert "MT-1040" in engine.recall(memory_dir(home), "MT-1040", RecallParams())
+    (src / "pump.funes.jsonl").unlink()
+    report = index_tree(home, src, embedder)
+    assert report.removed == 2
+    out = engine.recall(memory_dir(home), "MT-1040 gland leak pump", RecallParams())
+    assert "MT-1040" not in out and "gland" not in out
+    assert not any(s == "pump" for s, _, _ in rows_of(home))
+
+
+def test_shrunk_and_edited_conversations_are_reindexed(tmp_path, embedder):
+    src = tmp_path / "src"
+    write_conversation(src, "plant", CONVS["plant"] + ["Also the budget for N-11 is 40k."])
+    home = tmp_path / "home"
+    index_tree(home, src, embedder)
+    # The conversation is rewritten shorter and its second turn is edited in place.
+    write_conversation(src, "plant", [CONVS["plant"][0], "Decision: postpone the N-11 upgrade to Q3."])
+    report = index_tree(home, src, embedder)
+    assert report.chunks == 1 and report.removed == 2
+    texts = {t for _, _, t in rows_of(home)}
+    assert texts == {CONVS["plant"][0], "Decision: postpone the N-11 upgrade to Q3."}
+    out = Engine(embedder=embedder).recall(memory_dir(home), "N-11 decision", RecallParams())
+    assert "postpone" in out and "proceed" not in out and "40k" not in out
+
+
+def test_malformed_lines_are_skipped_and_counted(tmp_path, embedder):
+    src = tmp_path / "src"
+    path = write_conversation(src, "plant", CONVS["plant"])
+    with open(path, "a") as fh:
+        fh.write("{not json\n")
+        fh.write('{"session_id": "plant", "seq": 9, "blocks": []}\n')  # no turn_uuid
+        fh.write('{"session_id": "plant", "turn_uuid": "t", "seq": "x", "blocks": [{"text": "a"}]}\n')
+        fh.write('{"session_id": "plant", "turn_uuid": "half", "seq": 3, "blocks": [{"text": "half-wri')
+    report = index_tree(tmp_path / "home", src, embedder)
+    assert report.malformed_lines == 4
+    assert report.chunks == 2
+
+
+def test_a_memory_built_with_another_model_is_refused(tmp_path, embedder, monkeypatch):
+    src = tmp_path / "src"
+    write_conversation(src, "plant", CONVS["plant"])
+    home = tmp_path / "home"
+    index_tree(home, src, embedder)
+    conn = sqlite3.connect(memory_dir(home) / "chunks.sqlite3")
+    conn.execute("UPDATE meta SET value='BAAI/bge-small-en-v1.5' WHERE key='model_id'")
+    conn.commit()
+    conn.close()
+    write_conversation(src, "pump", CONVS["pump"])
+    with pytest.raises(ModelMismatch, match="rebuild it"):
+        index_tree(home, src, embedder)
+    with pytest.raises(ModelMismatch, match="refusing to mix"):
+        Engine(embedder=embedder).recall(memory_dir(home), "N-11", RecallParams())
+
+
+def test_forget_removes_a_session_at_once(tmp_path, embedder, run_engine):
+    src = tmp_path / "src"
+    for cid, msgs in CONVS.items():
+        write_conversation(src, cid, msgs)
+    home = tmp_path / "home"
+    index_tree(home, src, embedder)
+    engine = Engine(embedder=embedder)
+    assert "1069.5" in engine.recall(memory_dir(home), "forecast 18 months", RecallParams(k=2))
+    done = run_engine("forget", "budget", home=home)
+    assert done.returncode == 0 and "2 chunks removed" in done.stdout
+    assert "1069.5" not in engine.recall(memory_dir(home), "forecast 18 months hyperbolic", RecallParams())
