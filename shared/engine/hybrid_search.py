@@ -96,14 +96,16 @@ def recall(
         reader.refresh()
         mask = reader.filter_mask(params.block_type, params.harness)
         c = params.candidates
-        legs = [reader.nearest(qvec, c, mask), _bm25_leg(reader, bm25_query_text(query), c, mask)]
         idents = query_identifiers(query)
-        if idents:
-            legs.append(_bm25_leg(reader, " ".join(f'"{i}"' for i in idents), c, mask))
         fused: dict[int, float] = {}
-        for leg in legs:
+        for leg in (reader.nearest(qvec, c, mask), _bm25_leg(reader, bm25_query_text(query), c, mask)):
             for rank, row_id in enumerate(leg):
                 fused[row_id] = fused.get(row_id, 0.0) + 1.0 / (rank + RRF_K)
+        if idents:
+            # Chunks holding the identifiers join the pool even when both legs missed them, but
+            # add no score: the identifier-first order below already favours them.
+            for row_id in _bm25_leg(reader, " ".join(f'"{i}"' for i in idents), c, mask):
+                fused.setdefault(row_id, 0.0)
         rows = reader.store.rows(list(fused))
         patterns = [identifier_pattern(i) for i in idents]
         ident_hits = {rid: count_identifiers(rows[rid].text, patterns) for rid in rows} if patterns else {}
@@ -114,8 +116,8 @@ def recall(
         else:
             base = {rid: fused[rid] for rid in pool}
         scored = {rid: base[rid] * _recency(reader.epoch_of(rid), now, params.half_life_days) for rid in pool}
-        ranked = sorted(pool, key=lambda rid: (ident_hits.get(rid, 0), scored[rid]), reverse=True)[: params.k]
-        hits = [Hit(rows[rid], scored[rid]) for rid in ranked]
+        ranked = sorted(pool, key=lambda rid: (ident_hits.get(rid, 0), scored[rid]), reverse=True)
+        hits = [Hit(rows[rid], scored[rid]) for rid in _distinct_texts(ranked, rows, params.k)]
         if params.neighbors > 0:
             for hit in hits:
                 r = hit.row
@@ -124,6 +126,21 @@ def recall(
                     if n.turn_uuid != r.turn_uuid
                 ]
         return hits
+
+
+def _distinct_texts(ranked: list[int], rows: dict[int, Row], k: int) -> list[int]:
+    """Top k with repeated texts dropped: chats repeat short lines ("thanks, check K-012 too")
+    across sessions, and several copies would crowd out the passage that answers."""
+    seen: set[str] = set()
+    out: list[int] = []
+    for rid in ranked:
+        key = " ".join(rows[rid].text.split()).casefold()
+        if key not in seen:
+            seen.add(key)
+            out.append(rid)
+            if len(out) == k:
+                break
+    return out
 
 
 def turn_window(reader: MemoryReader, session_id: str, turn_uuid: str, window: int) -> list[Row] | None:
