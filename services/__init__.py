@@ -1,0 +1,1 @@
+"""The three recall services: ingest (HTTP → stream), indexer (stream → memory), recall (MCP)."""

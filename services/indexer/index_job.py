@@ -1,0 +1,76 @@
+"""One index run over one tenant's memory, embedded (in-process) or through a funes binary."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Protocol
+
+from shared.engine.memory_lock import CONTENTION_MESSAGE, MemoryBusy
+from shared.tenant_paths import TenantPaths
+
+
+class IndexJobFailed(Exception):
+    pass
+
+
+class IndexJob(Protocol):
+    async def run(self, paths: TenantPaths) -> None:
+        """Bring the tenant's memory up to date with its src/. MemoryBusy if another run holds it."""
+        ...
+
+
+class EmbeddedIndexJob:
+    """The project's engine in this process: the model is loaded once per worker."""
+
+    def __init__(self) -> None:
+        from shared.engine.embedder import shared_embedder
+
+        self.embedder = shared_embedder()
+
+    async def run(self, paths: TenantPaths) -> None:
+        from shared.engine.index_run import index_tree
+
+        paths.src.mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(index_tree, paths.root, paths.src, self.embedder, 5.0)
+
+
+class FunesIndexJob:
+    """`<bin> index --yes <src>` with FUNES_HOME set, a cleaned environment and a timeout."""
+
+    def __init__(self, binary: str, timeout_s: float) -> None:
+        self.binary = binary
+        self.timeout_s = timeout_s
+
+    def environment(self, paths: TenantPaths) -> dict[str, str]:
+        env = {"FUNES_HOME": str(paths.root), "HF_HUB_OFFLINE": "1", "HOME": str(paths.root),
+               "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "NO_COLOR": "1"}
+        for passthrough in ("HF_HOME", "RECALL_EMBED_MODEL_DIR", "RECALL_EMBED_MODEL_ID", "RECALL_EMBED_POOLING", "LANG"):
+            if passthrough in os.environ:
+                env[passthrough] = os.environ[passthrough]
+        return env
+
+    async def run(self, paths: TenantPaths) -> None:
+        paths.src.mkdir(parents=True, exist_ok=True)
+        proc = await asyncio.create_subprocess_exec(
+            self.binary, "index", "--yes", str(paths.src.resolve()), env=self.environment(paths),
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            start_new_session=True)
+        try:
+            _, err = await asyncio.wait_for(proc.communicate(), self.timeout_s)
+        except asyncio.TimeoutError:
+            proc.kill()
+            await proc.wait()
+            raise IndexJobFailed(f"index timed out after {self.timeout_s:.0f}s") from None
+        except asyncio.CancelledError:
+            proc.kill()
+            raise
+        if proc.returncode != 0:
+            message = err.decode(errors="replace").strip().splitlines()[-1:] or [""]
+            if "in progress" in message[0] or CONTENTION_MESSAGE in message[0]:
+                raise MemoryBusy()
+            raise IndexJobFailed(f"index exited {proc.returncode}: {message[0][:300]}")
+
+
+def make_index_job(engine: str, funes_bin: str, timeout_s: float) -> IndexJob:
+    return FunesIndexJob(funes_bin, timeout_s) if engine == "funes" else EmbeddedIndexJob()

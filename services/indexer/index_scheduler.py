@@ -1,0 +1,129 @@
+"""Per-user index runs, debounced and coordinated across all indexer replicas through Redis.
+
+- A snapshot write bumps the user's `dirty` counter and puts the user in the `due` zset
+  (NX: the first write of a burst sets when the run may start, later ones do not push it).
+- Every worker polls `due`; whoever takes the user's lock (token + expiry, renewed while the
+  job runs) runs the job. So there are never two concurrent runs on one user's memory.
+- A run remembers the `dirty` value it started with. When it finishes, one Lua step either
+  clears the user (nothing was written meanwhile) or re-arms it after the debounce: a write
+  that lands during a run causes exactly one more run.
+- A worker that dies mid-run leaves the user due; its lock expires and another worker runs it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import redis.asyncio as aioredis
+
+from services.indexer import redis_keys as keys
+from services.indexer.index_job import IndexJob
+from services.indexer.metrics import (INDEX_DUE, INDEX_JOB_FAILURES, INDEX_JOB_SECONDS, INDEX_RUNNING,
+                                      INGEST_TO_SEARCHABLE)
+from shared.engine.memory_lock import MemoryBusy
+from shared.logging_setup import get_logger
+from shared.redis_lock import RedisLock
+from shared.tenant_paths import TenantPaths
+
+log = get_logger("recall.indexer.scheduler")
+
+_MARK_DIRTY = """
+redis.call('INCR', KEYS[1])
+redis.call('ZADD', KEYS[2], 'NX', ARGV[1], ARGV[2])
+redis.call('RPUSH', KEYS[3], ARGV[3])
+"""
+_FINISH = """
+local cur = redis.call('GET', KEYS[1])
+if (cur == false and ARGV[1] == '') or cur == ARGV[1] then
+  redis.call('DEL', KEYS[1]); redis.call('ZREM', KEYS[2], ARGV[2]); return 1
+end
+redis.call('ZADD', KEYS[2], ARGV[3], ARGV[2]); return 0
+"""
+
+
+async def mark_dirty(client: aioredis.Redis, uhash: str, received_at: float, debounce_s: float) -> None:
+    await client.eval(_MARK_DIRTY, 3, keys.dirty(uhash), keys.DUE, keys.received(uhash),
+                      time.time() + debounce_s, uhash, repr(received_at))
+
+
+class IndexScheduler:
+    def __init__(self, client: aioredis.Redis, job: IndexJob, data_dir, debounce_s: float, lock_ttl_s: float,
+                 concurrency: int, poll_s: float = 0.05) -> None:
+        self.client = client
+        self.job = job
+        self.data_dir = data_dir
+        self.debounce_s = debounce_s
+        self.lock_ttl_s = lock_ttl_s
+        self.concurrency = concurrency
+        self.poll_s = poll_s
+        self.running: dict[str, asyncio.Task] = {}
+        self._stopping = asyncio.Event()
+
+    async def run_forever(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                await self._tick()
+            except aioredis.RedisError as exc:
+                log.warning("scheduler.redis_error", error=type(exc).__name__)
+                await asyncio.sleep(1.0)
+            try:
+                await asyncio.wait_for(self._stopping.wait(), self.poll_s)
+            except asyncio.TimeoutError:
+                pass
+
+    async def _tick(self) -> None:
+        now = time.time()
+        INDEX_DUE.set(await self.client.zcard(keys.DUE))
+        if len(self.running) >= self.concurrency:
+            return
+        for raw in await self.client.zrangebyscore(keys.DUE, "-inf", now, start=0, num=32):
+            uhash = raw.decode() if isinstance(raw, bytes) else raw
+            if uhash in self.running:
+                continue
+            lock = RedisLock(self.client, keys.index_lock(uhash), self.lock_ttl_s)
+            if not await lock.acquire():
+                continue  # another replica runs this user now; it stays due
+            self.running[uhash] = asyncio.create_task(self._run(uhash, lock))
+            INDEX_RUNNING.set(len(self.running))
+            if len(self.running) >= self.concurrency:
+                return
+
+    async def _run(self, uhash: str, lock: RedisLock) -> None:
+        lock.keep_alive()
+        started = time.monotonic()
+        outcome = "ok"
+        try:
+            dirty_at_start = await self.client.get(keys.dirty(uhash))
+            received = await self.client.lrange(keys.received(uhash), 0, -1)
+            await self.job.run(TenantPaths.for_hash(self.data_dir, uhash))
+            committed = time.time()
+            for t in received:
+                INGEST_TO_SEARCHABLE.observe(max(0.0, committed - float(t)))
+            pipe = self.client.pipeline(transaction=True)
+            pipe.ltrim(keys.received(uhash), len(received), -1)
+            pipe.eval(_FINISH, 2, keys.dirty(uhash), keys.DUE, dirty_at_start or "", uhash, time.time() + self.debounce_s)
+            await pipe.execute()
+        except MemoryBusy:
+            outcome = "busy"  # someone outside the scheduler holds the memory; stays due
+            await self.client.zadd(keys.DUE, {uhash: time.time() + max(self.debounce_s, 0.5)})
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+            raise
+        except Exception as exc:
+            outcome = "failed"
+            INDEX_JOB_FAILURES.inc()
+            log.error("index.failed", user_hash=uhash, error=str(exc)[:300])
+            await self.client.zadd(keys.DUE, {uhash: time.time() + 5.0})
+        finally:
+            INDEX_JOB_SECONDS.labels(outcome).observe(time.monotonic() - started)
+            await lock.release()
+            self.running.pop(uhash, None)
+            INDEX_RUNNING.set(len(self.running))
+            log.info("index.run", user_hash=uhash, outcome=outcome, seconds=round(time.monotonic() - started, 3))
+
+    async def stop(self) -> None:
+        """Start no new run; let the running ones finish (SIGTERM semantics)."""
+        self._stopping.set()
+        if self.running:
+            await asyncio.gather(*self.running.values(), return_exceptions=True)

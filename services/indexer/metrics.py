@@ -1,0 +1,17 @@
+from prometheus_client import Counter, Gauge, Histogram
+
+LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 1.5, 2, 3, 5, 10, 30, 60, 120, 300, 900)
+
+SNAPSHOTS = Counter("recall_indexer_snapshots_total", "Conversation snapshots handled, by result.", ["result"])
+INDEX_JOB_SECONDS = Histogram("recall_index_job_duration_seconds", "Index job duration by outcome.", ["outcome"],
+                              buckets=LATENCY_BUCKETS)
+INDEX_JOB_FAILURES = Counter("recall_index_job_failures_total", "Index jobs that failed (retried later).")
+INGEST_TO_SEARCHABLE = Histogram("recall_ingest_to_searchable_seconds",
+                                 "From a snapshot's acceptance by ingest to the commit of the index run that covers it.",
+                                 buckets=LATENCY_BUCKETS)
+RETRIES = Counter("recall_indexer_retries_total", "Redeliveries of stream messages (delivery count above 1).")
+DEAD_LETTERS = Counter("recall_indexer_dead_letters_total", "Messages moved to the dead-letter stream, by reason.", ["reason"])
+STREAM_LENGTH = Gauge("recall_stream_length", "Entries in the ingest stream (acked ones are deleted).")
+STREAM_PENDING = Gauge("recall_stream_pending", "Entries delivered to a worker and not yet acked.")
+INDEX_DUE = Gauge("recall_index_due_users", "Users whose memory waits for an index run.")
+INDEX_RUNNING = Gauge("recall_index_jobs_running", "Index jobs running in this worker.")

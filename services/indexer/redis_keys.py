@@ -1,0 +1,21 @@
+"""Redis keys the indexers coordinate through (besides the stream and its group)."""
+
+DUE = "recall:index:due"  # zset: user_hash -> time its next index run may start
+
+
+def dirty(uhash: str) -> str:
+    """Counter bumped on every snapshot write; a run that saw it change must run again."""
+    return f"recall:index:dirty:{uhash}"
+
+
+def received(uhash: str) -> str:
+    """List of ingest times of snapshots not yet indexed (for ingest-to-searchable)."""
+    return f"recall:index:received:{uhash}"
+
+
+def index_lock(uhash: str) -> str:
+    return f"recall:lock:index:{uhash}"
+
+
+def conversation_lock(uhash: str, conversation_id: str) -> str:
+    return f"recall:lock:conv:{uhash}:{conversation_id}"

@@ -1,0 +1,27 @@
+from __future__ import annotations
+
+import os
+import socket
+
+from pydantic import Field
+
+from shared.settings_base import CommonSettings
+
+
+def _default_consumer() -> str:
+    # Worker processes of one host share HOSTNAME, so the pid makes the name unique.
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class IndexerSettings(CommonSettings):
+    indexer_port: int = Field(8002, description="Port of the indexer's /healthz, /readyz and /metrics.")
+    indexer_host: str = Field("127.0.0.1", description="Bind address of the indexer's HTTP endpoints.")
+    consumer: str = Field(default_factory=_default_consumer, description="Consumer name in the group; unique per worker.")
+    index_debounce_s: float = Field(1.0, ge=0, description="Wait after a user's first new write before indexing.")
+    index_concurrency: int = Field(1, ge=1, description="Index jobs one worker runs at once (different users).")
+    index_lock_ttl_s: float = Field(30.0, gt=0, description="Expiry of a user's index lock; renewed while the job runs.")
+    index_timeout_s: float = Field(900.0, gt=0, description="A funes-mode index job is killed after this long.")
+    max_deliveries: int = Field(5, ge=1, description="Deliveries before a message goes to the dead-letter stream.")
+    reclaim_idle_ms: int = Field(10_000, ge=100, description="Idle time after which another worker claims a pending message.")
+    retry_backoff_s: float = Field(0.5, ge=0, description="Base of the exponential backoff between deliveries.")
+    dead_letter_maxlen: int = Field(100_000, ge=100, description="Cap on the dead-letter stream.")

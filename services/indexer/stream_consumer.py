@@ -1,0 +1,92 @@
+"""Handling one stream message: validate, write the snapshot, schedule the index run, ack.
+
+The message is acked (XACK and XDEL in one transaction, so no message text outlives its
+processing) only after the snapshot is durably on disk. A failure leaves it pending; another
+delivery comes through the reclaimer after `reclaim_idle_ms`, waiting out an exponential
+backoff first; after `max_deliveries` it goes to the dead-letter stream with the reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import redis.asyncio as aioredis
+from pydantic import ValidationError
+
+from services.indexer import redis_keys as keys
+from services.indexer.index_scheduler import mark_dirty
+from services.indexer.metrics import DEAD_LETTERS, RETRIES, SNAPSHOTS
+from services.indexer.settings import IndexerSettings
+from services.indexer.snapshot_writer import WriteResult, write_snapshot
+from shared.logging_setup import get_logger
+from shared.redis_lock import RedisLock
+from shared.stream_schema import TurnsEvent, dead_letter_stream, parse_event
+from shared.tenant_paths import USER_HASH, TenantPaths, UnsafeId, check_conversation_id
+
+log = get_logger("recall.indexer.consumer")
+
+
+class Poison(Exception):
+    """A message that can never succeed (bad schema): dead-lettered at once."""
+
+
+class StreamConsumer:
+    def __init__(self, client: aioredis.Redis, settings: IndexerSettings) -> None:
+        self.client = client
+        self.s = settings
+
+    async def handle(self, entry_id: str, fields: dict, deliveries: int) -> None:
+        if deliveries > 1:
+            RETRIES.inc()
+        if deliveries > self.s.max_deliveries:
+            await self.dead_letter(entry_id, fields, deliveries, "max deliveries exceeded")
+            return
+        if deliveries > 1:
+            await asyncio.sleep(min(self.s.retry_backoff_s * 2 ** (deliveries - 2), 30.0))
+        try:
+            event = self._parse(fields)
+            await self._store(entry_id, event)
+        except Poison as exc:
+            await self.dead_letter(entry_id, fields, deliveries, str(exc))
+            return
+        await self.ack(entry_id)
+
+    @staticmethod
+    def _parse(fields: dict) -> TurnsEvent:
+        try:
+            event = parse_event(fields)
+            if not USER_HASH.fullmatch(event.user_hash):
+                raise UnsafeId("user_hash is not a tenant hash")
+            check_conversation_id(event.conversation_id)  # it names a file
+            return event
+        except (KeyError, TypeError, ValidationError, ValueError) as exc:
+            raise Poison(f"invalid event: {type(exc).__name__}") from exc
+
+    async def _store(self, entry_id: str, event: TurnsEvent) -> None:
+        paths = TenantPaths.for_hash(self.s.data_dir, event.user_hash)
+        lock = RedisLock(self.client, keys.conversation_lock(event.user_hash, event.conversation_id), 30)
+        if not await lock.acquire_wait(10):
+            raise TimeoutError("conversation lock busy")
+        try:
+            result = await asyncio.to_thread(write_snapshot, paths, event, entry_id)
+        finally:
+            await lock.release()
+        SNAPSHOTS.labels(result.value).inc()
+        if result is WriteResult.WRITTEN:
+            await mark_dirty(self.client, event.user_hash, event.received_at, self.s.index_debounce_s)
+
+    async def ack(self, entry_id: str) -> None:
+        pipe = self.client.pipeline(transaction=True)
+        pipe.xack(self.s.stream, self.s.group, entry_id)
+        pipe.xdel(self.s.stream, entry_id)
+        await pipe.execute()
+
+    async def dead_letter(self, entry_id: str, fields: dict, deliveries: int, reason: str) -> None:
+        DEAD_LETTERS.labels(reason.split(":")[0]).inc()
+        record = {"entry_id": entry_id, "reason": reason, "deliveries": str(deliveries),
+                  "fields": json.dumps({k: v for k, v in fields.items()}, default=str)}
+        await self.client.xadd(dead_letter_stream(self.s.stream), record, maxlen=self.s.dead_letter_maxlen, approximate=True)
+        await self.ack(entry_id)
+        log.error("message.dead_lettered", entry_id=entry_id, reason=reason, deliveries=deliveries,
+                  user_hash=fields.get("user_hash"))

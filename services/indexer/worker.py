@@ -1,0 +1,107 @@
+"""The indexer worker process: faststream consumers on the stream, the index scheduler, and
+a small HTTP server for /healthz, /readyz and /metrics. SIGTERM: stop taking messages, let
+in-flight handlers and the running index job finish, exit."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+import redis.asyncio as aioredis
+import uvicorn
+from faststream import AckPolicy
+from faststream.redis import RedisBroker, RedisStreamMessage, StreamSub
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from services.indexer.index_job import make_index_job
+from services.indexer.index_scheduler import IndexScheduler
+from services.indexer.metrics import STREAM_LENGTH, STREAM_PENDING
+from services.indexer.settings import IndexerSettings
+from services.indexer.stream_consumer import StreamConsumer
+from shared.logging_setup import get_logger
+from shared.metrics_http import metrics_endpoint
+from shared.stream_schema import ensure_group
+
+log = get_logger("recall.indexer")
+
+
+def _decode(fields: dict) -> dict:
+    return {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v) for k, v in fields.items()}
+
+
+def build_broker(settings: IndexerSettings, consumer: StreamConsumer) -> RedisBroker:
+    broker = RedisBroker(settings.redis, logger=None)
+
+    @broker.subscriber(stream=StreamSub(settings.stream, group=settings.group, consumer=settings.consumer),
+                       ack_policy=AckPolicy.MANUAL, max_workers=4)
+    @broker.subscriber(stream=StreamSub(settings.stream, group=settings.group, consumer=f"{settings.consumer}-reclaim",
+                                        min_idle_time=settings.reclaim_idle_ms, polling_interval=200),
+                       ack_policy=AckPolicy.MANUAL)
+    async def on_message(body: dict, msg: RedisStreamMessage) -> None:
+        # Raw XADD fields arrive as the body; acking is the consumer's (XACK + XDEL together).
+        await consumer.handle(msg.message_id, _decode(body), await msg.get_delivery_count())
+
+    return broker
+
+
+async def _sample_stream(client: aioredis.Redis, settings: IndexerSettings) -> None:
+    while True:
+        try:
+            STREAM_LENGTH.set(await client.xlen(settings.stream))
+            STREAM_PENDING.set((await client.xpending(settings.stream, settings.group))["pending"])
+        except aioredis.RedisError:
+            pass
+        await asyncio.sleep(2.0)
+
+
+def _http_app(client: aioredis.Redis) -> Starlette:
+    async def healthz(request: Request) -> JSONResponse:
+        return JSONResponse({"status": "ok"})
+
+    async def readyz(request: Request) -> JSONResponse:
+        try:
+            await client.ping()
+        except Exception:
+            return JSONResponse({"status": "redis unreachable"}, status_code=503)
+        return JSONResponse({"status": "ready"})
+
+    return Starlette(routes=[Route("/healthz", healthz), Route("/readyz", readyz), Route("/metrics", metrics_endpoint)])
+
+
+async def run_worker(settings: IndexerSettings) -> None:
+    import redis
+
+    sync = redis.Redis.from_url(settings.redis)
+    ensure_group(sync, settings.stream, settings.group)
+    sync.close()
+    client = aioredis.Redis.from_url(settings.redis, socket_timeout=10)
+    job = make_index_job(settings.engine, settings.funes_bin, settings.index_timeout_s)
+    scheduler = IndexScheduler(client, job, settings.data_dir, settings.index_debounce_s, settings.index_lock_ttl_s,
+                               settings.index_concurrency)
+    broker = build_broker(settings, StreamConsumer(client, settings))
+    http = uvicorn.Server(uvicorn.Config(_http_app(client), host=settings.indexer_host, port=settings.indexer_port,
+                                         log_config=None, lifespan="off"))
+    http.install_signal_handlers = lambda: None  # this process handles SIGTERM itself
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    await broker.start()
+    tasks = [asyncio.create_task(scheduler.run_forever()), asyncio.create_task(_sample_stream(client, settings)),
+             asyncio.create_task(http.serve())]
+    log.info("indexer.started", consumer=settings.consumer, engine=settings.engine, stream=settings.stream)
+    await stop.wait()
+    log.info("indexer.stopping")
+    await broker.stop()  # waits for in-flight handlers
+    await scheduler.stop()  # lets the running index job finish
+    http.should_exit = True
+    for t in tasks[:2]:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await client.aclose()
+    log.info("indexer.stopped")

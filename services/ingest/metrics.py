@@ -1,0 +1,6 @@
+from prometheus_client import Counter, Histogram
+
+INGEST_REQUESTS = Counter("recall_ingest_requests_total", "Ingest API requests by route and HTTP status.", ["route", "status"])
+INGEST_TURNS = Counter("recall_ingest_turns_total", "Turns accepted onto the stream.")
+INGEST_LATENCY = Histogram("recall_ingest_request_seconds", "Ingest request handling time.", ["route"],
+                           buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5))

@@ -1,0 +1,15 @@
+from __future__ import annotations
+
+from pydantic import Field, SecretStr
+
+from shared.settings_base import CommonSettings
+
+
+class IngestSettings(CommonSettings):
+    ingest_port: int = Field(8001, description="Port of the ingest API.")
+    ingest_host: str = Field("127.0.0.1", description="Bind address of the ingest API.")
+    ingest_key: SecretStr = Field(SecretStr(""), description="Shared key the gateway sends as x-ingest-key.")
+    ingest_max_body_bytes: int = Field(4 * 2**20, ge=1024, description="Largest accepted request body.")
+    ingest_max_turns: int = Field(2000, ge=1, description="Most turns in one conversation snapshot.")
+    ingest_max_turn_chars: int = Field(200_000, ge=1, description="Longest text of one turn.")
+    stream_maxlen: int = Field(1_000_000, ge=1000, description="Hard cap on stream length (a backlog guard, never reached normally).")

@@ -1,0 +1,37 @@
+"""structlog JSON logs for every service; stdlib loggers (uvicorn, faststream) go the same way.
+
+Rules: tenants appear only as `user_hash`; message and query text never appear (query text
+only with RECALL_DEBUG=true); tracebacks carry no frame locals, which could hold secrets.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import structlog
+
+
+def configure_logging(level: str = "INFO") -> None:
+    lvl = logging.getLevelName(level.upper()) if isinstance(level, str) else level
+    shared = [structlog.contextvars.merge_contextvars, structlog.processors.add_log_level,
+              structlog.processors.TimeStamper(fmt="iso", utc=True)]
+    structlog.configure(
+        processors=[*shared,
+                    structlog.processors.ExceptionRenderer(structlog.tracebacks.ExceptionDictTransformer(show_locals=False)),
+                    structlog.processors.JSONRenderer()],
+        wrapper_class=structlog.make_filtering_bound_logger(lvl),
+        logger_factory=structlog.PrintLoggerFactory(sys.stdout),
+        cache_logger_on_first_use=True,
+    )
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=[*shared, structlog.stdlib.ExtraAdder()],
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, structlog.processors.JSONRenderer()]))
+    logging.basicConfig(handlers=[handler], level=lvl, force=True)
+    for noisy in ("uvicorn.access", "httpx", "mcp", "fastmcp", "faststream.access.redis"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def get_logger(name: str) -> structlog.stdlib.BoundLogger:
+    return structlog.get_logger(name)

@@ -1,0 +1,61 @@
+"""Where a tenant's files live. Nothing from outside reaches a path without passing here.
+
+`DATA_DIR/<sha256(user)[:24]>/` is the tenant's FUNES_HOME: `src/` holds one
+`<conversation_id>.funes.jsonl` per conversation, `memory/` the index. Directory names never
+reveal user ids, and conversation ids must match a strict pattern before they name a file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+CONVERSATION_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
+USER_HASH = re.compile(r"[0-9a-f]{24}")
+
+
+class UnsafeId(ValueError):
+    pass
+
+
+def user_hash(user: str) -> str:
+    """The tenant's directory name, also the id logs carry instead of the user id."""
+    return hashlib.sha256(user.encode("utf-8")).hexdigest()[:24]
+
+
+def check_conversation_id(conversation_id: str) -> str:
+    if not CONVERSATION_ID.fullmatch(conversation_id):
+        raise UnsafeId("conversation_id must match [A-Za-z0-9_-]{1,128}")
+    return conversation_id
+
+
+@dataclass(frozen=True)
+class TenantPaths:
+    root: Path  # FUNES_HOME of the tenant
+
+    @classmethod
+    def for_user(cls, data_dir: Path, user: str) -> "TenantPaths":
+        return cls(data_dir / user_hash(user))
+
+    @classmethod
+    def for_hash(cls, data_dir: Path, uhash: str) -> "TenantPaths":
+        if not USER_HASH.fullmatch(uhash):
+            raise UnsafeId("not a tenant hash")
+        return cls(data_dir / uhash)
+
+    @property
+    def uhash(self) -> str:
+        return self.root.name
+
+    @property
+    def src(self) -> Path:
+        return self.root / "src"
+
+    @property
+    def memory(self) -> Path:
+        return self.root / "memory"
+
+    def transcript(self, conversation_id: str) -> Path:
+        return self.src / f"{check_conversation_id(conversation_id)}.funes.jsonl"
