@@ -125,3 +125,103 @@ def run_engine() -> Callable[..., subprocess.CompletedProcess]:
 def copy_tree(src: Path, dst: Path) -> Path:
     shutil.copytree(src, dst)
     return dst
+
+
+# ---- service processes -------------------------------------------------------------------
+INGEST_KEY = "test-ingest-key-0123456789"
+JWT_SECRET = "test-jwt-secret-0123456789abcdef0123"
+
+
+class ServiceProcess:
+    """One `recall <command>` child with its own env; stopped (or killed) by the test."""
+
+    def __init__(self, command: str, env: dict[str, str], health_url: str | None) -> None:
+        self.command = command
+        self.env = env
+        self.health_url = health_url
+        self.log = tempfile.NamedTemporaryFile(prefix=f"recall-{command}-", suffix=".log", delete=False)
+        self.proc = subprocess.Popen([str(BIN / "recall"), command], env=env, stdout=self.log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL)
+
+    def wait_healthy(self, timeout: float = 60.0) -> "ServiceProcess":
+        import httpx
+
+        def up() -> bool:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"recall {self.command} exited: {self.output()[-3000:]}")
+            try:
+                return httpx.get(self.health_url, timeout=1).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        if self.health_url and not wait_until(up, timeout):
+            raise RuntimeError(f"recall {self.command} not healthy: {self.output()[-3000:]}")
+        return self
+
+    def output(self) -> str:
+        return Path(self.log.name).read_text(errors="replace")
+
+    def terminate(self, timeout: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture
+def service_env(tmp_path: Path, redis_url: str) -> dict[str, str]:
+    """Environment for services sharing one data dir and one (flushed) Redis db."""
+    import redis
+
+    redis.Redis.from_url(redis_url).flushdb()
+    return {
+        **os.environ,
+        "RECALL_DATA_DIR": str(tmp_path / "data"),
+        "RECALL_REDIS_URL": redis_url,
+        "RECALL_INGEST_KEY": INGEST_KEY,
+        "RECALL_JWT_SECRET": JWT_SECRET,
+        "RECALL_INGEST_PORT": str(free_port()),
+        "RECALL_INDEXER_PORT": str(free_port()),
+        "RECALL_RECALL_PORT": str(free_port()),
+        "RECALL_INDEX_DEBOUNCE_S": "0.2",
+        "RECALL_RECLAIM_IDLE_MS": "1500",
+        "RECALL_INDEX_LOCK_TTL_S": "3",
+        "RECALL_RETRY_BACKOFF_S": "0.1",
+        "FASTMCP_LOG_ENABLED": "false",
+    }
+
+
+@pytest.fixture
+def services(service_env):
+    """Start services by name; every one started is stopped at teardown."""
+    started: list[ServiceProcess] = []
+
+    def start(command: str, **overrides: str) -> ServiceProcess:
+        env = {**service_env, **overrides}
+        port_var = {"ingest": "RECALL_INGEST_PORT", "indexer": "RECALL_INDEXER_PORT", "serve": "RECALL_RECALL_PORT"}[command]
+        proc = ServiceProcess(command, env, f"http://127.0.0.1:{env[port_var]}/healthz")
+        started.append(proc)
+        return proc.wait_healthy()
+
+    yield start
+    for proc in started:
+        proc.kill()
+
+
+def ingest_url(env: dict[str, str]) -> str:
+    return f"http://127.0.0.1:{env['RECALL_INGEST_PORT']}"
+
+
+def conversation_payload(user: str, conversation_id: str, messages: list[str], day: str = "2026-10-08") -> dict:
+    return {"user": user, "conversation_id": conversation_id,
+            "turns": [{"id": f"{conversation_id}-t{i}", "role": "user" if i % 2 == 0 else "assistant", "text": m,
+                       "ts": f"{day}T10:{i:02d}:00Z"} for i, m in enumerate(messages)]}

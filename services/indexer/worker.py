@@ -40,9 +40,17 @@ def build_broker(settings: IndexerSettings, consumer: StreamConsumer) -> RedisBr
     @broker.subscriber(stream=StreamSub(settings.stream, group=settings.group, consumer=f"{settings.consumer}-reclaim",
                                         min_idle_time=settings.reclaim_idle_ms, polling_interval=200),
                        ack_policy=AckPolicy.MANUAL)
-    async def on_message(body: dict, msg: RedisStreamMessage) -> None:
-        # Raw XADD fields arrive as the body; acking is the consumer's (XACK + XDEL together).
-        await consumer.handle(msg.message_id, _decode(body), await msg.get_delivery_count())
+    async def on_message(msg: RedisStreamMessage) -> None:
+        # The stream entry id (not faststream's message_id) is the snapshot's version; acking
+        # is the consumer's own (XACK + XDEL together).
+        raw = msg.raw_message
+        entry_id = raw["message_ids"][0]
+        entry_id = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+        try:
+            await consumer.handle(entry_id, _decode(raw["data"]), await msg.get_delivery_count())
+        except Exception as exc:
+            log.warning("message.failed", entry_id=entry_id, error=f"{type(exc).__name__}: {str(exc)[:200]}")
+            raise  # stays pending; the reclaimer redelivers it
 
     return broker
 
