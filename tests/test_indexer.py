@@ -1,0 +1,204 @@
+"""The write path end to end: ingest → stream → indexer workers → searchable memory."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import sqlite3
+import stat
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+
+from services.indexer.settings import IndexerSettings
+from services.indexer.snapshot_writer import version_file
+from services.indexer.stream_consumer import StreamConsumer
+from shared.redis_server import EmbeddedRedis
+from shared.stream_schema import StreamTurn, TurnsEvent, ensure_group
+from shared.tenant_paths import TenantPaths, user_hash
+from tests.conftest import (BIN, INGEST_KEY, ServiceProcess, conversation_payload, engine_cli, free_port,
+                            ingest_url, wait_until)
+
+
+def post(env, payload) -> None:
+    resp = httpx.post(f"{ingest_url(env)}/turns", headers={"x-ingest-key": INGEST_KEY}, json=payload, timeout=10)
+    assert resp.status_code == 202, resp.text
+
+
+def memory_rows(env, user: str) -> list[tuple[str, str, str]]:
+    db = Path(env["RECALL_DATA_DIR"]) / user_hash(user) / "memory" / "chunks.sqlite3"
+    if not db.exists():
+        return []
+    conn = sqlite3.connect(db)
+    try:
+        return conn.execute("SELECT session_id, turn_uuid, text FROM chunks").fetchall()
+    finally:
+        conn.close()
+
+
+def searchable(env, user: str, expected_chunks: int) -> bool:
+    return len(memory_rows(env, user)) == expected_chunks
+
+
+def test_posted_turns_become_searchable_and_leave_no_text_in_redis(services, service_env, r):
+    services("ingest")
+    services("indexer")
+    post(service_env, conversation_payload("alice", "c1", ["What about N-11?", "Proceed once MT-4471 closes."]))
+    post(service_env, conversation_payload("alice", "c1", ["What about N-11?", "Proceed once MT-4471 closes.", "thanks"]))
+    assert wait_until(lambda: searchable(service_env, "alice", 3), 20)
+    src = TenantPaths.for_user(Path(service_env["RECALL_DATA_DIR"]), "alice").transcript("c1")
+    lines = [json.loads(x) for x in src.read_text().splitlines()]
+    assert [x["turn_uuid"] for x in lines] == ["c1-t0", "c1-t1", "c1-t2"] and lines[0]["harness"] == "copilot"
+    assert wait_until(lambda: r.xlen("recall:turns") == 0, 10), "acked entries are deleted from the stream"
+    assert r.xpending("recall:turns", "indexers")["pending"] == 0
+
+
+def test_a_burst_of_writes_is_debounced_into_few_index_runs(services, service_env):
+    services("ingest")
+    worker = services("indexer", RECALL_INDEX_DEBOUNCE_S="1.0")
+    msgs: list[str] = []
+    for i in range(12):
+        msgs.append(f"turn {i} about line N-{i}")
+        post(service_env, conversation_payload("bob", "burst", msgs))
+    assert wait_until(lambda: searchable(service_env, "bob", 12), 20)
+    time.sleep(1.5)
+    runs = [line for line in worker.output().splitlines() if '"index.run"' in line and user_hash("bob") in line]
+    assert 1 <= len(runs) <= 3, f"{len(runs)} runs for one burst"
+
+
+async def test_out_of_order_snapshots_never_regress_a_conversation(tmp_path, redis_url, r):
+    settings = IndexerSettings(data_dir=tmp_path / "data", redis_url=redis_url)
+    import redis.asyncio as aioredis
+
+    client = aioredis.Redis.from_url(redis_url)
+    consumer = StreamConsumer(client, settings)
+    uh = user_hash("carol")
+
+    def event(n: int) -> TurnsEvent:
+        return TurnsEvent(user_hash=uh, conversation_id="c", received_at=time.time(),
+                          turns=[StreamTurn(id=f"t{i}", role="user", text=f"message {i}", ts="2026-10-08T10:00:00Z")
+                                 for i in range(n)])
+
+    paths = TenantPaths.for_hash(settings.data_dir, uh)
+    await consumer._store("2000-0", event(3))
+    await consumer._store("1000-5", event(1))  # older, processed later by another worker
+    assert paths.transcript("c").read_text().count("\n") == 3
+    await asyncio.gather(*[consumer._store(f"{3000 + i}-0", event(4 + i % 3)) for i in range(9)])
+    assert version_file(paths, "c").read_text() == "3008-0"
+    assert paths.transcript("c").read_text().count("\n") == 4 + 8 % 3
+    await consumer._store("3008-0", event(6))  # a redelivery of the newest rewrites it
+    assert paths.transcript("c").read_text().count("\n") == 6
+    await client.aclose()
+
+
+def test_kill_9_mid_batch_another_worker_finishes_without_duplicates(services, service_env, r):
+    services("ingest")
+    convs = {f"k{i}": [f"Conversation {i} opened ticket MT-{5000 + i}.", f"Owner of MT-{5000 + i} is operator {i}."]
+             for i in range(24)}
+    ensure_group(r, "recall:turns", "indexers")
+    for cid, msgs in list(convs.items())[:12]:
+        post(service_env, conversation_payload("dave", cid, msgs))
+    # A worker that read these and died before acking: they sit in its pending list.
+    r.xreadgroup("indexers", "crashed-worker", {"recall:turns": ">"}, count=6)
+    first = services("indexer")
+    for cid, msgs in list(convs.items())[12:]:
+        post(service_env, conversation_payload("dave", cid, msgs))
+    time.sleep(0.3)
+    first.kill()  # kill -9, mid-batch
+    services("indexer")
+    assert wait_until(lambda: searchable(service_env, "dave", 48), 60), len(memory_rows(service_env, "dave"))
+    rows = memory_rows(service_env, "dave")
+    assert len(rows) == len(set(rows)) == 48, "every accepted turn once, none duplicated"
+    assert wait_until(lambda: r.xpending("recall:turns", "indexers")["pending"] == 0, 20)
+
+
+FUNES_MARKER_WRAPPER = """#!/usr/bin/env bash
+# A funes binary stand-in that proves mutual exclusion: it records any overlapping index run.
+if [ "$1" = "index" ]; then
+  marker="$FUNES_HOME/.index-running"
+  if ! (set -o noclobber; echo $$ > "$marker") 2>/dev/null; then echo "overlap $FUNES_HOME" >> "{overlaps}"; fi
+  echo "run $$" >> "{runs}"
+  sleep 0.3
+  "{engine}" "$@"; rc=$?
+  rm -f "$marker"
+  exit $rc
+fi
+exec "{engine}" "$@"
+"""
+
+
+def test_two_indexer_processes_never_index_one_user_concurrently(services, service_env, tmp_path):
+    overlaps, runs = tmp_path / "overlaps", tmp_path / "runs"
+    wrapper = tmp_path / "funes"
+    wrapper.write_text(FUNES_MARKER_WRAPPER.format(overlaps=overlaps, runs=runs, engine=engine_cli()))
+    wrapper.chmod(wrapper.stat().st_mode | stat.S_IEXEC)
+    services("ingest")
+    funes_mode = {"RECALL_ENGINE": "funes", "RECALL_FUNES_BIN": str(wrapper), "RECALL_INDEX_DEBOUNCE_S": "0.05"}
+    services("indexer", **funes_mode)
+    services("indexer", **funes_mode, RECALL_INDEXER_PORT=str(free_port()))
+    expected = {"erin": 0, "frank": 0}
+    for round_ in range(10):
+        for user in expected:
+            msgs = [f"{user} round {round_} note {j}" for j in range(2)]
+            post(service_env, conversation_payload(user, f"c{round_}", msgs))
+            expected[user] += 2
+        time.sleep(0.15)
+    assert wait_until(lambda: all(searchable(service_env, u, n) for u, n in expected.items()), 90)
+    assert not overlaps.exists(), overlaps.read_text()
+    assert len(runs.read_text().splitlines()) >= 4, "the job really ran through the funes binary, several times"
+
+
+def test_redis_restart_with_aof_loses_no_accepted_turn(services, service_env, tmp_path):
+    port = free_port()
+    server = EmbeddedRedis(tmp_path / "redis-aof", port=port)
+    server.start()
+    try:
+        own = {"RECALL_REDIS_URL": server.url}
+        services("ingest", **own)
+        for i in range(5):
+            post(service_env, conversation_payload("gina", f"g{i}", [f"accepted turn {i} with code Q-{i}"]))
+        server.stop()  # SIGTERM: Redis fsyncs the AOF
+        server = EmbeddedRedis(tmp_path / "redis-aof", port=port)
+        server.start()
+        assert redis.Redis.from_url(server.url).xlen("recall:turns") == 5
+        services("indexer", **own)
+        assert wait_until(lambda: searchable(service_env, "gina", 5), 30)
+    finally:
+        server.stop()
+
+
+def test_poison_and_failing_messages_go_to_the_dead_letter_stream(services, service_env, r, tmp_path):
+    ensure_group(r, "recall:turns", "indexers")
+    r.xadd("recall:turns", {"kind": "turns", "event": "{not json"})
+    r.xadd("recall:turns", {"kind": "turns", "event": json.dumps(
+        {"user_hash": "../../etc", "conversation_id": "x", "turns": [], "received_at": 1})})
+    # A tenant whose directory cannot be created: every delivery fails until the limit.
+    data = Path(service_env["RECALL_DATA_DIR"])
+    data.mkdir(parents=True)
+    (data / user_hash("hank")).write_text("a file where a directory should be")
+    services("ingest")
+    worker = services("indexer", RECALL_MAX_DELIVERIES="3", RECALL_RECLAIM_IDLE_MS="300")
+    post(service_env, conversation_payload("hank", "h1", ["this write cannot succeed"]))
+    assert wait_until(lambda: r.xlen("recall:turns:dead") == 3, 60), r.xrange("recall:turns:dead")
+    reasons = [f["reason"] for _, f in r.xrange("recall:turns:dead")]
+    assert reasons[:2] == ["invalid event: ValidationError", "invalid event: UnsafeId"] or \
+        sorted(reasons[:2]) == sorted(["invalid event: ValidationError", "invalid event: UnsafeId"])
+    assert reasons[2] == "max deliveries exceeded"
+    assert r.xpending("recall:turns", "indexers")["pending"] == 0
+    metrics = httpx.get(f"http://127.0.0.1:{service_env['RECALL_INDEXER_PORT']}/metrics").text
+    assert 'recall_indexer_dead_letters_total{reason="max deliveries exceeded"} 1.0' in metrics
+    assert "recall_indexer_retries_total 3.0" in metrics
+
+
+def test_sigterm_finishes_the_current_job_and_exits(services, service_env):
+    services("ingest")
+    worker = services("indexer")
+    post(service_env, conversation_payload("ivan", "i1", ["one more thing about K-9"]))
+    assert wait_until(lambda: searchable(service_env, "ivan", 1), 20)
+    assert worker.terminate(timeout=30) == 0
+    assert '"indexer.stopped"' in worker.output()

@@ -1,0 +1,117 @@
+"""The ingest API: every error names its field, nothing is stored on a rejected request."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.conftest import INGEST_KEY, conversation_payload, free_port, ingest_url
+
+
+@pytest.fixture
+def ingest(services, service_env):
+    services("ingest", RECALL_INGEST_MAX_TURNS="50", RECALL_INGEST_MAX_TURN_CHARS="1000", RECALL_INGEST_MAX_BODY_BYTES="16384")
+    return ingest_url(service_env)
+
+
+def post(url: str, body=None, key: str | None = INGEST_KEY, raw: bytes | None = None) -> httpx.Response:
+    headers = {"content-type": "application/json"}
+    if key is not None:
+        headers["x-ingest-key"] = key
+    return httpx.post(f"{url}/turns", headers=headers, content=raw, json=None if raw is not None else body, timeout=10)
+
+
+def fields_of(resp: httpx.Response) -> set[str]:
+    return {f["field"] for f in resp.json()["fields"]}
+
+
+def test_accepted_snapshot_is_on_the_stream_without_the_user_id(ingest, r):
+    resp = post(ingest, conversation_payload("alice@example.com", "conv-1", ["hi", "hello"]))
+    assert resp.status_code == 202 and resp.json() == {"stored": "conv-1", "turns": 2}
+    [(entry_id, fields)] = r.xrange("recall:turns")
+    assert fields["conversation_id"] == "conv-1" and fields["kind"] == "turns"
+    assert "alice@example.com" not in str(fields), "raw user ids never reach Redis"
+
+
+@pytest.mark.parametrize("key", [None, "", "wrong-key", INGEST_KEY + "x"])
+def test_missing_or_wrong_key_is_401(ingest, r, key):
+    resp = post(ingest, conversation_payload("alice", "c", ["hi"]), key=key)
+    assert resp.status_code == 401 and fields_of(resp) == {"x-ingest-key"}
+    assert r.xlen("recall:turns") == 0
+
+
+@pytest.mark.parametrize("raw", [b"{not json", b"", b"[1, 2]", b"\xff\xfe"])
+def test_malformed_json_is_400(ingest, r, raw):
+    resp = post(ingest, raw=raw)
+    assert resp.status_code == 400 and fields_of(resp) == {"body"}
+    assert r.xlen("recall:turns") == 0
+
+
+@pytest.mark.parametrize("mutate, field", [
+    (lambda b: b.pop("user"), "user"),
+    (lambda b: b.update(user=""), "user"),
+    (lambda b: b.update(conversation_id="../../etc/passwd"), "conversation_id"),
+    (lambda b: b.update(conversation_id="a" * 129), "conversation_id"),
+    (lambda b: b.update(conversation_id="has space"), "conversation_id"),
+    (lambda b: b["turns"][1].update(role="wizard"), "turns[1].role"),
+    (lambda b: b["turns"][0].update(ts="next tuesday"), "turns[0].ts"),
+    (lambda b: b["turns"][0].pop("text"), "turns[0].text"),
+    (lambda b: b.update(turns="nope"), "turns"),
+    (lambda b: b.update(extra=1), "extra"),
+])
+def test_invalid_fields_are_422_naming_the_field(ingest, r, mutate, field):
+    body = conversation_payload("alice", "conv-1", ["hi", "hello"])
+    mutate(body)
+    resp = post(ingest, body)
+    assert resp.status_code == 422, resp.text
+    assert field in fields_of(resp)
+    assert r.xlen("recall:turns") == 0
+
+
+def test_duplicate_turn_ids_are_422(ingest, r):
+    body = conversation_payload("alice", "conv-1", ["hi", "hello"])
+    body["turns"][1]["id"] = body["turns"][0]["id"]
+    assert post(ingest, body).status_code == 422
+
+
+def test_limits_are_413_naming_what_is_too_large(ingest, r):
+    many = conversation_payload("alice", "c", ["x"] * 51)
+    resp = post(ingest, many)
+    assert resp.status_code == 413 and fields_of(resp) == {"turns"}
+    long_text = conversation_payload("alice", "c", ["ok", "y" * 1001])
+    resp = post(ingest, long_text)
+    assert resp.status_code == 413 and fields_of(resp) == {"turns[1].text"}
+    huge = conversation_payload("alice", "c", ["z" * 900] * 20)  # > 16 KiB body
+    resp = post(ingest, huge)
+    assert resp.status_code == 413 and fields_of(resp) == {"body"}
+    assert r.xlen("recall:turns") == 0
+
+
+def test_a_rejected_request_loses_nothing_already_stored(ingest, r):
+    assert post(ingest, conversation_payload("alice", "keep", ["first"])).status_code == 202
+    bad = conversation_payload("alice", "keep", ["first", "second"])
+    bad["turns"][1]["role"] = "bogus"
+    assert post(ingest, bad).status_code == 422
+    [(_, fields)] = r.xrange("recall:turns")
+    assert '"first"' in fields["event"] and "second" not in fields["event"]
+
+
+def test_redis_down_is_503_and_not_ready(services, service_env):
+    dead = f"redis://127.0.0.1:{free_port()}/0"
+    services("ingest", RECALL_REDIS_URL=dead)
+    url = ingest_url(service_env)
+    resp = post(url, conversation_payload("alice", "c", ["hi"]))
+    assert resp.status_code == 503 and fields_of(resp) == {"redis"}
+    assert httpx.get(f"{url}/readyz").status_code == 503
+    assert httpx.get(f"{url}/healthz").status_code == 200
+
+
+def test_openapi_metrics_and_probes(ingest):
+    doc = httpx.get(f"{ingest}/openapi.json").json()
+    assert doc["openapi"].startswith("3.") and "post" in doc["paths"]["/turns"]
+    assert set(doc["paths"]["/turns"]["post"]["responses"]) >= {"202", "400", "401", "413", "422", "503"}
+    assert "IngestRequest" in doc["components"]["schemas"]
+    assert httpx.get(f"{ingest}/readyz").status_code == 200
+    post(ingest, conversation_payload("alice", "m", ["hi"]), key="bad")
+    text = httpx.get(f"{ingest}/metrics").text
+    assert 'recall_ingest_requests_total{route="/turns",status="401"} 1.0' in text
