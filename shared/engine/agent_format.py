@@ -14,11 +14,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from shared.engine.hybrid_search import Hit
+from shared.engine.hybrid_search import NEIGHBOUR_PREVIEW_CHARS, Hit
 from shared.engine.store import Row
 
 NO_RESULTS = "no results"
-PREVIEW_CHARS = 160
 HEADER = re.compile(r"^\[(?P<ts>[^\]]*)\] (?P<harness>\S*) (?P<where>\S+) (?P<block_type>\S+)  score=(?P<score>[-0-9.]+)$")
 HINT = re.compile(r"^  → get .*$")
 NEIGHBOUR = re.compile(r"^  ~ \[(?P<role>\S+) (?P<block_type>\S+) seq(?P<seq>-?\d+)\] (?P<text>.*)$")
@@ -38,7 +37,7 @@ def render_recall(hits: list[Hit], memory_label: str) -> str:
         out.append(f"  → get {r.session_id} {r.turn_uuid} --memory {memory_label}")
         out.append(r.text)
         for n in hit.neighbours:
-            out.append(f"  ~ [{n.role} {n.block_type} seq{n.seq}] {n.text[:PREVIEW_CHARS]}")
+            out.append(f"  ~ [{n.role} {n.block_type} seq{n.seq}] {n.text[:NEIGHBOUR_PREVIEW_CHARS]}")
         out.append("---")
     return "\n".join(out) + "\n"
 

@@ -22,6 +22,7 @@ RRF_K = 60
 # share of its score: it orders near-ties by date, it does not override relevance.
 RECENCY_SHARE = 0.25
 RERANK_POOL_FACTOR = 4
+NEIGHBOUR_PREVIEW_CHARS = 160  # funes shows neighbours as previews of this many code points
 
 
 @dataclass(frozen=True)
@@ -117,7 +118,7 @@ def recall(
             base = {rid: fused[rid] for rid in pool}
         scored = {rid: base[rid] * _recency(reader.epoch_of(rid), now, params.half_life_days) for rid in pool}
         ranked = sorted(pool, key=lambda rid: (ident_hits.get(rid, 0), scored[rid]), reverse=True)
-        hits = [Hit(rows[rid], scored[rid]) for rid in _distinct_texts(ranked, rows, params.k)]
+        hits = [Hit(rows[rid], scored[rid]) for rid in _select_hits(ranked, rows, params.k, params.neighbors)]
         if params.neighbors > 0:
             for hit in hits:
                 r = hit.row
@@ -128,18 +129,27 @@ def recall(
         return hits
 
 
-def _distinct_texts(ranked: list[int], rows: dict[int, Row], k: int) -> list[int]:
-    """Top k with repeated texts dropped: chats repeat short lines ("thanks, check K-012 too")
-    across sessions, and several copies would crowd out the passage that answers."""
+def _select_hits(ranked: list[int], rows: dict[int, Row], k: int, neighbors: int) -> list[int]:
+    """Top k, skipping what an earlier hit already shows in full: a repeated text (chats repeat
+    short lines such as "thanks, check K-012 too" across sessions) or a short turn that is an
+    earlier hit's neighbour and so already visible in its preview."""
     seen: set[str] = set()
+    shown: list[Row] = []
     out: list[int] = []
     for rid in ranked:
-        key = " ".join(rows[rid].text.split()).casefold()
-        if key not in seen:
-            seen.add(key)
-            out.append(rid)
-            if len(out) == k:
-                break
+        row = rows[rid]
+        key = " ".join(row.text.split()).casefold()
+        if key in seen:
+            continue
+        if len(row.text) <= NEIGHBOUR_PREVIEW_CHARS and any(
+                h.session_id == row.session_id and h.turn_uuid != row.turn_uuid and abs(h.seq - row.seq) <= neighbors
+                for h in shown):
+            continue
+        seen.add(key)
+        shown.append(row)
+        out.append(rid)
+        if len(out) == k:
+            break
     return out
 
 

@@ -1,0 +1,25 @@
+"""The one interface the tool uses, whichever engine answers."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from shared.tenant_paths import TenantPaths
+
+
+class BackendUnavailable(Exception):
+    """The engine could not answer (crash, timeout, corrupt memory); the tool degrades softly."""
+
+
+class RecallBackend(Protocol):
+    async def recall(self, paths: TenantPaths, query: str, k: int, candidates: int) -> str:
+        """funes agent-format text for this tenant's memory."""
+        ...
+
+    async def forget_tenant(self, paths: TenantPaths) -> None:
+        """Drop every cached handle or child process of this tenant."""
+        ...
+
+    def ready(self) -> bool: ...
+
+    async def close(self) -> None: ...

@@ -1,0 +1,50 @@
+"""RECALL_ENGINE=embedded: the project's engine inside this replica.
+
+Models load once; each tenant's memory reader stays open in an LRU (vectors in RAM, refreshed
+from the committed generation on every call, so a new index run is visible on the next call).
+Searches run in worker threads, off the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from services.recall.backend import BackendUnavailable
+from services.recall.metrics import POOL_EVICTIONS, POOL_SIZE
+from shared.engine.api import Engine, NoIndex
+from shared.engine.hybrid_search import RecallParams
+from shared.tenant_paths import TenantPaths
+
+
+class EmbeddedBackend:
+    def __init__(self, reader_cache: int, timeout_s: float) -> None:
+        self.engine = Engine(max_readers=reader_cache)
+        self.timeout_s = timeout_s
+
+    async def recall(self, paths: TenantPaths, query: str, k: int, candidates: int) -> str:
+        params = RecallParams(k=k, candidates=candidates)
+        evictions = self.engine.evictions
+        work = asyncio.ensure_future(asyncio.to_thread(self.engine.recall, paths.memory, query, params))
+        try:
+            # shield: a timed-out search finishes in its thread; the caller stops waiting.
+            return await asyncio.wait_for(asyncio.shield(work), self.timeout_s)
+        except asyncio.TimeoutError:
+            raise BackendUnavailable("recall timed out") from None
+        except NoIndex:
+            raise
+        except Exception as exc:
+            raise BackendUnavailable(f"{type(exc).__name__}: {exc}") from exc
+        finally:
+            POOL_SIZE.set(self.engine.open_readers)
+            if self.engine.evictions > evictions:
+                POOL_EVICTIONS.labels("lru").inc(self.engine.evictions - evictions)
+
+    async def forget_tenant(self, paths: TenantPaths) -> None:
+        self.engine.drop(paths.memory)
+        POOL_SIZE.set(self.engine.open_readers)
+
+    def ready(self) -> bool:
+        return True
+
+    async def close(self) -> None:
+        return None

@@ -1,0 +1,11 @@
+from prometheus_client import Counter, Gauge, Histogram
+
+RECALL_LATENCY = Histogram(
+    "recall_tool_latency_seconds", "recall_my_conversations latency by outcome (hit, empty, no_memory, unavailable).",
+    ["outcome"], buckets=(0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+RECALL_IN_FLIGHT = Gauge("recall_in_flight", "Recalls running in this replica.")
+RECALL_CONCURRENCY_LIMIT = Gauge("recall_concurrency_limit", "RECALL_MAX_CONCURRENCY of this replica.")
+POOL_SIZE = Gauge("recall_pool_processes", "Live engine children (funes mode) or open tenant memories (embedded).")
+POOL_SPAWNS = Counter("recall_pool_spawns_total", "Engine children started (funes mode).")
+POOL_EVICTIONS = Counter("recall_pool_evictions_total", "Children or memory handles closed to stay under the cap or when idle.", ["reason"])
+POOL_CRASH_RESTARTS = Counter("recall_pool_crash_restarts_total", "Children replaced after a crash, timeout or protocol error.", ["reason"])

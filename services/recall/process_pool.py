@@ -1,0 +1,171 @@
+"""RECALL_ENGINE=funes: long-lived `<funes> mcp <tenant memory>` children, one per active tenant.
+
+- A tenant's first call spawns its child (models load once, in the child); later calls reuse it.
+- At most `max_processes` children: spawning past the cap closes the least recently used idle
+  child. Children idle longer than `idle_s` are closed by a sweeper.
+- One call at a time per child (funes serialises recalls anyway); calls of other tenants run
+  in their own children.
+- A child that crashes, answers with an error, or overruns the timeout is killed and dropped;
+  that call degrades softly and the next call starts a fresh child.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from services.recall.backend import BackendUnavailable
+from services.recall.metrics import POOL_CRASH_RESTARTS, POOL_EVICTIONS, POOL_SIZE, POOL_SPAWNS
+from shared.logging_setup import get_logger
+from shared.mcp_stdio_client import ChildExited, StdioMCPChild, ToolCallError
+from shared.tenant_paths import TenantPaths
+
+log = get_logger("recall.pool")
+
+
+@dataclass
+class _Slot:
+    child: StdioMCPChild
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    last_used: float = field(default_factory=time.monotonic)
+
+
+class ProcessPool:
+    def __init__(self, binary: str, max_processes: int, idle_s: float, call_timeout_s: float, start_timeout_s: float) -> None:
+        self.binary = binary
+        self.max_processes = max_processes
+        self.idle_s = idle_s
+        self.call_timeout_s = call_timeout_s
+        self.start_timeout_s = start_timeout_s
+        self._slots: OrderedDict[str, _Slot] = OrderedDict()
+        self._spawning: dict[str, asyncio.Task] = {}
+        self._lock = asyncio.Lock()
+        self._sweeper: asyncio.Task | None = None
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> None:
+        self._sweeper = asyncio.create_task(self._sweep_idle())
+
+    async def close(self) -> None:
+        if self._sweeper:
+            self._sweeper.cancel()
+        for uhash in list(self._slots):
+            await self._drop(uhash)
+
+    def ready(self) -> bool:
+        return os.path.isfile(self.binary) or any(
+            os.path.isfile(os.path.join(p, self.binary)) for p in os.environ.get("PATH", "").split(os.pathsep))
+
+    @property
+    def size(self) -> int:
+        return len(self._slots)
+
+    def pid_of(self, uhash: str) -> int | None:
+        slot = self._slots.get(uhash)
+        return slot.child.pid if slot else None
+
+    # ---- calls -----------------------------------------------------------------------------------
+    async def recall(self, paths: TenantPaths, query: str, k: int, candidates: int) -> str:
+        # funes' MCP recall fixes candidates at 30; only k is a tool argument.
+        slot = await self._slot_for(paths)
+        async with slot.lock:
+            slot.last_used = time.monotonic()
+            try:
+                text = await slot.child.call_tool("recall", {"query": query, "k": k}, self.call_timeout_s)
+            except asyncio.TimeoutError:
+                await self._replace(paths.uhash, slot, "timeout")
+                raise BackendUnavailable("recall timed out") from None
+            except (ChildExited, ToolCallError, ConnectionError, OSError) as exc:
+                await self._replace(paths.uhash, slot, "crash" if isinstance(exc, ChildExited) else "error")
+                raise BackendUnavailable(str(exc)[:200]) from exc
+            finally:
+                slot.last_used = time.monotonic()
+        if text.startswith("recall error:"):
+            raise BackendUnavailable(text[:200])
+        return text
+
+    async def forget_tenant(self, paths: TenantPaths) -> None:
+        async with self._lock:
+            await self._drop(paths.uhash)
+
+    # ---- internals -------------------------------------------------------------------------------
+    async def _slot_for(self, paths: TenantPaths) -> _Slot:
+        uhash = paths.uhash
+        async with self._lock:
+            slot = self._slots.get(uhash)
+            if slot is not None and slot.child.alive:
+                self._slots.move_to_end(uhash)
+                return slot
+            if slot is not None:  # died between calls
+                POOL_CRASH_RESTARTS.labels("crash").inc()
+                await self._drop(uhash)
+            spawning = self._spawning.get(uhash)
+            if spawning is None:  # concurrent first calls of one tenant share one spawn
+                await self._make_room()
+                spawning = self._spawning[uhash] = asyncio.create_task(self._spawn(paths))
+        try:
+            slot = await asyncio.shield(spawning)
+        except Exception as exc:
+            raise BackendUnavailable(f"engine child did not start: {exc}") from exc
+        finally:
+            self._spawning.pop(uhash, None)
+        async with self._lock:
+            self._slots[uhash] = slot
+            self._slots.move_to_end(uhash)
+            POOL_SIZE.set(len(self._slots))
+        return slot
+
+    async def _spawn(self, paths: TenantPaths) -> _Slot:
+        env = {"FUNES_HOME": str(paths.root), "HF_HUB_OFFLINE": "1", "HOME": str(paths.root),
+               "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "NO_COLOR": "1"}
+        for passthrough in ("HF_HOME", "RECALL_EMBED_MODEL_DIR", "RECALL_EMBED_MODEL_ID", "RECALL_EMBED_POOLING",
+                            "RECALL_RERANK_MODEL_DIR", "LANG"):
+            if passthrough in os.environ:
+                env[passthrough] = os.environ[passthrough]
+        child = StdioMCPChild([self.binary, "mcp", str(paths.memory.resolve())], env=env)
+        try:
+            await child.start(self.start_timeout_s)
+        except BaseException:
+            child.kill()
+            raise
+        POOL_SPAWNS.inc()
+        log.info("pool.spawned", user_hash=paths.uhash, pid=child.pid)
+        return _Slot(child)
+
+    async def _make_room(self) -> None:
+        """Called with self._lock held: close LRU idle children until a new one fits."""
+        while len(self._slots) + len(self._spawning) >= self.max_processes:
+            victim = next((u for u, s in self._slots.items() if not s.lock.locked()), None)
+            if victim is None:
+                raise BackendUnavailable("every engine child is busy")
+            POOL_EVICTIONS.labels("lru").inc()
+            await self._drop(victim)
+
+    async def _replace(self, uhash: str, slot: _Slot, reason: str) -> None:
+        POOL_CRASH_RESTARTS.labels(reason).inc()
+        log.warning("pool.child_dropped", user_hash=uhash, reason=reason, pid=slot.child.pid)
+        slot.child.kill()
+        async with self._lock:
+            if self._slots.get(uhash) is slot:
+                del self._slots[uhash]
+            POOL_SIZE.set(len(self._slots))
+        await slot.child.close(grace=0.5)
+
+    async def _drop(self, uhash: str) -> None:
+        slot = self._slots.pop(uhash, None)
+        POOL_SIZE.set(len(self._slots))
+        if slot is not None:
+            await slot.child.close()
+
+    async def _sweep_idle(self) -> None:
+        while True:
+            await asyncio.sleep(max(1.0, self.idle_s / 4))
+            now = time.monotonic()
+            async with self._lock:
+                for uhash, slot in list(self._slots.items()):
+                    if not slot.lock.locked() and now - slot.last_used > self.idle_s:
+                        POOL_EVICTIONS.labels("idle").inc()
+                        await self._drop(uhash)

@@ -1,0 +1,135 @@
+"""The recall MCP service: one tool, the tenant taken only from the verified bearer token.
+
+Streamable HTTP at /mcp in stateless mode, so any replica behind a load balancer answers any
+call; /healthz, /readyz and /metrics are plain routes (they carry no tenant data).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from fastmcp import FastMCP
+from fastmcp.exceptions import ToolError
+from fastmcp.server.dependencies import get_access_token
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from services.recall.backend import BackendUnavailable, RecallBackend
+from services.recall.embedded_backend import EmbeddedBackend
+from services.recall.metrics import RECALL_CONCURRENCY_LIMIT, RECALL_IN_FLIGHT, RECALL_LATENCY
+from services.recall.process_pool import ProcessPool
+from services.recall.settings import RecallSettings
+from services.recall.tokens import build_verifier
+from services.recall.tool_output import (EMPTY_QUERY, NO_MEMORY, NOTHING, TOOL_DESCRIPTION, UNAVAILABLE,
+                                         render_for_agent)
+from shared.engine.api import MemoryState, NoIndex, memory_state
+from shared.logging_setup import configure_logging, get_logger
+from shared.metrics_http import metrics_endpoint
+from shared.tenant_paths import TenantPaths, user_hash
+
+log = get_logger("recall.service")
+
+
+def make_backend(s: RecallSettings) -> RecallBackend:
+    if s.engine == "funes":
+        return ProcessPool(s.funes_bin, s.pool_max_processes, s.pool_idle_s, s.timeout_s, s.pool_start_timeout_s)
+    return EmbeddedBackend(s.reader_cache, s.timeout_s)
+
+
+def caller_user() -> str:
+    token = get_access_token()
+    subject = token.claims.get("sub") if token is not None else None
+    if not subject or not isinstance(subject, str):
+        raise ToolError("the access token names no user (sub claim)")
+    return subject
+
+
+class RecallService:
+    def __init__(self, settings: RecallSettings, backend: RecallBackend) -> None:
+        self.s = settings
+        self.backend = backend
+        self.slots = asyncio.Semaphore(settings.max_concurrency)
+        RECALL_CONCURRENCY_LIMIT.set(settings.max_concurrency)
+
+    async def recall_for(self, user: str, query: str) -> str:
+        started = time.perf_counter()
+        outcome, text = await self._answer(user, query)
+        RECALL_LATENCY.labels(outcome).observe(time.perf_counter() - started)
+        fields = {"user_hash": user_hash(user), "outcome": outcome, "ms": round((time.perf_counter() - started) * 1000, 1)}
+        if self.s.debug:
+            fields["query"] = query[: self.s.max_query_chars]
+        log.info("recall", **fields)
+        return text
+
+    async def _answer(self, user: str, query: str) -> tuple[str, str]:
+        query = " ".join(query[: self.s.max_query_chars].split())
+        if not query:
+            return "empty", EMPTY_QUERY
+        paths = TenantPaths.for_user(self.s.data_dir, user)
+        if memory_state(paths.memory) is MemoryState.ABSENT:
+            return "no_memory", NO_MEMORY
+        async with self.slots:
+            RECALL_IN_FLIGHT.inc()
+            try:
+                raw = await self.backend.recall(paths, query, self.s.k, self.s.candidates)
+            except NoIndex:
+                return "no_memory", NO_MEMORY
+            except BackendUnavailable as exc:
+                log.warning("recall.unavailable", user_hash=paths.uhash, error=str(exc)[:200])
+                return "unavailable", UNAVAILABLE
+            finally:
+                RECALL_IN_FLIGHT.dec()
+        text = render_for_agent(raw, self.s.max_result_chars)
+        return ("empty" if text == NOTHING else "hit"), text
+
+
+def build_app(settings: RecallSettings | None = None):
+    s = settings or RecallSettings()
+    backend = make_backend(s)
+    service = RecallService(s, backend)
+    mcp = FastMCP("recall", auth=build_verifier(s), mask_error_details=True,
+                  instructions="Memory of this user's earlier conversations. If the user refers to earlier work, "
+                               "recall first, then answer.")
+
+    @mcp.tool(name="recall_my_conversations", description=TOOL_DESCRIPTION)
+    async def recall_my_conversations(query: str) -> str:
+        return await service.recall_for(caller_user(), query)
+
+    @mcp.custom_route("/healthz", methods=["GET"])
+    async def healthz(request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    @mcp.custom_route("/readyz", methods=["GET"])
+    async def readyz(request: Request) -> Response:
+        ok = backend.ready()
+        return JSONResponse({"status": "ready" if ok else "engine unavailable"}, status_code=200 if ok else 503)
+
+    @mcp.custom_route("/metrics", methods=["GET"])
+    async def metrics(request: Request) -> Response:
+        return await metrics_endpoint(request)
+
+    app = mcp.http_app(path="/mcp", stateless_http=True)
+    inner_lifespan = app.router.lifespan_context
+
+    from contextlib import asynccontextmanager
+
+    @asynccontextmanager
+    async def lifespan(a):
+        if isinstance(backend, ProcessPool):
+            backend.start()
+        async with inner_lifespan(a) as state:
+            yield state
+        await backend.close()
+
+    app.router.lifespan_context = lifespan
+    app.state.recall_service = service
+    return app
+
+
+def serve() -> None:
+    import uvicorn
+
+    s = RecallSettings()
+    configure_logging(s.log_level)
+    uvicorn.run(build_app(s), host=s.recall_host, port=s.recall_port, log_config=None, access_log=False)

@@ -1,0 +1,24 @@
+from __future__ import annotations
+
+from pydantic import Field, SecretStr
+
+from shared.settings_base import CommonSettings
+
+
+class RecallSettings(CommonSettings):
+    recall_port: int = Field(8000, description="Port of the MCP service (streamable HTTP at /mcp).")
+    recall_host: str = Field("127.0.0.1", description="Bind address of the MCP service.")
+    jwt_secret: SecretStr = Field(SecretStr(""), description="HS256 shared secret (single-machine setups).")
+    jwks_url: str | None = Field(None, description="JWKS URL for RS256 tokens (production); wins over jwt_secret.")
+    jwt_issuer: str | None = Field(None, description="Required `iss` when set.")
+    jwt_audience: str | None = Field(None, description="Required `aud` when set.")
+    k: int = Field(3, ge=1, le=20, description="Passages returned per call.")
+    candidates: int = Field(8, ge=1, le=200, description="Size of each search leg and of the fused pool.")
+    max_result_chars: int = Field(4000, ge=200, description="Cap on what one call puts in the agent's context.")
+    max_query_chars: int = Field(500, ge=10, description="Queries are cut to this length.")
+    max_concurrency: int = Field(4, ge=1, description="Recalls in flight per replica.")
+    timeout_s: float = Field(10.0, gt=0, description="A recall slower than this answers 'unavailable'.")
+    reader_cache: int = Field(256, ge=1, description="Embedded engine: tenant memories kept open (LRU).")
+    pool_max_processes: int = Field(16, ge=1, description="Funes engine: most `funes mcp` children alive at once.")
+    pool_idle_s: float = Field(600.0, gt=0, description="Funes engine: a child idle this long is closed.")
+    pool_start_timeout_s: float = Field(60.0, gt=0, description="Funes engine: time a child may take to start.")
