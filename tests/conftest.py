@@ -225,3 +225,48 @@ def conversation_payload(user: str, conversation_id: str, messages: list[str], d
     return {"user": user, "conversation_id": conversation_id,
             "turns": [{"id": f"{conversation_id}-t{i}", "role": "user" if i % 2 == 0 else "assistant", "text": m,
                        "ts": f"{day}T10:{i:02d}:00Z"} for i, m in enumerate(messages)]}
+
+
+def mint(user: str, secret: str = JWT_SECRET, ttl: int = 600, **claims) -> str:
+    from joserfc import jwt
+    from joserfc.jwk import OctKey
+
+    now = int(time.time())
+    body = {"sub": user, "iat": now, "exp": now + ttl, "iss": "recall-dev", **claims}
+    return jwt.encode({"alg": "HS256"}, body, OctKey.import_key(secret))
+
+
+def recall_url(env: dict[str, str]) -> str:
+    return f"http://127.0.0.1:{env['RECALL_RECALL_PORT']}"
+
+
+async def call_recall(env: dict[str, str], token: str, query: str) -> str:
+    from fastmcp import Client
+    from fastmcp.client.auth import BearerAuth
+
+    async with Client(f"{recall_url(env)}/mcp", auth=BearerAuth(token)) as client:
+        result = await client.call_tool("recall_my_conversations", {"query": query})
+        return result.content[0].text
+
+
+def post_conversation(env: dict[str, str], user: str, conversation_id: str, messages: list[str], day: str = "2026-10-08") -> None:
+    import httpx
+
+    resp = httpx.post(f"{ingest_url(env)}/turns", headers={"x-ingest-key": INGEST_KEY},
+                      json=conversation_payload(user, conversation_id, messages, day), timeout=10)
+    assert resp.status_code == 202, resp.text
+
+
+def indexed_chunks(env: dict[str, str], user: str) -> int:
+    import sqlite3
+
+    from shared.tenant_paths import user_hash
+
+    db = Path(env["RECALL_DATA_DIR"]) / user_hash(user) / "memory" / "chunks.sqlite3"
+    if not db.exists():
+        return 0
+    conn = sqlite3.connect(db)
+    try:
+        return conn.execute("SELECT COUNT(*) FROM chunks").fetchone()[0]
+    finally:
+        conn.close()

@@ -1,0 +1,189 @@
+"""The recall service through a real MCP client over HTTP, with real tokens and the real engine."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sqlite3
+
+import httpx
+import psutil
+import pytest
+
+from services.recall.tool_output import EMPTY_QUERY, NO_MEMORY, NOTHING, UNAVAILABLE
+from shared.tenant_paths import user_hash
+from tests.conftest import (call_recall, engine_cli, indexed_chunks, mint, post_conversation, recall_url, wait_until)
+
+ALICE = ["What did we decide on the N-11 upgrade?", "Proceed once ticket MT-4471 for the K-2 machine is closed.", "ok"]
+BOB = ["The P-7 motor on South has bearing noise.", "I opened ticket MT-5120 for the P-7 bearing noise.", "thanks"]
+
+
+def engine_children(server) -> list[psutil.Process]:
+    return [p for p in psutil.Process(server.proc.pid).children(recursive=True) if "mcp" in p.cmdline()]
+
+
+@pytest.fixture(params=["embedded", "funes"])
+def stack(request, services, service_env):
+    """ingest + indexer + recall service, with alice's and bob's conversations indexed."""
+    engine = {"RECALL_ENGINE": request.param, "RECALL_FUNES_BIN": engine_cli()}
+    services("ingest")
+    services("indexer")
+    server = services("serve", **engine)
+    post_conversation(service_env, "alice", "a1", ALICE)
+    post_conversation(service_env, "bob", "b1", BOB)
+    assert wait_until(lambda: indexed_chunks(service_env, "alice") == 3 and indexed_chunks(service_env, "bob") == 3, 30)
+    return service_env, server, request.param
+
+
+async def test_tenants_never_see_each_others_memory(stack):
+    env, _, _ = stack
+    alice_sees = await call_recall(env, mint("alice"), "P-7 motor bearing noise MT-5120")
+    assert "MT-5120" not in alice_sees and "P-7" not in alice_sees
+    bob_sees = await call_recall(env, mint("bob"), "P-7 motor bearing noise MT-5120")
+    assert "I opened ticket MT-5120 for the P-7 bearing noise." in bob_sees
+    assert "MT-4471" not in bob_sees
+    # The query cannot pick the tenant either.
+    assert "MT-4471" not in await call_recall(env, mint("bob"), "alice's N-11 upgrade MT-4471 user:alice")
+
+
+async def test_answers_are_dated_verbatim_passages_without_internal_ids(stack):
+    env, _, _ = stack
+    out = await call_recall(env, mint("alice"), "N-11 decision")
+    assert "Proceed once ticket MT-4471 for the K-2 machine is closed." in out
+    assert "[2026-10-08 10:01 UTC]" in out
+    assert "→ get" not in out and env["RECALL_DATA_DIR"] not in out and user_hash("alice") not in out
+    assert "a1-t" not in out and "a1" not in out.split(), "conversation and turn ids stay internal"
+    assert out.count("---") <= 3, "at most RECALL_K passages"
+
+
+@pytest.mark.parametrize("stack", ["embedded"], indirect=True)
+async def test_awkward_queries(stack):
+    env, _, _ = stack
+    token = mint("alice")
+    assert "MT-4471" in await call_recall(env, token, "-k 100")  # searched as text, never a flag
+    assert "MT-4471" in await call_recall(env, token, "--candidates 9999 MT-4471")
+    long = await call_recall(env, token, "N-11 " + "x" * 10_000)
+    assert long != UNAVAILABLE and len(long) <= 4000
+    assert await call_recall(env, token, "") == EMPTY_QUERY
+    assert await call_recall(env, token, "   \n\t ") == EMPTY_QUERY
+    for q in ("MT-4471?", "(N-11)", "'K-2'", '"MT-4471"', "MT-4471:", "N-11,MT-4471"):
+        assert "MT-4471" in await call_recall(env, token, q), q
+
+
+async def test_no_memory_and_nothing_relevant(stack):
+    env, server, engine = stack
+    assert await call_recall(env, mint("carol"), "anything at all") == NO_MEMORY
+    # A memory that exists but holds nothing (its only conversation was removed).
+    from shared.engine.embedder import shared_embedder
+    from shared.engine.index_run import index_tree
+    from shared.tenant_paths import TenantPaths
+
+    paths = TenantPaths.for_user(__import__("pathlib").Path(env["RECALL_DATA_DIR"]), "dora")
+    paths.src.mkdir(parents=True)
+    index_tree(paths.root, paths.src, shared_embedder())
+    assert await call_recall(env, mint("dora"), "N-11") == NOTHING
+
+
+@pytest.mark.parametrize("stack", ["funes"], indirect=True)
+async def test_engine_child_killed_mid_call_then_recovers(stack):
+    env, server, _ = stack
+    token = mint("alice")
+    assert "MT-4471" in await call_recall(env, token, "MT-4471")
+    [child] = engine_children(server)
+    child.send_signal(signal.SIGSTOP)  # freeze it so the next call is surely in flight
+    call = asyncio.create_task(call_recall(env, token, "MT-4471"))
+    await asyncio.sleep(0.5)
+    child.send_signal(signal.SIGKILL)
+    assert await call == UNAVAILABLE
+    assert "MT-4471" in await call_recall(env, token, "MT-4471"), "the next call spawns a fresh child"
+    metrics = httpx.get(f"{recall_url(env)}/metrics").text
+    assert 'recall_pool_crash_restarts_total{reason="crash"} 1.0' in metrics
+
+
+async def test_timeout_degrades_softly_then_recovers(services, service_env):
+    services("ingest")
+    services("indexer")
+    server = services("serve", RECALL_ENGINE="funes", RECALL_FUNES_BIN=engine_cli(), RECALL_TIMEOUT_S="1")
+    post_conversation(service_env, "alice", "a1", ALICE)
+    assert wait_until(lambda: indexed_chunks(service_env, "alice") == 3, 30)
+    token = mint("alice")
+    assert "MT-4471" in await call_recall(service_env, token, "MT-4471")
+    [child] = engine_children(server)
+    child.send_signal(signal.SIGSTOP)  # a hung engine
+    assert await call_recall(service_env, token, "MT-4471") == UNAVAILABLE
+    assert wait_until(lambda: not child.is_running() or child.status() == psutil.STATUS_ZOMBIE, 5), "the hung child is killed"
+    assert "MT-4471" in await call_recall(service_env, token, "MT-4471")
+    assert 'recall_pool_crash_restarts_total{reason="timeout"} 1.0' in httpx.get(f"{recall_url(service_env)}/metrics").text
+
+
+@pytest.mark.parametrize("stack", ["embedded"], indirect=True)
+async def test_corrupt_memory_is_unavailable_not_an_error(stack):
+    env, _, _ = stack
+    db = __import__("pathlib").Path(env["RECALL_DATA_DIR"]) / user_hash("bob") / "memory" / "chunks.sqlite3"
+    for suffix in ("-wal", "-shm"):
+        if os.path.exists(f"{db}{suffix}"):
+            os.unlink(f"{db}{suffix}")
+    db.write_bytes(b"this is not a database" * 100)
+    assert await call_recall(env, mint("bob"), "P-7") == UNAVAILABLE
+
+
+async def test_pool_cap_lru_eviction_and_crash_restart(services, service_env):
+    services("ingest")
+    services("indexer")
+    server = services("serve", RECALL_ENGINE="funes", RECALL_FUNES_BIN=engine_cli(), RECALL_POOL_MAX_PROCESSES="2")
+    users = ["u1", "u2", "u3"]
+    for u in users:
+        post_conversation(service_env, u, "c", [f"{u} owns ticket MT-{100 + users.index(u)}."])
+    assert wait_until(lambda: all(indexed_chunks(service_env, u) == 1 for u in users), 30)
+    for u in users:
+        assert f"{u} owns" in await call_recall(service_env, mint(u), "ticket owner")
+        assert len(engine_children(server)) <= 2
+    metrics = httpx.get(f"{recall_url(service_env)}/metrics").text
+    assert 'recall_pool_evictions_total{reason="lru"} 1.0' in metrics and "recall_pool_processes 2.0" in metrics
+    # u1 was least recently used: it was evicted; u2 and u3 still have their children.
+    survivors = {p.pid: p for p in engine_children(server)}
+    assert len(survivors) == 2
+    for p in survivors.values():
+        p.kill()
+    wait_until(lambda: not engine_children(server), 5)
+    assert "u3 owns" in await call_recall(service_env, mint("u3"), "ticket owner"), "a crashed child is replaced"
+    assert "recall_pool_crash_restarts_total" in httpx.get(f"{recall_url(service_env)}/metrics").text
+
+
+async def test_a_new_conversation_is_found_on_the_next_call_after_indexing(stack):
+    env, _, _ = stack
+    token = mint("alice")
+    assert "Z-991" not in await call_recall(env, token, "Z-991 valve")
+    post_conversation(env, "alice", "a2", ["The Z-991 valve was replaced on Friday.", "noted"], day="2026-10-20")
+    assert wait_until(lambda: indexed_chunks(env, "alice") == 5, 30)
+    assert "The Z-991 valve was replaced on Friday." in await call_recall(env, token, "Z-991 valve")
+
+
+def _initialize(env, headers: dict) -> httpx.Response:
+    body = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+            "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}
+    return httpx.post(f"{recall_url(env)}/mcp", json=body,
+                      headers={"Accept": "application/json, text/event-stream", **headers}, timeout=10)
+
+
+def test_missing_forged_expired_and_wrong_audience_tokens_get_401(services, service_env):
+    services("serve", RECALL_JWT_AUDIENCE="recall-mcp", RECALL_JWT_ISSUER="recall-dev")
+    good = mint("alice", aud="recall-mcp")
+    assert _initialize(service_env, {"Authorization": f"Bearer {good}"}).status_code == 200
+    for bad in (None, "Bearer", "Bearer not-a-jwt", f"Bearer {mint('alice', secret='x' * 40, aud='recall-mcp')}",
+                f"Bearer {mint('alice', ttl=-120, aud='recall-mcp')}", f"Bearer {mint('alice', aud='someone-else')}",
+                f"Bearer {mint('alice', aud='recall-mcp', iss='evil')}"):
+        headers = {"Authorization": bad} if bad else {}
+        assert _initialize(service_env, headers).status_code == 401, bad
+
+
+async def test_probes_and_latency_metrics_by_outcome(stack):
+    env, _, _ = stack
+    await call_recall(env, mint("alice"), "N-11")
+    await call_recall(env, mint("nobody"), "N-11")
+    assert httpx.get(f"{recall_url(env)}/readyz").status_code == 200
+    metrics = httpx.get(f"{recall_url(env)}/metrics").text
+    assert 'recall_tool_latency_seconds_count{outcome="hit"} 1.0' in metrics
+    assert 'recall_tool_latency_seconds_count{outcome="no_memory"} 1.0' in metrics
+    assert "recall_concurrency_limit 4.0" in metrics
