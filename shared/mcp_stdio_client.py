@@ -102,6 +102,8 @@ class StdioMCPChild:
             for fut in self._pending.values():
                 if not fut.done():
                     fut.set_exception(ChildExited("MCP child exited"))
+            if self.proc.returncode is None and self.proc.stdout.at_eof():
+                await self.proc.wait()  # reap it now rather than leave a zombie until the next call
 
     async def close(self, grace: float = 2.0) -> None:
         """Close stdin (the MCP way to end a stdio server), then terminate, then kill."""

@@ -268,5 +268,7 @@ def indexed_chunks(env: dict[str, str], user: str) -> int:
     conn = sqlite3.connect(db)
     try:
         return conn.execute("SELECT COUNT(*) FROM chunks").fetchone()[0]
+    except sqlite3.OperationalError:  # the index run has not created its tables yet
+        return 0
     finally:
         conn.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import sqlite3
 
@@ -20,7 +21,14 @@ BOB = ["The P-7 motor on South has bearing noise.", "I opened ticket MT-5120 for
 
 
 def engine_children(server) -> list[psutil.Process]:
-    return [p for p in psutil.Process(server.proc.pid).children(recursive=True) if "mcp" in p.cmdline()]
+    out = []
+    for p in psutil.Process(server.proc.pid).children(recursive=True):
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE and "mcp" in p.cmdline():
+                out.append(p)
+        except psutil.Error:
+            continue  # exited while we looked
+    return out
 
 
 @pytest.fixture(params=["embedded", "funes"])
@@ -51,7 +59,7 @@ async def test_answers_are_dated_verbatim_passages_without_internal_ids(stack):
     env, _, _ = stack
     out = await call_recall(env, mint("alice"), "N-11 decision")
     assert "Proceed once ticket MT-4471 for the K-2 machine is closed." in out
-    assert "[2026-10-08 10:01 UTC]" in out
+    assert re.search(r"^\[2026-10-08 10:0\d UTC\]$", out, re.M), out
     assert "→ get" not in out and env["RECALL_DATA_DIR"] not in out and user_hash("alice") not in out
     assert "a1-t" not in out and "a1" not in out.split(), "conversation and turn ids stay internal"
     assert out.count("---") <= 3, "at most RECALL_K passages"

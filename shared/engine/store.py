@@ -20,6 +20,8 @@ A kill -9 at any step leaves the last committed generation fully searchable.
 
 from __future__ import annotations
 
+import os
+import shutil
 import sqlite3
 import time
 from collections.abc import Iterable, Sequence
@@ -123,7 +125,17 @@ class MemoryStore:
 
     @classmethod
     def create(cls, path: Path, model_id: str, dim: int) -> "MemoryStore":
-        (path / FTS_DIR).mkdir(parents=True, exist_ok=True)
+        """Build an empty memory beside `path` and rename it into place, so a reader never
+        finds a database without its tables (the caller holds the memory lock)."""
+        staging = path.with_name(f".{path.name}.creating")
+        shutil.rmtree(staging, ignore_errors=True)  # left by a crash during an earlier create
+        (staging / FTS_DIR).mkdir(parents=True)
+        cls._initialise(staging, model_id, dim)
+        os.rename(staging, path)
+        return cls.open(path)
+
+    @staticmethod
+    def _initialise(path: Path, model_id: str, dim: int) -> None:
         conn = _connect(path / DB_NAME)
         conn.executescript(
             """
@@ -148,8 +160,9 @@ class MemoryStore:
         stamp = {"schema_version": SCHEMA_VERSION, "model_id": model_id, "dim": str(dim),
                  "generation": "0", "max_row_id": "0", "tombstone_floor": "0", "last_indexed": ""}
         conn.executemany("INSERT OR IGNORE INTO meta(key, value) VALUES (?, ?)", stamp.items())
-        fts = tantivy.Index(_fts_schema(), path=str(path / FTS_DIR), reuse=True)
-        return cls(path, conn, fts)
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        conn.close()
+        tantivy.Index(_fts_schema(), path=str(path / FTS_DIR), reuse=True)
 
     def close(self) -> None:
         self.conn.close()
