@@ -48,7 +48,10 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _token(args: argparse.Namespace) -> int:
+    from services.dev_secrets import export_defaults
     from services.recall.settings import RecallSettings
+
+    export_defaults(create=False)
     from services.recall.tokens import mint_dev_token
 
     print(mint_dev_token(RecallSettings(), args.user, ttl_s=args.ttl, realms=args.realm))
