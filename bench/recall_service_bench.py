@@ -1,0 +1,130 @@
+"""Recall service benchmark (issue 4): end-to-end MCP latency for a 10,000-conversation tenant.
+
+    .venv/bin/python -m bench.recall_service_bench [--conversations 10000] [--calls 200]
+
+One run measures, with the same tenant memory and queries: the service with the embedded
+engine, the service with the funes-mode process pool (`recall-engine mcp` children), and the
+seed's baseline of one fresh engine process per call (`recall-engine recall`, no HTTP, so the
+baseline is measured at its most favourable). 1 and 16 concurrent clients; each client holds
+one MCP session over streamable HTTP with a bearer token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.corpus import conversation_lines, generate
+from bench.report import ms, pct, table, write_section
+from bench.stack_processes import BIN, free_port, start, stop
+from shared.engine.embedder import shared_embedder
+from shared.engine.index_run import index_tree
+from shared.tenant_paths import TenantPaths
+
+SECRET = "bench-secret-0123456789abcdef0123456789"
+USER = "bench-user"
+
+
+def token() -> str:
+    from joserfc import jwt
+    from joserfc.jwk import OctKey
+
+    now = int(time.time())
+    return jwt.encode({"alg": "HS256"}, {"sub": USER, "iat": now, "exp": now + 3600}, OctKey.import_key(SECRET))
+
+
+async def mcp_latencies(url: str, queries: list[str], clients: int, calls: int) -> list[float]:
+    from fastmcp import Client
+    from fastmcp.client.auth import BearerAuth
+
+    lat: list[float] = []
+
+    async def one_client(i: int) -> None:
+        async with Client(url, auth=BearerAuth(token())) as c:
+            await c.call_tool("recall_my_conversations", {"query": "warm up"})
+            for j in range(calls // clients):
+                q = queries[(i * 7919 + j) % len(queries)]
+                t0 = time.perf_counter()
+                res = await c.call_tool("recall_my_conversations", {"query": q})
+                lat.append(time.perf_counter() - t0)
+                assert res.content[0].text and "unavailable" not in res.content[0].text
+
+    await asyncio.gather(*[one_client(i) for i in range(clients)])
+    return lat
+
+
+async def process_per_call(memory: Path, queries: list[str], clients: int, calls: int) -> list[float]:
+    lat: list[float] = []
+    sem = asyncio.Semaphore(clients)
+
+    async def one(q: str) -> None:
+        async with sem:
+            t0 = time.perf_counter()
+            proc = await asyncio.create_subprocess_exec(str(BIN / "recall-engine"), "recall", "-k", "3", "--candidates", "8",
+                                                        "--memory", str(memory), "--", q,
+                                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            await proc.wait()
+            lat.append(time.perf_counter() - t0)
+
+    await asyncio.gather(*[one(queries[i % len(queries)]) for i in range(calls)])
+    return lat
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--conversations", type=int, default=10000)
+    ap.add_argument("--calls", type=int, default=200)
+    ap.add_argument("--baseline-calls", type=int, default=32)
+    ap.add_argument("--no-doc", action="store_true")
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="recall-svc-bench-"))
+    data = work / "data"
+    paths = TenantPaths.for_user(data, USER)
+    convs, questions = generate(args.conversations)
+    paths.src.mkdir(parents=True)
+    for c in convs:
+        (paths.src / f"{c.conversation_id}.funes.jsonl").write_text(conversation_lines(c))
+    t0 = time.perf_counter()
+    index_tree(paths.root, paths.src, shared_embedder())
+    print(f"indexed {args.conversations} conversations in {time.perf_counter() - t0:.0f}s", file=sys.stderr)
+    rng = random.Random(1)
+    queries = [q.short for q in rng.sample(questions, 100)] + [q.long for q in rng.sample(questions, 100)]
+    rows = []
+    results: dict[tuple[str, int], list[float]] = {}
+    for engine in ("embedded", "funes"):
+        port = free_port()
+        env = {"RECALL_DATA_DIR": str(data), "RECALL_JWT_SECRET": SECRET, "RECALL_RECALL_PORT": str(port),
+               "RECALL_ENGINE": engine, "RECALL_FUNES_BIN": str(BIN / "recall-engine"), "RECALL_LOG_LEVEL": "WARNING"}
+        proc = start("serve", env, port, work)
+        try:
+            for clients in (1, 16):
+                results[(engine, clients)] = asyncio.run(
+                    mcp_latencies(f"http://127.0.0.1:{port}/mcp", queries, clients, args.calls))
+        finally:
+            stop(proc)
+    for clients in (1, 16):
+        results[("process per call (seed baseline)", clients)] = asyncio.run(
+            process_per_call(paths.memory, queries, clients, args.baseline_calls))
+    for (name, clients), lat in results.items():
+        rows.append([name, clients, len(lat), ms(pct(lat, 0.5)), ms(pct(lat, 0.95)), ms(pct(lat, 0.99))])
+    speedup = [[c, f"{pct(results[('process per call (seed baseline)', c)], 0.5) / pct(results[('embedded', c)], 0.5):.0f}x",
+                f"{pct(results[('process per call (seed baseline)', c)], 0.5) / pct(results[('funes', c)], 0.5):.0f}x"]
+               for c in (1, 16)]
+    body = (f"Tenant with {args.conversations} conversations ({args.conversations * 6} chunks); k=3, candidates=8; "
+            "queries: 100 short identifier queries and 100 long paraphrased questions.\n\n"
+            + table(["engine", "concurrent clients", "calls", "p50 (ms)", "p95 (ms)", "p99 (ms)"], rows)
+            + "\n\nSpeed-up of the p50 over the process-per-call baseline:\n\n"
+            + table(["concurrent clients", "embedded", "funes-mode pool"], speedup))
+    print(body)
+    if not args.no_doc:
+        write_section("recall-service-bench", "python -m bench.recall_service_bench " + " ".join(sys.argv[1:]), body)
+
+
+if __name__ == "__main__":
+    main()
