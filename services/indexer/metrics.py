@@ -15,3 +15,11 @@ STREAM_LENGTH = Gauge("recall_stream_length", "Entries in the ingest stream (ack
 STREAM_PENDING = Gauge("recall_stream_pending", "Entries delivered to a worker and not yet acked.")
 INDEX_DUE = Gauge("recall_index_due_users", "Users whose memory waits for an index run.")
 INDEX_RUNNING = Gauge("recall_index_jobs_running", "Index jobs running in this worker.")
+
+# Series exist from the start (at 0), so dashboards and alerts see them before the first event.
+for _reason in ("invalid event", "max deliveries exceeded"):
+    DEAD_LETTERS.labels(_reason)
+for _outcome in ("ok", "busy", "failed", "cancelled"):
+    INDEX_JOB_SECONDS.labels(_outcome)
+for _result in ("written", "stale"):
+    SNAPSHOTS.labels(_result)

@@ -9,3 +9,11 @@ POOL_SIZE = Gauge("recall_pool_processes", "Live engine children (funes mode) or
 POOL_SPAWNS = Counter("recall_pool_spawns_total", "Engine children started (funes mode).")
 POOL_EVICTIONS = Counter("recall_pool_evictions_total", "Children or memory handles closed to stay under the cap or when idle.", ["reason"])
 POOL_CRASH_RESTARTS = Counter("recall_pool_crash_restarts_total", "Children replaced after a crash, timeout or protocol error.", ["reason"])
+
+# Series exist from the start (at 0), so dashboards and alerts see them before the first event.
+for _outcome in ("hit", "empty", "no_memory", "unavailable"):
+    RECALL_LATENCY.labels(_outcome)
+for _reason in ("lru", "idle"):
+    POOL_EVICTIONS.labels(_reason)
+for _reason in ("crash", "timeout", "error"):
+    POOL_CRASH_RESTARTS.labels(_reason)

@@ -85,9 +85,18 @@ def _fts_schema() -> tantivy.Schema:
     return sb.build()
 
 
+def journal_mode() -> str:
+    """WAL (default) lets readers run during a commit but needs one host's shared memory;
+    on a volume shared by several nodes (NFS, RWX) set RECALL_SQLITE_JOURNAL_MODE=delete."""
+    mode = os.environ.get("RECALL_SQLITE_JOURNAL_MODE", "wal").lower()
+    if mode not in ("wal", "delete"):
+        raise ValueError("RECALL_SQLITE_JOURNAL_MODE must be wal or delete")
+    return mode
+
+
 def _connect(path: Path) -> sqlite3.Connection:
     conn = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
-    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute(f"PRAGMA journal_mode={journal_mode().upper()}")
     conn.execute("PRAGMA synchronous=FULL")
     return conn
 
