@@ -18,7 +18,7 @@ class IndexerSettings(CommonSettings):
     indexer_host: str = Field("127.0.0.1", description="Bind address of the indexer's HTTP endpoints.")
     consumer: str = Field(default_factory=_default_consumer, description="Consumer name in the group; unique per worker.")
     index_debounce_s: float = Field(1.0, ge=0, description="Wait after a user's first new write before indexing.")
-    index_concurrency: int = Field(1, ge=1, description="Index jobs one worker runs at once (different users).")
+    index_concurrency: int = Field(2, ge=1, description="Index jobs one worker runs at once, for different users (onnxruntime, SQLite and tantivy release the GIL).")
     index_lock_ttl_s: float = Field(30.0, gt=0, description="Expiry of a user's index lock; renewed while the job runs.")
     index_timeout_s: float = Field(900.0, gt=0, description="A funes-mode index job is killed after this long.")
     max_deliveries: int = Field(5, ge=1, description="Deliveries before a message goes to the dead-letter stream.")
