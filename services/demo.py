@@ -49,7 +49,7 @@ async def _ask(s, user: str, token: str) -> int:
     from fastmcp import Client
     from fastmcp.client.auth import BearerAuth
 
-    from services.recall.tool_output import NO_MEMORY
+    from shared.recall_answer_format import NO_MEMORY
 
     async with Client(f"http://127.0.0.1:{s.recall_port}/mcp", auth=BearerAuth(token)) as client:
         deadline = time.monotonic() + 60

@@ -36,8 +36,68 @@ class TurnsEvent(BaseModel):
                 "event": self.model_dump_json()}
 
 
-def parse_event(fields: dict) -> TurnsEvent:
-    return TurnsEvent.model_validate_json(fields["event"])
+class ForgetEvent(BaseModel):
+    """Forget one conversation, or everything of a user. It travels the same stream as turns,
+    so the stream id orders it against every snapshot: older snapshots are gone for good,
+    newer ones start a new conversation."""
+
+    kind: Literal["forget_conversation", "forget_user"]
+    user_hash: str
+    conversation_id: str | None = None
+    receipt: str
+    reason: Literal["request", "retention"] = "request"
+    received_at: float
+
+    def fields(self) -> dict[str, str]:
+        return {"kind": self.kind, "user_hash": self.user_hash, "conversation_id": self.conversation_id or "",
+                "event": self.model_dump_json()}
+
+
+StreamEvent = TurnsEvent | ForgetEvent
+
+
+def parse_event(fields: dict) -> StreamEvent:
+    kind = fields.get("kind", "turns")
+    model = TurnsEvent if kind == "turns" else ForgetEvent
+    return model.model_validate_json(fields["event"])
+
+
+def deletion_key(receipt: str) -> str:
+    """Redis hash holding a deletion receipt's status (pending/done) and what was removed."""
+    return f"recall:deletion:{receipt}"
+
+
+class DeletionReceipt(BaseModel):
+    receipt: str
+    status: Literal["pending", "done"]
+    kind: Literal["forget_conversation", "forget_user"]
+    conversation_id: str | None = None
+    reason: Literal["request", "retention"] = "request"
+    requested_at: float
+    done_at: float | None = None
+    removed: dict[str, int] = Field(default_factory=dict, description="What was removed: files, chunks, stream_entries.")
+
+
+async def request_forget(client, stream: str, *, kind: str, user_hash: str, conversation_id: str | None,
+                         reason: str = "request", receipt_ttl_s: int = 30 * 86400, maxlen: int = 1_000_000) -> DeletionReceipt:
+    """Put a forget event on the stream together with its pending receipt (one transaction)."""
+    import secrets
+    import time
+
+    event = ForgetEvent(kind=kind, user_hash=user_hash, conversation_id=conversation_id, receipt=secrets.token_hex(12),
+                        reason=reason, received_at=time.time())
+    record = DeletionReceipt(receipt=event.receipt, status="pending", kind=kind, conversation_id=conversation_id,
+                             reason=reason, requested_at=event.received_at)
+    pipe = client.pipeline(transaction=True)
+    pipe.hset(deletion_key(event.receipt), mapping={"record": record.model_dump_json()})
+    pipe.expire(deletion_key(event.receipt), receipt_ttl_s)
+    pipe.xadd(stream, event.fields(), maxlen=maxlen, approximate=True)
+    await pipe.execute()
+    return record
+
+
+FORGET_CHANNEL = "recall:forget"  # pub/sub: recall replicas drop the tenant's handles and children
+RETENTION_OVERRIDES = "recall:retention:days"  # hash user_hash -> days (a per-user override)
 
 
 def dead_letter_stream(stream: str) -> str:

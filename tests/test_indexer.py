@@ -15,6 +15,8 @@ import httpx
 import pytest
 import redis
 
+from services.indexer.forgetting import Forgetter
+from services.indexer.index_job import EmbeddedIndexJob
 from services.indexer.settings import IndexerSettings
 from services.indexer.snapshot_writer import version_file
 from services.indexer.stream_consumer import StreamConsumer
@@ -76,7 +78,7 @@ async def test_out_of_order_snapshots_never_regress_a_conversation(tmp_path, red
     import redis.asyncio as aioredis
 
     client = aioredis.Redis.from_url(redis_url)
-    consumer = StreamConsumer(client, settings)
+    consumer = StreamConsumer(client, settings, Forgetter(client, settings, EmbeddedIndexJob()))
     uh = user_hash("carol")
 
     def event(n: int) -> TurnsEvent:

@@ -27,7 +27,7 @@ def fields_of(resp: httpx.Response) -> set[str]:
 
 def test_accepted_snapshot_is_on_the_stream_without_the_user_id(ingest, r):
     resp = post(ingest, conversation_payload("alice@example.com", "conv-1", ["hi", "hello"]))
-    assert resp.status_code == 202 and resp.json() == {"stored": "conv-1", "turns": 2}
+    assert resp.status_code == 202 and resp.json() == {"stored": "conv-1", "turns": 2, "redacted": 0}
     [(entry_id, fields)] = r.xrange("recall:turns")
     assert fields["conversation_id"] == "conv-1" and fields["kind"] == "turns"
     assert "alice@example.com" not in str(fields), "raw user ids never reach Redis"

@@ -12,7 +12,7 @@ import httpx
 import psutil
 import pytest
 
-from services.recall.tool_output import EMPTY_QUERY, NO_MEMORY, NOTHING, UNAVAILABLE
+from shared.recall_answer_format import EMPTY_QUERY, NO_MEMORY, NOTHING, UNAVAILABLE
 from shared.tenant_paths import user_hash
 from tests.conftest import (call_recall, engine_cli, indexed_chunks, mint, post_conversation, recall_url, wait_until)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 from typing import Protocol
 
 from shared.engine.memory_lock import CONTENTION_MESSAGE, MemoryBusy
@@ -19,6 +20,10 @@ class IndexJob(Protocol):
         """Bring the tenant's memory up to date with its src/. MemoryBusy if another run holds it."""
         ...
 
+    async def remove_deleted(self, paths: TenantPaths) -> None:
+        """After sources were deleted: make sure no row of them stays searchable."""
+        ...
+
 
 class EmbeddedIndexJob:
     """The project's engine in this process: the model is loaded once per worker."""
@@ -31,8 +36,13 @@ class EmbeddedIndexJob:
     async def run(self, paths: TenantPaths) -> None:
         from shared.engine.index_run import index_tree
 
-        paths.src.mkdir(parents=True, exist_ok=True)
+        if not paths.src.is_dir():
+            return  # the tenant was forgotten after this run was scheduled
         await asyncio.to_thread(index_tree, paths.root, paths.src, self.embedder, 5.0)
+
+    async def remove_deleted(self, paths: TenantPaths) -> None:
+        # Beyond funes: an index run removes the rows of deleted sources at once.
+        await self.run(paths)
 
 
 class FunesIndexJob:
@@ -50,8 +60,14 @@ class FunesIndexJob:
                 env[passthrough] = os.environ[passthrough]
         return env
 
+    async def remove_deleted(self, paths: TenantPaths) -> None:
+        # funes is append-only: a deletion is a rebuild of the memory from the remaining files.
+        await asyncio.to_thread(shutil.rmtree, paths.memory, True)
+        await self.run(paths)
+
     async def run(self, paths: TenantPaths) -> None:
-        paths.src.mkdir(parents=True, exist_ok=True)
+        if not paths.src.is_dir():
+            return  # the tenant was forgotten after this run was scheduled
         proc = await asyncio.create_subprocess_exec(
             self.binary, "index", "--yes", str(paths.src.resolve()), env=self.environment(paths),
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,

@@ -23,3 +23,9 @@ for _outcome in ("ok", "busy", "failed", "cancelled"):
     INDEX_JOB_SECONDS.labels(_outcome)
 for _result in ("written", "stale"):
     SNAPSHOTS.labels(_result)
+FORGOTTEN = Counter("recall_forgotten_total", "Forget events carried out, by kind and reason (request, retention).", ["kind", "reason"])
+RETENTION_SWEEPS = Counter("recall_retention_sweeps_total", "Retention sweeps run by this worker.")
+RETENTION_EXPIRED = Counter("recall_retention_expired_conversations_total", "Conversations the retention sweeper asked to forget.")
+for _kind in ("forget_conversation", "forget_user"):
+    for _why in ("request", "retention"):
+        FORGOTTEN.labels(_kind, _why)

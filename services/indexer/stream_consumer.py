@@ -15,13 +15,14 @@ import redis.asyncio as aioredis
 from pydantic import ValidationError
 
 from services.indexer import redis_keys as keys
+from services.indexer.forgetting import Forgetter
 from services.indexer.index_scheduler import mark_dirty
 from services.indexer.metrics import DEAD_LETTERS, RETRIES, SNAPSHOTS
 from services.indexer.settings import IndexerSettings
 from services.indexer.snapshot_writer import WriteResult, write_snapshot
 from shared.logging_setup import get_logger
 from shared.redis_lock import RedisLock
-from shared.stream_schema import TurnsEvent, dead_letter_stream, parse_event
+from shared.stream_schema import ForgetEvent, StreamEvent, TurnsEvent, dead_letter_stream, parse_event
 from shared.tenant_paths import USER_HASH, TenantPaths, UnsafeId, check_conversation_id
 
 log = get_logger("recall.indexer.consumer")
@@ -32,9 +33,10 @@ class Poison(Exception):
 
 
 class StreamConsumer:
-    def __init__(self, client: aioredis.Redis, settings: IndexerSettings) -> None:
+    def __init__(self, client: aioredis.Redis, settings: IndexerSettings, forgetter: Forgetter) -> None:
         self.client = client
         self.s = settings
+        self.forgetter = forgetter
 
     async def handle(self, entry_id: str, fields: dict, deliveries: int) -> None:
         if deliveries > 1:
@@ -46,19 +48,23 @@ class StreamConsumer:
             await asyncio.sleep(min(self.s.retry_backoff_s * 2 ** (deliveries - 2), 30.0))
         try:
             event = self._parse(fields)
-            await self._store(entry_id, event)
+            if isinstance(event, ForgetEvent):
+                await self.forgetter.forget(entry_id, event)
+            else:
+                await self._store(entry_id, event)
         except Poison as exc:
             await self.dead_letter(entry_id, fields, deliveries, str(exc))
             return
         await self.ack(entry_id)
 
     @staticmethod
-    def _parse(fields: dict) -> TurnsEvent:
+    def _parse(fields: dict) -> StreamEvent:
         try:
             event = parse_event(fields)
             if not USER_HASH.fullmatch(event.user_hash):
                 raise UnsafeId("user_hash is not a tenant hash")
-            check_conversation_id(event.conversation_id)  # it names a file
+            if event.conversation_id is not None:
+                check_conversation_id(event.conversation_id)  # it names a file
             return event
         except (KeyError, TypeError, ValidationError, ValueError) as exc:
             raise Poison(f"invalid event: {type(exc).__name__}") from exc

@@ -16,9 +16,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from services.indexer.forgetting import Forgetter
 from services.indexer.index_job import make_index_job
 from services.indexer.index_scheduler import IndexScheduler
 from services.indexer.metrics import STREAM_LENGTH, STREAM_PENDING
+from services.indexer.retention import RetentionSweeper
 from services.indexer.settings import IndexerSettings
 from services.indexer.stream_consumer import StreamConsumer
 from shared.logging_setup import get_logger
@@ -89,7 +91,7 @@ async def run_worker(settings: IndexerSettings) -> None:
     job = make_index_job(settings.engine, settings.funes_bin, settings.index_timeout_s)
     scheduler = IndexScheduler(client, job, settings.data_dir, settings.index_debounce_s, settings.index_lock_ttl_s,
                                settings.index_concurrency)
-    broker = build_broker(settings, StreamConsumer(client, settings))
+    broker = build_broker(settings, StreamConsumer(client, settings, Forgetter(client, settings, job)))
     http = uvicorn.Server(uvicorn.Config(_http_app(client), host=settings.indexer_host, port=settings.indexer_port,
                                          log_config=None, lifespan="off"))
     http.install_signal_handlers = lambda: None  # this process handles SIGTERM itself
@@ -101,14 +103,14 @@ async def run_worker(settings: IndexerSettings) -> None:
 
     await broker.start()
     tasks = [asyncio.create_task(scheduler.run_forever()), asyncio.create_task(_sample_stream(client, settings)),
-             asyncio.create_task(http.serve())]
+             asyncio.create_task(RetentionSweeper(client, settings).run_forever()), asyncio.create_task(http.serve())]
     log.info("indexer.started", consumer=settings.consumer, engine=settings.engine, stream=settings.stream)
     await stop.wait()
     log.info("indexer.stopping")
     await broker.stop()  # waits for in-flight handlers
     await scheduler.stop()  # lets the running index job finish
     http.should_exit = True
-    for t in tasks[:2]:
+    for t in tasks[:3]:
         t.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
     await client.aclose()

@@ -16,6 +16,7 @@ class IngestTurn(BaseModel):
     role: Literal["user", "assistant", "system", "tool"]
     text: str
     ts: datetime = Field(description="ISO-8601 time of the turn; without a zone it is taken as UTC.")
+    tool_name: str | None = Field(None, max_length=128, description="For tool turns: the tool whose output this is.")
 
     @field_validator("ts")
     @classmethod
@@ -39,7 +40,18 @@ class IngestRequest(BaseModel):
 
 class Accepted(BaseModel):
     stored: str
-    turns: int
+    turns: int = Field(description="Turns stored (recall answers echoed back are not).")
+    redacted: int = Field(0, description="Secrets (and PII when enabled) replaced by [REDACTED:<kind>].")
+
+
+class ForgetUser(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    user: str = Field(min_length=1, max_length=256)
+
+
+class RetentionOverride(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    days: int | None = Field(None, ge=1, description="Keep this user's conversations this many days; null = the default.")
 
 
 class FieldError(BaseModel):

@@ -1,38 +1,50 @@
-"""The ingest API: `POST /turns` puts a conversation snapshot on the stream, nothing else.
+"""The ingest API. It only validates, redacts and publishes: it never touches tenant files, so
+a bad request cannot damage what is stored, and it answers 202 only once Redis has the event
+(XADD returned; Redis persists it with AOF). Every error body names the field at fault.
 
-It never touches tenant files, so a bad request cannot damage what is stored, and it answers
-202 only once Redis has the event (XADD returned; Redis persists it with AOF). Every error
-body names the field at fault.
+- `POST /turns`: a conversation snapshot (secrets redacted, recall echoes dropped);
+- `DELETE /conversations/{id}` (user in the query or body) and `DELETE /users/{user}`: forget,
+  through the same stream so the order against in-flight turns is exact; both return a receipt;
+- `GET /deletions/{receipt}`: pending or done, with what was removed;
+- `PUT /users/{user}/retention`: a per-user retention override.
 """
 
 from __future__ import annotations
 
 import hmac
 import json
+import re
 import time
+from contextlib import asynccontextmanager
+from typing import Any
 
 import redis.asyncio as aioredis
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from services.ingest.api_models import Accepted, IngestRequest
-from services.ingest.metrics import INGEST_LATENCY, INGEST_REQUESTS, INGEST_TURNS
+from services.ingest.api_models import Accepted, ForgetUser, IngestRequest, IngestTurn, RetentionOverride
+from services.ingest.metrics import INGEST_LATENCY, INGEST_REDACTIONS, INGEST_REQUESTS, INGEST_TURNS
 from services.ingest.openapi import openapi_document
+from services.ingest.redaction import Redactor
 from services.ingest.settings import IngestSettings
 from shared.logging_setup import get_logger
 from shared.metrics_http import metrics_endpoint
-from shared.stream_schema import StreamTurn, TurnsEvent, ensure_group
-from shared.tenant_paths import user_hash
+from shared.recall_answer_format import looks_like_recall_answer
+from shared.stream_schema import (RETENTION_OVERRIDES, DeletionReceipt, StreamTurn, TurnsEvent, deletion_key,
+                                  ensure_group, request_forget)
+from shared.tenant_paths import CONVERSATION_ID, user_hash
 
 log = get_logger("recall.ingest")
+RECALL_TOOL = "recall_my_conversations"
+RECEIPT = re.compile(r"[0-9a-f]{24}")
 
 
-def _error(status: int, error: str, fields: list[tuple[str, str]] = (), route: str = "/turns") -> JSONResponse:
-    INGEST_REQUESTS.labels(route, str(status)).inc()
-    return JSONResponse({"error": error, "fields": [{"field": f, "message": m} for f, m in fields]}, status_code=status)
+class HTTPProblem(Exception):
+    def __init__(self, status: int, error: str, fields: list[tuple[str, str]]) -> None:
+        self.status, self.error, self.fields = status, error, fields
 
 
 def _loc(loc: tuple) -> str:
@@ -42,90 +54,147 @@ def _loc(loc: tuple) -> str:
     return out or "body"
 
 
-class TooLarge(Exception):
-    pass
+def _validate(model: type[BaseModel], payload: Any) -> Any:
+    try:
+        return model.model_validate(payload)
+    except ValidationError as exc:
+        raise HTTPProblem(422, "invalid request", [(_loc(e["loc"]), e["msg"]) for e in exc.errors(include_url=False)])
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
-        raise TooLarge()
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise TooLarge()
-    return bytes(body)
+class IngestAPI:
+    def __init__(self, settings: IngestSettings) -> None:
+        self.s = settings
+        self.key = settings.ingest_key.get_secret_value().encode()
+        if not self.key:
+            raise RuntimeError("RECALL_INGEST_KEY must be set: the ingest API never runs without a key")
+        self.redis = aioredis.Redis.from_url(settings.redis, socket_timeout=5, socket_connect_timeout=2)
+        self.redactor = Redactor(pii=settings.redact_pii)
 
+    # ---- plumbing -------------------------------------------------------------------------------
+    def route(self, path: str, handler, methods: list[str]) -> Route:
+        async def endpoint(request: Request) -> Response:
+            started = time.perf_counter()
+            try:
+                if not hmac.compare_digest(request.headers.get("x-ingest-key", "").encode(), self.key):
+                    raise HTTPProblem(401, "missing or wrong ingest key", [("x-ingest-key", "does not match RECALL_INGEST_KEY")])
+                status, body = await handler(request)
+            except HTTPProblem as p:
+                status, body = p.status, {"error": p.error, "fields": [{"field": f, "message": m} for f, m in p.fields]}
+            except (aioredis.ConnectionError, aioredis.TimeoutError, OSError) as exc:
+                log.warning("ingest.redis_unavailable", error=type(exc).__name__)
+                status, body = 503, {"error": "memory store unavailable, retry later",
+                                     "fields": [{"field": "redis", "message": "unreachable"}]}
+            INGEST_REQUESTS.labels(path, str(status)).inc()
+            INGEST_LATENCY.labels(path).observe(time.perf_counter() - started)
+            return JSONResponse(body, status_code=status)
 
-def create_app(settings: IngestSettings) -> Starlette:
-    client = aioredis.Redis.from_url(settings.redis, socket_timeout=5, socket_connect_timeout=2)
-    key = settings.ingest_key.get_secret_value().encode()
-    if not key:
-        raise RuntimeError("RECALL_INGEST_KEY must be set: the ingest API never runs without a key")
+        return Route(path, endpoint, methods=methods)
 
-    async def post_turns(request: Request) -> Response:
-        started = time.perf_counter()
-        try:
-            return await _post_turns(request)
-        finally:
-            INGEST_LATENCY.labels("/turns").observe(time.perf_counter() - started)
-
-    async def _post_turns(request: Request) -> Response:
-        given = request.headers.get("x-ingest-key", "").encode()
-        if not hmac.compare_digest(given, key):
-            return _error(401, "missing or wrong ingest key", [("x-ingest-key", "does not match RECALL_INGEST_KEY")])
-        try:
-            raw = await _read_body(request, settings.ingest_max_body_bytes)
-        except TooLarge:
-            return _error(413, "request body too large", [("body", f"at most {settings.ingest_max_body_bytes} bytes")])
+    async def _json(self, request: Request, required: bool = True) -> Any:
+        limit = self.s.ingest_max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > limit:
+            raise HTTPProblem(413, "request body too large", [("body", f"at most {limit} bytes")])
+        raw = bytearray()
+        async for chunk in request.stream():
+            raw += chunk
+            if len(raw) > limit:
+                raise HTTPProblem(413, "request body too large", [("body", f"at most {limit} bytes")])
+        if not raw and not required:
+            return None
         try:
             payload = json.loads(raw)
         except (ValueError, UnicodeDecodeError) as exc:
-            return _error(400, "malformed JSON", [("body", str(exc))])
+            raise HTTPProblem(400, "malformed JSON", [("body", str(exc))])
         if not isinstance(payload, dict):
-            return _error(400, "malformed JSON", [("body", "expected a JSON object")])
-        turns = payload.get("turns")
-        if isinstance(turns, list) and len(turns) > settings.ingest_max_turns:
-            return _error(413, "too many turns", [("turns", f"at most {settings.ingest_max_turns} turns")])
-        try:
-            req = IngestRequest.model_validate(payload)
-        except ValidationError as exc:
-            fields = [(_loc(e["loc"]), e["msg"]) for e in exc.errors(include_url=False)]
-            return _error(422, "invalid request", fields)
+            raise HTTPProblem(400, "malformed JSON", [("body", "expected a JSON object")])
+        return payload
+
+    # ---- POST /turns ------------------------------------------------------------------------------
+    async def post_turns(self, request: Request) -> tuple[int, dict]:
+        payload = await self._json(request)
+        if isinstance(payload.get("turns"), list) and len(payload["turns"]) > self.s.ingest_max_turns:
+            raise HTTPProblem(413, "too many turns", [("turns", f"at most {self.s.ingest_max_turns} turns")])
+        req: IngestRequest = _validate(IngestRequest, payload)
         for i, t in enumerate(req.turns):
-            if len(t.text) > settings.ingest_max_turn_chars:
-                return _error(413, "turn text too long", [(f"turns[{i}].text", f"at most {settings.ingest_max_turn_chars} characters")])
+            if len(t.text) > self.s.ingest_max_turn_chars:
+                raise HTTPProblem(413, "turn text too long", [(f"turns[{i}].text", f"at most {self.s.ingest_max_turn_chars} characters")])
+        turns, redacted = [], 0
+        for i, t in enumerate(req.turns):
+            if self.s.drop_recall_echoes and self._is_recall_echo(t):
+                continue
+            clean = self.redactor.redact(t.text)
+            redacted += sum(clean.kinds.values())
+            for kind, n in clean.kinds.items():
+                INGEST_REDACTIONS.labels(kind).inc(n)
+            turns.append(StreamTurn(id=t.id or f"{req.conversation_id}-{i}", role=t.role, text=clean.text, ts=t.ts))
+        event = TurnsEvent(user_hash=user_hash(req.user), conversation_id=req.conversation_id, turns=turns,
+                           received_at=time.time())
+        await self.redis.xadd(self.s.stream, event.fields(), maxlen=self.s.stream_maxlen, approximate=True)
+        INGEST_TURNS.inc(len(turns))
+        log.info("ingest.accepted", user_hash=event.user_hash, conversation_id=req.conversation_id, turns=len(turns),
+                 dropped_echoes=len(req.turns) - len(turns), redacted=redacted)
+        return 202, Accepted(stored=req.conversation_id, turns=len(turns), redacted=redacted).model_dump()
 
-        event = TurnsEvent(
-            user_hash=user_hash(req.user), conversation_id=req.conversation_id, received_at=time.time(),
-            turns=[StreamTurn(id=t.id or f"{req.conversation_id}-{i}", role=t.role, text=t.text, ts=t.ts)
-                   for i, t in enumerate(req.turns)],
-        )
+    @staticmethod
+    def _is_recall_echo(turn: IngestTurn) -> bool:
+        return turn.tool_name == RECALL_TOOL or looks_like_recall_answer(turn.text)
+
+    # ---- forgetting -------------------------------------------------------------------------------
+    async def _forget(self, kind: str, user: str, conversation_id: str | None) -> tuple[int, dict]:
+        record = await request_forget(self.redis, self.s.stream, kind=kind, user_hash=user_hash(user),
+                                      conversation_id=conversation_id, maxlen=self.s.stream_maxlen,
+                                      receipt_ttl_s=self.s.deletion_receipt_ttl_days * 86400)
+        log.info("ingest.forget_requested", kind=kind, user_hash=user_hash(user), conversation_id=conversation_id,
+                 receipt=record.receipt)
+        return 202, record.model_dump()
+
+    async def delete_conversation(self, request: Request) -> tuple[int, dict]:
+        cid = request.path_params["conversation_id"]
+        if not CONVERSATION_ID.fullmatch(cid):
+            raise HTTPProblem(422, "invalid request", [("conversation_id", "must match [A-Za-z0-9_-]{1,128}")])
+        user = request.query_params.get("user")
+        if user is None:
+            body = await self._json(request, required=False)
+            user = (body or {}).get("user")
+        forget: ForgetUser = _validate(ForgetUser, {"user": user})
+        return await self._forget("forget_conversation", forget.user, cid)
+
+    async def delete_user(self, request: Request) -> tuple[int, dict]:
+        forget: ForgetUser = _validate(ForgetUser, {"user": request.path_params["user"]})
+        return await self._forget("forget_user", forget.user, None)
+
+    async def get_deletion(self, request: Request) -> tuple[int, dict]:
+        receipt = request.path_params["receipt"]
+        raw = await self.redis.hget(deletion_key(receipt), "record") if RECEIPT.fullmatch(receipt) else None
+        if raw is None:
+            raise HTTPProblem(404, "unknown receipt", [("receipt", "no deletion with this id (receipts expire)")])
+        return 200, DeletionReceipt.model_validate_json(raw).model_dump()
+
+    async def put_retention(self, request: Request) -> tuple[int, dict]:
+        forget: ForgetUser = _validate(ForgetUser, {"user": request.path_params["user"]})
+        override: RetentionOverride = _validate(RetentionOverride, await self._json(request))
+        uhash = user_hash(forget.user)
+        if override.days is None:
+            await self.redis.hdel(RETENTION_OVERRIDES, uhash)
+        else:
+            await self.redis.hset(RETENTION_OVERRIDES, uhash, override.days)
+        return 200, {"days": override.days}
+
+    # ---- probes ---------------------------------------------------------------------------------------
+    async def readyz(self, request: Request) -> Response:
         try:
-            await client.xadd(settings.stream, event.fields(), maxlen=settings.stream_maxlen, approximate=True)
-        except (aioredis.ConnectionError, aioredis.TimeoutError, OSError) as exc:
-            log.warning("ingest.redis_unavailable", error=type(exc).__name__)
-            return _error(503, "memory store unavailable, retry later", [("redis", "unreachable")])
-        INGEST_REQUESTS.labels("/turns", "202").inc()
-        INGEST_TURNS.inc(len(event.turns))
-        log.info("ingest.accepted", user_hash=event.user_hash, conversation_id=req.conversation_id, turns=len(event.turns))
-        return JSONResponse(Accepted(stored=req.conversation_id, turns=len(event.turns)).model_dump(), status_code=202)
-
-    async def healthz(request: Request) -> Response:
-        return JSONResponse({"status": "ok"})
-
-    async def readyz(request: Request) -> Response:
-        try:
-            await client.ping()
+            await self.redis.ping()
         except Exception:
             return JSONResponse({"status": "redis unreachable"}, status_code=503)
         return JSONResponse({"status": "ready"})
 
-    async def openapi(request: Request) -> Response:
-        return JSONResponse(openapi_document())
 
-    async def startup() -> None:
+def create_app(settings: IngestSettings) -> Starlette:
+    api = IngestAPI(settings)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette):
         import redis
 
         sync = redis.Redis.from_url(settings.redis, socket_connect_timeout=2)
@@ -135,22 +204,23 @@ def create_app(settings: IngestSettings) -> Starlette:
             log.warning("ingest.group_not_created", reason="redis unreachable at start; indexers create it too")
         finally:
             sync.close()
-
-    async def shutdown() -> None:
-        await client.aclose()
-
-    from contextlib import asynccontextmanager
-
-    @asynccontextmanager
-    async def lifespan(app):
-        await startup()
         yield
-        await shutdown()
+        await api.redis.aclose()
+
+    async def healthz(request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def openapi(request: Request) -> Response:
+        return JSONResponse(openapi_document())
 
     return Starlette(
         routes=[
-            Route("/turns", post_turns, methods=["POST"]),
-            Route("/healthz", healthz), Route("/readyz", readyz),
+            api.route("/turns", api.post_turns, ["POST"]),
+            api.route("/conversations/{conversation_id}", api.delete_conversation, ["DELETE"]),
+            api.route("/users/{user:path}/retention", api.put_retention, ["PUT"]),
+            api.route("/users/{user:path}", api.delete_user, ["DELETE"]),
+            api.route("/deletions/{receipt}", api.get_deletion, ["GET"]),
+            Route("/healthz", healthz), Route("/readyz", api.readyz),
             Route("/metrics", metrics_endpoint), Route("/openapi.json", openapi),
         ],
         lifespan=lifespan,

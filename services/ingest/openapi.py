@@ -6,12 +6,13 @@ from functools import lru_cache
 
 from pydantic.json_schema import models_json_schema
 
-from services.ingest.api_models import Accepted, ErrorBody, IngestRequest
+from services.ingest.api_models import Accepted, ErrorBody, ForgetUser, IngestRequest, RetentionOverride
+from shared.stream_schema import DeletionReceipt
 
 
 @lru_cache(maxsize=1)
 def openapi_document() -> dict:
-    _, defs = models_json_schema([(m, "validation") for m in (IngestRequest, Accepted, ErrorBody)],
+    _, defs = models_json_schema([(m, "validation") for m in (IngestRequest, Accepted, ErrorBody, ForgetUser, DeletionReceipt, RetentionOverride)],
                                  ref_template="#/components/schemas/{model}")
     schemas = defs["$defs"]
     ref = lambda name: {"$ref": f"#/components/schemas/{name}"}  # noqa: E731
@@ -37,6 +38,39 @@ def openapi_document() -> dict:
                     "422": err("A field is invalid; `fields` names it"),
                     "503": err("Redis unreachable; retry"),
                 },
+            }},
+            "/conversations/{conversation_id}": {"delete": {
+                "summary": "Forget one conversation of a user (user in the query string or the body)",
+                "security": [{"ingestKey": []}],
+                "parameters": [{"name": "conversation_id", "in": "path", "required": True, "schema": {"type": "string"}},
+                               {"name": "user", "in": "query", "required": False, "schema": {"type": "string"}}],
+                "requestBody": {"required": False, "content": {"application/json": {"schema": ref("ForgetUser")}}},
+                "responses": {"202": {"description": "Receipt; poll GET /deletions/{receipt}",
+                                      "content": {"application/json": {"schema": ref("DeletionReceipt")}}},
+                              "401": err("Missing or wrong ingest key"), "422": err("No user, or unsafe id"),
+                              "503": err("Redis unreachable; retry")},
+            }},
+            "/users/{user}": {"delete": {
+                "summary": "Forget everything of a user",
+                "security": [{"ingestKey": []}],
+                "parameters": [{"name": "user", "in": "path", "required": True, "schema": {"type": "string"}}],
+                "responses": {"202": {"description": "Receipt", "content": {"application/json": {"schema": ref("DeletionReceipt")}}},
+                              "401": err("Missing or wrong ingest key"), "503": err("Redis unreachable; retry")},
+            }},
+            "/users/{user}/retention": {"put": {
+                "summary": "Set (or clear with null) a user's retention override in days",
+                "security": [{"ingestKey": []}],
+                "parameters": [{"name": "user", "in": "path", "required": True, "schema": {"type": "string"}}],
+                "requestBody": {"required": True, "content": {"application/json": {"schema": ref("RetentionOverride")}}},
+                "responses": {"200": {"description": "Stored"}, "401": err("Missing or wrong ingest key"),
+                              "422": err("Invalid days")},
+            }},
+            "/deletions/{receipt}": {"get": {
+                "summary": "Status of a deletion: pending or done, with what was removed",
+                "security": [{"ingestKey": []}],
+                "parameters": [{"name": "receipt", "in": "path", "required": True, "schema": {"type": "string"}}],
+                "responses": {"200": {"description": "The receipt", "content": {"application/json": {"schema": ref("DeletionReceipt")}}},
+                              "401": err("Missing or wrong ingest key"), "404": err("Unknown or expired receipt")},
             }},
             "/healthz": {"get": {"summary": "Process is up", "responses": {"200": {"description": "ok"}}}},
             "/readyz": {"get": {"summary": "Redis reachable", "responses": {"200": {"description": "ready"},

@@ -12,4 +12,7 @@ class IngestSettings(CommonSettings):
     ingest_max_body_bytes: int = Field(4 * 2**20, ge=1024, description="Largest accepted request body.")
     ingest_max_turns: int = Field(2000, ge=1, description="Most turns in one conversation snapshot.")
     ingest_max_turn_chars: int = Field(200_000, ge=1, description="Longest text of one turn.")
+    redact_pii: bool = Field(False, description="Also redact e-mail addresses and phone numbers (secrets are always redacted).")
+    drop_recall_echoes: bool = Field(True, description="Do not store turns that are recall_my_conversations output.")
+    deletion_receipt_ttl_days: int = Field(30, ge=1, description="How long GET /deletions/{id} remembers a receipt.")
     stream_maxlen: int = Field(1_000_000, ge=1000, description="Hard cap on stream length (a backlog guard, never reached normally).")

@@ -21,11 +21,11 @@ from services.recall.metrics import RECALL_CONCURRENCY_LIMIT, RECALL_IN_FLIGHT, 
 from services.recall.process_pool import ProcessPool
 from services.recall.settings import RecallSettings
 from services.recall.tokens import build_verifier
-from services.recall.tool_output import (EMPTY_QUERY, NO_MEMORY, NOTHING, TOOL_DESCRIPTION, UNAVAILABLE,
-                                         render_for_agent)
+from services.recall.tool_output import TOOL_DESCRIPTION, render_for_agent
 from shared.engine.api import MemoryState, NoIndex, memory_state
 from shared.logging_setup import configure_logging, get_logger
 from shared.metrics_http import metrics_endpoint
+from shared.recall_answer_format import EMPTY_QUERY, NO_MEMORY, NOTHING, UNAVAILABLE
 from shared.tenant_paths import TenantPaths, user_hash
 
 log = get_logger("recall.service")
@@ -84,6 +84,33 @@ class RecallService:
         return ("empty" if text == NOTHING else "hit"), text
 
 
+async def _drop_forgotten(s: RecallSettings, backend: RecallBackend) -> None:
+    """Indexers announce every deletion; drop that tenant's cached readers and engine children."""
+    import json
+
+    import redis.asyncio as aioredis
+
+    from shared.stream_schema import FORGET_CHANNEL
+
+    while True:
+        client = aioredis.Redis.from_url(s.redis)
+        try:
+            async with client.pubsub() as pubsub:
+                await pubsub.subscribe(FORGET_CHANNEL)
+                async for message in pubsub.listen():
+                    if message.get("type") == "message":
+                        uhash = json.loads(message["data"])["user_hash"]
+                        await backend.forget_tenant(TenantPaths.for_hash(s.data_dir, uhash))
+                        log.info("recall.tenant_dropped", user_hash=uhash)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # Redis away: recall keeps answering; retry the subscription
+            log.warning("recall.forget_listener_error", error=type(exc).__name__)
+            await asyncio.sleep(2.0)
+        finally:
+            await client.aclose()
+
+
 def build_app(settings: RecallSettings | None = None):
     s = settings or RecallSettings()
     backend = make_backend(s)
@@ -118,8 +145,11 @@ def build_app(settings: RecallSettings | None = None):
     async def lifespan(a):
         if isinstance(backend, ProcessPool):
             backend.start()
+        listener = asyncio.create_task(_drop_forgotten(s, backend)) if s.redis_url else None
         async with inner_lifespan(a) as state:
             yield state
+        if listener is not None:
+            listener.cancel()
         await backend.close()
 
     app.router.lifespan_context = lifespan

@@ -16,11 +16,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 from shared.engine.agent_format import ParsedHit, parse_recall
-
-NO_MEMORY = "No earlier conversations are stored for this user yet."
-NOTHING = "Nothing relevant found in earlier conversations."
-UNAVAILABLE = "Conversation memory is unavailable right now; continue without it."
-EMPTY_QUERY = "The query is empty: describe what to look for, e.g. an identifier and a key noun."
+from shared.recall_answer_format import DATE_HEADER, NEIGHBOUR_PREFIX, NOTHING, SEPARATOR
 TOOL_DESCRIPTION = (
     "Search the current user's own earlier conversations with this assistant. Use it when the user "
     "refers to something discussed before (\"last time\", \"earlier\", \"what did we decide\", \"the numbers "
@@ -35,16 +31,16 @@ def _date(ts: str) -> str:
     try:
         dt = datetime.fromisoformat(ts.replace("Z", "+00:00"))
     except ValueError:
-        return ts or "undated"
+        return f"[{ts or 'undated'}]"
     if dt.tzinfo is None:
         dt = dt.replace(tzinfo=timezone.utc)
-    return dt.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return DATE_HEADER.format(dt.astimezone(timezone.utc))
 
 
 def render_hit(hit: ParsedHit) -> str:
-    lines = [f"[{_date(hit.ts)}]", hit.text]
-    lines += [f"  ~ {role}: {preview}" for role, _, preview in hit.neighbours]
-    return "\n".join(lines) + "\n---\n"
+    lines = [_date(hit.ts), hit.text]
+    lines += [f"{NEIGHBOUR_PREFIX}{role}: {preview}" for role, _, preview in hit.neighbours]
+    return "\n".join(lines) + f"\n{SEPARATOR}\n"
 
 
 def render_for_agent(engine_output: str, max_chars: int) -> str:

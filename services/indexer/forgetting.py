@@ -1,0 +1,146 @@
+"""Carrying out a forget event (a conversation, or a whole user).
+
+In order, while holding the user's index lock (so no index run interleaves):
+1. tombstone: the conversation's version file (or the user's tombstone) records the deletion's
+   stream id, so a snapshot accepted before it can never be written again, whichever worker
+   processes it and when; one accepted after it starts a new conversation;
+2. the source file goes (a conversation) or the whole tenant directory (a user);
+3. the index forgets the rows: embedded engine at once, funes by a rebuild from what remains;
+4. stream entries of that conversation/user older than the deletion are deleted unprocessed;
+5. recall replicas are told (pub/sub) to drop cached readers and `funes mcp` children;
+6. the receipt becomes `done` with what was removed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import time
+
+import redis.asyncio as aioredis
+
+from services.indexer import redis_keys as keys
+from services.indexer.index_job import IndexJob
+from services.indexer.metrics import FORGOTTEN
+from services.indexer.settings import IndexerSettings
+from services.indexer.snapshot_writer import parse_version, tombstone_conversation, tombstone_user
+from shared.engine.store import MemoryStore
+from shared.logging_setup import get_logger
+from shared.redis_lock import RedisLock
+from shared.stream_schema import FORGET_CHANNEL, DeletionReceipt, ForgetEvent, deletion_key
+from shared.tenant_paths import TenantPaths
+
+log = get_logger("recall.indexer.forget")
+
+
+def _chunk_count(paths: TenantPaths, conversation_id: str | None) -> int:
+    if not MemoryStore.exists(paths.memory):
+        return 0
+    store = MemoryStore.open(paths.memory)
+    try:
+        if conversation_id is None:
+            return store.counts()[0]
+        return store.conn.execute("SELECT COUNT(*) FROM chunks WHERE session_id=?", (conversation_id,)).fetchone()[0]
+    finally:
+        store.close()
+
+
+class Forgetter:
+    def __init__(self, client: aioredis.Redis, settings: IndexerSettings, job: IndexJob) -> None:
+        self.client = client
+        self.s = settings
+        self.job = job
+
+    async def forget(self, entry_id: str, event: ForgetEvent) -> None:
+        paths = TenantPaths.for_hash(self.s.data_dir, event.user_hash)
+        lock = RedisLock(self.client, keys.index_lock(event.user_hash), self.s.index_lock_ttl_s)
+        if not await lock.acquire_wait(self.s.index_timeout_s):
+            raise TimeoutError("the user's index lock stayed busy")
+        lock.keep_alive()
+        try:
+            chunks = await asyncio.to_thread(_chunk_count, paths, event.conversation_id)
+            if event.kind == "forget_conversation":
+                files = await self._forget_conversation(paths, event, entry_id)
+            else:
+                files = await self._forget_user(paths, entry_id)
+            stream_entries = await self._purge_stream(event, entry_id)
+        finally:
+            await lock.release()
+        await self.client.publish(FORGET_CHANNEL, json.dumps({"user_hash": event.user_hash,
+                                                              "conversation_id": event.conversation_id}))
+        removed = {"files": files, "chunks": chunks, "stream_entries": stream_entries}
+        await self._complete_receipt(event, removed)
+        FORGOTTEN.labels(event.kind, event.reason).inc()
+        log.info("forget.done", kind=event.kind, reason=event.reason, user_hash=event.user_hash,
+                 conversation_id=event.conversation_id, **removed)
+
+    async def _forget_conversation(self, paths: TenantPaths, event: ForgetEvent, entry_id: str) -> int:
+        assert event.conversation_id is not None
+        conv_lock = RedisLock(self.client, keys.conversation_lock(event.user_hash, event.conversation_id), 30)
+        if not await conv_lock.acquire_wait(30):
+            raise TimeoutError("conversation lock busy")
+        try:
+            files = await asyncio.to_thread(tombstone_conversation, paths, event.conversation_id, entry_id)
+        finally:
+            await conv_lock.release()
+        if paths.src.is_dir():
+            await self.job.remove_deleted(paths)
+        return files
+
+    async def _forget_user(self, paths: TenantPaths, entry_id: str) -> int:
+        await asyncio.to_thread(tombstone_user, self.s.data_dir, paths.uhash, entry_id)
+        files = sum(1 for p in paths.src.glob("*.funes.jsonl")) if paths.src.is_dir() else 0
+        await asyncio.to_thread(shutil.rmtree, paths.root, True)
+        await self.client.delete(keys.dirty(paths.uhash), keys.received(paths.uhash))
+        await self.client.zrem(keys.DUE, paths.uhash)
+        # A snapshot write that passed the tombstone check just before it was written undoes
+        # itself after its rename (snapshot_writer); wait for in-flight writers, then sweep again.
+        deadline = time.monotonic() + 35
+        while await self._writers_in_flight(paths.uhash) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        await asyncio.to_thread(shutil.rmtree, paths.root, True)
+        return files
+
+    async def _writers_in_flight(self, uhash: str) -> bool:
+        async for _ in self.client.scan_iter(match=keys.conversation_lock(uhash, "*"), count=1000):
+            return True
+        return False
+
+    async def _purge_stream(self, event: ForgetEvent, entry_id: str) -> int:
+        """Delete unprocessed stream entries of what is forgotten that are older than the deletion."""
+        limit = parse_version(entry_id)
+        purged, start = 0, "-"
+        while True:
+            batch = await self.client.xrange(self.s.stream, min=start, max=entry_id, count=500)
+            if not batch:
+                return purged
+            doomed = []
+            for raw_id, fields in batch:
+                eid = raw_id.decode() if isinstance(raw_id, bytes) else raw_id
+                f = {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
+                     for k, v in fields.items()}
+                if parse_version(eid) >= limit or f.get("kind") != "turns" or f.get("user_hash") != event.user_hash:
+                    continue
+                if event.kind == "forget_user" or f.get("conversation_id") == event.conversation_id:
+                    doomed.append(eid)
+            if doomed:
+                pipe = self.client.pipeline(transaction=True)
+                pipe.xack(self.s.stream, self.s.group, *doomed)
+                pipe.xdel(self.s.stream, *doomed)
+                await pipe.execute()
+                purged += len(doomed)
+            last = batch[-1][0]
+            last = last.decode() if isinstance(last, bytes) else last
+            if parse_version(last) >= limit:
+                return purged
+            ms, seq = parse_version(last)
+            start = f"{ms}-{seq + 1}"
+
+    async def _complete_receipt(self, event: ForgetEvent, removed: dict[str, int]) -> None:
+        raw = await self.client.hget(deletion_key(event.receipt), "record")
+        record = DeletionReceipt.model_validate_json(raw) if raw else DeletionReceipt(
+            receipt=event.receipt, status="pending", kind=event.kind, conversation_id=event.conversation_id,
+            reason=event.reason, requested_at=event.received_at)
+        done = record.model_copy(update={"status": "done", "done_at": time.time(), "removed": removed})
+        await self.client.hset(deletion_key(event.receipt), "record", done.model_dump_json())

@@ -1,0 +1,101 @@
+"""Retention: forget conversations whose last turn is older than the tenant's limit.
+
+The default is `RECALL_RETENTION_DAYS` (off when unset); a per-user override lives in Redis
+(`PUT /users/{user}/retention` on ingest). One worker sweeps at a time (a Redis lock). An
+expired conversation is not deleted here: a forget event goes onto the stream, so it is
+ordered against in-flight turns and carried out like any deletion, with a receipt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import redis.asyncio as aioredis
+
+from services.indexer.metrics import RETENTION_EXPIRED, RETENTION_SWEEPS
+from services.indexer.settings import IndexerSettings
+from shared.engine.transcript import TRANSCRIPT_SUFFIX, parse_ts
+from shared.logging_setup import get_logger
+from shared.redis_lock import RedisLock
+from shared.stream_schema import RETENTION_OVERRIDES, request_forget
+from shared.tenant_paths import USER_HASH
+
+log = get_logger("recall.indexer.retention")
+SWEEP_LOCK = "recall:lock:retention"
+
+
+def last_turn_time(path: Path) -> float | None:
+    """The newest `ts` of a transcript (files are small: one line per turn)."""
+    newest = None
+    with open(path, "rb") as fh:
+        for raw in fh:
+            try:
+                ts = parse_ts(json.loads(raw).get("ts", ""))
+            except (ValueError, AttributeError):
+                continue
+            if ts is not None and (newest is None or ts > newest):
+                newest = ts
+    return newest
+
+
+class RetentionSweeper:
+    def __init__(self, client: aioredis.Redis, settings: IndexerSettings, now: Callable[[], float] = time.time) -> None:
+        self.client = client
+        self.s = settings
+        self.now = now
+
+    async def run_forever(self) -> None:
+        while True:
+            try:
+                await self.sweep_once()
+            except aioredis.RedisError as exc:
+                log.warning("retention.redis_error", error=type(exc).__name__)
+            await asyncio.sleep(self.s.retention_sweep_s)
+
+    async def sweep_once(self) -> int:
+        """One sweep over every tenant; returns how many conversations it asked to forget."""
+        lock = RedisLock(self.client, SWEEP_LOCK, ttl_s=max(60.0, self.s.retention_sweep_s / 2))
+        if not await lock.acquire():
+            return 0  # another worker sweeps now
+        try:
+            overrides = {k.decode() if isinstance(k, bytes) else k: int(v)
+                         for k, v in (await self.client.hgetall(RETENTION_OVERRIDES)).items()}
+            if self.s.retention_days is None and not overrides:
+                return 0
+            expired = tenants = 0
+            now = self.now()
+            for tenant in await asyncio.to_thread(self._tenants):
+                days = overrides.get(tenant.name, self.s.retention_days)
+                if days is None:
+                    continue
+                tenants += 1
+                cutoff = now - days * 86400
+                for cid in await asyncio.to_thread(self._expired, tenant / "src", cutoff):
+                    await request_forget(self.client, self.s.stream, kind="forget_conversation", user_hash=tenant.name,
+                                         conversation_id=cid, reason="retention")
+                    expired += 1
+            RETENTION_SWEEPS.inc()
+            RETENTION_EXPIRED.inc(expired)
+            log.info("retention.sweep", tenants=tenants, expired_conversations=expired,
+                     default_days=self.s.retention_days, overrides=len(overrides))
+            return expired
+        finally:
+            await lock.release()
+
+    def _tenants(self) -> list[Path]:
+        if not self.s.data_dir.is_dir():
+            return []
+        return [p for p in self.s.data_dir.iterdir() if p.is_dir() and USER_HASH.fullmatch(p.name)]
+
+    @staticmethod
+    def _expired(src: Path, cutoff: float) -> list[str]:
+        out = []
+        for path in sorted(src.glob(f"*{TRANSCRIPT_SUFFIX}")):
+            newest = last_turn_time(path)
+            if newest is not None and newest < cutoff:
+                out.append(path.name[: -len(TRANSCRIPT_SUFFIX)])
+        return out

@@ -1,0 +1,32 @@
+"""The shape of what `recall_my_conversations` returns, shared by the recall service (which
+writes it) and ingest (which must recognise it, so a recall answer echoed back by the
+gateway never becomes a future "memory")."""
+
+from __future__ import annotations
+
+import re
+
+NO_MEMORY = "No earlier conversations are stored for this user yet."
+NOTHING = "Nothing relevant found in earlier conversations."
+UNAVAILABLE = "Conversation memory is unavailable right now; continue without it."
+EMPTY_QUERY = "The query is empty: describe what to look for, e.g. an identifier and a key noun."
+FIXED_ANSWERS = frozenset({NO_MEMORY, NOTHING, UNAVAILABLE, EMPTY_QUERY})
+
+DATE_HEADER = "[{:%Y-%m-%d %H:%M} UTC]"
+_HEADER_LINE = re.compile(r"^\[\d{4}-\d{2}-\d{2} \d{2}:\d{2} UTC\]$")
+SEPARATOR = "---"
+NEIGHBOUR_PREFIX = "  ~ "
+
+
+def looks_like_recall_answer(text: str) -> bool:
+    """True for a fixed answer, or text that is a sequence of recall passages (it starts with a
+    date header and every passage is closed by `---`). Prose that merely quotes one is kept."""
+    body = text.strip()
+    if body in FIXED_ANSWERS:
+        return True
+    lines = body.splitlines()
+    if not lines or not _HEADER_LINE.match(lines[0]) or lines[-1] != SEPARATOR:
+        return False
+    headers = sum(1 for line in lines if _HEADER_LINE.match(line))
+    separators = sum(1 for line in lines if line == SEPARATOR)
+    return headers == separators
