@@ -103,10 +103,10 @@ def redis_url() -> Iterator[str]:
 
 @pytest.fixture
 def r(redis_url: str):
+    """A client on the session's Redis (service_env flushes it for each test that runs services)."""
     import redis
 
     client = redis.Redis.from_url(redis_url, decode_responses=True)
-    client.flushdb()
     yield client
     client.close()
 

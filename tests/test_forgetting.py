@@ -1,0 +1,207 @@
+"""Deletion you can prove: after a forget, no query finds the text, the files are gone and the
+stream holds nothing of it; retention and redaction do what they say."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import redis.asyncio as aioredis
+
+from services.indexer.retention import RetentionSweeper
+from services.indexer.settings import IndexerSettings
+from services.ingest.redaction import Redactor
+from shared.recall_answer_format import NO_MEMORY, looks_like_recall_answer
+from shared.tenant_paths import TenantPaths, user_hash
+from tests.conftest import (INGEST_KEY, call_recall, engine_cli, indexed_chunks, ingest_url, mint, post_conversation,
+                            wait_until)
+from tests.data.secret_corpus import LOOK_ALIKES, PII, PII_LOOK_ALIKES, SECRETS
+
+SECRET_PLAN = ["What did we decide for the Q-731 vault migration?", "Vault migration Q-731: codename BLUEHERON, budget 48k.", "ok"]
+KEEP = ["The N-11 upgrade goes ahead.", "Proceed once MT-4471 is closed.", "thanks"]
+HEADERS = {"x-ingest-key": INGEST_KEY}
+
+
+def delete(env, path: str, **params) -> dict:
+    resp = httpx.delete(f"{ingest_url(env)}{path}", headers=HEADERS, params=params, timeout=10)
+    assert resp.status_code == 202, resp.text
+    return resp.json()
+
+
+def receipt_done(env, receipt: str) -> dict | None:
+    body = httpx.get(f"{ingest_url(env)}/deletions/{receipt}", headers=HEADERS, timeout=10).json()
+    return body if body["status"] == "done" else None
+
+
+def stream_text(r) -> str:
+    return json.dumps(r.xrange("recall:turns"))
+
+
+@pytest.fixture(params=["embedded", "funes"])
+def stack(request, services, service_env):
+    engine = {"RECALL_ENGINE": request.param, "RECALL_FUNES_BIN": engine_cli()}
+    services("ingest")
+    services("indexer", **engine)
+    services("serve", **engine)
+    post_conversation(service_env, "alice", "secret-plan", SECRET_PLAN)
+    post_conversation(service_env, "alice", "keep", KEEP)
+    assert wait_until(lambda: indexed_chunks(service_env, "alice") == 6, 30)
+    return service_env
+
+
+async def assert_forgotten(env, user: str) -> None:
+    """By exact identifier, by codename, by paraphrase: nothing of the secret plan comes back."""
+    token = mint(user)
+    for query in ("Q-731", "BLUEHERON", "vault migration codename and budget", "48k budget"):
+        out = await call_recall(env, token, query)
+        assert "BLUEHERON" not in out and "Q-731" not in out, (query, out)
+
+
+async def test_forget_a_conversation(stack, r):
+    env = stack
+    token = mint("alice")
+    assert "BLUEHERON" in await call_recall(env, token, "Q-731 codename")  # also warms the pool child
+    receipt = delete(env, "/conversations/secret-plan", user="alice")
+    assert receipt["status"] == "pending" and receipt["kind"] == "forget_conversation"
+    assert wait_until(lambda: receipt_done(env, receipt["receipt"]) is not None, 30)
+    done = receipt_done(env, receipt["receipt"])
+    assert done["removed"]["files"] == 1 and done["removed"]["chunks"] == 3
+    await assert_forgotten(env, "alice")
+    assert "Proceed once MT-4471 is closed." in await call_recall(env, token, "MT-4471")
+    src = TenantPaths.for_user(Path(env["RECALL_DATA_DIR"]), "alice").src
+    assert not (src / "secret-plan.funes.jsonl").exists() and (src / "keep.funes.jsonl").exists()
+    assert "BLUEHERON" not in stream_text(r)
+
+
+async def test_forget_a_user(stack, r):
+    env = stack
+    assert "BLUEHERON" in await call_recall(env, mint("alice"), "Q-731")
+    receipt = delete(env, "/users/alice")
+    assert wait_until(lambda: receipt_done(env, receipt["receipt"]) is not None, 30)
+    assert receipt_done(env, receipt["receipt"])["removed"]["files"] == 2
+    assert await call_recall(env, mint("alice"), "Q-731") == NO_MEMORY
+    assert await call_recall(env, mint("alice"), "MT-4471") == NO_MEMORY
+    assert not (Path(env["RECALL_DATA_DIR"]) / user_hash("alice")).exists()
+    assert "BLUEHERON" not in stream_text(r) and "MT-4471" not in stream_text(r)
+    post_conversation(env, "alice", "fresh", ["A new start: ticket Z-1 opened."])
+    assert wait_until(lambda: indexed_chunks(env, "alice") == 1, 30), "a turn after the delete is a new memory"
+    assert "Z-1" in await call_recall(env, mint("alice"), "Z-1 ticket")
+
+
+def test_unprocessed_stream_entries_are_purged(services, service_env, r):
+    services("ingest")
+    for i in range(3):  # accepted, but no indexer is running yet
+        post_conversation(service_env, "bob", "b1", [f"draft {i}: BLUEHERON plan"])
+    post_conversation(service_env, "bob", "b2", ["unrelated MT-4471"])
+    # A worker read them and died: they sit pending, to be reclaimed later than the delete is read.
+    r.xreadgroup("indexers", "crashed-worker", {"recall:turns": ">"}, count=4)
+    receipt = delete(service_env, "/conversations/b1", user="bob")
+    services("indexer")
+    assert wait_until(lambda: receipt_done(service_env, receipt["receipt"]) is not None, 30)
+    assert receipt_done(service_env, receipt["receipt"])["removed"]["stream_entries"] == 3
+    assert wait_until(lambda: indexed_chunks(service_env, "bob") == 1, 30)
+    assert "BLUEHERON" not in stream_text(r)
+    assert not TenantPaths.for_user(Path(service_env["RECALL_DATA_DIR"]), "bob").transcript("b1").exists()
+
+
+def test_deletes_racing_with_ingest_of_the_same_conversation(services, service_env):
+    services("ingest")
+    services("indexer")
+    accepted_before_delete: list[int] = []
+    stop = threading.Event()
+    delete_sent = threading.Event()
+    sent_after: list[int] = []
+
+    def writer() -> None:
+        i = 0
+        with httpx.Client(timeout=10) as c:
+            while not stop.is_set():
+                started_after = delete_sent.is_set()
+                body = {"user": "carol", "conversation_id": "race",
+                        "turns": [{"role": "user", "text": f"version marker V{i:04d}", "ts": "2026-10-08T10:00:00Z"}]}
+                assert c.post(f"{ingest_url(service_env)}/turns", json=body, headers=HEADERS).status_code == 202
+                (sent_after if started_after else accepted_before_delete).append(i)
+                i += 1
+
+    t = threading.Thread(target=writer)
+    t.start()
+    time.sleep(1.0)
+    receipt = delete(service_env, "/conversations/race", user="carol")
+    delete_sent.set()
+    time.sleep(1.0)
+    stop.set()
+    t.join()
+    assert wait_until(lambda: receipt_done(service_env, receipt["receipt"]) is not None, 30)
+    path = TenantPaths.for_user(Path(service_env["RECALL_DATA_DIR"]), "carol").transcript("race")
+    assert sent_after, "some writes were sent after the delete"
+    expected = f"V{max(sent_after):04d}"
+    assert wait_until(lambda: path.exists() and expected in path.read_text(), 30), "the newest write after the delete wins"
+    assert wait_until(lambda: indexed_chunks(service_env, "carol") == 1, 30)
+    text = path.read_text()
+    assert not any(f"V{i:04d}" in text for i in accepted_before_delete), "nothing accepted before the delete survives"
+
+
+async def test_retention_sweep_with_a_fake_clock(services, service_env, redis_url, r):
+    services("ingest")
+    services("indexer")
+    post_conversation(service_env, "dave", "old", ["Old plan about K-77."], day="2026-01-10")
+    post_conversation(service_env, "dave", "recent", ["Recent plan about K-78."], day="2026-09-20")
+    post_conversation(service_env, "erin", "old", ["Erin's old note about K-79."], day="2026-01-10")
+    assert wait_until(lambda: indexed_chunks(service_env, "dave") == 2 and indexed_chunks(service_env, "erin") == 1, 30)
+    httpx.put(f"{ingest_url(service_env)}/users/erin/retention", json={"days": 9999}, headers=HEADERS).raise_for_status()
+    settings = IndexerSettings(data_dir=Path(service_env["RECALL_DATA_DIR"]), redis_url=redis_url, retention_days=90)
+    client = aioredis.Redis.from_url(redis_url)
+    fake_now = time.mktime((2026, 10, 1, 0, 0, 0, 0, 0, 0))
+    try:
+        assert await RetentionSweeper(client, settings, now=lambda: fake_now).sweep_once() == 1
+    finally:
+        await client.aclose()
+    assert wait_until(lambda: indexed_chunks(service_env, "dave") == 1, 30)
+    src = TenantPaths.for_user(Path(service_env["RECALL_DATA_DIR"]), "dave").src
+    assert not (src / "old.funes.jsonl").exists() and (src / "recent.funes.jsonl").exists()
+    assert indexed_chunks(service_env, "erin") == 1, "a per-user override keeps erin's note"
+
+
+def test_secrets_never_reach_redis_or_disk(services, service_env, r):
+    services("ingest")
+    services("indexer")
+    texts = [text for _, text, _ in SECRETS]
+    post_conversation(service_env, "frank", "leaky", texts)
+    assert wait_until(lambda: indexed_chunks(service_env, "frank") >= len(texts), 30)
+    tenant = Path(service_env["RECALL_DATA_DIR"]) / user_hash("frank")
+    on_disk = b"".join(p.read_bytes() for p in tenant.rglob("*") if p.is_file())
+    for kind, _, secret in SECRETS:
+        assert secret.encode() not in on_disk, kind
+    assert b"[REDACTED:private_key]" in on_disk and b"[REDACTED:aws_access_key]" in on_disk
+
+
+def test_redactor_corpus_catches_every_secret_and_no_look_alike():
+    plain, pii = Redactor(pii=False), Redactor(pii=True)
+    for kind, text, secret in SECRETS:
+        out = plain.redact(text)
+        assert secret not in out.text and kind in out.kinds, (kind, out.text)
+    for text in LOOK_ALIKES:
+        assert plain.redact(text).text == text, text
+    for kind, text, value in PII:
+        assert value not in pii.redact(text).text and value in plain.redact(text).text, kind
+    for text in PII_LOOK_ALIKES + LOOK_ALIKES:
+        assert pii.redact(text).text == text, text
+
+
+def test_recall_answers_echoed_back_are_not_stored(services, service_env, r):
+    services("ingest")
+    answer = "[2026-10-08 10:01 UTC]\nProceed once MT-4471 closes.\n  ~ user: what about N-11?\n---"
+    body = {"user": "gina", "conversation_id": "echo", "turns": [
+        {"role": "user", "text": "what did we decide on N-11?", "ts": "2026-10-09T10:00:00Z"},
+        {"role": "tool", "text": "anything the tool said", "tool_name": "recall_my_conversations", "ts": "2026-10-09T10:00:01Z"},
+        {"role": "tool", "text": answer, "ts": "2026-10-09T10:00:02Z"},
+        {"role": "assistant", "text": "We decided to proceed once MT-4471 closes (2026-10-08).", "ts": "2026-10-09T10:00:03Z"}]}
+    resp = httpx.post(f"{ingest_url(service_env)}/turns", json=body, headers=HEADERS)
+    assert resp.status_code == 202 and resp.json()["turns"] == 2
+    event = r.xrange("recall:turns")[-1][1]["event"]
+    assert "anything the tool said" not in event and "~ user: what about N-11?" not in event
+    assert looks_like_recall_answer(answer) and not looks_like_recall_answer("I found this: " + answer)
