@@ -21,6 +21,10 @@ class ChildExited(Exception):
     pass
 
 
+class ChildGone(ChildExited):
+    """The child was already dead: the request never reached it, so retrying is safe."""
+
+
 class ToolCallError(Exception):
     """The child answered the call with a JSON-RPC error or `isError: true`."""
 
@@ -42,7 +46,15 @@ class StdioMCPChild:
 
     @property
     def alive(self) -> bool:
-        return self.proc is not None and self.proc.returncode is None
+        """Running, and not a zombie waiting to be reaped (a death asyncio has not noticed yet)."""
+        if self.proc is None or self.proc.returncode is not None:
+            return False
+        try:
+            with open(f"/proc/{self.proc.pid}/stat", "rb") as fh:
+                state = fh.read().rsplit(b")", 1)[1].split()[0]
+        except (FileNotFoundError, IndexError):
+            return not os.path.isdir("/proc/self")  # no procfs: trust returncode alone
+        return state not in (b"Z", b"X")
 
     async def start(self, timeout: float = 60.0) -> "StdioMCPChild":
         self.proc = await asyncio.create_subprocess_exec(
@@ -65,7 +77,7 @@ class StdioMCPChild:
 
     async def request(self, method: str, params: dict[str, Any], timeout: float) -> dict[str, Any]:
         if not self.alive:
-            raise ChildExited(f"MCP child {self.argv[0]} is not running")
+            raise ChildGone(f"MCP child {self.argv[0]} is not running")
         req_id = next(self._ids)
         fut = self._pending[req_id] = asyncio.get_running_loop().create_future()
         try:
@@ -81,7 +93,7 @@ class StdioMCPChild:
                 self.proc.stdin.write(json.dumps(message).encode() + b"\n")
                 await self.proc.stdin.drain()
             except (BrokenPipeError, ConnectionResetError) as exc:
-                raise ChildExited("MCP child closed its stdin") from exc
+                raise ChildGone("MCP child closed its stdin") from exc
 
     async def _read_loop(self) -> None:
         assert self.proc is not None and self.proc.stdout is not None

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from services.recall.backend import BackendUnavailable
 from services.recall.metrics import POOL_CRASH_RESTARTS, POOL_EVICTIONS, POOL_SIZE, POOL_SPAWNS
 from shared.logging_setup import get_logger
-from shared.mcp_stdio_client import ChildExited, StdioMCPChild, ToolCallError
+from shared.mcp_stdio_client import ChildExited, ChildGone, StdioMCPChild, ToolCallError
 from shared.tenant_paths import TenantPaths
 
 log = get_logger("recall.pool")
@@ -70,6 +70,13 @@ class ProcessPool:
     # ---- calls -----------------------------------------------------------------------------------
     async def recall(self, paths: TenantPaths, query: str, k: int, candidates: int) -> str:
         # funes' MCP recall fixes candidates at 30; only k is a tool argument.
+        try:
+            return await self._call(paths, query, k)
+        except ChildGone:
+            # The child had died between calls; the request never reached it: one fresh child.
+            return await self._call(paths, query, k)
+
+    async def _call(self, paths: TenantPaths, query: str, k: int) -> str:
         slot = await self._slot_for(paths)
         async with slot.lock:
             slot.last_used = time.monotonic()
@@ -78,6 +85,9 @@ class ProcessPool:
             except asyncio.TimeoutError:
                 await self._replace(paths.uhash, slot, "timeout")
                 raise BackendUnavailable("recall timed out") from None
+            except ChildGone:
+                await self._replace(paths.uhash, slot, "crash")
+                raise
             except (ChildExited, ToolCallError, ConnectionError, OSError) as exc:
                 await self._replace(paths.uhash, slot, "crash" if isinstance(exc, ChildExited) else "error")
                 raise BackendUnavailable(str(exc)[:200]) from exc
