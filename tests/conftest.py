@@ -272,3 +272,36 @@ def indexed_chunks(env: dict[str, str], user: str) -> int:
         return 0
     finally:
         conn.close()
+
+
+# ---- PostgreSQL: a real server for the artifact store, started like Redis ------------------
+def _pg_bin(name: str) -> str | None:
+    for candidate in sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{name}"), reverse=True):
+        return str(candidate)
+    return shutil.which(name)
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """A throwaway PostgreSQL cluster (the machine's Debian package; as `postgres` when we are root)."""
+    initdb, pg_ctl = _pg_bin("initdb"), _pg_bin("pg_ctl")
+    if not initdb or not pg_ctl:
+        pytest.skip("PostgreSQL server binaries (initdb, pg_ctl) are not installed")
+    as_user: list[str] = []
+    base = Path(tempfile.mkdtemp(prefix="recall-pg-", dir="/tmp"))
+    if os.geteuid() == 0:
+        import pwd
+
+        pw = pwd.getpwnam("postgres")
+        os.chown(base, pw.pw_uid, pw.pw_gid)
+        as_user = ["runuser", "-u", "postgres", "--"]
+    data, port = base / "data", free_port()
+    subprocess.run([*as_user, initdb, "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8"],
+                   check=True, capture_output=True)
+    subprocess.run([*as_user, pg_ctl, "-D", str(data), "-l", str(base / "log"), "-w", "start", "-o",
+                    f"-p {port} -k {base} -c listen_addresses=127.0.0.1 -F"], check=True, capture_output=True)
+    try:
+        yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
+    finally:
+        subprocess.run([*as_user, pg_ctl, "-D", str(data), "-m", "immediate", "stop"], capture_output=True)
+        shutil.rmtree(base, ignore_errors=True)

@@ -22,7 +22,8 @@ from services.recall.process_pool import ProcessPool
 from services.recall.settings import RecallSettings
 from services.recall.tokens import build_verifier
 from services.recall.tool_output import TOOL_DESCRIPTION, render_for_agent
-from shared.engine.api import MemoryState, NoIndex, memory_state
+from services.recall.artifacts.tools import register_artifact_tools
+from shared.engine.api import Engine, MemoryState, NoIndex, memory_state
 from shared.logging_setup import configure_logging, get_logger
 from shared.metrics_http import metrics_endpoint
 from shared.recall_answer_format import EMPTY_QUERY, NO_MEMORY, NOTHING, UNAVAILABLE
@@ -111,6 +112,16 @@ async def _drop_forgotten(s: RecallSettings, backend: RecallBackend) -> None:
             await client.aclose()
 
 
+def build_artifact_service(s: RecallSettings):
+    from services.recall.artifacts.artifact_search import ArtifactSearch
+    from services.recall.artifacts.artifact_store import ArtifactStore
+    from services.recall.artifacts.service import ArtifactService
+
+    url = s.artifacts_db_url or f"sqlite:///{(s.data_dir / 'artifacts.sqlite3').resolve()}"
+    # Artifact search has its own engine handle (its own reader cache), sharing the loaded model.
+    return ArtifactService(ArtifactStore(url), ArtifactSearch(s.data_dir, Engine(max_readers=64)), s.data_dir)
+
+
 def build_app(settings: RecallSettings | None = None):
     s = settings or RecallSettings()
     backend = make_backend(s)
@@ -122,6 +133,8 @@ def build_app(settings: RecallSettings | None = None):
     @mcp.tool(name="recall_my_conversations", description=TOOL_DESCRIPTION)
     async def recall_my_conversations(query: str) -> str:
         return await service.recall_for(caller_user(), query)
+
+    register_artifact_tools(mcp, build_artifact_service(s))
 
     @mcp.custom_route("/healthz", methods=["GET"])
     async def healthz(request: Request) -> Response:

@@ -21,4 +21,5 @@ class RecallSettings(CommonSettings):
     reader_cache: int = Field(256, ge=1, description="Embedded engine: tenant memories kept open (LRU).")
     pool_max_processes: int = Field(16, ge=1, description="Funes engine: most `funes mcp` children alive at once.")
     pool_idle_s: float = Field(600.0, gt=0, description="Funes engine: a child idle this long is closed.")
+    artifacts_db_url: str | None = Field(None, description="Memory artifacts database: sqlite:///<file> (default DATA_DIR/artifacts.sqlite3) or postgresql://… for several replicas.")
     pool_start_timeout_s: float = Field(60.0, gt=0, description="Funes engine: time a child may take to start.")

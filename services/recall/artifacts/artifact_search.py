@@ -1,0 +1,70 @@
+"""Accepted artifacts, searchable with the project's engine: one memory per realm.
+
+Each accepted artifact is one transcript `<artifact_id>.funes.jsonl` (summary, body, appended
+entries as turns; its kind as the harness facet) under `DATA_DIR/.artifacts/<sha256(realm)[:24]>/`.
+It is rewritten when an artifact is accepted, appended to, superseded or revoked, and the
+realm's memory is re-indexed at once, so search sees exactly the accepted set. These memories
+live apart from every user's conversation memory: neither search can return the other's data.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import datetime, timezone
+from pathlib import Path
+
+from services.recall.artifacts.models import Artifact, Status
+from shared.engine.api import Engine, NoIndex
+from shared.engine.hybrid_search import RecallParams, recall
+from shared.engine.index_run import index_tree
+from shared.engine.transcript import Block, TranscriptTurn, dump_transcript
+
+
+def _ts(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class ArtifactSearch:
+    def __init__(self, data_dir: Path, engine: Engine) -> None:
+        self.root = data_dir / ".artifacts"
+        self.engine = engine
+
+    def home(self, realm_id: str) -> Path:
+        return self.root / hashlib.sha256(realm_id.encode()).hexdigest()[:24]
+
+    def refresh(self, artifacts: list[Artifact]) -> None:
+        """Write (accepted) or remove (anything else) each artifact's transcript, then index."""
+        for realm_id in {a.realm_id for a in artifacts}:
+            src = self.home(realm_id) / "src"
+            src.mkdir(parents=True, exist_ok=True)
+            for a in (a for a in artifacts if a.realm_id == realm_id):
+                path = src / f"{a.artifact_id}.funes.jsonl"
+                if a.status is Status.ACCEPTED:
+                    tmp = path.with_suffix(".tmp")
+                    tmp.write_text(self._transcript(a))
+                    tmp.replace(path)
+                else:
+                    path.unlink(missing_ok=True)
+            index_tree(self.home(realm_id), src, self.engine.embedder, lock_wait_s=60)
+
+    def search(self, realm_id: str, query: str, limit: int) -> list[str]:
+        """Artifact ids, best first."""
+        try:
+            reader = self.engine.reader(self.home(realm_id) / "memory")
+        except NoIndex:
+            return []
+        hits = recall(reader, self.engine.embedder, query, RecallParams(k=limit * 4, candidates=max(30, limit * 6), neighbors=0))
+        ordered: dict[str, None] = {}
+        for hit in hits:
+            ordered.setdefault(hit.row.session_id, None)
+        return list(ordered)
+
+    @staticmethod
+    def _transcript(a: Artifact) -> str:
+        parts = [("summary", a.summary, a.updated_at), ("body", f"{a.artifact_path}\n{a.body}", a.created_at)]
+        parts += [(f"entry-{e.seq}", e.body, e.created_at) for e in a.entries]
+        return dump_transcript([
+            TranscriptTurn(session_id=a.artifact_id, turn_uuid=uuid, seq=i, ts=_ts(at), role="artifact",
+                           harness=a.artifact_kind, blocks=[Block(text=text)])
+            for i, (uuid, text, at) in enumerate(parts)
+        ])

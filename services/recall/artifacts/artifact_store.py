@@ -1,0 +1,224 @@
+"""The one data-access layer for artifacts: SQLite (a file, the default) or PostgreSQL (several
+recall replicas), chosen by RECALL_ARTIFACTS_DB_URL. The same SQL runs on both; the rule
+"never two accepted versions of one path" is the database's own partial unique index, so it
+holds under any concurrency, whatever the application does.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from services.recall.artifacts.models import Artifact, AuditEvent, Entry, Status, Target
+
+SCHEMA = [
+    """CREATE TABLE IF NOT EXISTS realm_entities (
+        realm_id TEXT NOT NULL, entity_id TEXT NOT NULL, title TEXT NOT NULL, entity_kind TEXT NOT NULL,
+        created_by TEXT NOT NULL, created_at DOUBLE PRECISION NOT NULL, PRIMARY KEY (realm_id, entity_id))""",
+    """CREATE TABLE IF NOT EXISTS artifacts (
+        artifact_id TEXT PRIMARY KEY, realm_id TEXT NOT NULL, artifact_path TEXT NOT NULL,
+        artifact_kind TEXT NOT NULL, write_mode TEXT NOT NULL, status TEXT NOT NULL, body TEXT NOT NULL,
+        summary TEXT NOT NULL, source_ref TEXT NOT NULL, source_context TEXT NOT NULL, author TEXT NOT NULL,
+        created_at DOUBLE PRECISION NOT NULL, updated_at DOUBLE PRECISION NOT NULL,
+        supersedes_artifact_id TEXT, superseded_by_artifact_id TEXT, revoked_reason TEXT)""",
+    # The rule itself: at most one accepted version per (realm, path).
+    """CREATE UNIQUE INDEX IF NOT EXISTS artifacts_one_accepted_per_path
+        ON artifacts (realm_id, artifact_path) WHERE status = 'accepted'""",
+    "CREATE INDEX IF NOT EXISTS artifacts_by_path ON artifacts (realm_id, artifact_path, author)",
+    """CREATE TABLE IF NOT EXISTS artifact_targets (
+        artifact_id TEXT NOT NULL, target_kind TEXT NOT NULL, target_id TEXT NOT NULL, role TEXT NOT NULL,
+        PRIMARY KEY (artifact_id, target_kind, target_id, role))""",
+    "CREATE INDEX IF NOT EXISTS artifact_targets_by_target ON artifact_targets (target_kind, target_id)",
+    """CREATE TABLE IF NOT EXISTS artifact_entries (
+        artifact_id TEXT NOT NULL, seq INTEGER NOT NULL, body TEXT NOT NULL, author TEXT NOT NULL,
+        created_at DOUBLE PRECISION NOT NULL, source_ref TEXT NOT NULL, source_context TEXT NOT NULL,
+        PRIMARY KEY (artifact_id, seq))""",
+    """CREATE TABLE IF NOT EXISTS artifact_audit (
+        event_id TEXT PRIMARY KEY, artifact_id TEXT NOT NULL, event TEXT NOT NULL, actor TEXT NOT NULL,
+        at DOUBLE PRECISION NOT NULL, ordinal INTEGER NOT NULL, detail TEXT NOT NULL)""",
+    "CREATE INDEX IF NOT EXISTS artifact_audit_by_artifact ON artifact_audit (artifact_id, ordinal)",
+]
+COLUMNS = ("artifact_id, realm_id, artifact_path, artifact_kind, write_mode, status, body, summary, source_ref,"
+           " source_context, author, created_at, updated_at, supersedes_artifact_id, superseded_by_artifact_id, revoked_reason")
+
+
+class Conflict(Exception):
+    """The database refused a write that would break a uniqueness rule (the caller may retry)."""
+
+
+class Tx:
+    """One transaction: `q` runs a statement written with `?` placeholders on either database."""
+
+    def __init__(self, cursor: Any, pg: bool) -> None:
+        self.cursor = cursor
+        self.pg = pg
+
+    def q(self, sql: str, params: tuple = ()) -> list[tuple]:
+        self.cursor.execute(sql.replace("?", "%s") if self.pg else sql, params)
+        return self.cursor.fetchall() if self.cursor.description else []
+
+
+class ArtifactStore:
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.pg = url.startswith(("postgresql://", "postgres://"))
+        if not self.pg and not url.startswith("sqlite:///"):
+            raise ValueError("RECALL_ARTIFACTS_DB_URL must be sqlite:///<path> or postgresql://…")
+        self._local = threading.local()
+        with self.transaction() as tx:
+            for stmt in SCHEMA:
+                tx.q(stmt)
+
+    # ---- connections and transactions ----------------------------------------------------------
+    def _connection(self) -> Any:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            return conn
+        if self.pg:
+            import psycopg
+
+            conn = psycopg.connect(self.url, autocommit=True)
+        else:
+            path = Path(self.url.removeprefix("sqlite:///"))
+            path.parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA foreign_keys=ON")
+        self._local.conn = conn
+        return conn
+
+    @contextmanager
+    def transaction(self) -> Iterator[Tx]:
+        """Serialisable enough for our rules: SQLite takes the write lock up front (IMMEDIATE);
+        PostgreSQL relies on the unique index and row locks (SELECT … FOR UPDATE)."""
+        conn = self._connection()
+        if self.pg:
+            import psycopg
+
+            try:
+                with conn.transaction(), conn.cursor() as cur:
+                    yield Tx(cur, True)
+            except psycopg.errors.UniqueViolation as exc:
+                raise Conflict(str(exc)) from exc
+            return
+        cur = conn.cursor()
+        cur.execute("BEGIN IMMEDIATE")
+        try:
+            yield Tx(cur, False)
+            cur.execute("COMMIT")
+        except sqlite3.IntegrityError as exc:
+            cur.execute("ROLLBACK")
+            raise Conflict(str(exc)) from exc
+        except BaseException:
+            cur.execute("ROLLBACK")
+            raise
+
+    # ---- reads ------------------------------------------------------------------------------------
+    def get(self, tx: Tx, artifact_id: str, lock: bool = False) -> Artifact | None:
+        rows = tx.q(f"SELECT {COLUMNS} FROM artifacts WHERE artifact_id = ?" + (" FOR UPDATE" if lock and self.pg else ""),
+                    (artifact_id,))
+        return self._hydrate(tx, rows[0]) if rows else None
+
+    def accepted_at_path(self, tx: Tx, realm_id: str, path: str, lock: bool = False) -> Artifact | None:
+        rows = tx.q(f"SELECT {COLUMNS} FROM artifacts WHERE realm_id = ? AND artifact_path = ? AND status = 'accepted'"
+                    + (" FOR UPDATE" if lock and self.pg else ""), (realm_id, path))
+        return self._hydrate(tx, rows[0]) if rows else None
+
+    def own_open_draft(self, tx: Tx, realm_id: str, path: str, author: str) -> Artifact | None:
+        rows = tx.q(f"SELECT {COLUMNS} FROM artifacts WHERE realm_id = ? AND artifact_path = ? AND author = ?"
+                    " AND status IN ('draft', 'proposed') ORDER BY updated_at DESC LIMIT 1", (realm_id, path, author))
+        return self._hydrate(tx, rows[0]) if rows else None
+
+    def accepted(self, tx: Tx, realm_id: str, artifact_ids: list[str] | None = None, target_kind: str | None = None,
+                 target_id: str | None = None, kind: str | None = None, limit: int = 50) -> list[Artifact]:
+        sql = f"SELECT {COLUMNS} FROM artifacts a WHERE realm_id = ? AND status = 'accepted'"
+        params: list[Any] = [realm_id]
+        if kind:
+            sql += " AND artifact_kind = ?"
+            params.append(kind)
+        if target_kind or target_id:
+            sql += " AND EXISTS (SELECT 1 FROM artifact_targets t WHERE t.artifact_id = a.artifact_id"
+            if target_kind:
+                sql += " AND t.target_kind = ?"
+                params.append(target_kind)
+            if target_id:
+                sql += " AND t.target_id = ?"
+                params.append(target_id)
+            sql += ")"
+        if artifact_ids is not None:
+            if not artifact_ids:
+                return []
+            sql += f" AND artifact_id IN ({','.join('?' * len(artifact_ids))})"
+            params += artifact_ids
+        sql += " ORDER BY updated_at DESC LIMIT ?"
+        params.append(limit)
+        return [self._hydrate(tx, r) for r in tx.q(sql, tuple(params))]
+
+    def entity_exists(self, tx: Tx, realm_id: str, entity_id: str) -> bool:
+        return bool(tx.q("SELECT 1 FROM realm_entities WHERE realm_id = ? AND entity_id = ?", (realm_id, entity_id)))
+
+    def audit(self, tx: Tx, artifact_id: str) -> list[AuditEvent]:
+        rows = tx.q("SELECT artifact_id, event, actor, at, detail FROM artifact_audit WHERE artifact_id = ?"
+                    " ORDER BY ordinal", (artifact_id,))
+        return [AuditEvent(artifact_id=r[0], event=r[1], actor=r[2], at=r[3], detail=json.loads(r[4])) for r in rows]
+
+    def _hydrate(self, tx: Tx, row: tuple) -> Artifact:
+        data = dict(zip([c.strip() for c in COLUMNS.split(",")], row))
+        data["source_context"] = json.loads(data["source_context"])
+        data["targets"] = [Target(target_kind=k, target_id=i, role=r) for k, i, r in tx.q(
+            "SELECT target_kind, target_id, role FROM artifact_targets WHERE artifact_id = ? ORDER BY role, target_kind, target_id",
+            (data["artifact_id"],))]
+        data["entries"] = [Entry(seq=s, body=b, author=a, created_at=c, source_ref=sr, source_context=json.loads(sc))
+                           for s, b, a, c, sr, sc in tx.q(
+                               "SELECT seq, body, author, created_at, source_ref, source_context FROM artifact_entries"
+                               " WHERE artifact_id = ? ORDER BY seq", (data["artifact_id"],))]
+        return Artifact.model_validate(data)
+
+    # ---- writes -----------------------------------------------------------------------------------
+    def insert(self, tx: Tx, a: Artifact) -> None:
+        tx.q(f"INSERT INTO artifacts ({COLUMNS}) VALUES ({','.join('?' * 16)})",
+             (a.artifact_id, a.realm_id, a.artifact_path, a.artifact_kind, a.write_mode, a.status.value, a.body, a.summary,
+              a.source_ref, json.dumps(a.source_context), a.author, a.created_at, a.updated_at, a.supersedes_artifact_id,
+              a.superseded_by_artifact_id, a.revoked_reason))
+        self.replace_targets(tx, a.artifact_id, a.targets)
+
+    def replace_targets(self, tx: Tx, artifact_id: str, targets: list[Target]) -> None:
+        tx.q("DELETE FROM artifact_targets WHERE artifact_id = ?", (artifact_id,))
+        for t in {(t.target_kind.value, t.target_id, t.role.value) for t in targets}:
+            tx.q("INSERT INTO artifact_targets (artifact_id, target_kind, target_id, role) VALUES (?, ?, ?, ?)",
+                 (artifact_id, *t))
+
+    def update_fields(self, tx: Tx, artifact_id: str, **fields: Any) -> None:
+        fields["updated_at"] = time.time()
+        if "source_context" in fields:
+            fields["source_context"] = json.dumps(fields["source_context"])
+        if "status" in fields and isinstance(fields["status"], Status):
+            fields["status"] = fields["status"].value
+        sets = ", ".join(f"{k} = ?" for k in fields)
+        tx.q(f"UPDATE artifacts SET {sets} WHERE artifact_id = ?", (*fields.values(), artifact_id))
+
+    def add_entry(self, tx: Tx, artifact_id: str, body: str, author: str, source_ref: str, source_context: dict) -> int:
+        seq = tx.q("SELECT COALESCE(MAX(seq), 0) + 1 FROM artifact_entries WHERE artifact_id = ?", (artifact_id,))[0][0]
+        tx.q("INSERT INTO artifact_entries (artifact_id, seq, body, author, created_at, source_ref, source_context)"
+             " VALUES (?, ?, ?, ?, ?, ?, ?)", (artifact_id, seq, body, author, time.time(), source_ref, json.dumps(source_context)))
+        self.update_fields(tx, artifact_id)
+        return int(seq)
+
+    def record(self, tx: Tx, artifact_id: str, event: str, actor: str, **detail: Any) -> None:
+        ordinal = tx.q("SELECT COALESCE(MAX(ordinal), 0) + 1 FROM artifact_audit WHERE artifact_id = ?", (artifact_id,))[0][0]
+        tx.q("INSERT INTO artifact_audit (event_id, artifact_id, event, actor, at, ordinal, detail) VALUES (?, ?, ?, ?, ?, ?, ?)",
+             (uuid.uuid4().hex, artifact_id, event, actor, time.time(), ordinal, json.dumps(detail)))
+
+    def register_entity(self, tx: Tx, realm_id: str, entity_id: str, title: str, entity_kind: str, actor: str) -> bool:
+        if self.entity_exists(tx, realm_id, entity_id):
+            return False
+        tx.q("INSERT INTO realm_entities (realm_id, entity_id, title, entity_kind, created_by, created_at) VALUES (?, ?, ?, ?, ?, ?)",
+             (realm_id, entity_id, title, entity_kind, actor, time.time()))
+        return True

@@ -1,0 +1,109 @@
+from __future__ import annotations
+
+import re
+from enum import Enum
+from typing import Any
+
+from pydantic import BaseModel, Field, field_validator
+
+ARTIFACT_PATH = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}(/[a-z0-9][a-z0-9._-]{0,63}){0,7}")
+REALM_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")
+
+
+class Status(str, Enum):
+    DRAFT = "draft"
+    PROPOSED = "proposed"
+    ACCEPTED = "accepted"
+    SUPERSEDED = "superseded"
+    REVOKED = "revoked"
+
+
+class Role(str, Enum):
+    OWNER = "owner"
+    MEMBER = "member"
+    READER = "reader"
+
+
+class TargetKind(str, Enum):
+    REALM = "realm"
+    ENTITY = "entity"
+    CONVERSATION = "conversation"
+
+
+class TargetRole(str, Enum):
+    PRIMARY = "primary"
+    RELATED = "related"
+    EVIDENCE = "evidence"
+    HANDOFF_TARGET = "handoff_target"
+
+
+class Target(BaseModel):
+    target_kind: TargetKind
+    target_id: str = Field(min_length=1, max_length=200)
+    role: TargetRole = TargetRole.PRIMARY
+
+
+class Entry(BaseModel):
+    seq: int
+    body: str
+    author: str
+    created_at: float
+    source_ref: str
+    source_context: dict[str, Any]
+
+
+class Artifact(BaseModel):
+    artifact_id: str
+    realm_id: str
+    artifact_path: str
+    artifact_kind: str
+    write_mode: str
+    status: Status
+    body: str
+    summary: str
+    source_ref: str
+    source_context: dict[str, Any]
+    author: str
+    created_at: float
+    updated_at: float
+    supersedes_artifact_id: str | None = None
+    superseded_by_artifact_id: str | None = None
+    revoked_reason: str | None = None
+    targets: list[Target]
+    entries: list[Entry] = []
+
+    def compact(self) -> dict[str, Any]:
+        """What search returns: enough to choose, no body."""
+        return {"artifact_id": self.artifact_id, "artifact_path": self.artifact_path, "artifact_kind": self.artifact_kind,
+                "status": self.status.value, "summary": self.summary, "author": self.author, "updated_at": self.updated_at,
+                "entries": len(self.entries), "targets": [t.model_dump(mode="json") for t in self.targets]}
+
+
+class AuditEvent(BaseModel):
+    artifact_id: str
+    event: str  # created, updated, appended, submitted, accepted, revoked, superseded
+    actor: str
+    at: float
+    detail: dict[str, Any] = {}
+
+
+class DraftInput(BaseModel):
+    """What create_memory_artifact_draft takes (besides the realm and the caller)."""
+
+    artifact_path: str
+    artifact_kind: str
+    write_mode: str
+    body: str = Field(min_length=1)
+    summary: str = Field(min_length=1, max_length=1000)
+    source_ref: str = Field(min_length=1, max_length=500)
+    source_context: dict[str, Any]
+    targets: list[Target] = Field(min_length=1)
+    supersedes_artifact_id: str | None = None
+
+    @field_validator("artifact_path")
+    @classmethod
+    def _path(cls, v: str) -> str:
+        if not ARTIFACT_PATH.fullmatch(v):
+            raise ValueError("artifact_path must be a logical address like agents/integration-researcher/worklog "
+                             "(lowercase segments of [a-z0-9._-], at most 8)")
+        return v

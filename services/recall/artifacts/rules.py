@@ -1,0 +1,94 @@
+"""The artifact contract as pure functions. Every refusal names the rule it enforces."""
+
+from __future__ import annotations
+
+from services.recall.artifacts.models import Role, Status
+
+JOURNAL_KINDS = {"worklog"}
+DOCUMENT_KINDS = {"handoff", "decision", "strategy", "review_protocol", "dossier"}
+WRITE_MODE = {**{k: "append" for k in JOURNAL_KINDS}, **{k: "replace" for k in DOCUMENT_KINDS}}
+CAN_WRITE = {Role.OWNER, Role.MEMBER}
+
+
+class RuleBroken(Exception):
+    def __init__(self, rule: str, message: str) -> None:
+        super().__init__(f"{rule}: {message}")
+        self.rule = rule
+
+
+def check_kind_and_mode(kind: str, write_mode: str) -> None:
+    if kind not in WRITE_MODE:
+        raise RuleBroken("artifact_kind", f"unknown kind {kind!r}; one of {sorted(WRITE_MODE)}")
+    if WRITE_MODE[kind] != write_mode:
+        raise RuleBroken("write_mode", f"{kind} requires write_mode={WRITE_MODE[kind]!r} "
+                         f"(journals append, documents replace), not {write_mode!r}")
+
+
+def role_in(realms: dict[str, Role], realm_id: str) -> Role:
+    role = realms.get(realm_id)
+    if role is None:
+        raise RuleBroken("realm_membership", f"you are not a member of realm {realm_id!r}")
+    return role
+
+
+def check_can_write(role: Role, realm_id: str) -> None:
+    if role not in CAN_WRITE:
+        raise RuleBroken("realm_role", f"role {role.value} in realm {realm_id!r} may read, not write")
+
+
+def check_principal(authenticated: str, claimed: str | None) -> None:
+    if claimed is not None and claimed != authenticated:
+        raise RuleBroken("agent_principal", "agent_principal must be the authenticated principal; impersonation is refused")
+
+
+def check_can_see(status: Status, author: str, caller: str) -> None:
+    if status is Status.DRAFT and author != caller:
+        raise RuleBroken("draft_privacy", "a draft is visible to its author only")
+
+
+def check_edit_draft(status: Status, author: str, caller: str) -> None:
+    if author != caller:
+        raise RuleBroken("draft_owner", "only the author edits a draft")
+    if status is not Status.DRAFT:
+        raise RuleBroken("lifecycle", f"only a draft can be edited; this artifact is {status.value}")
+
+
+def check_append(write_mode: str, status: Status, author: str, caller: str, role: Role) -> None:
+    if write_mode != "append":
+        raise RuleBroken("write_mode", "only append-mode artifacts (journals) take appended entries; replace documents get a new version")
+    if status in (Status.SUPERSEDED, Status.REVOKED):
+        raise RuleBroken("lifecycle", f"nobody appends to a {status.value} artifact")
+    if status in (Status.DRAFT, Status.PROPOSED) and author != caller:
+        raise RuleBroken("draft_owner", f"only the author appends while the artifact is {status.value}")
+    if status is Status.ACCEPTED and role not in CAN_WRITE:
+        raise RuleBroken("realm_role", "appending to accepted memory needs the member or owner role")
+
+
+def check_submit(status: Status, author: str, caller: str) -> None:
+    if author != caller:
+        raise RuleBroken("draft_owner", "only the author submits a draft")
+    if status is not Status.DRAFT:
+        raise RuleBroken("lifecycle", f"only a draft can be submitted; this artifact is {status.value}")
+
+
+def check_accept(status: Status, role: Role) -> None:
+    if role not in CAN_WRITE:
+        raise RuleBroken("realm_role", "accepting needs the member or owner role")
+    if status is not Status.PROPOSED:
+        raise RuleBroken("lifecycle", f"only a proposed artifact can be accepted; this one is {status.value}")
+
+
+def check_revoke(status: Status, author: str, caller: str, role: Role) -> None:
+    if status not in (Status.DRAFT, Status.PROPOSED, Status.ACCEPTED):
+        raise RuleBroken("lifecycle", f"a {status.value} artifact cannot be revoked")
+    if status is Status.ACCEPTED and role is not Role.OWNER:
+        raise RuleBroken("realm_role", "revoking accepted memory needs the owner role")
+    if status is not Status.ACCEPTED and author != caller and role is not Role.OWNER:
+        raise RuleBroken("draft_owner", "only the author or a realm owner revokes a draft or proposal")
+
+
+def check_supersede(status: Status, role: Role) -> None:
+    if role is not Role.OWNER:
+        raise RuleBroken("realm_role", "supersede_memory_artifact is for realm owners (others: a new draft with supersedes_artifact_id)")
+    if status is not Status.ACCEPTED:
+        raise RuleBroken("lifecycle", f"only the accepted version can be superseded; this one is {status.value}")

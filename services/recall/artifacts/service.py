@@ -1,0 +1,233 @@
+"""Artifact operations. Each is one database transaction; who may do what is in rules.py.
+
+The caller (principal and realm roles) always comes from the verified token, never from tool
+arguments. Accepting marks the previous accepted version of the path superseded in the same
+transaction; the database's unique index makes a second concurrent acceptance fail, and it is
+retried, so it supersedes the first: never two accepted versions of one path.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from services.recall.artifacts import rules
+from services.recall.artifacts.artifact_search import ArtifactSearch
+from services.recall.artifacts.artifact_store import ArtifactStore, Conflict, Tx
+from services.recall.artifacts.models import REALM_ID, Artifact, DraftInput, Role, Status, Target, TargetKind
+from services.recall.artifacts.rules import RuleBroken
+from shared.tenant_paths import CONVERSATION_ID, TenantPaths
+
+CONFLICT_RETRIES = 20
+
+
+@dataclass(frozen=True)
+class Caller:
+    principal: str
+    realms: dict[str, Role]
+
+    @classmethod
+    def from_claims(cls, claims: dict[str, Any]) -> "Caller":
+        raw = claims.get("realms") or {}
+        realms = {}
+        if isinstance(raw, dict):
+            for realm, role in raw.items():
+                if isinstance(realm, str) and REALM_ID.fullmatch(realm) and role in {r.value for r in Role}:
+                    realms[realm] = Role(role)
+        return cls(principal=str(claims["sub"]), realms=realms)
+
+
+class ArtifactService:
+    def __init__(self, store: ArtifactStore, search: ArtifactSearch, data_dir: Path) -> None:
+        self.store = store
+        self.index = search
+        self.data_dir = data_dir
+
+    # ---- helpers ----------------------------------------------------------------------------------
+    def _load(self, tx: Tx, caller: Caller, realm_id: str, artifact_id: str, lock: bool = False) -> tuple[Artifact, Role]:
+        role = rules.role_in(caller.realms, realm_id)
+        artifact = self.store.get(tx, artifact_id, lock=lock)
+        if artifact is None or artifact.realm_id != realm_id:
+            raise RuleBroken("not_found", f"no artifact {artifact_id!r} in realm {realm_id!r}")
+        rules.check_can_see(artifact.status, artifact.author, caller.principal)
+        return artifact, role
+
+    def _check_targets(self, tx: Tx, caller: Caller, realm_id: str, targets: list[Target]) -> None:
+        if not targets:
+            raise RuleBroken("targets", "an artifact needs at least one target")
+        for t in targets:
+            if t.target_kind is TargetKind.REALM and t.target_id != realm_id:
+                raise RuleBroken("targets", f"a realm target must name this realm ({realm_id!r})")
+            if t.target_kind is TargetKind.ENTITY and not self.store.entity_exists(tx, realm_id, t.target_id):
+                raise RuleBroken("targets", f"entity {t.target_id!r} does not exist in realm {realm_id!r} (register it first)")
+            if t.target_kind is TargetKind.CONVERSATION:
+                ok = CONVERSATION_ID.fullmatch(t.target_id) and \
+                    TenantPaths.for_user(self.data_dir, caller.principal).transcript(t.target_id).exists()
+                if not ok:
+                    raise RuleBroken("targets", f"conversation {t.target_id!r} is not one of your recorded conversations")
+
+    def _retrying(self, fn):
+        for attempt in range(CONFLICT_RETRIES):
+            try:
+                return fn()
+            except Conflict:
+                time.sleep(0.005 * (attempt + 1))
+        raise RuleBroken("concurrency", "the path kept changing under concurrent acceptances; retry")
+
+    # ---- entities -----------------------------------------------------------------------------------
+    def register_entity(self, caller: Caller, realm_id: str, entity_id: str, title: str, entity_kind: str) -> dict:
+        rules.check_can_write(rules.role_in(caller.realms, realm_id), realm_id)
+        with self.store.transaction() as tx:
+            created = self.store.register_entity(tx, realm_id, entity_id, title, entity_kind, caller.principal)
+        return {"realm_id": realm_id, "entity_id": entity_id, "created": created}
+
+    # ---- lifecycle ----------------------------------------------------------------------------------
+    def create_draft(self, caller: Caller, realm_id: str, draft: DraftInput, agent_principal: str | None = None) -> Artifact:
+        rules.check_principal(caller.principal, agent_principal)
+        rules.check_can_write(rules.role_in(caller.realms, realm_id), realm_id)
+        rules.check_kind_and_mode(draft.artifact_kind, draft.write_mode)
+        now = time.time()
+        artifact = Artifact(artifact_id=uuid.uuid4().hex, realm_id=realm_id, status=Status.DRAFT, author=caller.principal,
+                            created_at=now, updated_at=now, **draft.model_dump())
+        with self.store.transaction() as tx:
+            self._check_targets(tx, caller, realm_id, draft.targets)
+            if draft.supersedes_artifact_id:
+                prev = self.store.get(tx, draft.supersedes_artifact_id)
+                if prev is None or prev.realm_id != realm_id or prev.artifact_path != draft.artifact_path:
+                    raise RuleBroken("supersedes", "supersedes_artifact_id must name an artifact of the same realm and path")
+                if prev.status is not Status.ACCEPTED:
+                    raise RuleBroken("supersedes", f"only the accepted version can be superseded; that one is {prev.status.value}")
+            self.store.insert(tx, artifact)
+            self.store.record(tx, artifact.artifact_id, "created", caller.principal, artifact_path=draft.artifact_path)
+            return self.store.get(tx, artifact.artifact_id)
+
+    def update_draft(self, caller: Caller, realm_id: str, artifact_id: str, changes: dict[str, Any]) -> Artifact:
+        with self.store.transaction() as tx:
+            artifact, _ = self._load(tx, caller, realm_id, artifact_id, lock=True)
+            rules.check_edit_draft(artifact.status, artifact.author, caller.principal)
+            targets = changes.pop("targets", None)
+            if targets is not None:
+                self._check_targets(tx, caller, realm_id, targets)
+                self.store.replace_targets(tx, artifact_id, targets)
+            if changes:
+                self.store.update_fields(tx, artifact_id, **changes)
+            self.store.record(tx, artifact_id, "updated", caller.principal, fields=sorted([*changes, *(["targets"] if targets else [])]))
+            return self.store.get(tx, artifact_id)
+
+    def append(self, caller: Caller, realm_id: str, artifact_id: str, body: str, source_ref: str, source_context: dict) -> Artifact:
+        with self.store.transaction() as tx:
+            artifact, role = self._load(tx, caller, realm_id, artifact_id, lock=True)
+            rules.check_append(artifact.write_mode, artifact.status, artifact.author, caller.principal, role)
+            seq = self.store.add_entry(tx, artifact_id, body, caller.principal, source_ref, source_context)
+            self.store.record(tx, artifact_id, "appended", caller.principal, seq=seq, source_ref=source_ref)
+            result = self.store.get(tx, artifact_id)
+        if result.status is Status.ACCEPTED:
+            self.index.refresh([result])
+        return result
+
+    def submit(self, caller: Caller, realm_id: str, artifact_id: str) -> Artifact:
+        with self.store.transaction() as tx:
+            artifact, _ = self._load(tx, caller, realm_id, artifact_id, lock=True)
+            rules.check_submit(artifact.status, artifact.author, caller.principal)
+            self.store.update_fields(tx, artifact_id, status=Status.PROPOSED)
+            self.store.record(tx, artifact_id, "submitted", caller.principal)
+            return self.store.get(tx, artifact_id)
+
+    def accept(self, caller: Caller, realm_id: str, artifact_id: str) -> Artifact:
+        def attempt() -> tuple[Artifact, Artifact | None]:
+            with self.store.transaction() as tx:
+                artifact, role = self._load(tx, caller, realm_id, artifact_id, lock=True)
+                rules.check_accept(artifact.status, role)
+                previous = self.store.accepted_at_path(tx, realm_id, artifact.artifact_path, lock=True)
+                if previous is not None:
+                    self._supersede_row(tx, previous, artifact_id, caller.principal)
+                self.store.update_fields(tx, artifact_id, status=Status.ACCEPTED)
+                self.store.record(tx, artifact_id, "accepted", caller.principal,
+                                  superseded=previous.artifact_id if previous else None)
+                return self.store.get(tx, artifact_id), (self.store.get(tx, previous.artifact_id) if previous else None)
+
+        accepted, previous = self._retrying(attempt)
+        self.index.refresh([a for a in (previous, accepted) if a is not None])
+        return accepted
+
+    def revoke(self, caller: Caller, realm_id: str, artifact_id: str, reason: str | None) -> Artifact:
+        with self.store.transaction() as tx:
+            artifact, role = self._load(tx, caller, realm_id, artifact_id, lock=True)
+            rules.check_revoke(artifact.status, artifact.author, caller.principal, role)
+            self.store.update_fields(tx, artifact_id, status=Status.REVOKED, revoked_reason=reason)
+            self.store.record(tx, artifact_id, "revoked", caller.principal, reason=reason, was=artifact.status.value)
+            result = self.store.get(tx, artifact_id)
+        if artifact.status is Status.ACCEPTED:
+            self.index.refresh([result])
+        return result
+
+    def supersede(self, caller: Caller, realm_id: str, artifact_id: str, body: str, summary: str, source_ref: str,
+                  source_context: dict, targets: list[Target] | None) -> Artifact:
+        def attempt() -> tuple[Artifact, Artifact]:
+            with self.store.transaction() as tx:
+                current, role = self._load(tx, caller, realm_id, artifact_id, lock=True)
+                rules.check_supersede(current.status, role)
+                new_targets = targets or current.targets
+                self._check_targets(tx, caller, realm_id, new_targets)
+                now = time.time()
+                new = Artifact(artifact_id=uuid.uuid4().hex, realm_id=realm_id, artifact_path=current.artifact_path,
+                               artifact_kind=current.artifact_kind, write_mode=current.write_mode, status=Status.DRAFT,
+                               body=body, summary=summary, source_ref=source_ref, source_context=source_context,
+                               author=caller.principal, created_at=now, updated_at=now,
+                               supersedes_artifact_id=artifact_id, targets=new_targets)
+                self.store.insert(tx, new)
+                self.store.record(tx, new.artifact_id, "created", caller.principal, via="supersede_memory_artifact")
+                self._supersede_row(tx, current, new.artifact_id, caller.principal)
+                self.store.update_fields(tx, new.artifact_id, status=Status.ACCEPTED)
+                self.store.record(tx, new.artifact_id, "accepted", caller.principal, superseded=artifact_id)
+                return self.store.get(tx, new.artifact_id), self.store.get(tx, artifact_id)
+
+        new, old = self._retrying(attempt)
+        self.index.refresh([old, new])
+        return new
+
+    def _supersede_row(self, tx: Tx, previous: Artifact, by: str, actor: str) -> None:
+        self.store.update_fields(tx, previous.artifact_id, status=Status.SUPERSEDED, superseded_by_artifact_id=by)
+        self.store.record(tx, previous.artifact_id, "superseded", actor, superseded_by=by)
+
+    # ---- reads ------------------------------------------------------------------------------------------
+    def get(self, caller: Caller, realm_id: str, artifact_id: str) -> Artifact:
+        with self.store.transaction() as tx:
+            return self._load(tx, caller, realm_id, artifact_id)[0]
+
+    def get_by_path(self, caller: Caller, realm_id: str, artifact_path: str) -> Artifact:
+        rules.role_in(caller.realms, realm_id)
+        with self.store.transaction() as tx:
+            artifact = self.store.accepted_at_path(tx, realm_id, artifact_path)
+        if artifact is None:
+            raise RuleBroken("not_found", f"no accepted artifact at {artifact_path!r} in realm {realm_id!r}")
+        return artifact
+
+    def own_draft_by_path(self, caller: Caller, realm_id: str, artifact_path: str, agent_principal: str | None) -> Artifact:
+        rules.check_principal(caller.principal, agent_principal)
+        rules.role_in(caller.realms, realm_id)
+        with self.store.transaction() as tx:
+            artifact = self.store.own_open_draft(tx, realm_id, artifact_path, caller.principal)
+        if artifact is None:
+            raise RuleBroken("not_found", f"you have no draft or proposal at {artifact_path!r} in realm {realm_id!r}")
+        return artifact
+
+    def search(self, caller: Caller, realm_id: str, target_kind: str | None, target_id: str | None, kind: str | None,
+               query: str | None, limit: int = 10) -> list[dict]:
+        rules.role_in(caller.realms, realm_id)
+        limit = max(1, min(limit, 50))
+        ranked = self.index.search(realm_id, query, limit) if query and query.strip() else None
+        with self.store.transaction() as tx:
+            found = self.store.accepted(tx, realm_id, ranked, target_kind, target_id, kind, limit=200 if ranked else limit)
+        if ranked is not None:
+            order = {aid: i for i, aid in enumerate(ranked)}
+            found.sort(key=lambda a: order[a.artifact_id])
+        return [a.compact() for a in found[:limit]]
+
+    def audit(self, caller: Caller, realm_id: str, artifact_id: str) -> list[dict]:
+        with self.store.transaction() as tx:
+            self._load(tx, caller, realm_id, artifact_id)
+            return [e.model_dump() for e in self.store.audit(tx, artifact_id)]
