@@ -25,7 +25,8 @@ import httpx
 import redis
 
 from bench.report import table, write_section
-from bench.stack_processes import free_port, start, stop
+from bench.stack_processes import start, stop_all
+from shared.child_process import free_port
 from shared.redis_server import EmbeddedRedis
 
 KEY = "bench-ingest-key-0123456789"
@@ -146,7 +147,7 @@ def run(workers: int, rate: float, seconds: float, work: Path) -> dict:
                 "p50": histogram_quantile(0.5, buckets), "p95": histogram_quantile(0.95, buckets),
                 "mean": total / count if count else float("nan"), "observed": int(count), "burst": burst_rate}
     finally:
-        stop(*procs)
+        stop_all(*procs)
         server.stop()
 
 

@@ -22,7 +22,8 @@ from pathlib import Path
 
 from bench.corpus import conversation_lines, generate
 from bench.report import ms, pct, table, write_section
-from bench.stack_processes import BIN, free_port, start, stop
+from bench.stack_processes import BIN, start, stop_all
+from shared.child_process import free_port
 from shared.engine.embedder import shared_embedder
 from shared.engine.index_run import index_tree
 from shared.tenant_paths import TenantPaths
@@ -107,7 +108,7 @@ def main() -> None:
                 results[(engine, clients)] = asyncio.run(
                     mcp_latencies(f"http://127.0.0.1:{port}/mcp", queries, clients, args.calls))
         finally:
-            stop(proc)
+            stop_all(proc)
     for clients in (1, 16):
         results[("process per call (seed baseline)", clients)] = asyncio.run(
             process_per_call(paths.memory, queries, clients, args.baseline_calls))

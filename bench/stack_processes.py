@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -11,15 +10,9 @@ from pathlib import Path
 
 import httpx
 
+from shared.child_process import free_port, stop
+
 BIN = Path(sys.executable).parent
-
-
-def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def start(command: str, env: dict[str, str], port: int, log_dir: Path) -> subprocess.Popen:
@@ -38,12 +31,6 @@ def start(command: str, env: dict[str, str], port: int, log_dir: Path) -> subpro
     raise RuntimeError(f"recall {command} did not start")
 
 
-def stop(*procs: subprocess.Popen) -> None:
+def stop_all(*procs: subprocess.Popen) -> None:
     for p in procs:
-        if p.poll() is None:
-            p.terminate()
-    for p in procs:
-        try:
-            p.wait(30)
-        except subprocess.TimeoutExpired:
-            p.kill()
+        stop(p)

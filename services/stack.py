@@ -19,6 +19,7 @@ import httpx
 from pydantic import Field
 
 from services.dev_secrets import export_defaults
+from shared.child_process import stop
 from shared.redis_server import EmbeddedRedis
 from shared.settings_base import CommonSettings
 
@@ -82,14 +83,8 @@ def run_stack() -> int:
         print(f"recall up: {exc}", file=sys.stderr)
         code = 1
     finally:
-        for _, proc in reversed(children):
-            if proc.poll() is None:
-                proc.terminate()
-        for _, proc in reversed(children):
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        for _, proc in reversed(children):  # recall and ingest first, the indexer finishes its job last
+            stop(proc, timeout=60)
         if redis_server is not None:
             redis_server.stop()
     return code

@@ -9,12 +9,13 @@ every accepted write older than about one second, and a graceful stop keeps all 
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import time
 from pathlib import Path
 
 import redis
+
+from shared.child_process import free_port, stop
 
 
 def redis_server_binary() -> str:
@@ -32,18 +33,10 @@ def redis_server_binary() -> str:
     return exe
 
 
-def _free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 class EmbeddedRedis:
     def __init__(self, data_dir: Path, port: int | None = None) -> None:
         self.data_dir = data_dir
-        self.port = port or _free_port()
+        self.port = port or free_port()
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -75,15 +68,8 @@ class EmbeddedRedis:
 
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM: Redis fsyncs the AOF before it exits."""
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc is not None:
+            stop(self.proc, timeout)
         self.proc = None
 
     def kill(self) -> None:

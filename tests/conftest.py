@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from shared.child_process import free_port, stop
 from shared.engine.transcript import Block, TranscriptTurn, dump_transcript
 
 REPO = Path(__file__).resolve().parents[1]
@@ -50,14 +50,6 @@ def embedder():
 @pytest.fixture
 def memory_home(tmp_path: Path) -> Path:
     return tmp_path / "home"
-
-
-def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float = 30.0, interval: float = 0.05) -> bool:
@@ -162,14 +154,7 @@ class ServiceProcess:
         return Path(self.log.name).read_text(errors="replace")
 
     def terminate(self, timeout: float = 30.0) -> int:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+        return stop(self.proc, timeout)
 
     def kill(self) -> None:
         if self.proc.poll() is None:
