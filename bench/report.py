@@ -33,7 +33,7 @@ def median(values: list[float]) -> float:
 def write_section(name: str, command: str, body: str) -> None:
     """Replace (or append) the section between this benchmark's markers in docs/benchmarks.md."""
     start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
-    block = f"{start}\nCommand: `{command}`\n\n{body.strip()}\n{end}"
+    block = f"{start}\nCommand (from the repo root, after `make install`): `.venv/bin/{command.strip()}`\n\n{body.strip()}\n{end}"
     text = DOC.read_text() if DOC.exists() else "# Benchmarks\n"
     if start in text:
         text = re.sub(re.escape(start) + r".*?" + re.escape(end), lambda _: block, text, flags=re.S)
