@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 
-from shared.child_process import free_port, stop
+from shared.child_process import stop
 
 BIN = Path(sys.executable).parent
 

@@ -19,7 +19,6 @@ import httpx
 from pydantic import Field
 
 from services.dev_secrets import export_defaults
-from shared.child_process import stop
 from shared.redis_server import EmbeddedRedis
 from shared.settings_base import CommonSettings
 

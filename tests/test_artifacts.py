@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import uuid
-from pathlib import Path
 
 import pytest
 from fastmcp import Client

@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
-import os
 import sqlite3
 import stat
 import time
 from pathlib import Path
 
 import httpx
-import pytest
 import redis
 
 from services.indexer.forgetting import Forgetter
@@ -184,7 +181,7 @@ def test_poison_and_failing_messages_go_to_the_dead_letter_stream(services, serv
     data.mkdir(parents=True)
     (data / user_hash("hank")).write_text("a file where a directory should be")
     services("ingest")
-    worker = services("indexer", RECALL_MAX_DELIVERIES="3", RECALL_RECLAIM_IDLE_MS="300")
+    services("indexer", RECALL_MAX_DELIVERIES="3", RECALL_RECLAIM_IDLE_MS="300")
     post(service_env, conversation_payload("hank", "h1", ["this write cannot succeed"]))
     assert wait_until(lambda: r.xlen("recall:turns:dead") == 3, 60), r.xrange("recall:turns:dead")
     reasons = [f["reason"] for _, f in r.xrange("recall:turns:dead")]

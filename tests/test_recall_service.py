@@ -6,7 +6,6 @@ import asyncio
 import os
 import re
 import signal
-import sqlite3
 
 import httpx
 import psutil

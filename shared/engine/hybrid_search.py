@@ -8,7 +8,6 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
-import tantivy
 
 from shared.engine.embedder import Embedder
 from shared.engine.identifiers import count_identifiers, identifier_pattern, query_identifiers
