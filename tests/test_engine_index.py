@@ -138,3 +138,24 @@ def test_forget_removes_a_session_at_once(tmp_path, embedder, run_engine):
     done = run_engine("forget", "budget", home=home)
     assert done.returncode == 0 and "2 chunks removed" in done.stdout
     assert "1069.5" not in engine.recall(memory_dir(home), "forecast 18 months hyperbolic", RecallParams())
+
+
+def test_a_purging_index_run_scrubs_deleted_terms_from_the_bm25_files(tmp_path, embedder):
+    from shared.engine.store import MemoryStore
+
+    src = tmp_path / "src"
+    write_conversation(src, "secret", ["The BLUEHERON codename is confidential.", "noted"])
+    write_conversation(src, "keep", ["keep me"])
+    for purge in (False, True):
+        home = tmp_path / f"home-{purge}"
+        index_tree(home, src, embedder)
+        hidden = src / "secret.funes.jsonl"
+        body = hidden.read_text()
+        hidden.unlink()
+        index_tree(home, src, embedder, purge=purge)
+        hidden.write_text(body)
+        store = MemoryStore.open(memory_dir(home))
+        terms = store.fts.searcher().terms_with_prefix("text", "bluehe")
+        store.close()
+        # A plain run only hides the deleted rows; a purge (what forgetting uses) removes the terms.
+        assert bool(terms) is (not purge), terms

@@ -75,6 +75,9 @@ async def test_forget_a_conversation(stack, r):
     src = TenantPaths.for_user(Path(env["RECALL_DATA_DIR"]), "alice").src
     assert not (src / "secret-plan.funes.jsonl").exists() and (src / "keep.funes.jsonl").exists()
     assert "BLUEHERON" not in stream_text(r)
+    tenant = Path(env["RECALL_DATA_DIR"]) / user_hash("alice")
+    leftovers = [p for p in tenant.rglob("*") if p.is_file() and b"BLUEHERON" in p.read_bytes()]
+    assert not leftovers, f"deleted text still on disk in {leftovers}"
 
 
 async def test_forget_a_user(stack, r):

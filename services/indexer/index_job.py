@@ -33,16 +33,17 @@ class EmbeddedIndexJob:
 
         self.embedder = shared_embedder()
 
-    async def run(self, paths: TenantPaths) -> None:
+    async def run(self, paths: TenantPaths, purge: bool = False) -> None:
         from shared.engine.index_run import index_tree
 
         if not paths.src.is_dir():
             return  # the tenant was forgotten after this run was scheduled
-        await asyncio.to_thread(index_tree, paths.root, paths.src, self.embedder, 5.0)
+        await asyncio.to_thread(index_tree, paths.root, paths.src, self.embedder, 5.0, purge)
 
     async def remove_deleted(self, paths: TenantPaths) -> None:
-        # Beyond funes: an index run removes the rows of deleted sources at once.
-        await self.run(paths)
+        # Beyond funes: an index run removes the rows of deleted sources at once, and the
+        # purge scrubs their text from the index files too.
+        await self.run(paths, purge=True)
 
 
 class FunesIndexJob:

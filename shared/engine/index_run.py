@@ -43,14 +43,19 @@ def open_or_create(home: Path, embedder: Embedder) -> MemoryStore:
     return MemoryStore.create(path, embedder.spec.model_id, embedder.dim)
 
 
-def index_tree(home: Path, src: Path, embedder: Embedder, lock_wait_s: float = 0.0) -> IndexReport:
-    """Index `src` into `$home/memory` under the memory lock (MemoryBusy if it is held)."""
+def index_tree(home: Path, src: Path, embedder: Embedder, lock_wait_s: float = 0.0, purge: bool = False) -> IndexReport:
+    """Index `src` into `$home/memory` under the memory lock (MemoryBusy if it is held).
+
+    With `purge`, removed rows are also scrubbed from the files on disk (a forget request)."""
     if not src.exists():
         raise FileNotFoundError(f"no such path: {src}")
     with memory_lock(home, lock_wait_s):
         store = open_or_create(home, embedder)
         try:
-            return _sync(store, src.resolve(), embedder)
+            report = _sync(store, src.resolve(), embedder)
+            if purge and report.removed:
+                store.purge_deleted_text()
+            return report
         finally:
             store.close()
 
@@ -102,6 +107,7 @@ def forget_session(home: Path, session_id: str, lock_wait_s: float = 5.0) -> int
                 return 0
             # Forget the source's signature so a recreated file is indexed again from scratch.
             store.commit_changes([], [r[0] for r in rows], {}, sorted({r[1] for r in rows}))
+            store.purge_deleted_text()
             return len(rows)
         finally:
             store.close()
