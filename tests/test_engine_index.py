@@ -159,3 +159,28 @@ def test_a_purging_index_run_scrubs_deleted_terms_from_the_bm25_files(tmp_path, 
         store.close()
         # A plain run only hides the deleted rows; a purge (what forgetting uses) removes the terms.
         assert bool(terms) is (not purge), terms
+
+
+def test_a_local_model_dir_is_used_stamped_and_never_mixed(tmp_path, run_engine, monkeypatch):
+    import json
+    import shutil
+
+    from shared.engine.embedder import default_spec
+
+    spec = default_spec()
+    model_dir = tmp_path / "my-minilm-copy"
+    (model_dir / "1_Pooling").mkdir(parents=True)
+    shutil.copy(spec.onnx_path, model_dir / "model.onnx")
+    shutil.copy(spec.tokenizer_path, model_dir / "vocab.txt")
+    (model_dir / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_cls_token": False}))
+    src = tmp_path / "src"
+    write_conversation(src, "plant", CONVS["plant"])
+    home = tmp_path / "home"
+    monkeypatch.setenv("RECALL_EMBED_MODEL_DIR", str(model_dir))
+    assert run_engine("index", "--yes", str(src), home=home).returncode == 0
+    status = run_engine("status", str(memory_dir(home)), home=home).stdout
+    assert "embedding model: my-minilm-copy (dim 384)" in status
+    assert "MT-4471" in run_engine("recall", "MT-4471", home=home).stdout
+    monkeypatch.delenv("RECALL_EMBED_MODEL_DIR")
+    refused = run_engine("recall", "MT-4471", home=home)  # the default model now
+    assert refused.returncode == 1 and "refusing to mix" in refused.stderr and "rebuild it" in refused.stderr
