@@ -208,3 +208,25 @@ def test_recall_answers_echoed_back_are_not_stored(services, service_env, r):
     event = r.xrange("recall:turns")[-1][1]["event"]
     assert "anything the tool said" not in event and "~ user: what about N-11?" not in event
     assert looks_like_recall_answer(answer) and not looks_like_recall_answer("I found this: " + answer)
+
+
+SLOW_FUNES = """#!/usr/bin/env bash
+# A funes stand-in whose index runs take a while, to outlast the reclaim idle time.
+if [ "$1" = "index" ]; then sleep 1.5; fi
+exec "{engine}" "$@"
+"""
+
+
+def test_a_long_forget_is_not_reclaimed_and_run_twice(services, service_env, tmp_path):
+    slow = tmp_path / "funes"
+    slow.write_text(SLOW_FUNES.format(engine=engine_cli()))
+    slow.chmod(0o755)
+    services("ingest")
+    worker = services("indexer", RECALL_ENGINE="funes", RECALL_FUNES_BIN=str(slow), RECALL_RECLAIM_IDLE_MS="300",
+                      RECALL_INDEX_DEBOUNCE_S="0.05")
+    post_conversation(service_env, "hana", "h1", ["The KESTREL-2 plan."])
+    assert wait_until(lambda: indexed_chunks(service_env, "hana") == 1, 30)
+    receipt = delete(service_env, "/conversations/h1", user="hana")
+    assert wait_until(lambda: receipt_done(service_env, receipt["receipt"]) is not None, 30)
+    time.sleep(1.0)
+    assert worker.output().count('"forget.done"') == 1, "the heartbeat kept the message from being reclaimed"

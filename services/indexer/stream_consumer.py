@@ -9,7 +9,9 @@ backoff first; after `max_deliveries` it goes to the dead-letter stream with the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+from collections.abc import AsyncIterator
 
 import redis.asyncio as aioredis
 from pydantic import ValidationError
@@ -49,13 +51,34 @@ class StreamConsumer:
         try:
             event = self._parse(fields)
             if isinstance(event, ForgetEvent):
-                await self.forgetter.forget(entry_id, event)
+                async with self._heartbeat(entry_id):  # a forget may rebuild a whole memory
+                    await self.forgetter.forget(entry_id, event)
             else:
                 await self._store(entry_id, event)
         except Poison as exc:
             await self.dead_letter(entry_id, fields, deliveries, str(exc))
             return
         await self.ack(entry_id)
+
+    @contextlib.asynccontextmanager
+    async def _heartbeat(self, entry_id: str) -> AsyncIterator[None]:
+        """Keep a long-running message from looking idle, so no other worker reclaims it
+        mid-work: XCLAIM … JUSTID by its owner resets the idle time, not the delivery count."""
+
+        async def beat() -> None:
+            while True:
+                await asyncio.sleep(self.s.reclaim_idle_ms / 3000)
+                pending = await self.client.xpending_range(self.s.stream, self.s.group, entry_id, entry_id, 1)
+                if not pending:
+                    return
+                await self.client.xclaim(self.s.stream, self.s.group, pending[0]["consumer"], min_idle_time=0,
+                                         message_ids=[entry_id], justid=True)
+
+        task = asyncio.create_task(beat())
+        try:
+            yield
+        finally:
+            task.cancel()
 
     @staticmethod
     def _parse(fields: dict) -> StreamEvent:
