@@ -46,5 +46,8 @@ class EmbeddedBackend:
     def ready(self) -> bool:
         return True
 
+    def start(self) -> None:
+        return None
+
     async def close(self) -> None:
         return None

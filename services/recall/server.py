@@ -7,14 +7,21 @@ call; /healthz, /readyz and /metrics are plain routes (they carry no tenant data
 from __future__ import annotations
 
 import asyncio
+import json
 import time
+from contextlib import asynccontextmanager
 
+import redis.asyncio as aioredis
 from fastmcp import FastMCP
 from fastmcp.exceptions import ToolError
 from fastmcp.server.dependencies import get_access_token
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from services.recall.artifacts.artifact_search import ArtifactSearch
+from services.recall.artifacts.artifact_store import ArtifactStore
+from services.recall.artifacts.service import ArtifactService
+from services.recall.artifacts.tools import register_artifact_tools
 from services.recall.backend import BackendUnavailable, RecallBackend
 from services.recall.embedded_backend import EmbeddedBackend
 from services.recall.metrics import RECALL_CONCURRENCY_LIMIT, RECALL_IN_FLIGHT, RECALL_LATENCY
@@ -22,11 +29,11 @@ from services.recall.process_pool import ProcessPool
 from services.recall.settings import RecallSettings
 from services.recall.tokens import build_verifier
 from services.recall.tool_output import TOOL_DESCRIPTION, render_for_agent
-from services.recall.artifacts.tools import register_artifact_tools
 from shared.engine.api import Engine, MemoryState, NoIndex, memory_state
 from shared.logging_setup import configure_logging, get_logger
 from shared.metrics_http import metrics_endpoint
 from shared.recall_answer_format import EMPTY_QUERY, NO_MEMORY, NOTHING, UNAVAILABLE
+from shared.stream_schema import FORGET_CHANNEL
 from shared.tenant_paths import TenantPaths, user_hash
 
 log = get_logger("recall.service")
@@ -87,12 +94,6 @@ class RecallService:
 
 async def _drop_forgotten(s: RecallSettings, backend: RecallBackend) -> None:
     """Indexers announce every deletion; drop that tenant's cached readers and engine children."""
-    import json
-
-    import redis.asyncio as aioredis
-
-    from shared.stream_schema import FORGET_CHANNEL
-
     while True:
         client = aioredis.Redis.from_url(s.redis)
         try:
@@ -112,11 +113,7 @@ async def _drop_forgotten(s: RecallSettings, backend: RecallBackend) -> None:
             await client.aclose()
 
 
-def build_artifact_service(s: RecallSettings):
-    from services.recall.artifacts.artifact_search import ArtifactSearch
-    from services.recall.artifacts.artifact_store import ArtifactStore
-    from services.recall.artifacts.service import ArtifactService
-
+def build_artifact_service(s: RecallSettings) -> ArtifactService:
     url = s.artifacts_db_url or f"sqlite:///{(s.data_dir / 'artifacts.sqlite3').resolve()}"
     # Artifact search has its own engine handle (its own reader cache), sharing the loaded model.
     return ArtifactService(ArtifactStore(url), ArtifactSearch(s.data_dir, Engine(max_readers=64)), s.data_dir)
@@ -152,12 +149,9 @@ def build_app(settings: RecallSettings | None = None):
     app = mcp.http_app(path="/mcp", stateless_http=True)
     inner_lifespan = app.router.lifespan_context
 
-    from contextlib import asynccontextmanager
-
     @asynccontextmanager
     async def lifespan(a):
-        if isinstance(backend, ProcessPool):
-            backend.start()
+        backend.start()
         listener = asyncio.create_task(_drop_forgotten(s, backend)) if s.redis_url else None
         async with inner_lifespan(a) as state:
             yield state
@@ -166,7 +160,6 @@ def build_app(settings: RecallSettings | None = None):
         await backend.close()
 
     app.router.lifespan_context = lifespan
-    app.state.recall_service = service
     return app
 
 
