@@ -194,3 +194,23 @@ async def test_probes_and_latency_metrics_by_outcome(stack):
     assert 'recall_tool_latency_seconds_count{outcome="hit"} 1.0' in metrics
     assert 'recall_tool_latency_seconds_count{outcome="no_memory"} 1.0' in metrics
     assert "recall_concurrency_limit 4.0" in metrics
+
+
+@pytest.mark.parametrize("stack", ["embedded"], indirect=True)
+async def test_time_words_prefer_passages_from_that_window(stack):
+    from datetime import datetime, timedelta, timezone
+
+    env, _, _ = stack
+    now = datetime.now(timezone.utc)
+    last_week = now - timedelta(days=now.weekday() + 4)  # Thursday of the previous calendar week
+    long_ago = now - timedelta(days=75)
+    post_conversation(env, "alice", "plan-old", ["N-11 upgrade plan: budget 40k, start in spring."], day=long_ago.strftime("%Y-%m-%d"))
+    post_conversation(env, "alice", "plan-new", ["N-11 upgrade plan revised: budget 55k, start in January."],
+                      day=last_week.strftime("%Y-%m-%d"))
+    assert wait_until(lambda: indexed_chunks(env, "alice") == 5, 30)
+    token = mint("alice")
+    recent = await call_recall(env, token, "N-11 upgrade plan budget last week")
+    assert "55k" in recent.split("---")[0], recent
+    month = long_ago.strftime("%B %Y")
+    older = await call_recall(env, token, f"N-11 upgrade plan budget {month}")
+    assert "40k" in older.split("---")[0], f"{month}: {older}"

@@ -10,6 +10,7 @@ import asyncio
 import json
 import time
 from contextlib import asynccontextmanager
+from datetime import datetime, timezone
 
 import redis.asyncio as aioredis
 from fastmcp import FastMCP
@@ -27,6 +28,7 @@ from services.recall.embedded_backend import EmbeddedBackend
 from services.recall.metrics import RECALL_CONCURRENCY_LIMIT, RECALL_IN_FLIGHT, RECALL_LATENCY
 from services.recall.process_pool import ProcessPool
 from services.recall.settings import RecallSettings
+from services.recall.time_window import find_time_window
 from services.recall.tokens import build_verifier
 from services.recall.tool_output import TOOL_DESCRIPTION, render_for_agent
 from shared.engine.api import Engine, MemoryState, NoIndex, memory_state
@@ -37,6 +39,7 @@ from shared.stream_schema import FORGET_CHANNEL
 from shared.tenant_paths import TenantPaths, user_hash
 
 log = get_logger("recall.service")
+TIME_WINDOW_POOL = 4  # passages asked of the engine per returned one when the query names a time
 
 
 def make_backend(s: RecallSettings) -> RecallBackend:
@@ -77,10 +80,13 @@ class RecallService:
         paths = TenantPaths.for_user(self.s.data_dir, user)
         if memory_state(paths.memory) is MemoryState.ABSENT:
             return "no_memory", NO_MEMORY
+        search_query, window = find_time_window(query, datetime.now(timezone.utc))
+        # A time window reorders a wider pool, so the in-window passages have a chance to be in it.
+        k = self.s.k * TIME_WINDOW_POOL if window else self.s.k
         async with self.slots:
             RECALL_IN_FLIGHT.inc()
             try:
-                raw = await self.backend.recall(paths, query, self.s.k, self.s.candidates)
+                raw = await self.backend.recall(paths, search_query, k, max(self.s.candidates, 2 * k))
             except NoIndex:
                 return "no_memory", NO_MEMORY
             except BackendUnavailable as exc:
@@ -88,7 +94,7 @@ class RecallService:
                 return "unavailable", UNAVAILABLE
             finally:
                 RECALL_IN_FLIGHT.dec()
-        text = render_for_agent(raw, self.s.max_result_chars)
+        text = render_for_agent(raw, self.s.max_result_chars, self.s.k, window)
         return ("empty" if text == NOTHING else "hit"), text
 
 

@@ -15,26 +15,24 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
+from services.recall.time_window import TimeWindow
 from shared.engine.agent_format import ParsedHit, parse_recall
 from shared.recall_answer_format import DATE_HEADER, NEIGHBOUR_PREFIX, NOTHING, SEPARATOR
+
 TOOL_DESCRIPTION = (
     "Search the current user's own earlier conversations with this assistant. Use it when the user "
     "refers to something discussed before (\"last time\", \"earlier\", \"what did we decide\", \"the numbers "
     "we used\", \"remind me\"). Use short queries built around identifiers and key nouns (\"K-2 machine "
     "ticket\", \"N-11 upgrade decision\"); if the first search misses, search again with other words. "
+    "Time words (\"last week\", \"in October\", \"2026-10-08\", \"3 days ago\") put passages from then first. "
     "Returns dated passages from past chats, verbatim. Quote them and give their dates; do not invent "
     "details that are not in them, and say so when nothing relevant is found."
 )
 
 
 def _date(ts: str) -> str:
-    try:
-        dt = datetime.fromisoformat(ts.replace("Z", "+00:00"))
-    except ValueError:
-        return f"[{ts or 'undated'}]"
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=timezone.utc)
-    return DATE_HEADER.format(dt.astimezone(timezone.utc))
+    dt = _when(ts)
+    return DATE_HEADER.format(dt.astimezone(timezone.utc)) if dt else f"[{ts or 'undated'}]"
 
 
 def render_hit(hit: ParsedHit) -> str:
@@ -43,8 +41,21 @@ def render_hit(hit: ParsedHit) -> str:
     return "\n".join(lines) + f"\n{SEPARATOR}\n"
 
 
-def render_for_agent(engine_output: str, max_chars: int) -> str:
+def _when(ts: str) -> datetime | None:
+    try:
+        dt = datetime.fromisoformat(ts.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)
+
+
+def render_for_agent(engine_output: str, max_chars: int, k: int, window: TimeWindow | None = None) -> str:
+    """At most k passages, whole ones only, within max_chars; passages from the query's time
+    window (if it named one) first, in engine order within each group."""
     hits = parse_recall(engine_output)
+    if window is not None:
+        hits.sort(key=lambda h: not ((when := _when(h.ts)) is not None and window.contains(when)))
+    hits = hits[:k]
     if not hits:
         return NOTHING
     out = ""

@@ -1,0 +1,118 @@
+"""Time words in a query ("last week", "in October", "2026-10-08", "3 days ago") become a soft
+preference for passages from that window. Semantic search is poor at temporal questions, and a
+hard filter loses answers when the user's memory of the date is off, so in-window passages are
+moved first and the rest still fill the remaining places. Resolved in UTC.
+"""
+
+from __future__ import annotations
+
+import calendar
+import re
+from dataclasses import dataclass
+from datetime import date, datetime, timedelta, timezone
+
+MONTHS = {name.lower(): i for i, name in enumerate(calendar.month_name) if name}
+MONTHS.update({name.lower(): i for i, name in enumerate(calendar.month_abbr) if name})
+_UNITS = {"day": 1, "days": 1, "week": 7, "weeks": 7, "month": 30, "months": 30}
+
+
+@dataclass(frozen=True)
+class TimeWindow:
+    start: datetime
+    end: datetime  # exclusive
+
+    def contains(self, when: datetime) -> bool:
+        return self.start <= when < self.end
+
+
+def _day(d: date) -> datetime:
+    return datetime(d.year, d.month, d.day, tzinfo=timezone.utc)
+
+
+def _month(year: int, month: int) -> TimeWindow:
+    start = datetime(year, month, 1, tzinfo=timezone.utc)
+    end = datetime(year + (month == 12), month % 12 + 1, 1, tzinfo=timezone.utc)
+    return TimeWindow(start, end)
+
+
+_PATTERNS: list[tuple[re.Pattern[str], object, bool]] = []
+
+
+def _rule(pattern: str, strip: bool = True):
+    """Register a resolver; `strip` drops the matched words from the searched query (an ISO
+    date stays: the BM25 index carries each turn's date)."""
+    def register(fn):
+        _PATTERNS.append((re.compile(pattern, re.IGNORECASE), fn, strip))
+        return fn
+    return register
+
+
+@_rule(r"\b(\d{4})-(\d{2})-(\d{2})\b", strip=False)
+def _iso(m: re.Match, today: date) -> TimeWindow | None:
+    try:
+        d = date(int(m[1]), int(m[2]), int(m[3]))
+    except ValueError:
+        return None
+    return TimeWindow(_day(d), _day(d) + timedelta(days=1))
+
+
+@_rule(r"\b(?:on\s+)?today\b")
+def _today(m: re.Match, today: date) -> TimeWindow:
+    return TimeWindow(_day(today), _day(today) + timedelta(days=1))
+
+
+@_rule(r"\b(?:on\s+)?yesterday\b")
+def _yesterday(m: re.Match, today: date) -> TimeWindow:
+    return TimeWindow(_day(today) - timedelta(days=1), _day(today))
+
+
+@_rule(r"\b(this|last|past|previous)\s+(week|month)\b")
+def _this_last(m: re.Match, today: date) -> TimeWindow:
+    which, unit = m[1].lower(), m[2].lower()
+    if unit == "week":
+        monday = _day(today) - timedelta(days=today.weekday())
+        return TimeWindow(monday, _day(today) + timedelta(days=1)) if which == "this" else \
+            TimeWindow(monday - timedelta(days=7), monday)
+    if which == "this":
+        return _month(today.year, today.month)
+    year, month = (today.year - 1, 12) if today.month == 1 else (today.year, today.month - 1)
+    return _month(year, month)
+
+
+@_rule(r"\b(?:in\s+the\s+)?(?:last|past)\s+(\d{1,3})\s+(days?|weeks?|months?)\b")
+def _last_n(m: re.Match, today: date) -> TimeWindow:
+    days = int(m[1]) * _UNITS[m[2].lower()]
+    return TimeWindow(_day(today) - timedelta(days=days), _day(today) + timedelta(days=1))
+
+
+@_rule(r"\b(\d{1,3})\s+(days?|weeks?|months?)\s+ago\b")
+def _ago(m: re.Match, today: date) -> TimeWindow:
+    days = int(m[1]) * _UNITS[m[2].lower()]
+    center = _day(today) - timedelta(days=days)
+    slack = timedelta(days=max(1, days // 7))  # "3 weeks ago" is approximate
+    return TimeWindow(center - slack, center + slack + timedelta(days=1))
+
+
+_MONTH_NAMES = "|".join(sorted(MONTHS, key=len, reverse=True))
+
+
+# "in October", "during May", or "October 2026": a bare month word ("may we…") is no date.
+@_rule(r"\b(?:(?:in|during|since)\s+(" + _MONTH_NAMES + r")(?:\s+(\d{4}))?|(" + _MONTH_NAMES + r")\s+(\d{4}))\b")
+def _named_month(m: re.Match, today: date) -> TimeWindow:
+    name, year_text = (m[1], m[2]) if m[1] else (m[3], m[4])
+    month = MONTHS[name.lower()]
+    year = int(year_text) if year_text else (today.year if month <= today.month else today.year - 1)
+    return _month(year, month)
+
+
+def find_time_window(query: str, now: datetime) -> tuple[str, TimeWindow | None]:
+    """The query without its time words, and the window they name (the first one found)."""
+    today = now.astimezone(timezone.utc).date()
+    for pattern, resolve, strip in _PATTERNS:
+        m = pattern.search(query)
+        if m:
+            window = resolve(m, today)
+            if window is not None:
+                rest = " ".join((query[: m.start()] + " " + query[m.end():]).split()) if strip else query
+                return rest or query, window  # nothing left: search with the words as given
+    return query, None
