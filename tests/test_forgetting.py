@@ -17,8 +17,7 @@ from services.indexer.settings import IndexerSettings
 from services.ingest.redaction import Redactor
 from shared.recall_answer_format import NO_MEMORY, looks_like_recall_answer
 from shared.tenant_paths import TenantPaths, user_hash
-from tests.conftest import (INGEST_KEY, call_recall, engine_cli, indexed_chunks, ingest_url, mint, post_conversation,
-                            wait_until)
+from tests.conftest import INGEST_KEY, call_recall, engine_cli, indexed_chunks, ingest_url, mint, post_conversation, wait_until
 from tests.data.secret_corpus import LOOK_ALIKES, PII, PII_LOOK_ALIKES, SECRETS
 
 SECRET_PLAN = ["What did we decide for the Q-731 vault migration?", "Vault migration Q-731: codename BLUEHERON, budget 48k.", "ok"]

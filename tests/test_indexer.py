@@ -20,8 +20,7 @@ from services.indexer.stream_consumer import StreamConsumer
 from shared.redis_server import EmbeddedRedis
 from shared.stream_schema import StreamTurn, TurnsEvent, ensure_group
 from shared.tenant_paths import TenantPaths, user_hash
-from tests.conftest import (INGEST_KEY, conversation_payload, engine_cli, free_port,
-                            ingest_url, wait_until)
+from tests.conftest import INGEST_KEY, conversation_payload, engine_cli, free_port, ingest_url, wait_until
 
 
 def post(env, payload) -> None:

@@ -15,8 +15,17 @@ import httpx
 import pytest
 import yaml
 
-from tests.conftest import (BIN, INGEST_KEY, JWT_SECRET, call_recall, free_port, indexed_chunks, mint, post_conversation,
-                            wait_until)
+from tests.conftest import (
+    BIN,
+    INGEST_KEY,
+    JWT_SECRET,
+    call_recall,
+    free_port,
+    indexed_chunks,
+    mint,
+    post_conversation,
+    wait_until,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 PROMETHEUS = shutil.which("prometheus")

@@ -13,7 +13,7 @@ import pytest
 
 from shared.recall_answer_format import EMPTY_QUERY, NO_MEMORY, NOTHING, UNAVAILABLE
 from shared.tenant_paths import user_hash
-from tests.conftest import (call_recall, engine_cli, indexed_chunks, mint, post_conversation, recall_url, wait_until)
+from tests.conftest import call_recall, engine_cli, indexed_chunks, mint, post_conversation, recall_url, wait_until
 
 ALICE = ["What did we decide on the N-11 upgrade?", "Proceed once ticket MT-4471 for the K-2 machine is closed.", "ok"]
 BOB = ["The P-7 motor on South has bearing noise.", "I opened ticket MT-5120 for the P-7 bearing noise.", "thanks"]

@@ -33,8 +33,15 @@ from services.ingest.settings import IngestSettings
 from shared.logging_setup import get_logger
 from shared.metrics_http import metrics_endpoint
 from shared.recall_answer_format import looks_like_recall_answer
-from shared.stream_schema import (RETENTION_OVERRIDES, DeletionReceipt, StreamTurn, TurnsEvent, deletion_key,
-                                  ensure_group, request_forget)
+from shared.stream_schema import (
+    RETENTION_OVERRIDES,
+    DeletionReceipt,
+    StreamTurn,
+    TurnsEvent,
+    deletion_key,
+    ensure_group,
+    request_forget,
+)
 from shared.tenant_paths import CONVERSATION_ID, user_hash
 
 log = get_logger("recall.ingest")

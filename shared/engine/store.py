@@ -44,11 +44,11 @@ ROW_COLUMNS = (
 )
 
 
-class MemoryError_(Exception):
+class MemoryUnusable(Exception):
     """A memory that cannot be used as it is (wrong model, corrupt files)."""
 
 
-class ModelMismatch(MemoryError_):
+class ModelMismatch(MemoryUnusable):
     pass
 
 
@@ -131,7 +131,7 @@ class MemoryStore:
             conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
             fts = tantivy.Index(_fts_schema(), path=str(path / FTS_DIR), reuse=True)
         except (sqlite3.DatabaseError, ValueError, OSError) as exc:
-            raise MemoryError_(f"memory at {path} is unreadable ({exc}); rebuild it with `recall-engine index`") from exc
+            raise MemoryUnusable(f"memory at {path} is unreadable ({exc}); rebuild it with `recall-engine index`") from exc
         return cls(path, conn, fts)
 
     @classmethod
