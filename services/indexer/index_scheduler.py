@@ -93,8 +93,12 @@ class IndexScheduler:
         started = time.monotonic()
         outcome = "ok"
         try:
-            dirty_at_start = await self.client.get(keys.dirty(uhash))
-            received = await self.client.lrange(keys.received(uhash), 0, -1)
+            # One atomic read: a write lands either in both (this run covers it) or in neither
+            # (it bumps `dirty`, so the finish step schedules the next run).
+            snapshot = self.client.pipeline(transaction=True)
+            snapshot.get(keys.dirty(uhash))
+            snapshot.lrange(keys.received(uhash), 0, -1)
+            dirty_at_start, received = await snapshot.execute()
             await self.job.run(TenantPaths.for_hash(self.data_dir, uhash))
             committed = time.time()
             for t in received:
