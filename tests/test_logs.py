@@ -1,0 +1,29 @@
+"""Logs are JSON, carry hashed user ids, and never message or query text (unless debugging)."""
+
+from __future__ import annotations
+
+import json
+
+from shared.tenant_paths import user_hash
+from tests.conftest import call_recall, indexed_chunks, mint, post_conversation, wait_until
+
+USER = "ursula@example.com"
+
+
+async def test_logs_carry_hashed_users_and_no_text(services, service_env):
+    ingest, indexer = services("ingest"), services("indexer")
+    recall = services("serve")
+    post_conversation(service_env, USER, "c1", ["The SECRETWORD-ALPHA plan is confidential.", "ok"])
+    assert wait_until(lambda: indexed_chunks(service_env, USER) == 2, 30)
+    assert "SECRETWORD-ALPHA" in await call_recall(service_env, mint(USER), "QUERYWORD-BETA SECRETWORD-ALPHA")
+    logs = ingest.output() + indexer.output() + recall.output()
+    assert "SECRETWORD" not in logs and "QUERYWORD" not in logs and USER not in logs
+    events = [json.loads(line) for line in logs.splitlines() if line.startswith("{")]
+    assert any(e.get("event") == "recall" and e.get("user_hash") == user_hash(USER) for e in events)
+    assert any(e.get("event") == "ingest.accepted" and e.get("user_hash") == user_hash(USER) for e in events)
+
+
+async def test_debug_mode_adds_the_query_to_recall_logs(services, service_env):
+    recall = services("serve", RECALL_DEBUG="true")
+    await call_recall(service_env, mint(USER), "QUERYWORD-GAMMA")
+    assert "QUERYWORD-GAMMA" in recall.output()
