@@ -159,7 +159,7 @@ class ArtifactStore:
             params += artifact_ids
         sql += " ORDER BY updated_at DESC LIMIT ?"
         params.append(limit)
-        return [self._hydrate(tx, r) for r in tx.q(sql, tuple(params))]
+        return self._hydrate_many(tx, tx.q(sql, tuple(params)))
 
     def entity_exists(self, tx: Tx, realm_id: str, entity_id: str) -> bool:
         return bool(tx.q("SELECT 1 FROM realm_entities WHERE realm_id = ? AND entity_id = ?", (realm_id, entity_id)))
@@ -170,16 +170,31 @@ class ArtifactStore:
         return [AuditEvent(artifact_id=r[0], event=r[1], actor=r[2], at=r[3], detail=json.loads(r[4])) for r in rows]
 
     def _hydrate(self, tx: Tx, row: tuple) -> Artifact:
-        data = dict(zip([c.strip() for c in COLUMNS.split(",")], row))
-        data["source_context"] = json.loads(data["source_context"])
-        data["targets"] = [Target(target_kind=k, target_id=i, role=r) for k, i, r in tx.q(
-            "SELECT target_kind, target_id, role FROM artifact_targets WHERE artifact_id = ? ORDER BY role, target_kind, target_id",
-            (data["artifact_id"],))]
-        data["entries"] = [Entry(seq=s, body=b, author=a, created_at=c, source_ref=sr, source_context=json.loads(sc))
-                           for s, b, a, c, sr, sc in tx.q(
-                               "SELECT seq, body, author, created_at, source_ref, source_context FROM artifact_entries"
-                               " WHERE artifact_id = ? ORDER BY seq", (data["artifact_id"],))]
-        return Artifact.model_validate(data)
+        return self._hydrate_many(tx, [row])[0]
+
+    def _hydrate_many(self, tx: Tx, rows: list[tuple]) -> list[Artifact]:
+        """Artifacts with their targets and entries: three queries, whatever the number of rows."""
+        if not rows:
+            return []
+        names = [c.strip() for c in COLUMNS.split(",")]
+        ids = [r[0] for r in rows]
+        marks = ",".join("?" * len(ids))
+        targets: dict[str, list[Target]] = {i: [] for i in ids}
+        for aid, kind, tid, role in tx.q("SELECT artifact_id, target_kind, target_id, role FROM artifact_targets"
+                                         f" WHERE artifact_id IN ({marks}) ORDER BY role, target_kind, target_id", tuple(ids)):
+            targets[aid].append(Target(target_kind=kind, target_id=tid, role=role))
+        entries: dict[str, list[Entry]] = {i: [] for i in ids}
+        for aid, seq, body, author, created, ref, ctx in tx.q(
+                "SELECT artifact_id, seq, body, author, created_at, source_ref, source_context FROM artifact_entries"
+                f" WHERE artifact_id IN ({marks}) ORDER BY seq", tuple(ids)):
+            entries[aid].append(Entry(seq=seq, body=body, author=author, created_at=created, source_ref=ref,
+                                      source_context=json.loads(ctx)))
+        out = []
+        for row in rows:
+            data = dict(zip(names, row))
+            data["source_context"] = json.loads(data["source_context"])
+            out.append(Artifact.model_validate({**data, "targets": targets[row[0]], "entries": entries[row[0]]}))
+        return out
 
     # ---- writes -----------------------------------------------------------------------------------
     def insert(self, tx: Tx, a: Artifact) -> None:
