@@ -114,3 +114,10 @@ def test_rerank_runs_only_when_pool_is_four_times_k(tmp_path, embedder):
     out = engine.recall(memory, "compressor alarm", RecallParams(k=2, candidates=30, neighbors=0))
     assert ReverseAlphabet.calls == 1
     assert "K-049" in parse_recall(out)[0].text
+
+
+def test_version_and_usage_errors_follow_funes_exit_codes(run_engine):
+    version = run_engine("--version")
+    assert version.returncode == 0 and version.stdout.startswith("recall-engine ")
+    assert run_engine("recall").returncode == 2, "a usage error (no query) exits 2"
+    assert run_engine("nonsense-command").returncode == 2

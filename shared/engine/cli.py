@@ -21,8 +21,18 @@ def _memory(arg: str | None) -> Path:
     return Path(arg) if arg else funes_home() / "memory"
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("recall")
+    except PackageNotFoundError:
+        return "dev"
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="recall-engine", description="Hybrid search over your own conversation history.")
+    p.add_argument("--version", action="version", version=f"recall-engine {_version()} (funes 1.8.0 command line)")
     sub = p.add_subparsers(dest="command", required=True)
 
     ix = sub.add_parser("index", help="index a tree of *.funes.jsonl files into $FUNES_HOME/memory")
