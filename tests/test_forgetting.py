@@ -85,6 +85,9 @@ async def test_forget_a_user(stack, r):
     receipt = delete(env, "/users/alice")
     assert wait_until(lambda: receipt_done(env, receipt["receipt"]) is not None, 30)
     assert receipt_done(env, receipt["receipt"])["removed"]["files"] == 2
+    metrics_url = f"http://127.0.0.1:{env['RECALL_RECALL_PORT']}/metrics"
+    assert wait_until(lambda: "recall_pool_processes 0.0" in httpx.get(metrics_url).text, 10), \
+        "the recall replica dropped the forgotten tenant's engine child / reader"
     assert await call_recall(env, mint("alice"), "Q-731") == NO_MEMORY
     assert await call_recall(env, mint("alice"), "MT-4471") == NO_MEMORY
     assert not (Path(env["RECALL_DATA_DIR"]) / user_hash("alice")).exists()

@@ -214,3 +214,15 @@ async def test_time_words_prefer_passages_from_that_window(stack):
     month = long_ago.strftime("%B %Y")
     older = await call_recall(env, token, f"N-11 upgrade plan budget {month}")
     assert "40k" in older.split("---")[0], f"{month}: {older}"
+
+
+@pytest.mark.parametrize("stack", ["embedded"], indirect=True)
+async def test_recall_token_cli_mints_a_token_the_service_accepts(stack):
+    import subprocess
+
+    from tests.conftest import BIN
+
+    env, _, _ = stack
+    minted = subprocess.run([str(BIN / "recall"), "token", "--user", "alice"], env=env, capture_output=True, text=True, timeout=60)
+    assert minted.returncode == 0, minted.stderr
+    assert "MT-4471" in await call_recall(env, minted.stdout.strip(), "MT-4471")
