@@ -15,10 +15,10 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 from pydantic import Field
 
 from services.dev_secrets import export_defaults
+from shared.child_process import stop, wait_healthy
 from shared.redis_server import EmbeddedRedis
 from shared.settings_base import CommonSettings
 
@@ -30,20 +30,6 @@ class StackSettings(CommonSettings):
     ingest_port: int = 8001
     indexer_port: int = 8002
     recall_port: int = 8000
-
-
-def _wait_healthy(name: str, proc: subprocess.Popen, url: str, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{name} exited with {proc.returncode}")
-        try:
-            if httpx.get(url, timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"{name} did not become healthy at {url}")
 
 
 def run_stack() -> int:
@@ -59,18 +45,18 @@ def run_stack() -> int:
     children: list[tuple[str, subprocess.Popen]] = []
     stopping = False
 
-    def stop(*_: object) -> None:
+    def request_stop(*_: object) -> None:
         nonlocal stopping
         stopping = True
 
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
     code = 0
     try:
         for name, port in (("indexer", s.indexer_port), ("ingest", s.ingest_port), ("serve", s.recall_port)):
             proc = subprocess.Popen([str(BIN / "recall"), name], env=env, stdin=subprocess.DEVNULL)
             children.append((name, proc))
-            _wait_healthy(name, proc, f"http://127.0.0.1:{port}/healthz")
+            wait_healthy(proc, f"http://127.0.0.1:{port}/healthz")
         _banner(s, env)
         while not stopping:
             for name, proc in children:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import socket
 import subprocess
+import time
+import urllib.error
+import urllib.request
 
 
 def free_port() -> int:
@@ -25,3 +28,19 @@ def stop(proc: subprocess.Popen, timeout: float = 30.0) -> int:
             proc.kill()
             proc.wait()
     return proc.returncode
+
+
+def wait_healthy(proc: subprocess.Popen, url: str, timeout: float = 120.0) -> None:
+    """Until `url` answers 200; RuntimeError if the child exits first or time runs out."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args} exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=1) as resp:
+                if resp.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{proc.args} did not become healthy at {url}")

@@ -12,8 +12,6 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-ROLES = ("user", "assistant", "system", "tool")
-
 
 class StreamTurn(BaseModel):
     id: str
@@ -54,6 +52,12 @@ class ForgetEvent(BaseModel):
 
 
 StreamEvent = TurnsEvent | ForgetEvent
+
+
+def decode_fields(fields: dict) -> dict[str, str]:
+    """Stream entry fields as str (redis-py hands bytes unless the client decodes responses)."""
+    return {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
+            for k, v in fields.items()}
 
 
 def parse_event(fields: dict) -> StreamEvent:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.child_process import free_port, stop
+from shared.child_process import free_port, stop, wait_healthy
 from shared.engine.transcript import Block, TranscriptTurn, dump_transcript
 
 REPO = Path(__file__).resolve().parents[1]
@@ -45,11 +45,6 @@ def embedder():
     from shared.engine.embedder import shared_embedder
 
     return shared_embedder()
-
-
-@pytest.fixture
-def memory_home(tmp_path: Path) -> Path:
-    return tmp_path / "home"
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float = 30.0, interval: float = 0.05) -> bool:
@@ -114,11 +109,6 @@ def run_engine() -> Callable[..., subprocess.CompletedProcess]:
     return run
 
 
-def copy_tree(src: Path, dst: Path) -> Path:
-    shutil.copytree(src, dst)
-    return dst
-
-
 # ---- service processes -------------------------------------------------------------------
 INGEST_KEY = "test-ingest-key-0123456789"
 JWT_SECRET = "test-jwt-secret-0123456789abcdef0123"
@@ -136,18 +126,10 @@ class ServiceProcess:
                                      stdin=subprocess.DEVNULL)
 
     def wait_healthy(self, timeout: float = 60.0) -> "ServiceProcess":
-        import httpx
-
-        def up() -> bool:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"recall {self.command} exited: {self.output()[-3000:]}")
-            try:
-                return httpx.get(self.health_url, timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        if self.health_url and not wait_until(up, timeout):
-            raise RuntimeError(f"recall {self.command} not healthy: {self.output()[-3000:]}")
+        try:
+            wait_healthy(self.proc, self.health_url, timeout)
+        except RuntimeError as exc:
+            raise RuntimeError(f"{exc}: {self.output()[-3000:]}") from None
         return self
 
     def output(self) -> str:
@@ -253,8 +235,6 @@ def indexed_chunks(env: dict[str, str], user: str) -> int:
     conn = sqlite3.connect(db)
     try:
         return conn.execute("SELECT COUNT(*) FROM chunks").fetchone()[0]
-    except sqlite3.OperationalError:  # the index run has not created its tables yet
-        return 0
     finally:
         conn.close()
 

@@ -19,7 +19,6 @@ from shared.engine.api import Engine
 from tests.conftest import call_recall, indexed_chunks, mint, post_conversation, recall_url, wait_until
 
 REALM = "acme-integrations"
-TEAM = {REALM: "owner"}
 
 
 def token(user: str, role: str) -> str:

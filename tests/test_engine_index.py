@@ -21,6 +21,15 @@ CONVS = {
 }
 
 
+def index_all_conversations(tmp_path: Path, embedder) -> tuple[Path, Path]:
+    src = tmp_path / "src"
+    for cid, msgs in CONVS.items():
+        write_conversation(src, cid, msgs)
+    home = tmp_path / "home"
+    index_tree(home, src, embedder)
+    return src, home
+
+
 def rows_of(home: Path) -> set[tuple[str, str, str]]:
     conn = sqlite3.connect(memory_dir(home) / "chunks.sqlite3")
     try:
@@ -58,21 +67,14 @@ def test_incremental_index_equals_from_scratch(tmp_path, embedder):
 
 
 def test_unchanged_tree_is_a_no_op(tmp_path, embedder):
-    src = tmp_path / "src"
-    for cid, msgs in CONVS.items():
-        write_conversation(src, cid, msgs)
-    index_tree(tmp_path / "home", src, embedder)
-    again = index_tree(tmp_path / "home", src, embedder)
+    src, home = index_all_conversations(tmp_path, embedder)
+    again = index_tree(home, src, embedder)
     assert (again.sessions, again.skipped, again.chunks) == (0, 3, 0)
     assert again.summary_line() == "indexed sessions=0 skipped=3 chunks=0"
 
 
 def test_deleted_conversation_disappears_from_results(tmp_path, embedder):
-    src = tmp_path / "src"
-    for cid, msgs in CONVS.items():
-        write_conversation(src, cid, msgs)
-    home = tmp_path / "home"
-    index_tree(home, src, embedder)
+    src, home = index_all_conversations(tmp_path, embedder)
     engine = Engine(embedder=embedder)
     assert "MT-1040" in engine.recall(memory_dir(home), "MT-1040", RecallParams())
     (src / "pump.funes.jsonl").unlink()
@@ -128,11 +130,7 @@ def test_a_memory_built_with_another_model_is_refused(tmp_path, embedder, monkey
 
 
 def test_forget_removes_a_session_at_once(tmp_path, embedder, run_engine):
-    src = tmp_path / "src"
-    for cid, msgs in CONVS.items():
-        write_conversation(src, cid, msgs)
-    home = tmp_path / "home"
-    index_tree(home, src, embedder)
+    src, home = index_all_conversations(tmp_path, embedder)
     engine = Engine(embedder=embedder)
     assert "1069.5" in engine.recall(memory_dir(home), "forecast 18 months", RecallParams(k=2))
     done = run_engine("forget", "budget", home=home)

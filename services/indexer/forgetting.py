@@ -28,7 +28,7 @@ from services.indexer.snapshot_writer import parse_version, tombstone_conversati
 from shared.engine.store import MemoryStore
 from shared.logging_setup import get_logger
 from shared.redis_lock import RedisLock
-from shared.stream_schema import FORGET_CHANNEL, DeletionReceipt, ForgetEvent, deletion_key
+from shared.stream_schema import FORGET_CHANNEL, DeletionReceipt, ForgetEvent, decode_fields, deletion_key
 from shared.tenant_paths import TenantPaths
 
 log = get_logger("recall.indexer.forget")
@@ -55,18 +55,13 @@ class Forgetter:
     async def forget(self, entry_id: str, event: ForgetEvent) -> None:
         paths = TenantPaths.for_hash(self.s.data_dir, event.user_hash)
         lock = RedisLock(self.client, keys.index_lock(event.user_hash), self.s.index_lock_ttl_s)
-        if not await lock.acquire_wait(self.s.index_timeout_s):
-            raise TimeoutError("the user's index lock stayed busy")
-        lock.keep_alive()
-        try:
+        async with lock.held(wait_s=self.s.index_timeout_s, renew=True):
             chunks = await asyncio.to_thread(_chunk_count, paths, event.conversation_id)
             if event.kind == "forget_conversation":
                 files = await self._forget_conversation(paths, event, entry_id)
             else:
                 files = await self._forget_user(paths, entry_id)
             stream_entries = await self._purge_stream(event, entry_id)
-        finally:
-            await lock.release()
         await self.client.publish(FORGET_CHANNEL, json.dumps({"user_hash": event.user_hash,
                                                               "conversation_id": event.conversation_id}))
         removed = {"files": files, "chunks": chunks, "stream_entries": stream_entries}
@@ -78,12 +73,8 @@ class Forgetter:
     async def _forget_conversation(self, paths: TenantPaths, event: ForgetEvent, entry_id: str) -> int:
         assert event.conversation_id is not None
         conv_lock = RedisLock(self.client, keys.conversation_lock(event.user_hash, event.conversation_id), 30)
-        if not await conv_lock.acquire_wait(30):
-            raise TimeoutError("conversation lock busy")
-        try:
+        async with conv_lock.held(wait_s=30):
             files = await asyncio.to_thread(tombstone_conversation, paths, event.conversation_id, entry_id)
-        finally:
-            await conv_lock.release()
         if paths.src.is_dir():
             await self.job.remove_deleted(paths)
         return files
@@ -118,8 +109,7 @@ class Forgetter:
             doomed = []
             for raw_id, fields in batch:
                 eid = raw_id.decode() if isinstance(raw_id, bytes) else raw_id
-                f = {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
-                     for k, v in fields.items()}
+                f = decode_fields(fields)
                 if parse_version(eid) >= limit or f.get("kind") != "turns" or f.get("user_hash") != event.user_hash:
                     continue
                 if event.kind == "forget_user" or f.get("conversation_id") == event.conversation_id:

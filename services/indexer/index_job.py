@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
 from typing import Protocol
 
 from shared.engine.memory_lock import CONTENTION_MESSAGE, MemoryBusy
+from shared.funes_env import funes_environment
 from shared.tenant_paths import TenantPaths
 
 
@@ -53,14 +53,6 @@ class FunesIndexJob:
         self.binary = binary
         self.timeout_s = timeout_s
 
-    def environment(self, paths: TenantPaths) -> dict[str, str]:
-        env = {"FUNES_HOME": str(paths.root), "HF_HUB_OFFLINE": "1", "HOME": str(paths.root),
-               "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "NO_COLOR": "1"}
-        for passthrough in ("HF_HOME", "RECALL_EMBED_MODEL_DIR", "RECALL_EMBED_MODEL_ID", "RECALL_EMBED_POOLING", "LANG"):
-            if passthrough in os.environ:
-                env[passthrough] = os.environ[passthrough]
-        return env
-
     async def remove_deleted(self, paths: TenantPaths) -> None:
         # funes is append-only: a deletion is a rebuild of the memory from the remaining files.
         await asyncio.to_thread(shutil.rmtree, paths.memory, True)
@@ -70,7 +62,7 @@ class FunesIndexJob:
         if not paths.src.is_dir():
             return  # the tenant was forgotten after this run was scheduled
         proc = await asyncio.create_subprocess_exec(
-            self.binary, "index", "--yes", str(paths.src.resolve()), env=self.environment(paths),
+            self.binary, "index", "--yes", str(paths.src.resolve()), env=funes_environment(paths.root),
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
             start_new_session=True)
         try:

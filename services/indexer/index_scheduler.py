@@ -19,7 +19,7 @@ import redis.asyncio as aioredis
 
 from services.indexer import redis_keys as keys
 from services.indexer.index_job import IndexJob
-from services.indexer.metrics import INDEX_DUE, INDEX_JOB_FAILURES, INDEX_JOB_SECONDS, INDEX_RUNNING, INGEST_TO_SEARCHABLE
+from services.indexer.metrics import INDEX_JOB_FAILURES, INDEX_JOB_SECONDS, INDEX_RUNNING, INGEST_TO_SEARCHABLE
 from shared.engine.memory_lock import MemoryBusy
 from shared.logging_setup import get_logger
 from shared.redis_lock import RedisLock
@@ -73,7 +73,6 @@ class IndexScheduler:
 
     async def _tick(self) -> None:
         now = time.time()
-        INDEX_DUE.set(await self.client.zcard(keys.DUE))
         if len(self.running) >= self.concurrency:
             return
         for raw in await self.client.zrangebyscore(keys.DUE, "-inf", now, start=0, num=32):

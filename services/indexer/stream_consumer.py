@@ -95,12 +95,8 @@ class StreamConsumer:
     async def _store(self, entry_id: str, event: TurnsEvent) -> None:
         paths = TenantPaths.for_hash(self.s.data_dir, event.user_hash)
         lock = RedisLock(self.client, keys.conversation_lock(event.user_hash, event.conversation_id), 30)
-        if not await lock.acquire_wait(10):
-            raise TimeoutError("conversation lock busy")
-        try:
+        async with lock.held(wait_s=10):
             result = await asyncio.to_thread(write_snapshot, paths, event, entry_id)
-        finally:
-            await lock.release()
         SNAPSHOTS.labels(result.value).inc()
         if result is WriteResult.WRITTEN:
             await mark_dirty(self.client, event.user_hash, event.received_at, self.s.index_debounce_s)

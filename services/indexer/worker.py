@@ -16,22 +16,19 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from services.indexer import redis_keys
 from services.indexer.forgetting import Forgetter
 from services.indexer.index_job import make_index_job
 from services.indexer.index_scheduler import IndexScheduler
-from services.indexer.metrics import STREAM_LENGTH, STREAM_PENDING
+from services.indexer.metrics import INDEX_DUE, STREAM_LENGTH, STREAM_PENDING
 from services.indexer.retention import RetentionSweeper
 from services.indexer.settings import IndexerSettings
 from services.indexer.stream_consumer import StreamConsumer
 from shared.logging_setup import get_logger
 from shared.metrics_http import metrics_endpoint
-from shared.stream_schema import ensure_group
+from shared.stream_schema import decode_fields, ensure_group
 
 log = get_logger("recall.indexer")
-
-
-def _decode(fields: dict) -> dict:
-    return {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v) for k, v in fields.items()}
 
 
 def build_broker(settings: IndexerSettings, consumer: StreamConsumer) -> RedisBroker:
@@ -49,7 +46,7 @@ def build_broker(settings: IndexerSettings, consumer: StreamConsumer) -> RedisBr
         entry_id = raw["message_ids"][0]
         entry_id = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
         try:
-            await consumer.handle(entry_id, _decode(raw["data"]), await msg.get_delivery_count())
+            await consumer.handle(entry_id, decode_fields(raw["data"]), await msg.get_delivery_count())
         except Exception as exc:
             log.warning("message.failed", entry_id=entry_id, error=f"{type(exc).__name__}: {str(exc)[:200]}")
             raise  # stays pending; the reclaimer redelivers it
@@ -62,6 +59,7 @@ async def _sample_stream(client: aioredis.Redis, settings: IndexerSettings) -> N
         try:
             STREAM_LENGTH.set(await client.xlen(settings.stream))
             STREAM_PENDING.set((await client.xpending(settings.stream, settings.group))["pending"])
+            INDEX_DUE.set(await client.zcard(redis_keys.DUE))
         except aioredis.RedisError:
             pass
         await asyncio.sleep(2.0)

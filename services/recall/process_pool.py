@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from services.recall.backend import BackendUnavailable
 from services.recall.metrics import POOL_CRASH_RESTARTS, POOL_EVICTIONS, POOL_SIZE, POOL_SPAWNS
+from shared.funes_env import funes_environment
 from shared.logging_setup import get_logger
 from shared.mcp_stdio_client import ChildExited, ChildGone, StdioMCPChild, ToolCallError
 from shared.tenant_paths import TenantPaths
@@ -58,14 +59,6 @@ class ProcessPool:
     def ready(self) -> bool:
         return os.path.isfile(self.binary) or any(
             os.path.isfile(os.path.join(p, self.binary)) for p in os.environ.get("PATH", "").split(os.pathsep))
-
-    @property
-    def size(self) -> int:
-        return len(self._slots)
-
-    def pid_of(self, uhash: str) -> int | None:
-        slot = self._slots.get(uhash)
-        return slot.child.pid if slot else None
 
     # ---- calls -----------------------------------------------------------------------------------
     async def recall(self, paths: TenantPaths, query: str, k: int, candidates: int) -> str:
@@ -129,13 +122,7 @@ class ProcessPool:
         return slot
 
     async def _spawn(self, paths: TenantPaths) -> _Slot:
-        env = {"FUNES_HOME": str(paths.root), "HF_HUB_OFFLINE": "1", "HOME": str(paths.root),
-               "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "NO_COLOR": "1"}
-        for passthrough in ("HF_HOME", "RECALL_EMBED_MODEL_DIR", "RECALL_EMBED_MODEL_ID", "RECALL_EMBED_POOLING",
-                            "RECALL_RERANK_MODEL_DIR", "LANG"):
-            if passthrough in os.environ:
-                env[passthrough] = os.environ[passthrough]
-        child = StdioMCPChild([self.binary, "mcp", str(paths.memory.resolve())], env=env)
+        child = StdioMCPChild([self.binary, "mcp", str(paths.memory.resolve())], env=funes_environment(paths.root))
         try:
             await child.start(self.start_timeout_s)
         except BaseException:

@@ -17,6 +17,7 @@ from datetime import datetime, timezone
 
 from services.recall.time_window import TimeWindow
 from shared.engine.agent_format import ParsedHit, parse_recall
+from shared.engine.transcript import parse_ts
 from shared.recall_answer_format import DATE_HEADER, NEIGHBOUR_PREFIX, NOTHING, SEPARATOR
 
 TOOL_DESCRIPTION = (
@@ -42,11 +43,8 @@ def render_hit(hit: ParsedHit) -> str:
 
 
 def _when(ts: str) -> datetime | None:
-    try:
-        dt = datetime.fromisoformat(ts.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)
+    epoch = parse_ts(ts)
+    return None if epoch is None else datetime.fromtimestamp(epoch, timezone.utc)
 
 
 def render_for_agent(engine_output: str, max_chars: int, k: int, window: TimeWindow | None = None) -> str:

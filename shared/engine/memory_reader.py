@@ -121,9 +121,6 @@ class MemoryReader:
         self._dead = 0
 
     # ---- queries (call refresh first, under self.lock) -------------------------------------
-    def is_alive(self, row_id: int) -> bool:
-        return row_id in self._pos
-
     def filter_mask(self, block_type: str | None, harness: str | None) -> np.ndarray:
         mask = self._alive[: self.n].copy()
         if block_type:
@@ -154,11 +151,6 @@ class MemoryReader:
     def epoch_of(self, row_id: int) -> float | None:
         v = self._epoch[self._pos[row_id]]
         return None if math.isnan(v) else float(v)
-
-    @property
-    def live_chunks(self) -> int:
-        return self.n - self._dead
-
 
 def _grow(arr: np.ndarray, cap: int) -> np.ndarray:
     out = np.zeros((cap, *arr.shape[1:]), dtype=arr.dtype)

@@ -1,0 +1,18 @@
+"""The environment a funes(-compatible) child runs with: its tenant's FUNES_HOME, offline
+model loading, and nothing else of ours (no keys or secrets of the parent process)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+# Model and locale settings a funes child may legitimately need from the parent.
+PASSTHROUGH = ("HF_HOME", "RECALL_EMBED_MODEL_DIR", "RECALL_EMBED_MODEL_ID", "RECALL_EMBED_POOLING",
+               "RECALL_RERANK_MODEL_DIR", "RECALL_SQLITE_JOURNAL_MODE", "LANG")
+
+
+def funes_environment(funes_home: Path) -> dict[str, str]:
+    env = {"FUNES_HOME": str(funes_home), "HF_HUB_OFFLINE": "1", "HOME": str(funes_home),
+           "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "NO_COLOR": "1"}
+    env.update({name: os.environ[name] for name in PASSTHROUGH if name in os.environ})
+    return env
