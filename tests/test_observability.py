@@ -44,14 +44,14 @@ def stack_up(tmp_path):
     try:
         assert wait_until(lambda: b"Ctrl-C stops everything" in (tmp_path / "up.log").read_bytes() or proc.poll() is not None, 120)
         assert proc.poll() is None, (tmp_path / "up.log").read_text()
-        yield env, (tmp_path / "up.log")
+        yield env, (tmp_path / "up.log"), proc
     finally:
         proc.terminate()
         proc.wait(60)
 
 
 def test_recall_up_prints_how_to_use_it_and_demo_works(stack_up):
-    env, log = stack_up
+    env, log, _ = stack_up
     banner = log.read_text()
     assert f"http://127.0.0.1:{env['RECALL_INGEST_PORT']}/turns" in banner
     assert f"http://127.0.0.1:{env['RECALL_RECALL_PORT']}/mcp" in banner
@@ -91,7 +91,7 @@ def _query(url: str, expr: str) -> dict:
 
 @pytest.mark.skipif(PROMETHEUS is None, reason="prometheus is not installed (Debian package prometheus); make test installs it where it can")
 async def test_dashboard_and_alert_expressions_work_against_the_real_metrics(stack_up, tmp_path):
-    env, _ = stack_up
+    env, _, _ = stack_up
     prom, url = _prometheus(tmp_path, env)
     try:
         post_conversation(env, "alice", "a1", ["What did we decide on N-11?", "Proceed once MT-4471 closes."])
@@ -124,3 +124,15 @@ async def test_dashboard_and_alert_expressions_work_against_the_real_metrics(sta
     finally:
         prom.terminate()
         prom.wait(30)
+
+
+def test_sigterm_stops_every_part_of_recall_up(stack_up):
+    import psutil
+
+    _, log, proc = stack_up
+    children = psutil.Process(proc.pid).children(recursive=True)
+    assert len(children) >= 4, "redis-server, ingest, indexer and the recall service"
+    proc.terminate()
+    assert proc.wait(60) == 0, log.read_text()[-2000:]
+    gone, alive = psutil.wait_procs(children, timeout=30)
+    assert not alive, f"left running: {[p.cmdline() for p in alive]}"
