@@ -136,6 +136,10 @@ class MemoryReader:
         return pos is not None and bool(mask[pos])
 
     def nearest(self, qvec: np.ndarray, limit: int, mask: np.ndarray) -> list[int]:
+        return [row_id for row_id, _ in self.nearest_scored(qvec, limit, mask)]
+
+    def nearest_scored(self, qvec: np.ndarray, limit: int, mask: np.ndarray) -> list[tuple[int, float]]:
+        """The `limit` rows most similar to `qvec` with their cosine (vectors are unit length)."""
         if self.n == 0 or limit <= 0:
             return []
         sims = self._vecs[: self.n] @ qvec.astype(np.float32)
@@ -146,7 +150,7 @@ class MemoryReader:
             return []
         top = np.argpartition(-sims, limit - 1)[:limit]
         top = top[np.argsort(-sims[top], kind="stable")]
-        return [int(self._ids[i]) for i in top]
+        return [(int(self._ids[i]), float(sims[i])) for i in top]
 
     def epoch_of(self, row_id: int) -> float | None:
         v = self._epoch[self._pos[row_id]]

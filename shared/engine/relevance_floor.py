@@ -1,0 +1,41 @@
+"""When to answer "no results": nothing in the memory is close enough to the query.
+
+The dense leg's best cosine is the one signal comparable across memories (BM25 scores are
+not: they depend on the memory's size and word statistics). How close is "close enough" depends
+on the embedding model, so the floor is keyed by the model id a memory is stamped with. A query
+none of whose words occurs in the memory (gibberish, a topic never discussed) must clear a
+higher bar than one that shares words with some turn.
+
+Calibration (bench/locomo_bench.py, LoCoMo-dev): each sample's questions asked of another
+sample's memory must get "no results" at least 60 % of the time, while answerable questions
+lose at most one point of R@8.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from shared.engine.hybrid_search import Legs
+
+
+@dataclass(frozen=True)
+class RelevanceFloor:
+    with_words: float  # best cosine needed when some query word occurs in the memory
+    without_words: float  # best cosine needed when none does
+
+    def passes(self, legs: "Legs") -> bool:
+        best = legs.dense[0][1] if legs.dense else -1.0
+        return best >= (self.with_words if legs.bm25 else self.without_words)
+
+
+FLOORS: dict[str, RelevanceFloor] = {
+    "sentence-transformers/all-MiniLM-L6-v2@int8-onnx": RelevanceFloor(with_words=0.0, without_words=0.0),
+}
+# An uncalibrated model gets no floor at all: a wrong "no results" is worse than a weak passage.
+NO_FLOOR = RelevanceFloor(with_words=-1.0, without_words=-1.0)
+
+
+def floor_for(model_id: str) -> RelevanceFloor:
+    return FLOORS.get(model_id, NO_FLOOR)
