@@ -32,6 +32,16 @@ IDENTIFIER_BOOST = 0.5
 # let any recent weak match bury an older exact one. Recency may discount a hit by at most this
 # share of its score: it orders near-ties by date, it does not override relevance.
 RECENCY_SHARE = 0.25
+# Each leg looks at least this deep, even when the pool kept is smaller: min-max normalisation
+# over a short list flattens real gaps, and session evidence needs the session's other turns
+# (LoCoMo, k=3 from 8: R@3 0.706 -> 0.718 alone, 0.733 with the session lift).
+MIN_LEG_DEPTH = 30
+# A turn gains this share of the fused scores of the other turns of its session in the legs:
+# answers cluster in the session where the topic was discussed (LoCoMo R@3 +2.0, R@8 +1.4
+# points; 0.1-0.2 flat, 0.5 hurts). A lift from the adjacent turns alone, the old skip of hits
+# already visible as a neighbour, and pseudo-relevance feedback on the BM25 leg measured flat
+# or worse and are not used.
+SESSION_WEIGHT = 0.2
 RERANK_POOL_FACTOR = 4
 NEIGHBOUR_PREVIEW_CHARS = 160  # funes shows neighbours as previews of this many code points
 
@@ -55,6 +65,7 @@ class Explain:
     bm25_rank: int | None = None
     bm25_score: float | None = None
     fused: float = 0.0
+    session_lift: float = 0.0
     identifier_boost: float = 0.0
     recency: float = 1.0
     reranked: float | None = None
@@ -64,7 +75,8 @@ class Explain:
             return f"{name} -" if rank is None else f"{name} #{rank + 1} {score:.3f}"
 
         parts = [leg("dense", self.dense_rank, self.dense_score), leg("bm25", self.bm25_rank, self.bm25_score),
-                 f"fused {self.fused:.3f} (dense weight {DENSE_WEIGHT})", f"identifier +{self.identifier_boost:.2f}"]
+                 f"fused {self.fused:.3f} (dense weight {DENSE_WEIGHT})", f"session +{self.session_lift:.3f}",
+                 f"identifier +{self.identifier_boost:.2f}"]
         if self.reranked is not None:
             parts.append(f"cross-encoder {self.reranked:.3f}")
         parts.append(f"recency x{self.recency:.3f}")
@@ -167,14 +179,15 @@ def recall(
         reader.refresh()
         mask = reader.filter_mask(params.block_type, params.harness)
         c = params.candidates
-        legs = search_legs(reader, qvec, query, c, mask)
-        fused = fuse(legs)
+        legs = search_legs(reader, qvec, query, max(c, MIN_LEG_DEPTH), mask)
         idents = query_identifiers(query)
-        if idents:
-            # Turns holding the identifiers join the pool even when both legs missed them.
-            for row_id, _ in bm25_leg(reader, " ".join(f'"{phrase(i)}"' for i in idents), c, mask):
-                fused.setdefault(row_id, 0.0)
-        rows = reader.store.rows(list(fused))
+        # Turns holding the query's identifiers join the pool even when both legs missed them.
+        ident_leg = bm25_leg(reader, " ".join(f'"{phrase(i)}"' for i in idents), c, mask) if idents else []
+        rows = reader.store.rows(list({rid for leg in (legs.dense, legs.bm25, ident_leg) for rid, _ in leg}))
+        plain = {rid: s for rid, s in fuse(legs).items() if rid in rows}
+        fused = _session_lift(plain, rows)
+        for rid, _ in ident_leg:
+            fused.setdefault(rid, 0.0)
         patterns = [identifier_pattern(i) for i in idents]
         boost = {rid: IDENTIFIER_BOOST * count_identifiers(rows[rid].text, patterns) / len(patterns)
                  for rid in rows} if patterns else {}
@@ -196,8 +209,8 @@ def recall(
             for hit in hits:
                 rid = hit.row.row_id
                 d, b = dense_rank.get(rid, (None, None)), bm25_rank.get(rid, (None, None))
-                hit.explain = Explain(d[0], d[1], b[0], b[1], fused[rid], boost.get(rid, 0.0), recency[rid],
-                                      reranked.get(rid))
+                hit.explain = Explain(d[0], d[1], b[0], b[1], plain.get(rid, 0.0), fused[rid] - plain.get(rid, 0.0),
+                                      boost.get(rid, 0.0), recency[rid], reranked.get(rid))
         if params.neighbors > 0:
             for hit in hits:
                 r = hit.row
@@ -206,6 +219,13 @@ def recall(
                     if n.turn_uuid != r.turn_uuid
                 ]
         return hits
+
+
+def _session_lift(fused: dict[int, float], rows: dict[int, Row]) -> dict[int, float]:
+    by_session: dict[str, float] = {}
+    for rid, score in fused.items():
+        by_session[rows[rid].session_id] = by_session.get(rows[rid].session_id, 0.0) + score
+    return {rid: score + SESSION_WEIGHT * (by_session[rows[rid].session_id] - score) for rid, score in fused.items()}
 
 
 def _select_hits(ranked: list[int], rows: dict[int, Row], k: int) -> list[int]:
