@@ -32,7 +32,7 @@ from bench.report import table, write_section
 from shared.engine.agent_format import NO_RESULTS, parse_recall
 from shared.engine.api import Engine
 from shared.engine.embedder import shared_embedder
-from shared.engine.hybrid_search import RRF_K, RecallParams, bm25_leg, bm25_query_text
+from shared.engine.hybrid_search import RRF_K, RecallParams, search_legs
 from shared.engine.index_run import index_tree, memory_dir
 from shared.engine.transcript import Block, TranscriptTurn, dump_transcript
 from shared.mcp_stdio_client import StdioMCPChild
@@ -122,9 +122,8 @@ def plain_rrf(engine: Engine, memory: Path, query: str, k: int, candidates: int)
     qvec = engine.embedder.embed([query])[0]
     with reader.lock:
         reader.refresh()
-        mask = reader.filter_mask(None, None)
-        legs = [[rid for rid, _ in reader.nearest_scored(qvec, candidates, mask)],
-                [rid for rid, _ in bm25_leg(reader, bm25_query_text(query), candidates, mask)]]
+        found = search_legs(reader, qvec, query, candidates, reader.filter_mask(None, None))
+        legs = [[rid for rid, _ in found.dense], [rid for rid, _ in found.bm25]]
         fused: dict[int, float] = defaultdict(float)
         for leg in legs:
             for rank, rid in enumerate(leg):
