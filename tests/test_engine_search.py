@@ -98,7 +98,7 @@ def test_inflected_russian_question_finds_the_turn(tmp_path, embedder):
     engine = Engine(embedder=embedder)
     for query, expected in [("течь сальника у насосов", "Завёл заявку"), ("кто взял заказы запчастей", "Ольга"),
                             ("какой брак показали проверки прессов", "Проверка ОТК")]:
-        hits = parse_recall(engine.recall(memory, query, RecallParams(k=1, floor=False)))
+        hits = parse_recall(engine.recall(memory, query, RecallParams(k=1)))
         assert hits and hits[0].text.startswith(expected), (query, [h.text for h in hits])
 
 
@@ -120,7 +120,7 @@ def test_any_user_text_parses_as_a_bm25_query(tmp_path, embedder):
             engine.recall(memory, q, RecallParams())  # must not raise
     finally:
         store.close()
-    assert bm25_query_text("\\ ---") == "" and engine.recall(memory, "\\ ---", RecallParams()) == NO_RESULTS
+    assert bm25_query_text("\\ ---") == "" and engine.recall(memory, "\\ ---", RecallParams(floor=True)) == NO_RESULTS
     assert bm25_query_text("MT-4471?") == '"mt" "4471"'
 
 
@@ -128,9 +128,9 @@ def test_gibberish_and_off_topic_queries_say_no_results(tmp_path, embedder):
     memory = _memory(tmp_path, embedder)
     engine = Engine(embedder=embedder)
     for q in ["xyzzy plugh", "qwertyuiop asdf", "recipe for chocolate cake"]:
-        assert engine.recall(memory, q, RecallParams()) == NO_RESULTS, q
-        assert engine.recall(memory, q, RecallParams(floor=False)) != NO_RESULTS, "without the floor it answers"
-    assert "vibration alarm" in engine.recall(memory, "compressor vibration alarm", RecallParams(k=1))
+        assert engine.recall(memory, q, RecallParams(floor=True)) == NO_RESULTS, q
+        assert engine.recall(memory, q, RecallParams()) != NO_RESULTS, "without the floor it answers"
+    assert "vibration alarm" in engine.recall(memory, "compressor vibration alarm", RecallParams(k=1, floor=True))
 
 
 def test_explain_shows_how_each_hit_was_scored_and_only_on_request(tmp_path, embedder, run_engine):
@@ -226,3 +226,20 @@ def test_version_and_usage_errors_follow_funes_exit_codes(run_engine):
     assert version.returncode == 0 and version.stdout.startswith("recall-engine ")
     assert run_engine("recall").returncode == 2, "a usage error (no query) exits 2"
     assert run_engine("nonsense-command").returncode == 2
+
+
+async def test_mcp_recall_takes_explain_and_candidates_and_stays_funes_shaped_without(tmp_path, embedder):
+    from fastmcp import Client
+    from fastmcp.client.transports import StdioTransport
+
+    from tests.conftest import engine_cli
+
+    memory = _memory(tmp_path, embedder)
+    async with Client(StdioTransport(engine_cli(), ["mcp", str(memory)], keep_alive=True)) as client:
+        plain = (await client.call_tool("recall", {"query": "MT-4471 spindle", "k": 2})).content[0].text
+        explained = (await client.call_tool("recall", {"query": "MT-4471 spindle", "k": 2, "candidates": 8,
+                                                       "explain": True})).content[0].text
+        nothing = (await client.call_tool("recall", {"query": "xyzzy plugh"})).content[0].text
+    assert "  ? " not in plain and explained.count("\n  ? dense") == 2
+    assert parse_recall(plain)[0].text == PROBES["t-mt4471"] == parse_recall(explained)[0].text
+    assert nothing == NO_RESULTS

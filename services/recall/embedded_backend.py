@@ -22,7 +22,7 @@ class EmbeddedBackend:
         self.timeout_s = timeout_s
 
     async def recall(self, paths: TenantPaths, query: str, k: int, candidates: int) -> str:
-        params = RecallParams(k=k, candidates=candidates)
+        params = RecallParams(k=k, candidates=candidates, floor=True)
         evictions = self.engine.evictions
         work = asyncio.ensure_future(asyncio.to_thread(self.engine.recall, paths.memory, query, params))
         try:

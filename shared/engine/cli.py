@@ -115,7 +115,7 @@ def _run(args: argparse.Namespace) -> int:
     memory = _memory(args.memory)
     if args.command == "recall":
         params = RecallParams(args.k, args.candidates, args.half_life, args.neighbors, args.block_type, args.harness,
-                              explain=args.explain)
+                              floor=True, explain=args.explain)
         sys.stdout.write(engine.recall(memory, " ".join(args.query), params, label=args.memory or str(memory)))
     else:
         sys.stdout.write(engine.get(memory, args.session_id, args.turn_uuid, args.window))

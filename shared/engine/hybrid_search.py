@@ -54,7 +54,9 @@ class RecallParams:
     neighbors: int = 1
     block_type: str | None = None
     harness: str | None = None
-    floor: bool = True  # say "no results" when nothing passes the embedder's relevance floor
+    # Say "no results" when nothing passes the embedder's relevance floor. The agent-facing
+    # entry points (CLI, stdio MCP, the recall service's embedded backend) turn it on.
+    floor: bool = False
     explain: bool = False  # attach how each hit was scored (Hit.explain)
 
 

@@ -34,7 +34,8 @@ def serve(default_memory: Path) -> None:
         # candidates and explain are additions to funes' tool: omitted, the output is funes'.
         try:
             params = RecallParams(k=k or 8, candidates=candidates or RecallParams.candidates,
-                                  block_type=block_type or None, harness=harness or None, explain=bool(explain))
+                                  block_type=block_type or None, harness=harness or None, floor=True,
+                                  explain=bool(explain))
             return engine.recall(resolve(memory), query, params)
         except Exception as exc:
             return f"recall error: {exc}"
