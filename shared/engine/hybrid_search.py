@@ -175,7 +175,8 @@ def recall(
     query = query.strip()
     if not query:
         return []
-    qvec = embedder.embed([query])[0]
+    # Models with a query form (e5's "query: " prefix) embed queries apart from passages.
+    qvec = embedder.embed_query(query) if hasattr(embedder, "embed_query") else embedder.embed([query])[0]
     now = time.time() if now is None else now
     with reader.lock:
         reader.refresh()
