@@ -156,7 +156,7 @@ async def bench_quality_only(lang: str, n: int, n_questions: int, workdir: Path)
             "quality": quality(engine, memory_dir(home), sample_questions(questions, n_questions, n))}
 
 
-async def bench_size(n: int, n_questions: int, workdir: Path) -> dict[str, object]:
+async def bench_size(n: int, n_questions: int, workdir: Path, quality_only: bool = False) -> dict[str, object]:
     conversations, questions = corpus.generate(n)
     src, home = workdir / f"src-{n}", workdir / f"home-{n}"
     write_tree(src, conversations)
@@ -168,6 +168,8 @@ async def bench_size(n: int, n_questions: int, workdir: Path) -> dict[str, objec
     engine = Engine()
     sample = sample_questions(questions, n_questions, n)
     qrows = quality(engine, memory, sample)
+    if quality_only:
+        return {"lang": "en", "n": n, "index_s": index_s, "quality": qrows}
     queries = [q.short for q in sample[:100]] + [q.long for q in sample[:100]]
     lat, child = await warm_latency(memory, queries)
     short_lat, long_lat = lat[:100], lat[100:]
@@ -189,17 +191,17 @@ def render(results: list[dict[str, object]], russian: list[dict[str, object]]) -
                  + ", ".join(f"{r['index_s']:.0f} s ({r['n']})" for r in russian) + ".\n\n"
                  + table(["language", "conversations", "system", "form", "questions", "hit@3", "hit@8"], q_rows))
     s_rows = []
-    for r in results:
+    for r in (r for r in results if "warm" in r):
         s_rows.append([r["n"], ms(median(r["warm_short"])), ms(pct(r["warm_short"], 0.95)), ms(median(r["warm_long"])),
                        ms(pct(r["warm_long"], 0.95)), f"{median(r['cold']):.2f}", f"{r['index_s']:.0f}",
                        f"{r['disk'] / 2**20:.1f}"])
     parts.append("### Speed and size\n\n" + table(
         ["conversations", "warm MCP p50 short (ms)", "p95 short", "warm p50 long (ms)", "p95 long",
          "cold CLI recall (s, median of 5)", "index from scratch (s)", "memory on disk (MiB)"], s_rows))
-    f_rows = [[r["n"], mode, f"{median(v):.2f}", f"{max(v):.2f}"] for r in results for mode, v in r["fresh"].items()]
+    f_rows = [[r["n"], mode, f"{median(v):.2f}", f"{max(v):.2f}"] for r in results for mode, v in r.get("fresh", {}).items()]
     parts.append("### One new conversation until searchable (write file → index → found by the warm MCP child)\n\n"
                  + table(["conversations", "how it is indexed", "median (s)", "max of 3 (s)"], f_rows))
-    parts.append("Index lines: " + "; ".join(f"{r['n']}: `{r['index_line']}`" for r in results))
+    parts.append("Index lines: " + "; ".join(f"{r['n']}: `{r['index_line']}`" for r in results if "index_line" in r))
     return "\n\n".join(parts)
 
 
@@ -209,13 +211,14 @@ def main() -> None:
     ap.add_argument("--ru-sizes", type=int, nargs="*", default=[1000], help="Russian corpus sizes (quality only)")
     ap.add_argument("--questions", type=int, default=200)
     ap.add_argument("--no-doc", action="store_true", help="print only; do not update docs/benchmarks.md")
+    ap.add_argument("--quality-only", action="store_true", help="skip latency, cold start and freshness (print only)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="recall-bench-") as d:
-        results = [asyncio.run(bench_size(n, args.questions, Path(d))) for n in args.sizes]
+        results = [asyncio.run(bench_size(n, args.questions, Path(d), args.quality_only)) for n in args.sizes]
         russian = [asyncio.run(bench_quality_only("ru", n, args.questions, Path(d))) for n in args.ru_sizes]
     body = render(results, russian)
     print(body)
-    if not args.no_doc:
+    if not args.no_doc and not args.quality_only:
         cmd = "python -m bench.engine_bench " + " ".join(sys.argv[1:])
         write_section("engine-bench", cmd.strip(), body)
 
