@@ -26,6 +26,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+from starlette.convertors import PathConvertor, register_url_convertor
 from starlette.routing import Route
 
 from services.ingest.api_models import Accepted, ForgetUser, IngestRequest, IngestTurn, RetentionOverride
@@ -51,6 +52,15 @@ from shared.tenant_paths import CONVERSATION_ID, user_hash
 log = get_logger("recall.ingest")
 RECALL_TOOL = "recall_my_conversations"
 RECEIPT = re.compile(r"[0-9a-f]{24}")
+
+
+class AnyText(PathConvertor):
+    """A user id in the path may hold any character, newlines included (`path` stops at them)."""
+
+    regex = "(?s:.+)"
+
+
+register_url_convertor("anytext", AnyText())
 
 
 class HTTPProblem(Exception):
@@ -94,12 +104,15 @@ class IngestAPI:
         self.redactor = Redactor(pii=settings.redact_pii)
 
     # ---- plumbing -------------------------------------------------------------------------------
-    def route(self, path: str, handler, methods: list[str]) -> Route:
+    def route(self, path: str, handler, methods: list[str], query: frozenset[str] = frozenset()) -> Route:
         async def endpoint(request: Request) -> Response:
             started = time.perf_counter()
             try:
                 if not self._key_matches(request.headers.get("x-ingest-key", "").encode()):
                     raise HTTPProblem(401, "missing or wrong ingest key", [("x-ingest-key", "does not match RECALL_INGEST_KEY")])
+                unknown = sorted(set(request.query_params) - query)
+                if unknown:  # like unknown body fields: a typo must not be silently ignored
+                    raise HTTPProblem(422, "invalid request", [(_printable(k), "unknown query parameter") for k in unknown])
                 status, body = await handler(request)
             except HTTPProblem as p:
                 status, body = p.status, {"error": p.error, "fields": [{"field": f, "message": m} for f, m in p.fields]}
@@ -265,9 +278,9 @@ def create_app(settings: IngestSettings) -> Starlette:
     return Starlette(
         routes=[
             api.route("/turns", api.post_turns, ["POST"]),
-            api.route("/conversations/{conversation_id}", api.delete_conversation, ["DELETE"]),
-            api.route("/users/{user:path}/retention", api.put_retention, ["PUT"]),
-            api.route("/users/{user:path}", api.delete_user, ["DELETE"]),
+            api.route("/conversations/{conversation_id}", api.delete_conversation, ["DELETE"], frozenset({"user"})),
+            api.route("/users/{user:anytext}/retention", api.put_retention, ["PUT"]),
+            api.route("/users/{user:anytext}", api.delete_user, ["DELETE"]),
             api.route("/deletions/{receipt}", api.get_deletion, ["GET"]),
             Route("/healthz", healthz), Route("/readyz", api.readyz),
             Route("/metrics", metrics_endpoint), Route("/openapi.json", openapi),
