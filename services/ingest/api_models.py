@@ -9,12 +9,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, field_validator, model_validator
 
+from shared.stream_schema import MAX_RETENTION_DAYS
 from shared.tenant_paths import CONVERSATION_ID
 
 ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}[T ]")
-
-
-MAX_RETENTION_DAYS = 36_500  # a century: anything longer is a typo, and overflows date arithmetic
 
 
 def _encodable(value: str) -> str:
