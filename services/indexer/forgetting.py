@@ -58,7 +58,7 @@ class Forgetter:
         async with lock.held(wait_s=self.s.index_timeout_s, renew=True):
             chunks = await asyncio.to_thread(_chunk_count, paths, event.conversation_id)
             if event.kind == "forget_conversation":
-                files = await self._forget_conversation(paths, event, entry_id)
+                files = await self._forget_conversation(paths, event, entry_id, lock)
             else:
                 files = await self._forget_user(paths, entry_id)
             stream_entries = await self._purge_stream(event, entry_id)
@@ -70,13 +70,13 @@ class Forgetter:
         log.info("forget.done", kind=event.kind, reason=event.reason, user_hash=event.user_hash,
                  conversation_id=event.conversation_id, **removed)
 
-    async def _forget_conversation(self, paths: TenantPaths, event: ForgetEvent, entry_id: str) -> int:
+    async def _forget_conversation(self, paths: TenantPaths, event: ForgetEvent, entry_id: str, lock: RedisLock) -> int:
         assert event.conversation_id is not None
         conv_lock = RedisLock(self.client, keys.conversation_lock(event.user_hash, event.conversation_id), 30)
         async with conv_lock.held(wait_s=30):
             files = await asyncio.to_thread(tombstone_conversation, paths, event.conversation_id, entry_id)
         if paths.src.is_dir():
-            await self.job.remove_deleted(paths)
+            await self.job.remove_deleted(paths, lock=lock)
         return files
 
     async def _forget_user(self, paths: TenantPaths, entry_id: str) -> int:

@@ -9,6 +9,7 @@ class IngestSettings(CommonSettings):
     ingest_port: int = Field(8001, description="Port of the ingest API.")
     ingest_host: str = Field("127.0.0.1", description="Bind address of the ingest API.")
     ingest_key: SecretStr = Field(SecretStr(""), description="Shared key the gateway sends as x-ingest-key.")
+    ingest_key_next: SecretStr = Field(SecretStr(""), description="During a key rotation: a second key accepted as well (unset otherwise).")
     ingest_max_body_bytes: int = Field(4 * 2**20, ge=1024, description="Largest accepted request body.")
     ingest_max_turns: int = Field(2000, ge=1, description="Most turns in one conversation snapshot.")
     ingest_max_turn_chars: int = Field(200_000, ge=1, description="Longest text of one turn.")
