@@ -185,6 +185,60 @@ def test_missing_forged_expired_and_wrong_audience_tokens_get_401(services, serv
         assert _initialize(service_env, headers).status_code == 401, bad
 
 
+def _signed(claims: dict) -> str:
+    from joserfc import jwt
+    from joserfc.jwk import OctKey
+
+    from tests.conftest import JWT_SECRET
+
+    return jwt.encode({"alg": "HS256"}, {k: v for k, v in claims.items() if v is not None}, OctKey.import_key(JWT_SECRET))
+
+
+def test_tokens_without_exp_beyond_the_lifetime_cap_or_without_a_user_get_401(services, service_env):
+    import time
+
+    services("serve", RECALL_MAX_TOKEN_LIFETIME_S="3600")
+    now = int(time.time())
+    base = {"sub": "alice", "iat": now, "exp": now + 600, "iss": "recall-dev"}
+    assert _initialize(service_env, {"Authorization": f"Bearer {_signed(base)}"}).status_code == 200
+    for name, claims in {"no exp": {**base, "exp": None}, "exp not a number": {**base, "exp": "never"},
+                         "exp past the cap": {**base, "exp": now + 2 * 3600, "iat": None},
+                         "exp - iat past the cap": {**base, "iat": now - 3600, "exp": now + 600},
+                         "no sub": {**base, "sub": None}, "empty sub": {**base, "sub": ""},
+                         "blank sub": {**base, "sub": "   "}, "sub not a string": {**base, "sub": 42}}.items():
+        headers = {"Authorization": f"Bearer {_signed(claims)}"}
+        assert _initialize(service_env, headers).status_code == 401, name
+
+
+async def test_a_real_mcp_client_with_a_token_naming_no_user_is_refused_with_401(services, service_env):
+    import time
+
+    import httpx2
+    from fastmcp import Client
+    from fastmcp.client.auth import BearerAuth
+    from fastmcp.client.transports import StreamableHttpTransport
+
+    services("serve")
+    now = int(time.time())
+    statuses: list[int] = []
+
+    async def record(response) -> None:
+        statuses.append(response.status_code)
+
+    def recording_client(**kwargs):
+        kwargs.setdefault("timeout", httpx2.Timeout(30.0, read=60.0))
+        return httpx2.AsyncClient(event_hooks={"response": [record]}, **kwargs)
+
+    sub_less = _signed({"iat": now, "exp": now + 600, "iss": "recall-dev"})
+    transport = StreamableHttpTransport(f"{recall_url(service_env)}/mcp", auth=BearerAuth(sub_less),
+                                        httpx_client_factory=recording_client)
+    with pytest.raises(Exception):
+        async with Client(transport) as client:
+            await client.call_tool("recall_my_conversations", {"query": "N-11"})
+    assert statuses and set(statuses) == {401}, statuses
+    assert await call_recall(service_env, mint("carol"), "N-11") == NO_MEMORY
+
+
 async def test_probes_and_latency_metrics_by_outcome(stack):
     env, _, _ = stack
     await call_recall(env, mint("alice"), "N-11")

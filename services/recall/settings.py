@@ -12,6 +12,7 @@ class RecallSettings(CommonSettings):
     jwks_url: str | None = Field(None, description="JWKS URL for RS256 tokens (production); wins over jwt_secret.")
     jwt_issuer: str | None = Field(None, description="Required `iss` when set.")
     jwt_audience: str | None = Field(None, description="Required `aud` when set.")
+    max_token_lifetime_s: int = Field(7 * 24 * 3600, ge=60, description="Tokens must carry `exp`, at most this far ahead (and after `iat`).")
     k: int = Field(3, ge=1, le=20, description="Passages returned per call.")
     candidates: int = Field(8, ge=1, le=200, description="Size of each search leg and of the fused pool.")
     max_result_chars: int = Field(4000, ge=200, description="Cap on what one call puts in the agent's context.")
