@@ -19,6 +19,14 @@ ALICE = ["What did we decide on the N-11 upgrade?", "Proceed once ticket MT-4471
 BOB = ["The P-7 motor on South has bearing noise.", "I opened ticket MT-5120 for the P-7 bearing noise.", "thanks"]
 
 
+def metric_value(metrics: str, series: str) -> float:
+    """The value of one exact series (name plus labels) in a Prometheus text page; fails if absent."""
+    for line in metrics.splitlines():
+        if line.startswith(series + " "):
+            return float(line.split()[-1])
+    raise AssertionError(f"{series} is not in /metrics")
+
+
 def engine_children(server) -> list[psutil.Process]:
     out = []
     for p in psutil.Process(server.proc.pid).children(recursive=True):
@@ -153,9 +161,14 @@ async def test_pool_cap_lru_eviction_and_crash_restart(services, service_env):
     assert len(survivors) == 2
     for p in survivors.values():
         p.kill()
-    wait_until(lambda: not engine_children(server), 5)
+    assert wait_until(lambda: not engine_children(server), 5), "both children are gone"
+    crashes_before = metric_value(httpx.get(f"{recall_url(service_env)}/metrics").text,
+                                  'recall_pool_crash_restarts_total{reason="crash"}')
     assert "u3 owns" in await call_recall(service_env, mint("u3"), "ticket owner"), "a crashed child is replaced"
-    assert "recall_pool_crash_restarts_total" in httpx.get(f"{recall_url(service_env)}/metrics").text
+    metrics = httpx.get(f"{recall_url(service_env)}/metrics").text
+    assert metric_value(metrics, 'recall_pool_crash_restarts_total{reason="crash"}') == crashes_before + 1
+    assert metric_value(metrics, "recall_pool_spawns_total") == 4, "u1, u2, u3, then u3's replacement"
+    assert len(engine_children(server)) == 1
 
 
 async def test_a_new_conversation_is_found_on_the_next_call_after_indexing(stack):
