@@ -331,3 +331,75 @@ def test_every_alert_has_a_passing_unit_test():
     silent = {case["alertname"] for t in tests for case in t["alert_rule_test"] if not case.get("exp_alerts")}
     assert alerts == fired, f"alerts never shown firing: {alerts - fired}"
     assert alerts == silent, f"alerts never shown silent: {alerts - silent}"
+
+
+# ---- the shipped Redis ACL, with the real services ------------------------------------------------
+@pytest.fixture
+def acl_redis(tmp_path):
+    """redis-server started by the shipped start.sh with the shipped ACL template and redis.conf."""
+    import secrets
+
+    import redis
+
+    from shared.child_process import free_port, stop
+    from shared.redis_server import redis_server_binary
+
+    conf = DEPLOY / "k8s" / "base" / "redis"
+    passwords = {f"REDIS_{u.upper()}_PASSWORD": secrets.token_urlsafe(24) for u in ("ingest", "indexer", "recall", "exporter")}
+    port = free_port()
+    env = {**os.environ, **passwords, "PATH": f"{Path(redis_server_binary()).parent}{os.pathsep}{os.environ['PATH']}"}
+    proc = subprocess.Popen(["sh", str(conf / "start.sh"), str(conf / "users.acl.template"), str(tmp_path / "users.acl"),
+                             str(conf / "redis.conf"), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(tmp_path)],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    urls = {u: f"redis://{u}:{passwords[f'REDIS_{u.upper()}_PASSWORD']}@127.0.0.1:{port}/0"
+            for u in ("ingest", "indexer", "recall", "exporter")}
+    probe = redis.Redis.from_url(urls["exporter"])
+    from tests.conftest import wait_until
+
+    assert wait_until(lambda: _pings(probe), 15), "redis-server did not start from start.sh"
+    yield urls, port
+    probe.close()
+    stop(proc, 10)
+
+
+def _pings(client) -> bool:
+    import redis
+
+    try:
+        return client.ping()
+    except redis.ConnectionError:
+        return False
+
+
+async def test_services_work_with_only_their_redis_acl_users_and_postgresql_artifacts(acl_redis, services, service_env,
+                                                                                      postgres_url):
+    import httpx
+    import redis
+
+    from tests.conftest import call_recall, indexed_chunks, ingest_url, mint, post_conversation, wait_until
+
+    urls, port = acl_redis
+    env = service_env
+    services("ingest", RECALL_REDIS_URL=urls["ingest"])
+    services("indexer", RECALL_REDIS_URL=urls["indexer"])
+    recall = services("serve", RECALL_REDIS_URL=urls["recall"], RECALL_REPLICAS="2", RECALL_ARTIFACTS_DB_URL=postgres_url)
+    post_conversation(env, "alice", "c1", ["Which port does the billing proxy use?", "Port 8443, behind MT-4471."])
+    assert wait_until(lambda: indexed_chunks(env, "alice") == 2, 60)
+    assert "8443" in await call_recall(env, mint("alice"), "billing proxy port")
+    # A forget travels ingest -> stream -> indexer -> pub/sub to the recall replica, each with its own user.
+    resp = httpx.delete(f"{ingest_url(env)}/users/alice", headers={"x-ingest-key": env["RECALL_INGEST_KEY"]}, timeout=10)
+    assert resp.status_code == 202, resp.text
+    assert wait_until(lambda: "recall.tenant_dropped" in recall.output(), 30), recall.output()[-2000:]
+
+    # What each user may NOT do: no anonymous access; ingest and recall read no conversation text.
+    with pytest.raises(redis.AuthenticationError):
+        redis.Redis(port=port).get("recall:turns")
+    for user in ("ingest", "recall", "exporter"):
+        client = redis.Redis.from_url(urls[user])
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            client.xrange("recall:turns:dead")
+        client.close()
+    recall_client = redis.Redis.from_url(urls["recall"])
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        recall_client.xadd("recall:turns", {"kind": "forget_user", "user_hash": "0" * 24, "event": "{}"})
+    recall_client.close()
