@@ -6,12 +6,15 @@
     recall serve       the recall MCP service alone
     recall token       a dev JWT for a user (HS256 with RECALL_JWT_SECRET)
     recall demo        post example conversations to a running stack and show recalls
+    recall dlq         list, replay (at the original version) or drop dead-lettered events
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+
+from services.dlq import add_parser as add_dlq_parser
 
 
 def _ingest(args: argparse.Namespace) -> int:
@@ -85,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     demo = sub.add_parser("demo", help="post example conversations to a running stack and recall from them")
     demo.add_argument("--user", default="demo-user")
     demo.set_defaults(fn=_demo)
+    add_dlq_parser(sub)
     args = p.parse_args(argv)
     return args.fn(args)
 
