@@ -16,8 +16,8 @@ from tests.conftest import call_recall, indexed_chunks, mint, post_conversation,
 REALM = "acme-integrations"
 
 
-def token(user: str, role: str) -> str:
-    return mint(user, realms={REALM: role})
+def token(user: str, role: str, also: dict[str, str] | None = None) -> str:
+    return mint(user, realms={REALM: role, **(also or {})})
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -42,8 +42,8 @@ def mcp_server(services, service_env, db_url):
 
 
 class Agent:
-    def __init__(self, env, user: str, role: str) -> None:
-        self.client = Client(f"{recall_url(env)}/mcp", auth=BearerAuth(token(user, role)))
+    def __init__(self, env, user: str, role: str, also: dict[str, str] | None = None) -> None:
+        self.client = Client(f"{recall_url(env)}/mcp", auth=BearerAuth(token(user, role, also)))
 
     async def __aenter__(self) -> "Agent":
         await self.client.__aenter__()
@@ -106,7 +106,7 @@ async def test_seed_004_recipe_end_to_end(mcp_server):
         await reviewer("append_memory_artifact", realm_id=REALM, artifact_id=wl["artifact_id"],
                        body="Checked backward compatibility: 2.1 breaks handling of the retry field.",
                        source_ref="codex-thread:t-2", source_context={"task": "integration-follow-up"})
-        await viewer.refused("realm_role", "append_memory_artifact", realm_id=REALM, artifact_id=wl["artifact_id"],
+        await viewer.refused("Unknown tool", "append_memory_artifact", realm_id=REALM, artifact_id=wl["artifact_id"],
                              body="x", source_ref="r", source_context={})
 
         # Step 7: a handoff anchored with the handoff_target role.
@@ -140,7 +140,7 @@ async def test_seed_004_recipe_end_to_end(mcp_server):
         assert (await viewer("get_memory_artifact", realm_id=REALM, artifact_id=v1["artifact_id"]))["status"] == "superseded"
         current = await viewer("get_memory_artifact_by_path", realm_id=REALM, artifact_path="decisions/contract-7/version")
         assert current["artifact_id"] == v2["artifact_id"]
-        await researcher.refused("realm_role", "supersede_memory_artifact", realm_id=REALM, artifact_id=v2["artifact_id"],
+        await researcher.refused("Unknown tool", "supersede_memory_artifact", realm_id=REALM, artifact_id=v2["artifact_id"],
                                  body="b", summary="s", source_ref="r", source_context={})
         v3 = await lead("supersede_memory_artifact", realm_id=REALM, artifact_id=v2["artifact_id"],
                         body="Decision: move to 2.1 now; the vendor shipped the fix.", summary="Move to 2.1",
@@ -161,8 +161,9 @@ async def test_seed_004_recipe_end_to_end(mcp_server):
 async def test_every_refusal_names_its_rule(mcp_server):
     env = mcp_server
     realm_target = [{"target_kind": "realm", "target_id": REALM, "role": "primary"}]
-    async with Agent(env, "researcher", "member") as researcher, Agent(env, "other", "member") as other, \
-            Agent(env, "lead", "owner") as lead, Agent(env, "viewer", "reader") as viewer:
+    async with Agent(env, "researcher", "member") as researcher, Agent(env, "other", "member", also={"side-project": "owner"}) as other, \
+            Agent(env, "lead", "owner") as lead, Agent(env, "viewer", "reader", also={"side-project": "member"}) as viewer:
+        # The viewer reads this realm and writes in another one: it sees the write tools, and this realm refuses them.
         await researcher.refused("write_mode", "create_memory_artifact_draft",
                                  **draft_args("agents/a/worklog", "worklog", "replace", "body", realm_target))
         await researcher.refused("write_mode", "create_memory_artifact_draft",
@@ -199,6 +200,8 @@ async def test_every_refusal_names_its_rule(mcp_server):
         await viewer.refused("realm_role", "accept_memory_artifact", realm_id=REALM, artifact_id=wl["artifact_id"])
         await lead("accept_memory_artifact", realm_id=REALM, artifact_id=wl["artifact_id"])
         await other.refused("realm_role", "revoke_memory_artifact", realm_id=REALM, artifact_id=wl["artifact_id"])
+        await other.refused("realm_role", "supersede_memory_artifact", realm_id=REALM, artifact_id=wl["artifact_id"],
+                            body="b", summary="s", source_ref="r", source_context={})
         await lead("supersede_memory_artifact", realm_id=REALM, artifact_id=wl["artifact_id"], body="v2", summary="v2",
                    source_ref="r", source_context={})
         await researcher.refused("lifecycle", "append_memory_artifact", realm_id=REALM, artifact_id=wl["artifact_id"],

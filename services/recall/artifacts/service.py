@@ -23,6 +23,7 @@ from services.recall.artifacts.rules import RuleBroken
 from shared.tenant_paths import CONVERSATION_ID, TenantPaths
 
 CONFLICT_RETRIES = 20
+MAX_LIMIT = 100
 
 
 @dataclass(frozen=True)
@@ -230,7 +231,8 @@ class ArtifactService:
     def search(self, caller: Caller, realm_id: str, target_kind: str | None, target_id: str | None, kind: str | None,
                query: str | None, limit: int = 10) -> list[dict]:
         rules.role_in(caller.realms, realm_id)
-        limit = max(1, min(limit, 50))
+        if not 1 <= limit <= MAX_LIMIT:
+            raise RuleBroken("limit", f"limit must be between 1 and {MAX_LIMIT}, not {limit}")
         ranked = self.index.search(realm_id, query, limit) if query and query.strip() else None
         with self.store.transaction() as tx:
             found = self.store.accepted(tx, realm_id, ranked, target_kind, target_id, kind, limit=200 if ranked else limit)
@@ -242,4 +244,4 @@ class ArtifactService:
     def audit(self, caller: Caller, realm_id: str, artifact_id: str) -> list[dict]:
         with self.store.transaction() as tx:
             self._load(tx, caller, realm_id, artifact_id)
-            return [e.model_dump() for e in self.store.audit(tx, artifact_id)]
+            return [e.model_dump(mode="json") for e in self.store.audit(tx, artifact_id)]
