@@ -11,11 +11,13 @@ import json
 import time
 from contextlib import asynccontextmanager
 from datetime import datetime, timezone
+from typing import Annotated
 
 import redis.asyncio as aioredis
 from fastmcp import FastMCP
 from fastmcp.exceptions import ToolError
 from fastmcp.server.dependencies import get_access_token
+from pydantic import Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -166,7 +168,8 @@ def build_app(settings: RecallSettings | None = None):
                                "recall first, then answer.")
 
     @mcp.tool(name="recall_my_conversations", description=TOOL_DESCRIPTION)
-    async def recall_my_conversations(query: str) -> str:
+    async def recall_my_conversations(
+            query: Annotated[str, Field(description="Short search words: identifiers, key nouns, optional time words.")]) -> str:
         return await service.recall_for(caller_user(), query)
 
     register_artifact_tools(mcp, build_artifact_service(s))
