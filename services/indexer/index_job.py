@@ -35,9 +35,11 @@ class EmbeddedIndexJob:
 
     async def run(self, paths: TenantPaths, purge: bool = False) -> None:
         from shared.engine.index_run import index_tree
+        from services.indexer.reembed_job import reembed_if_stale
 
         if not paths.src.is_dir():
             return  # the tenant was forgotten after this run was scheduled
+        await asyncio.to_thread(reembed_if_stale, paths, self.embedder)
         await asyncio.to_thread(index_tree, paths.root, paths.src, self.embedder, 5.0, purge)
 
     async def remove_deleted(self, paths: TenantPaths) -> None:

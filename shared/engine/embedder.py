@@ -25,6 +25,7 @@ import platform
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Callable
 from typing import Literal, Protocol
 
 import numpy as np
@@ -233,14 +234,37 @@ def load_embedder(settings: EmbedderSettings | None = None) -> Embedder:
     return OnnxEmbedder(minilm_spec(settings), settings.embed_threads)
 
 
-_shared: Embedder | None = None
+_BUILT_IN: dict[str, Callable[[EmbedderSettings], Embedder]] = {
+    E5_MODEL_ID: lambda s: E5Embedder(s.embed_threads),
+    MINILM_MODEL_ID: lambda s: OnnxEmbedder(minilm_spec(s), s.embed_threads),
+    MINILM_SHIPPED_MODEL_ID: lambda s: OnnxEmbedder(minilm_spec(s, int8_compute=False), s.embed_threads),
+}
+_shared: dict[str, Embedder] = {}
+_configured: str | None = None
 _shared_lock = threading.Lock()
 
 
 def shared_embedder() -> Embedder:
-    """One embedder per process: loading costs up to a second, so it is paid once."""
-    global _shared
+    """The configured embedder, one per process: loading costs up to a second, so it is paid once."""
+    global _configured
     with _shared_lock:
-        if _shared is None:
-            _shared = load_embedder()
-        return _shared
+        if _configured is None:
+            embedder = load_embedder()
+            _configured = embedder.spec.model_id
+            _shared.setdefault(_configured, embedder)
+        return _shared[_configured]
+
+
+def embedder_for_stamp(model_id: str) -> Embedder | None:
+    """The built-in embedder whose vectors a memory stamped `model_id` holds, so a memory not
+    yet re-embedded after a model change keeps answering with its own model. None for an
+    unknown stamp or a model that cannot run here (the caller then refuses to mix)."""
+    if model_id not in _BUILT_IN:
+        return None
+    with _shared_lock:
+        if model_id not in _shared:
+            try:
+                _shared[model_id] = _BUILT_IN[model_id](EmbedderSettings())
+            except EmbedderUnavailable:
+                return None
+        return _shared[model_id]
