@@ -102,14 +102,17 @@ def test_unprocessed_stream_entries_are_purged(services, service_env, r):
     for i in range(3):  # accepted, but no indexer is running yet
         post_conversation(service_env, "bob", "b1", [f"draft {i}: BLUEHERON plan"])
     post_conversation(service_env, "bob", "b2", ["unrelated MT-4471"])
-    # A worker read them and died: they sit pending, to be reclaimed later than the delete is read.
-    r.xreadgroup("indexers", "crashed-worker", {"recall:turns": ">"}, count=4)
+    # A worker read b1's three snapshots and died: they sit pending. The reclaim idle time is
+    # longer than the test, so no worker can pick one up before the delete is carried out (it
+    # used to, now and then, and the receipt then counted 2).
+    r.xreadgroup("indexers", "crashed-worker", {"recall:turns": ">"}, count=3)
     receipt = delete(service_env, "/conversations/b1", user="bob")
-    services("indexer")
+    services("indexer", RECALL_RECLAIM_IDLE_MS="120000")
     assert wait_until(lambda: receipt_done(service_env, receipt["receipt"]) is not None, 30)
     assert receipt_done(service_env, receipt["receipt"])["removed"]["stream_entries"] == 3
     assert wait_until(lambda: indexed_chunks(service_env, "bob") == 1, 30)
     assert "BLUEHERON" not in stream_text(r)
+    assert wait_until(lambda: r.xpending("recall:turns", "indexers")["pending"] == 0, 10), "purged entries are acked too"
     assert not TenantPaths.for_user(Path(service_env["RECALL_DATA_DIR"]), "bob").transcript("b1").exists()
 
 
