@@ -163,9 +163,9 @@ def test_a_local_model_dir_is_used_stamped_and_never_mixed(tmp_path, run_engine,
     import json
     import shutil
 
-    from shared.engine.embedder import default_spec
+    from shared.engine.embedder import EmbedderSettings, minilm_spec
 
-    spec = default_spec()
+    spec = minilm_spec(EmbedderSettings(), int8_compute=False)
     model_dir = tmp_path / "my-minilm-copy"
     (model_dir / "1_Pooling").mkdir(parents=True)
     shutil.copy(spec.onnx_path, model_dir / "model.onnx")

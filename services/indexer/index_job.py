@@ -48,6 +48,7 @@ class EmbeddedIndexJob:
 
     async def run(self, paths: TenantPaths, purge: bool = False, lock: RedisLock | None = None) -> None:
         from shared.engine.index_run import index_tree
+        from services.indexer.reembed_job import reembed_if_stale
 
         if not paths.src.is_dir():
             return  # the tenant was forgotten after this run was scheduled
@@ -60,6 +61,7 @@ class EmbeddedIndexJob:
             if fence is not None and (point == "before_commit" or lock.lost):
                 fence()
 
+        await asyncio.to_thread(reembed_if_stale, paths, self.embedder)
         await asyncio.to_thread(index_tree, paths.root, paths.src, self.embedder, 5.0, purge, checkpoint)
 
     async def remove_deleted(self, paths: TenantPaths, lock: RedisLock | None = None) -> None:

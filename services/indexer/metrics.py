@@ -33,3 +33,11 @@ RETENTION_EXPIRED = Counter("recall_retention_expired_conversations_total", "Con
 for _kind in ("forget_conversation", "forget_user"):
     for _why in ("request", "retention"):
         FORGOTTEN.labels(_kind, _why)
+REEMBED_PROGRESS = Gauge("recall_reembed_progress_ratio",
+                         "Share of a tenant's chunks embedded with the configured model while its re-embed runs "
+                         "(the series is removed when the new memory is live).", ["user_hash"])
+REEMBEDS = Counter("recall_reembeds_total", "Memories moved to the configured embedding model, by outcome.", ["outcome"])
+REEMBED_PENDING = Gauge("recall_reembed_pending_memories",
+                        "Memories stamped with another embedding model, found by this worker's last sweep.")
+for _outcome in ("ok", "failed"):
+    REEMBEDS.labels(_outcome)
