@@ -119,8 +119,11 @@ def run_stack() -> int:
         for name in ("indexer", "ingest", "serve"):
             children.append((name, _start_child(name, env)))
         deadline = time.monotonic() + READY_TIMEOUT_S
-        for (name, proc), url in zip(children, (info.indexer_url, info.ingest_url, info.recall_url)):
-            while not stopping and not ready(proc, f"{url}/readyz", deadline):
+        for (name, proc), url, port in zip(children, (info.indexer_url, info.ingest_url, info.recall_url),
+                                           (s.indexer_port, s.ingest_port, s.recall_port)):
+            # Ready only when our own child holds the port: a 200 from another program that took
+            # the port after the check must not print "recall is up".
+            while not stopping and not (listens_on(proc, port) and ready(proc, f"{url}/readyz", deadline)):
                 time.sleep(0.1)
         if not stopping:
             write_info(info)
@@ -144,6 +147,15 @@ def run_stack() -> int:
         lock.release()
     print("recall up: stopped", flush=True)
     return code
+
+
+def listens_on(proc: subprocess.Popen, port: int) -> bool:
+    import psutil
+
+    try:
+        return any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in psutil.Process(proc.pid).net_connections("tcp"))
+    except psutil.NoSuchProcess:
+        return False
 
 
 def _start_child(command: str, env: dict[str, str]) -> subprocess.Popen:
