@@ -7,6 +7,7 @@
     recall serve       the recall MCP service alone
     recall token       a dev JWT for a user (HS256 with RECALL_JWT_SECRET)
     recall demo        post example conversations to a running stack and show recalls
+    recall dlq         list, replay (at the original version) or drop dead-lettered events
 
 `recall <command> --help` lists the environment variables each command reads.
 """
@@ -27,6 +28,7 @@ COMMANDS = (
     "services.service_commands",
     "services.token_command",
     "services.demo",
+    "services.dlq",
 )
 
 
