@@ -30,6 +30,7 @@ from services.port_check import port_problems
 from services.recall.settings import RecallSettings
 from services.stack_state import DataDirLock, StackInfo, remove_info, write_info
 from shared.child_process import die_with_parent, ready, stop
+from shared.engine.embedder import EmbedderSettings, e5_unsupported_reason
 from shared.redis_server import EmbeddedRedis, RedisStartError
 from shared.settings_base import CommonSettings
 
@@ -58,6 +59,7 @@ def local_url(host: str, port: int) -> str:
 def check_config() -> tuple[StackSettings, Path]:
     """Everything `recall up` needs, checked before any process starts (ConfigProblem otherwise)."""
     s = load_settings(StackSettings)
+    embedder_problems(load_settings(EmbedderSettings))
     data_dir = check_writable_dir(s.data_dir)
     wanted = [("RECALL_INGEST_PORT", s.ingest_host, s.ingest_port), ("RECALL_INDEXER_PORT", s.indexer_host, s.indexer_port),
               ("RECALL_RECALL_PORT", s.recall_host, s.recall_port)]
@@ -72,6 +74,12 @@ def check_config() -> tuple[StackSettings, Path]:
     if problems:
         raise ConfigProblem(*problems)
     return s, data_dir
+
+
+def embedder_problems(e: EmbedderSettings) -> None:
+    reason = e5_unsupported_reason() if e.embedder == "e5" and e.embed_model_dir is None else None
+    if reason:
+        raise ConfigProblem(f"RECALL_EMBEDDER='e5' is not allowed here: {reason}; set RECALL_EMBEDDER=minilm (English only)")
 
 
 def redis_url_problems(url: str) -> list[str]:
@@ -172,5 +180,6 @@ def _dev_token(s: RecallSettings) -> str:
 
 
 SETTINGS_GROUPS = [("every service", CommonSettings), ("ingest API", IngestSettings), ("indexer", IndexerSettings),
-                   ("recall MCP service", RecallSettings), ("recall up", StackSettings)]
+                   ("recall MCP service", RecallSettings), ("recall up", StackSettings),
+                   ("the embedding model (indexer and recall service)", EmbedderSettings)]
 

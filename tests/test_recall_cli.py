@@ -16,6 +16,7 @@ import pytest
 
 from services.config_check import ENGINE_VARIABLES
 from services.stack import StackSettings
+from shared.engine.embedder import EmbedderSettings
 from shared.redis_server import EmbeddedRedis, RedisStartError
 from tests.conftest import BIN, REPO, free_port
 
@@ -53,6 +54,11 @@ def test_several_mistakes_are_all_reported_at_once(tmp_path):
     assert result.returncode == 2 and len(lines) == 2 and "Traceback" not in result.stderr, result.stderr
     assert any("RECALL_K='many'" in ln and "integer" in ln for ln in lines)
     assert any("RECALL_ENGINE='gpt'" in ln and "embedded|funes" in ln for ln in lines)
+
+
+def test_the_embedding_model_settings_are_checked_too(tmp_path):
+    result = recall("up", cwd=tmp_path, RECALL_EMBEDDER="bert", **free_ports())
+    assert result.returncode == 2 and "RECALL_EMBEDDER='bert'" in one_line(result) and "'e5' or 'minilm'" in one_line(result)
 
 
 def test_debug_shows_the_traceback(tmp_path):
@@ -151,7 +157,7 @@ def test_demo_and_status_without_a_stack_say_what_to_do(tmp_path):
 
 def test_up_help_lists_every_variable_with_its_default(tmp_path):
     text = recall("up", "--help", cwd=tmp_path).stdout
-    for name, field in StackSettings.model_fields.items():
+    for name in [*StackSettings.model_fields, *EmbedderSettings.model_fields]:
         assert re.search(rf"RECALL_{name.upper()}  \(default: [^)]", text), name
     for name in ENGINE_VARIABLES:
         assert f"{name}  (default: " in text
@@ -161,7 +167,8 @@ def test_up_help_lists_every_variable_with_its_default(tmp_path):
 def test_every_recall_variable_read_anywhere_is_documented_in_help():
     """A RECALL_ name in the code that no settings class and no ENGINE_VARIABLES entry declares
     would be read but missing from `recall up --help`."""
-    declared = {f"RECALL_{n.upper()}" for n in StackSettings.model_fields} | set(ENGINE_VARIABLES)
+    declared = {f"RECALL_{n.upper()}" for cls in (StackSettings, EmbedderSettings) for n in cls.model_fields}
+    declared |= set(ENGINE_VARIABLES)
     used: set[str] = set()
     for path in [*(REPO / "services").rglob("*.py"), *(REPO / "shared").rglob("*.py")]:
         used |= set(re.findall(r"[\"'](RECALL_[A-Z0-9_]+)[\"']", path.read_text()))
