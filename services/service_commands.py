@@ -10,6 +10,7 @@ from services.config_check import ENGINE_VARIABLES, auth_problems, load_settings
 from services.indexer.settings import IndexerSettings
 from services.ingest.settings import IngestSettings
 from services.recall.settings import RecallSettings
+from shared.engine.embedder import EmbedderSettings
 from shared.settings_base import CommonSettings
 
 
@@ -20,7 +21,8 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
         ("serve", "run the recall MCP service", "recall MCP service", RecallSettings, _serve, True),
     ):
         p = sub.add_parser(name, parents=[common], help=helptext, description=helptext,
-                           epilog=variables_help([("every service", CommonSettings), (title, cls)],
+                           epilog=variables_help([("every service", CommonSettings), (title, cls)]
+                                                 + ([("the embedding model", EmbedderSettings)] if engine else []),
                                                  ENGINE_VARIABLES if engine else None),
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         p.set_defaults(fn=fn)

@@ -30,6 +30,7 @@ from services.port_check import port_problems
 from services.recall.settings import RecallSettings
 from services.stack_state import DataDirLock, StackInfo, remove_info, write_info
 from shared.child_process import die_with_parent, ready, stop
+from shared.engine.embedder import EmbedderSettings, e5_unsupported_reason
 from shared.redis_server import EmbeddedRedis, RedisStartError
 from shared.settings_base import CommonSettings
 
@@ -58,6 +59,7 @@ def local_url(host: str, port: int) -> str:
 def check_config() -> tuple[StackSettings, Path]:
     """Everything `recall up` needs, checked before any process starts (ConfigProblem otherwise)."""
     s = load_settings(StackSettings)
+    embedder_problems(load_settings(EmbedderSettings))
     data_dir = check_writable_dir(s.data_dir)
     wanted = [("RECALL_INGEST_PORT", s.ingest_host, s.ingest_port), ("RECALL_INDEXER_PORT", s.indexer_host, s.indexer_port),
               ("RECALL_RECALL_PORT", s.recall_host, s.recall_port)]
@@ -72,6 +74,12 @@ def check_config() -> tuple[StackSettings, Path]:
     if problems:
         raise ConfigProblem(*problems)
     return s, data_dir
+
+
+def embedder_problems(e: EmbedderSettings) -> None:
+    reason = e5_unsupported_reason() if e.embedder == "e5" and e.embed_model_dir is None else None
+    if reason:
+        raise ConfigProblem(f"RECALL_EMBEDDER='e5' is not allowed here: {reason}; set RECALL_EMBEDDER=minilm (English only)")
 
 
 def redis_url_problems(url: str) -> list[str]:
@@ -119,8 +127,11 @@ def run_stack() -> int:
         for name in ("indexer", "ingest", "serve"):
             children.append((name, _start_child(name, env)))
         deadline = time.monotonic() + READY_TIMEOUT_S
-        for (name, proc), url in zip(children, (info.indexer_url, info.ingest_url, info.recall_url)):
-            while not stopping and not ready(proc, f"{url}/readyz", deadline):
+        for (name, proc), url, port in zip(children, (info.indexer_url, info.ingest_url, info.recall_url),
+                                           (s.indexer_port, s.ingest_port, s.recall_port)):
+            # Ready only when our own child holds the port: a 200 from another program that took
+            # the port after the check must not print "recall is up".
+            while not stopping and not (listens_on(proc, port) and ready(proc, f"{url}/readyz", deadline)):
                 time.sleep(0.1)
         if not stopping:
             write_info(info)
@@ -146,6 +157,15 @@ def run_stack() -> int:
     return code
 
 
+def listens_on(proc: subprocess.Popen, port: int) -> bool:
+    import psutil
+
+    try:
+        return any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in psutil.Process(proc.pid).net_connections("tcp"))
+    except psutil.NoSuchProcess:
+        return False
+
+
 def _start_child(command: str, env: dict[str, str]) -> subprocess.Popen:
     # Own process group: Ctrl-C reaches only `recall up`, which stops the parts in order;
     # and a child never outlives a `recall up` that was killed outright.
@@ -160,5 +180,6 @@ def _dev_token(s: RecallSettings) -> str:
 
 
 SETTINGS_GROUPS = [("every service", CommonSettings), ("ingest API", IngestSettings), ("indexer", IndexerSettings),
-                   ("recall MCP service", RecallSettings), ("recall up", StackSettings)]
+                   ("recall MCP service", RecallSettings), ("recall up", StackSettings),
+                   ("the embedding model (indexer and recall service)", EmbedderSettings)]
 
