@@ -6,6 +6,7 @@
     recall serve       the recall MCP service alone
     recall token       a dev JWT for a user (HS256 with RECALL_JWT_SECRET)
     recall demo        post example conversations to a running stack and show recalls
+    recall memory      operators: write and inspect AgentMemory records
 """
 
 from __future__ import annotations
@@ -85,6 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     demo = sub.add_parser("demo", help="post example conversations to a running stack and recall from them")
     demo.add_argument("--user", default="demo-user")
     demo.set_defaults(fn=_demo)
+    from services.recall.agent_memory.cli import add_memory_command
+
+    add_memory_command(sub)
     args = p.parse_args(argv)
     return args.fn(args)
 

@@ -23,7 +23,8 @@ PRINCIPAL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@:-]{0,127}")
 
 # What an agent may do under the constitution (the preliminary check answers for these).
 Action = Literal["start", "create_draft", "append", "submit", "accept", "revoke", "propose_admission"]
-ACTIONS: tuple[str, ...] = Action.__args__  # type: ignore[attr-defined]
+# The preliminary check also answers "would this agent be admitted?".
+CheckAction = Literal["admit", "start", "create_draft", "append", "submit", "accept", "revoke", "propose_admission"]
 AgentStatus = Literal["active", "suspended", "retired"]
 
 
@@ -54,11 +55,12 @@ class Constitution(Strict):
 
 
 class RegistryEntry(Strict):
-    principal: str = Field(pattern=PRINCIPAL.pattern)
-    role: str = Field(pattern=ROLE_NAME.pattern)
+    principal: str = Field(pattern=f"^{PRINCIPAL.pattern}$", description="The agent's authenticated principal (its token's sub).")
+    role: str = Field(pattern=f"^{ROLE_NAME.pattern}$", description="One of the constitution's roles.")
     status: AgentStatus = "active"
-    admitted_by: str
-    admitted_at: str = Field(description="RFC 3339")
+    proposed_by: str
+    proposed_at: str = Field(description="RFC 3339")
+    takes_over_from: str | None = Field(None, description="A predecessor whose sources this agent also restores from.")
     note: str = ""
 
 
@@ -78,7 +80,7 @@ class AgentRegistry(Strict):
 
 
 class Charter(Strict):
-    role: str = Field(pattern=ROLE_NAME.pattern)
+    role: str = Field(pattern=f"^{ROLE_NAME.pattern}$")
     purpose: str = Field(min_length=1, max_length=1000)
     duties: list[str] = Field(min_length=1)
     must_read: list[str] = Field(description="Artifact paths the agent reads at start.")

@@ -57,7 +57,7 @@ class ArtifactService:
         rules.check_can_see(artifact.status, artifact.author, caller.principal)
         return artifact, role
 
-    def _check_targets(self, tx: Tx, caller: Caller, realm_id: str, targets: list[Target]) -> None:
+    def check_targets(self, tx: Tx, caller: Caller, realm_id: str, targets: list[Target]) -> None:
         if not targets:
             raise RuleBroken("targets", "an artifact needs at least one target")
         for t in targets:
@@ -102,7 +102,7 @@ class ArtifactService:
         kind_schemas.check_path(draft.artifact_kind, draft.artifact_path)
         kind_schemas.parse_body(draft.artifact_kind, draft.body)
         with self.store.transaction() as tx:
-            self._check_targets(tx, caller, realm_id, draft.targets)
+            self.check_targets(tx, caller, realm_id, draft.targets)
             current = self.store.accepted_at_path(tx, realm_id, draft.artifact_path)
             rules.check_succession(current.artifact_id if current else None, draft.supersedes_artifact_id)
             self.store.insert(tx, artifact)
@@ -117,7 +117,7 @@ class ArtifactService:
                 kind_schemas.parse_body(artifact.artifact_kind, changes["body"])
             targets = changes.pop("targets", None)
             if targets is not None:
-                self._check_targets(tx, caller, realm_id, targets)
+                self.check_targets(tx, caller, realm_id, targets)
                 self.store.replace_targets(tx, artifact_id, targets)
             if changes:
                 self.store.update_fields(tx, artifact_id, **changes)
@@ -184,7 +184,7 @@ class ArtifactService:
                 rules.check_supersede(current.status, role)
                 kind_schemas.parse_body(current.artifact_kind, body)
                 new_targets = targets or current.targets
-                self._check_targets(tx, caller, realm_id, new_targets)
+                self.check_targets(tx, caller, realm_id, new_targets)
                 now = time.time()
                 new = Artifact(artifact_id=uuid.uuid4().hex, realm_id=realm_id, artifact_path=current.artifact_path,
                                artifact_kind=current.artifact_kind, write_mode=current.write_mode, status=Status.DRAFT,
