@@ -185,6 +185,14 @@ async def test_seed_004_whole_story(realm_server):
         assert [(e["author"], e["body"][:10]) for e in by_path["entries"]] == [
             ("integration-researcher", "Checked ba"), ("integration-researcher-2", "Took over ")]
 
+        # Step 9's shortcut: an owner replaces the accepted decision directly (no review, audited).
+    async with Session(env, "lead", "owner") as lead:
+        v3 = await lead("supersede_memory_artifact", artifact_id=v2["artifact_id"], body="Decision: move to 2.1 now.",
+                        summary="Move to 2.1 now", source_ref="meeting:2026-11-20", source_context={"who": "lead"})
+        assert v3["supersedes_artifact_id"] == v2["artifact_id"] and v3["status"] == "accepted"
+        assert [e["event"] for e in (await lead("list_memory_artifact_audit", artifact_id=v2["artifact_id"]))["events"]] == \
+            ["created", "submitted", "accepted", "superseded"]
+    async with Session(env, "integration-researcher-2", "member") as second:
         # The registry's history is reviewed memory too: every admission is a version, audited.
         registry = await second("get_memory_artifact_by_path", artifact_path="population/registry")
         assert [a["principal"] for a in json.loads(registry["body"])["agents"]] == [

@@ -67,19 +67,19 @@ class PopulationService:
         with self.store.transaction() as tx:
             c, constitution, r, registry = self._state(tx, realm_id)
             entries = [a for a in registry.agents if principal is None or a.principal == principal]
-            agents = [self._describe(tx, realm_id, constitution, registry, a) for a in entries]
+            agents = [self._describe(tx, realm_id, a) for a in entries]
         return {"constitution_id": c.artifact_id, "registry_id": r.artifact_id,
                 "roles": {name: policy.model_dump(mode="json") for name, policy in constitution.roles.items()},
                 "separate_author_and_reviewer": constitution.separate_author_and_reviewer, "agents": agents}
 
-    def _describe(self, tx: Tx, realm_id: str, constitution: Constitution, registry: AgentRegistry,
-                  entry: RegistryEntry) -> dict[str, Any]:
+    def _describe(self, tx: Tx, realm_id: str, entry: RegistryEntry) -> dict[str, Any]:
         """The registry entry, where its charter is, and its sources resolved to accepted artifacts."""
         path = charter_path(entry.role)
         charter_artifact = self.store.accepted_at_path(tx, realm_id, path)
         sources: list[dict[str, Any]] = []
+        charter: Charter | None = None
         if charter_artifact is not None:
-            charter: Charter = parse_body("charter", charter_artifact.body)  # type: ignore[assignment]
+            charter = parse_body("charter", charter_artifact.body)  # type: ignore[assignment]
             owners = [entry.principal] + ([entry.takes_over_from] if entry.takes_over_from else [])
             for who in owners:
                 for template in charter.sources:
@@ -90,8 +90,7 @@ class PopulationService:
                                     "summary": found.summary if found else None})
         return {**entry.model_dump(mode="json"), "charter_path": path,
                 "charter_id": charter_artifact.artifact_id if charter_artifact else None,
-                "handoff_path": (parse_body("charter", charter_artifact.body).handoff_path.format(principal=entry.principal)  # type: ignore[union-attr]
-                                 if charter_artifact else None),
+                "handoff_path": charter.handoff_path.format(principal=entry.principal) if charter else None,
                 "sources": sources}
 
     # ---- the preliminary rule check (a dry run) -------------------------------------------------------
