@@ -20,12 +20,12 @@ from typing import Any
 from pydantic import ValidationError
 
 
-def add_memory_command(sub: Any) -> None:
-    p = sub.add_parser("memory", help="operators: write and inspect AgentMemory records", description=__doc__,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("memory", parents=[common], help="operators: write and inspect AgentMemory records",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ops = p.add_subparsers(dest="memory_op", required=True)
     for name in ("add", "list", "show", "change", "retire", "audit"):
-        op = ops.add_parser(name)
+        op = ops.add_parser(name, parents=[common])
         op.add_argument("--realm", required=True, help="realm id")
         if name in ("add", "change", "retire"):
             op.add_argument("--as", dest="operator", required=True, help="your name, recorded in the audit")
@@ -55,8 +55,9 @@ def run_memory_command(args: argparse.Namespace) -> int:
     from services.recall.artifacts.service import Caller
     from services.recall.server import build_artifact_service
     from services.recall.settings import RecallSettings
+    from services.config_check import load_settings
 
-    s = RecallSettings()
+    s = load_settings(RecallSettings)
     artifacts = build_artifact_service(s)
     service = AgentMemoryService(MemoryStore(artifacts.store), artifacts, artifacts.data_dir)
     who = f"operator:{args.operator}" if getattr(args, "operator", None) else "operator"
