@@ -116,8 +116,16 @@ async def test_seed_004_whole_story(realm_server):
             worklog_path, "worklog", "append", "Studied the contract structure and error handling. Found a version mismatch.", CONTRACT))
         assert (await researcher("get_memory_artifact", artifact_id=wl["artifact_id"]))["targets"] == CONTRACT
         await researcher("submit_memory_artifact", artifact_id=wl["artifact_id"])
-        await researcher.refused("separation_of_duties", "accept_memory_artifact", artifact_id=wl["artifact_id"])
+        await researcher.refused("constitution: role researcher may .*, not accept", "accept_memory_artifact",
+                                 artifact_id=wl["artifact_id"])
         assert (await reviewer("accept_memory_artifact", artifact_id=wl["artifact_id"]))["status"] == "accepted"
+        # The constitution binds registered agents in real operations too, not only in the dry run.
+        await reviewer.refused("constitution: role reviewer may write .*, not decision", "create_memory_artifact_draft",
+                               **draft("decisions/contract-7/other", "decision", "replace", "d", CONTRACT))
+        protocol = await reviewer("create_memory_artifact_draft", **draft(
+            "reviews/contract-7/worklog", "review_protocol", "replace", "Checked targets and sources of the worklog.", CONTRACT))
+        await reviewer("submit_memory_artifact", artifact_id=protocol["artifact_id"])
+        await reviewer.refused("separation_of_duties", "accept_memory_artifact", artifact_id=protocol["artifact_id"])
 
     # A new session of the researcher restores its state from its charter's sources and goes on (step 6).
     async with Session(env, "integration-researcher", "member") as researcher, Session(env, "review-bot", "member") as reviewer:

@@ -88,6 +88,25 @@ class Charter(Strict):
     handoff_path: str = Field(description="Where it leaves its handoff ({principal} = the agent).")
 
 
+def agent_refusals(constitution: Constitution, registry: AgentRegistry, principal: str, action: str,
+                   artifact_kind: str | None = None) -> list[str]:
+    """Why the constitution would refuse this registered agent this action (empty: allowed)."""
+    entry = registry.find(principal)
+    if entry is None:
+        return [f"{principal} is not in the agent registry (an owner accepts an admission first)"]
+    if entry.status != "active":
+        return [f"{principal} is {entry.status} in the registry"]
+    policy = constitution.roles.get(entry.role)
+    if policy is None:
+        return [f"role {entry.role!r} is not in the constitution"]
+    out = []
+    if action not in policy.may:
+        out.append(f"role {entry.role} may {sorted(policy.may)}, not {action}")
+    if action == "create_draft" and artifact_kind is not None and artifact_kind not in policy.may_write_kinds:
+        out.append(f"role {entry.role} may write {sorted(policy.may_write_kinds)}, not {artifact_kind}")
+    return out
+
+
 SCHEMAS: dict[str, type[Strict]] = {"constitution": Constitution, "agent_registry": AgentRegistry, "charter": Charter}
 
 

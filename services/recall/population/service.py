@@ -10,7 +10,7 @@ from typing import Any
 
 from services.recall.artifacts import rules
 from services.recall.artifacts.kind_schemas import (CONSTITUTION_PATH, PRINCIPAL, REGISTRY_PATH, AgentRegistry, Charter,
-                                                    Constitution, RegistryEntry, dump, parse_body)
+                                                    Constitution, RegistryEntry, agent_refusals, dump, parse_body)
 from services.recall.artifacts.artifact_store import Tx
 from services.recall.artifacts.models import Artifact, DraftInput, Role, Status, Target, rfc3339
 from services.recall.artifacts.rules import RuleBroken
@@ -121,20 +121,10 @@ class PopulationService:
             if agent_role is None or agent_role not in constitution.roles:
                 out.append(f"agent_role must be one of the constitution's roles {sorted(constitution.roles)}")
             return out
-        if entry is None:
-            return [f"{who} is not in the agent registry (an owner accepts an admission first)"]
-        if entry.status != "active":
-            return [f"{who} is {entry.status} in the registry"]
-        policy = constitution.roles.get(entry.role)
-        if policy is None:
-            return [f"role {entry.role!r} is not in the constitution"]
-        out = []
-        if action not in policy.may:
-            out.append(f"role {entry.role} may {sorted(policy.may)}, not {action}")
-        if action == "start" and self.store.accepted_at_path(tx, realm_id, charter_path(entry.role)) is None:
+        out = agent_refusals(constitution, registry, who, action, artifact_kind)
+        if action == "start" and entry is not None and not out and \
+                self.store.accepted_at_path(tx, realm_id, charter_path(entry.role)) is None:
             out.append(f"no accepted charter at {charter_path(entry.role)!r}")
-        if action == "create_draft" and artifact_kind is not None and artifact_kind not in policy.may_write_kinds:
-            out.append(f"role {entry.role} may write {sorted(policy.may_write_kinds)}, not {artifact_kind}")
         return out
 
     # ---- admission (a proposal an owner accepts) ------------------------------------------------------
@@ -155,5 +145,5 @@ class PopulationService:
                            body=dump(proposal), summary=f"Admit {principal} as {agent_role}",
                            source_ref=f"admission:{principal}", source_context={"proposed_by": caller.principal, "note": note},
                            targets=[Target(target_kind="realm", target_id=realm_id)], supersedes_artifact_id=current.artifact_id)
-        made = self.artifacts.create_draft(caller, realm_id, draft)
+        made = self.artifacts.create_draft(caller, realm_id, draft, as_action="propose_admission")
         return self.artifacts.submit(caller, realm_id, made.artifact_id)
