@@ -22,7 +22,10 @@ from pydantic import ValidationError
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("memory", parents=[common], help="operators: write and inspect AgentMemory records",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog="environment variables (or lines in .env): RECALL_ARTIFACTS_DB_URL (default: "
+                              "sqlite:///$RECALL_DATA_DIR/artifacts.sqlite3), RECALL_DATA_DIR (default: data; cited "
+                              "conversations and targets are checked there)")
     ops = p.add_subparsers(dest="memory_op", required=True)
     for name in ("add", "list", "show", "change", "retire", "audit"):
         op = ops.add_parser(name, parents=[common])
@@ -82,14 +85,14 @@ def run_memory_command(args: argparse.Namespace) -> int:
             out = service.search(caller, args.realm, memory_type=args.memory_type, reality=args.reality, tag=args.tag,
                                  target_id=args.target_id, query=args.query, valid_now=not args.all, limit=args.limit)
     except RuleBroken as exc:
-        print(f"refused: {exc}", file=sys.stderr)
+        print(f"recall memory: refused: {exc}", file=sys.stderr)
         return 1
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]
-        print(f"invalid {'.'.join(str(p) for p in first['loc']) or 'record'}: {first['msg']}", file=sys.stderr)
+        print(f"recall memory: invalid {'.'.join(str(p) for p in first['loc']) or 'record'}: {first['msg']}", file=sys.stderr)
         return 2
     except OSError as exc:
-        print(f"cannot read {args.file}: {exc.strerror}", file=sys.stderr)
+        print(f"recall memory: cannot read {args.file}: {exc.strerror}", file=sys.stderr)
         return 2
     print(json.dumps(out, indent=2, ensure_ascii=False))
     return 0
