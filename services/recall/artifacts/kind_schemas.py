@@ -118,7 +118,7 @@ def parse_body(kind: str, body: str) -> Strict | None:
     try:
         return model.model_validate(json.loads(body))
     except json.JSONDecodeError as exc:
-        raise RuleBroken("body", f"a {kind} body is JSON ({exc.msg} at line {exc.lineno})") from None
+        raise RuleBroken("body", f"the body of an artifact of kind {kind} must be JSON ({exc.msg} at line {exc.lineno})") from None
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]
         where = ".".join(str(p) for p in first["loc"]) or kind
