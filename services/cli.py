@@ -8,6 +8,7 @@
     recall token       a dev JWT for a user (HS256 with RECALL_JWT_SECRET)
     recall demo        post example conversations to a running stack and show recalls
     recall dlq         list, replay (at the original version) or drop dead-lettered events
+    recall memory      operators: write and inspect AgentMemory records
 
 `recall <command> --help` lists the environment variables each command reads.
 """
@@ -29,6 +30,7 @@ COMMANDS = (
     "services.token_command",
     "services.demo",
     "services.dlq",
+    "services.recall.agent_memory.cli",
 )
 
 
