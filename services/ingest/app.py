@@ -72,6 +72,8 @@ class IngestAPI:
     def __init__(self, settings: IngestSettings) -> None:
         self.s = settings
         self.key = settings.ingest_key.get_secret_value().encode()
+        # During a rotation the previous key stays valid too (docs/operations.md, "Secrets").
+        self.keys = [k for k in (self.key, settings.ingest_key_previous.get_secret_value().encode()) if k]
         if not self.key:
             raise RuntimeError("RECALL_INGEST_KEY must be set: the ingest API never runs without a key")
         self.redis = aioredis.Redis.from_url(settings.redis, socket_timeout=5, socket_connect_timeout=2)
@@ -82,7 +84,8 @@ class IngestAPI:
         async def endpoint(request: Request) -> Response:
             started = time.perf_counter()
             try:
-                if not hmac.compare_digest(request.headers.get("x-ingest-key", "").encode(), self.key):
+                sent = request.headers.get("x-ingest-key", "").encode()
+                if not any([hmac.compare_digest(sent, key) for key in self.keys]):  # a list: every key is compared
                     raise HTTPProblem(401, "missing or wrong ingest key", [("x-ingest-key", "does not match RECALL_INGEST_KEY")])
                 status, body = await handler(request)
             except HTTPProblem as p:
