@@ -144,9 +144,9 @@ async def _run(args: argparse.Namespace, settings: IndexerSettings) -> int:
         await client.aclose()
 
 
-def add_parser(sub) -> None:
+def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     """Register `recall dlq` on the `recall` command's subparsers."""
-    p = sub.add_parser("dlq", help="list, replay (at the original version) or drop dead-lettered events")
+    p = sub.add_parser("dlq", parents=[common], help="list, replay (at the original version) or drop dead-lettered events")
     p.add_argument("action", choices=["list", "replay", "drop"])
     p.add_argument("ids", nargs="*", help="dead-letter stream ids (from `list`)")
     p.add_argument("--all", action="store_true", help="replay or drop every dead-lettered event")

@@ -48,10 +48,16 @@ def test_grafana_admin_and_other_foreign_secrets_are_checked_from_the_environmen
         "(python3 -c 'import secrets; print(secrets.token_urlsafe(32))')"]
 
 
-def test_ingest_accepts_the_new_and_the_previous_key_during_a_rotation(services, service_env):
+def test_a_weak_next_ingest_key_is_refused_too(service_env):
+    out = subprocess.run([str(BIN / "recall"), "ingest"], env={**service_env, "RECALL_INGEST_KEY_NEXT": "replace-me-with-a-long-random-key"},
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "RECALL_INGEST_KEY_NEXT" in out.stderr
+
+
+def test_ingest_accepts_the_current_and_the_next_key_during_a_rotation(services, service_env):
     new_key = secrets.token_urlsafe(32)
-    env = {**service_env, "RECALL_INGEST_KEY": new_key, "RECALL_INGEST_KEY_PREVIOUS": service_env["RECALL_INGEST_KEY"]}
-    services("ingest", RECALL_INGEST_KEY=new_key, RECALL_INGEST_KEY_PREVIOUS=service_env["RECALL_INGEST_KEY"])
+    env = {**service_env, "RECALL_INGEST_KEY_NEXT": new_key}
+    services("ingest", RECALL_INGEST_KEY_NEXT=new_key)
     body = conversation_payload("alice", "c1", ["hello"])
     for key, status in ((new_key, 202), (service_env["RECALL_INGEST_KEY"], 202), (secrets.token_urlsafe(32), 401), ("", 401)):
         resp = httpx.post(f"{ingest_url(env)}/turns", headers={"x-ingest-key": key}, json=body, timeout=10)
