@@ -119,7 +119,7 @@ def is_hit(passages: list[str], q: Question) -> bool:
 def plain_rrf(engine: Engine, memory: Path, query: str, k: int, candidates: int) -> tuple[list[str], list[str]]:
     """The baseline: the engine's two legs fused by plain RRF (k=60), ±1 neighbouring turns."""
     reader = engine.reader(memory)
-    qvec = engine.embedder.embed([query])[0]
+    qvec = engine.embedder.embed_query(query)
     with reader.lock:
         reader.refresh()
         found = search_legs(reader, qvec, query, candidates, reader.filter_mask(None, None))

@@ -46,6 +46,16 @@ RERANK_POOL_FACTOR = 4
 NEIGHBOUR_PREVIEW_CHARS = 160  # funes shows neighbours as previews of this many code points
 
 
+class DeadlineExceeded(Exception):
+    """The caller stopped waiting: the search gives its worker back at the next stage."""
+
+
+def check_deadline(deadline: float | None) -> None:
+    """`deadline` is a time.monotonic() value; None means no limit."""
+    if deadline is not None and time.monotonic() > deadline:
+        raise DeadlineExceeded()
+
+
 @dataclass(frozen=True)
 class RecallParams:
     k: int = 8
@@ -171,14 +181,15 @@ def recall(
     params: RecallParams,
     reranker: Reranker | None = None,
     now: float | None = None,
+    deadline: float | None = None,
 ) -> list[Hit]:
     query = query.strip()
     if not query:
         return []
-    # Models with a query form (e5's "query: " prefix) embed queries apart from passages.
-    qvec = embedder.embed_query(query) if hasattr(embedder, "embed_query") else embedder.embed([query])[0]
+    qvec = embedder.embed_query(query)
     now = time.time() if now is None else now
     with reader.lock:
+        check_deadline(deadline)  # searches of one memory queue on its lock
         reader.refresh()
         mask = reader.filter_mask(params.block_type, params.harness)
         c = params.candidates
@@ -194,12 +205,14 @@ def recall(
         patterns = [identifier_pattern(i) for i in idents]
         boost = {rid: IDENTIFIER_BOOST * count_identifiers(rows[rid].text, patterns) / len(patterns)
                  for rid in rows} if patterns else {}
-        if params.floor and not any(boost.values()) and not floor_for(embedder.spec.model_id).passes(legs):
-            return []
+        if params.floor and not any(boost.values()) and not (
+                query_terms(query) and floor_for(embedder.spec.model_id).passes(legs)):
+            return []  # nothing close enough, or a query without a single word
         pool = sorted(rows, key=lambda rid: fused[rid] + boost.get(rid, 0.0), reverse=True)[:c]
 
         reranked: dict[int, float] = {}
         if reranker is not None and len(pool) >= RERANK_POOL_FACTOR * params.k:
+            check_deadline(deadline)  # the cross-encoder is the costliest stage
             reranked = dict(zip(pool, reranker.scores(query, [rows[r].text for r in pool]).tolist()))
         base = reranked or {rid: fused[rid] + boost.get(rid, 0.0) for rid in pool}
         recency = {rid: _recency(reader.epoch_of(rid), now, params.half_life_days) for rid in pool}
