@@ -198,7 +198,7 @@ def recall(
         # Turns holding the query's identifiers join the pool even when both legs missed them.
         ident_leg = bm25_leg(reader, " ".join(f'"{phrase(i)}"' for i in idents), c, mask) if idents else []
         rows = reader.store.rows(list({rid for leg in (legs.dense, legs.bm25, ident_leg) for rid, _ in leg}))
-        plain = {rid: s for rid, s in fuse(legs).items() if rid in rows}
+        plain = {rid: s for rid, s in fuse(legs, DENSE_WEIGHT).items() if rid in rows}
         fused = _session_lift(plain, rows)
         for rid, _ in ident_leg:
             fused.setdefault(rid, 0.0)
