@@ -239,7 +239,7 @@ def main() -> None:
     body = render(result, len(samples))
     print(body)
     if not args.no_doc:
-        write_section("locomo-bench", "python -m bench.locomo_bench", body)
+        write_section("locomo-bench", " ".join(["python -m bench.locomo_bench", *sys.argv[1:]]), body)
 
 
 if __name__ == "__main__":
