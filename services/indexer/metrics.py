@@ -19,12 +19,16 @@ INDEX_RUNNING = Gauge("recall_index_jobs_running", "Index jobs running in this w
 # Series exist from the start (at 0), so dashboards and alerts see them before the first event.
 for _reason in ("invalid event", "max deliveries exceeded"):
     DEAD_LETTERS.labels(_reason)
-for _outcome in ("ok", "busy", "failed", "cancelled"):
+for _outcome in ("ok", "busy", "failed", "cancelled", "lock_lost"):
     INDEX_JOB_SECONDS.labels(_outcome)
 for _result in ("written", "stale"):
     SNAPSHOTS.labels(_result)
 FORGOTTEN = Counter("recall_forgotten_total", "Forget events carried out, by kind and reason (request, retention).", ["kind", "reason"])
 RETENTION_SWEEPS = Counter("recall_retention_sweeps_total", "Retention sweeps run by this worker.")
+RETENTION_ERRORS = Counter("recall_retention_errors_total",
+                           "Retention sweep errors by where (redis, sweep, tenant, override); the sweeper carries on.", ["where"])
+for _where in ("redis", "sweep", "tenant", "override"):
+    RETENTION_ERRORS.labels(_where)
 RETENTION_EXPIRED = Counter("recall_retention_expired_conversations_total", "Conversations the retention sweeper asked to forget.")
 for _kind in ("forget_conversation", "forget_user"):
     for _why in ("request", "retention"):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from shared.engine.api import MemoryState
 from shared.tenant_paths import TenantPaths
 
 
@@ -14,6 +15,10 @@ class BackendUnavailable(Exception):
 class RecallBackend(Protocol):
     async def recall(self, paths: TenantPaths, query: str, k: int, candidates: int) -> str:
         """funes agent-format text for this tenant's memory."""
+        ...
+
+    async def memory_state(self, paths: TenantPaths) -> MemoryState:
+        """Whether this tenant has a memory to search, as the engine in use reports it."""
         ...
 
     async def forget_tenant(self, paths: TenantPaths) -> None:

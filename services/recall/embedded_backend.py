@@ -8,11 +8,12 @@ Searches run in worker threads, off the event loop.
 from __future__ import annotations
 
 import asyncio
+import time
 
 from services.recall.backend import BackendUnavailable
 from services.recall.metrics import POOL_EVICTIONS, POOL_SIZE
-from shared.engine.api import Engine, NoIndex
-from shared.engine.hybrid_search import RecallParams
+from shared.engine.api import Engine, MemoryState, NoIndex, memory_state
+from shared.engine.hybrid_search import DeadlineExceeded, RecallParams
 from shared.tenant_paths import TenantPaths
 
 
@@ -24,11 +25,12 @@ class EmbeddedBackend:
     async def recall(self, paths: TenantPaths, query: str, k: int, candidates: int) -> str:
         params = RecallParams(k=k, candidates=candidates)
         evictions = self.engine.evictions
-        work = asyncio.ensure_future(asyncio.to_thread(self.engine.recall, paths.memory, query, params))
+        deadline = time.monotonic() + self.timeout_s
         try:
-            # shield: a timed-out search finishes in its thread; the caller stops waiting.
-            return await asyncio.wait_for(asyncio.shield(work), self.timeout_s)
-        except asyncio.TimeoutError:
+            # A thread cannot be cancelled, so the search itself stops at its next stage once
+            # the deadline passes; awaiting it to the end keeps its admission slot taken meanwhile.
+            return await asyncio.to_thread(self.engine.recall, paths.memory, query, params, deadline=deadline)
+        except DeadlineExceeded:
             raise BackendUnavailable("recall timed out") from None
         except NoIndex:
             raise
@@ -38,6 +40,9 @@ class EmbeddedBackend:
             POOL_SIZE.set(self.engine.open_readers)
             if self.engine.evictions > evictions:
                 POOL_EVICTIONS.labels("lru").inc(self.engine.evictions - evictions)
+
+    async def memory_state(self, paths: TenantPaths) -> MemoryState:
+        return memory_state(paths.memory)
 
     async def forget_tenant(self, paths: TenantPaths) -> None:
         self.engine.drop(paths.memory)

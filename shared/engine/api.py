@@ -16,7 +16,7 @@ from pathlib import Path
 
 from shared.engine import agent_format
 from shared.engine.embedder import Embedder, embedder_for_stamp, shared_embedder
-from shared.engine.hybrid_search import RecallParams, recall, turn_window
+from shared.engine.hybrid_search import RecallParams, check_deadline, recall, turn_window
 from shared.engine.memory_reader import MemoryReader
 from shared.engine.reranker import Reranker, configured_reranker, reranker_status
 from shared.engine.store import DB_NAME, MemoryStore
@@ -91,9 +91,12 @@ class Engine:
         return len(self._readers)
 
     # ---- commands ----------------------------------------------------------------------------
-    def recall(self, memory: Path, query: str, params: RecallParams, label: str | None = None) -> str:
+    def recall(self, memory: Path, query: str, params: RecallParams, label: str | None = None,
+               deadline: float | None = None) -> str:
+        """`deadline` (time.monotonic()): past it the search stops between stages, DeadlineExceeded."""
+        check_deadline(deadline)
         reader = self.reader(memory)
-        hits = recall(reader, self.embedder_of(reader), query, params, self.reranker)
+        hits = recall(reader, self.embedder_of(reader), query, params, self.reranker, deadline=deadline)
         return agent_format.render_recall(hits, label or str(memory))
 
     def embedder_of(self, reader: MemoryReader) -> Embedder:
