@@ -10,9 +10,9 @@ one and exchanges the two directories in one step:
    `src/` holds now (purging anything deleted meanwhile), then `renameat2(RENAME_EXCHANGE)`
    swaps `memory/` and `.reembed/memory/` atomically, and the old memory is deleted.
 A reader sees the old memory or the new one, never a mix: the engine reopens a memory whose
-database file changed under its path. A crash in step 1 leaves the live memory untouched (the
-next attempt starts over); a crash in step 2 before the exchange does too, after it the new
-memory is live and the leftover `.reembed/` is removed by the next attempt.
+database file changed under its path. An abort (a lost lock) or a crash before the exchange
+leaves the live memory untouched and the next attempt starts over; `.reembed/` is removed at
+the end of every attempt, or by the next one after a crash.
 """
 
 from __future__ import annotations
@@ -74,6 +74,7 @@ class _ReportingEmbedder:
 
 
 def _live_chunks(home: Path) -> int:
+    """Chunks of the memory under `home` now."""
     store = MemoryStore.open(memory_dir(home))
     try:
         return store.counts()[0]
@@ -88,25 +89,21 @@ def reembed_memory(home: Path, src: Path, embedder: Embedder, progress: Progress
     an exception from `checkpoint` (called as in `index_tree`, and once more right before the
     switch) aborts with the live memory untouched."""
     staging = home / STAGING
-    shutil.rmtree(staging, ignore_errors=True)  # an earlier attempt's leftovers, never trusted
+    shutil.rmtree(staging, ignore_errors=True)  # a crashed attempt's leftovers, never trusted
     kwargs = {"checkpoint": checkpoint} if checkpoint else {}
-    building = _ReportingEmbedder(embedder, progress, _live_chunks(home)) if progress else embedder
-    index_tree(staging, src, building, **kwargs)
-    with memory_lock(home, lock_wait_s):
-        index_tree(staging, src, embedder, purge=True, **kwargs)
-        if checkpoint:
-            checkpoint("before_commit")
-        if MemoryStore.exists(memory_dir(home)):
-            exchange(memory_dir(staging), memory_dir(home))
-        else:  # forgotten meanwhile: nothing to replace
-            os.rename(memory_dir(staging), memory_dir(home))
-    store = MemoryStore.open(memory_dir(home))
     try:
-        chunks, _ = store.counts()
+        building = _ReportingEmbedder(embedder, progress, _live_chunks(home)) if progress else embedder
+        index_tree(staging, src, building, **kwargs)
+        with memory_lock(home, lock_wait_s):
+            if not src.is_dir() or not MemoryStore.exists(memory_dir(home)):
+                return 0  # forgotten meanwhile: nothing to replace, nothing may stay behind
+            index_tree(staging, src, embedder, purge=True, **kwargs)
+            if checkpoint:
+                checkpoint("before_commit")
+            exchange(memory_dir(staging), memory_dir(home))
     finally:
-        store.close()
-    shutil.rmtree(staging, ignore_errors=True)
-    return chunks
+        shutil.rmtree(staging, ignore_errors=True)  # the old memory after a switch, else the unused new one
+    return _live_chunks(home)
 
 
 _RENAME_EXCHANGE = 2
