@@ -40,6 +40,7 @@ bench: install
 	$(PY) -m bench.ingest_bench
 	$(PY) -m bench.recall_service_bench
 	$(PY) -m bench.redaction_bench
+	$(PY) -m bench.embedder_bench
 
 clean:
 	rm -rf $(VENV) .pytest_cache
