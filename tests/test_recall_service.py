@@ -290,8 +290,6 @@ def _signed(claims: dict) -> str:
 
 
 def test_tokens_without_exp_beyond_the_lifetime_cap_or_without_a_user_get_401(services, service_env):
-    import time
-
     services("serve", RECALL_MAX_TOKEN_LIFETIME_S="3600")
     now = int(time.time())
     base = {"sub": "alice", "iat": now, "exp": now + 600, "iss": "recall-dev"}
@@ -306,8 +304,6 @@ def test_tokens_without_exp_beyond_the_lifetime_cap_or_without_a_user_get_401(se
 
 
 async def test_a_real_mcp_client_with_a_token_naming_no_user_is_refused_with_401(services, service_env):
-    import time
-
     import httpx2
     from fastmcp import Client
     from fastmcp.client.auth import BearerAuth
