@@ -104,6 +104,8 @@ async def test_awkward_queries(stack):
     assert await call_recall(env, token, "   \n\t ") == EMPTY_QUERY
     for q in ("MT-4471?", "(N-11)", "'K-2'", '"MT-4471"', "MT-4471:", "N-11,MT-4471"):
         assert "MT-4471" in await call_recall(env, token, q), q
+    for q in ("MT-4471 what happened on 9999-12-31", "MT-4471 meeting in March 0000"):  # no MCP error
+        assert "MT-4471" in await call_recall(env, token, q), q
 
 
 async def test_no_memory_and_nothing_relevant(stack):
