@@ -17,6 +17,8 @@ DATE_HEADER = "[{:%Y-%m-%d %H:%M} UTC]"
 _HEADER_LINE = re.compile(r"^\[\d{4}-\d{2}-\d{2} \d{2}:\d{2} UTC\]$")
 SEPARATOR = "---"
 NEIGHBOUR_PREFIX = "  ~ "
+# The passage's conversation and turn, so an agent can cite it (AgentMemory provenance).
+CITE_LINE = "  cite: session_id={} turn_uuid={}"
 
 
 def looks_like_recall_answer(text: str) -> bool:

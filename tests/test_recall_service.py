@@ -88,7 +88,10 @@ async def test_answers_are_dated_verbatim_passages_without_internal_ids(stack):
     assert "Proceed once ticket MT-4471 for the K-2 machine is closed." in out
     assert re.search(r"^\[2026-10-08 10:0\d UTC\]$", out, re.M), out
     assert "→ get" not in out and env["RECALL_DATA_DIR"] not in out and user_hash("alice") not in out
-    assert "a1-t" not in out and "a1" not in out.split(), "conversation and turn ids stay internal"
+    cites = re.findall(r"^  cite: session_id=(\S+) turn_uuid=(\S+)$", out, re.M)
+    assert len(cites) == out.count("---") and all(c == "a1" and t.startswith("a1-t") for c, t in cites), \
+        "each passage names its conversation and turn, to be cited as provenance"
+    assert all("a1-t" not in line for line in out.splitlines() if not line.startswith("  cite: ")), "ids only there"
     assert out.count("---") <= 3, "at most RECALL_K passages"
 
 

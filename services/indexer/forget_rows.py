@@ -11,6 +11,7 @@ from typing import Protocol
 from services.indexer.index_job import IndexJob
 from shared.funes_env import funes_environment
 from shared.logging_setup import get_logger
+from shared.redis_lock import RedisLock
 from shared.tenant_paths import TenantPaths
 
 log = get_logger("recall.indexer.forget")
@@ -25,7 +26,7 @@ class ForgetRows(Protocol):
         """Chunks the tenant's memory holds (what forgetting the whole user removes)."""
         ...
 
-    async def remove_conversation(self, paths: TenantPaths, conversation_id: str) -> int:
+    async def remove_conversation(self, paths: TenantPaths, conversation_id: str, lock: RedisLock | None = None) -> int:
         """After the source file is gone: remove the conversation's rows; the number removed."""
         ...
 
@@ -37,9 +38,9 @@ class EmbeddedRows:
     async def count(self, paths: TenantPaths) -> int:
         return await asyncio.to_thread(_store_count, paths, None)
 
-    async def remove_conversation(self, paths: TenantPaths, conversation_id: str) -> int:
+    async def remove_conversation(self, paths: TenantPaths, conversation_id: str, lock: RedisLock | None = None) -> int:
         removed = await asyncio.to_thread(_store_count, paths, conversation_id)
-        await self.job.remove_deleted(paths)
+        await self.job.remove_deleted(paths, lock=lock)
         return removed
 
 
@@ -58,7 +59,7 @@ class FunesRows:
         found = _CHUNKS.search(out)
         return int(found[1]) if found else 0  # "no index yet": nothing to count
 
-    async def remove_conversation(self, paths: TenantPaths, conversation_id: str) -> int:
+    async def remove_conversation(self, paths: TenantPaths, conversation_id: str, lock: RedisLock | None = None) -> int:
         code, out, err = await self._run(paths, "forget", conversation_id, "--memory", str(paths.memory.resolve()))
         if code == 0 and (found := _FORGOT.search(out)):
             return int(found[1])
@@ -69,7 +70,7 @@ class FunesRows:
         # funes' own deletion path (the only one of an append-only funes): rebuild the memory from
         # the remaining files, and count the difference.
         before = await self.count(paths)
-        await self.job.remove_deleted(paths)
+        await self.job.remove_deleted(paths, lock=lock)
         return max(0, before - await self.count(paths))
 
     async def _run(self, paths: TenantPaths, *args: str) -> tuple[int, str, str]:

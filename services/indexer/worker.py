@@ -17,12 +17,15 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from services.indexer import redis_keys
+from services.indexer.consumer_reaper import reap_forever
 from services.indexer.forgetting import Forgetter
-from services.indexer.index_job import make_index_job
+from services.indexer.index_job import EmbeddedIndexJob, make_index_job
 from services.indexer.index_scheduler import IndexScheduler
 from services.indexer.metrics import INDEX_DUE, STREAM_LENGTH, STREAM_PENDING
+from services.indexer.reembed_job import schedule_stale_tenants
 from services.indexer.retention import RetentionSweeper
 from services.indexer.settings import IndexerSettings
+from services.indexer.storage_probe import StorageProbe
 from services.indexer.stream_consumer import StreamConsumer
 from shared.logging_setup import get_logger
 from shared.metrics_http import metrics_endpoint
@@ -65,7 +68,7 @@ async def _sample_stream(client: aioredis.Redis, settings: IndexerSettings) -> N
         await asyncio.sleep(2.0)
 
 
-def _http_app(client: aioredis.Redis) -> Starlette:
+def _http_app(client: aioredis.Redis, storage: StorageProbe) -> Starlette:
     async def healthz(request: Request) -> JSONResponse:
         return JSONResponse({"status": "ok"})
 
@@ -74,6 +77,8 @@ def _http_app(client: aioredis.Redis) -> Starlette:
             await client.ping()
         except Exception:
             return JSONResponse({"status": "redis unreachable"}, status_code=503)
+        if storage.reason is not None:
+            return JSONResponse({"status": f"data dir not writable: {storage.reason}"}, status_code=503)
         return JSONResponse({"status": "ready"})
 
     return Starlette(routes=[Route("/healthz", healthz), Route("/readyz", readyz), Route("/metrics", metrics_endpoint)])
@@ -90,7 +95,9 @@ async def run_worker(settings: IndexerSettings) -> None:
     scheduler = IndexScheduler(client, job, settings.data_dir, settings.index_debounce_s, settings.index_lock_ttl_s,
                                settings.index_concurrency)
     broker = build_broker(settings, StreamConsumer(client, settings, Forgetter(client, settings, job)))
-    http = uvicorn.Server(uvicorn.Config(_http_app(client), host=settings.indexer_host, port=settings.indexer_port,
+    storage = StorageProbe(client, settings.data_dir, settings.consumer)
+    await storage.check()
+    http = uvicorn.Server(uvicorn.Config(_http_app(client, storage), host=settings.indexer_host, port=settings.indexer_port,
                                          log_config=None, lifespan="off"))
     http.install_signal_handlers = lambda: None  # this process handles SIGTERM itself
 
@@ -100,15 +107,20 @@ async def run_worker(settings: IndexerSettings) -> None:
         loop.add_signal_handler(sig, stop.set)
 
     await broker.start()
+    if isinstance(job, EmbeddedIndexJob):
+        await schedule_stale_tenants(client, settings.data_dir, job.embedder)
     tasks = [asyncio.create_task(scheduler.run_forever()), asyncio.create_task(_sample_stream(client, settings)),
-             asyncio.create_task(RetentionSweeper(client, settings).run_forever()), asyncio.create_task(http.serve())]
+             asyncio.create_task(RetentionSweeper(client, settings).run_forever()),
+             asyncio.create_task(storage.run_forever()),
+             asyncio.create_task(reap_forever(client, settings.stream, settings.group, {settings.consumer, f"{settings.consumer}-reclaim"})),
+             asyncio.create_task(http.serve())]
     log.info("indexer.started", consumer=settings.consumer, engine=settings.engine, stream=settings.stream)
     await stop.wait()
     log.info("indexer.stopping")
     await broker.stop()  # waits for in-flight handlers
     await scheduler.stop()  # lets the running index job finish
     http.should_exit = True
-    for t in tasks[:3]:
+    for t in tasks[:-1]:
         t.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
     await client.aclose()

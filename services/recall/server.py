@@ -11,11 +11,13 @@ import json
 import time
 from contextlib import asynccontextmanager
 from datetime import datetime, timezone
+from typing import Annotated
 
 import redis.asyncio as aioredis
 from fastmcp import FastMCP
 from fastmcp.exceptions import ToolError
 from fastmcp.server.dependencies import get_access_token
+from pydantic import Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -23,7 +25,7 @@ from services.recall.admission import Admission, Busy
 from services.recall.artifacts.artifact_search import ArtifactSearch
 from services.recall.artifacts.artifact_store import ArtifactStore
 from services.recall.artifacts.service import ArtifactService
-from services.recall.artifacts.tools import register_artifact_tools
+from services.recall.artifacts.surface import register_realm_surface
 from services.recall.backend import BackendUnavailable, RecallBackend
 from services.recall.embedded_backend import EmbeddedBackend
 from services.recall.metrics import RECALL_BUSY, RECALL_CONCURRENCY_LIMIT, RECALL_IN_FLIGHT, RECALL_LATENCY
@@ -166,10 +168,11 @@ def build_app(settings: RecallSettings | None = None):
                                "recall first, then answer.")
 
     @mcp.tool(name="recall_my_conversations", description=TOOL_DESCRIPTION)
-    async def recall_my_conversations(query: str) -> str:
+    async def recall_my_conversations(
+            query: Annotated[str, Field(description="Short search words: identifiers, key nouns, optional time words.")]) -> str:
         return await service.recall_for(caller_user(), query)
 
-    register_artifact_tools(mcp, build_artifact_service(s))
+    register_realm_surface(mcp, build_artifact_service(s))
 
     @mcp.custom_route("/healthz", methods=["GET"])
     async def healthz(request: Request) -> Response:

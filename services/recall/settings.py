@@ -1,11 +1,15 @@
 from __future__ import annotations
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import SettingsConfigDict
 
+from shared.secret_policy import check_secret
 from shared.settings_base import CommonSettings
 
 
 class RecallSettings(CommonSettings):
+    model_config = SettingsConfigDict(hide_input_in_errors=True)  # a refused secret must not reach the logs
+
     recall_port: int = Field(8000, description="Port of the MCP service (streamable HTTP at /mcp).")
     recall_host: str = Field("127.0.0.1", description="Bind address of the MCP service.")
     jwt_secret: SecretStr = Field(SecretStr(""), description="HS256 shared secret (single-machine setups).")
@@ -26,3 +30,18 @@ class RecallSettings(CommonSettings):
     pool_idle_s: float = Field(600.0, gt=0, description="Funes engine: a child idle this long is closed.")
     artifacts_db_url: str | None = Field(None, description="Memory artifacts database: sqlite:///<file> (default DATA_DIR/artifacts.sqlite3) or postgresql://… for several replicas.")
     pool_start_timeout_s: float = Field(60.0, gt=0, description="Funes engine: time a child may take to start.")
+    replicas: int = Field(1, ge=1, description="How many recall replicas may run at once (the HPA's maxReplicas); above 1 the artifacts database must be PostgreSQL.")
+
+    @field_validator("jwt_secret")
+    @classmethod
+    def _no_weak_jwt_secret(cls, v: SecretStr) -> SecretStr:
+        if v.get_secret_value():
+            check_secret("RECALL_JWT_SECRET", v.get_secret_value(), min_length=32)
+        return v
+
+    @model_validator(mode="after")
+    def _no_shared_sqlite(self) -> "RecallSettings":
+        if self.replicas > 1 and not (self.artifacts_db_url or "").startswith(("postgresql://", "postgres://")):
+            raise ValueError(f"RECALL_REPLICAS={self.replicas} needs RECALL_ARTIFACTS_DB_URL=postgresql://… "
+                             "(a SQLite artifacts database is one host's file)")
+        return self

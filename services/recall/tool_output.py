@@ -1,9 +1,10 @@
-"""What the agent sees: dated verbatim passages, no engine hints, paths or internal ids.
+"""What the agent sees: dated verbatim passages with a citation handle, no engine hints or paths.
 
 The engine (embedded or funes) answers in funes' agent format; this module parses it by
 header lines and re-renders each hit as
 
     [2026-10-08 10:01 UTC]
+      cite: session_id=<conversation id> turn_uuid=<turn id>
     <the passage, verbatim>
       ~ user: <neighbouring turn, preview>
     ---
@@ -18,7 +19,7 @@ from datetime import datetime, timezone
 from services.recall.time_window import TimeWindow
 from shared.engine.agent_format import ParsedHit, parse_recall
 from shared.engine.transcript import parse_ts
-from shared.recall_answer_format import DATE_HEADER, NEIGHBOUR_PREFIX, NOTHING, SEPARATOR
+from shared.recall_answer_format import CITE_LINE, DATE_HEADER, NEIGHBOUR_PREFIX, NOTHING, SEPARATOR
 
 TOOL_DESCRIPTION = (
     "Search the current user's own earlier conversations with this assistant. Use it when the user "
@@ -37,7 +38,7 @@ def _date(ts: str) -> str:
 
 
 def render_hit(hit: ParsedHit) -> str:
-    lines = [_date(hit.ts), hit.text]
+    lines = [_date(hit.ts)] + ([CITE_LINE.format(hit.session_id, hit.turn_uuid)] if hit.session_id else []) + [hit.text]
     lines += [f"{NEIGHBOUR_PREFIX}{role}: {preview}" for role, _, preview in hit.neighbours]
     return "\n".join(lines) + f"\n{SEPARATOR}\n"
 

@@ -101,7 +101,7 @@ def recall(
     query = query.strip()
     if not query:
         return []
-    qvec = embedder.embed([query])[0]
+    qvec = embedder.embed_query(query)
     now = time.time() if now is None else now
     with reader.lock:
         check_deadline(deadline)  # searches of one memory queue on its lock

@@ -32,6 +32,7 @@ import numpy as np
 import tantivy
 
 from shared.engine.chunking import Chunk
+from shared.engine.fault_injection import fault_point
 
 SCHEMA_VERSION = "1"
 DB_NAME = "chunks.sqlite3"
@@ -274,6 +275,7 @@ class MemoryStore:
             for row_id, row in zip(new_ids, added):
                 writer.add_document(tantivy.Document(row_id=row_id, text=fts_text(row.chunk.text, row.chunk.ts)))
             writer.commit()
+            fault_point("after_tantivy_commit")  # crash tests: tantivy committed, SQLite not yet
 
             generation = int(meta["generation"]) + 1
             c = self.conn
