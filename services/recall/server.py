@@ -21,13 +21,13 @@ from pydantic import Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from services.recall.admission import Admission, Busy
 from services.recall.artifacts.artifact_search import ArtifactSearch
 from services.recall.artifacts.artifact_store import ArtifactStore
 from services.recall.artifacts.service import ArtifactService
 from services.recall.artifacts.surface import register_realm_surface
 from services.recall.backend import BackendUnavailable, RecallBackend
 from services.recall.embedded_backend import EmbeddedBackend
-from services.recall.admission import Admission, Busy
 from services.recall.metrics import RECALL_BUSY, RECALL_CONCURRENCY_LIMIT, RECALL_IN_FLIGHT, RECALL_LATENCY
 from services.recall.process_pool import ProcessPool
 from services.recall.settings import RecallSettings
