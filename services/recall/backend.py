@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from services.recall.tool_output import AgentHit
 from shared.tenant_paths import TenantPaths
 
 
@@ -12,8 +13,8 @@ class BackendUnavailable(Exception):
 
 
 class RecallBackend(Protocol):
-    async def recall(self, paths: TenantPaths, query: str, k: int, candidates: int) -> str:
-        """funes agent-format text for this tenant's memory."""
+    async def recall(self, paths: TenantPaths, query: str, k: int, candidates: int) -> list[AgentHit]:
+        """The best passages of this tenant's memory, best first (typed, whichever engine)."""
         ...
 
     async def forget_tenant(self, paths: TenantPaths) -> None:

@@ -6,6 +6,7 @@ RECALL_LATENCY = Histogram(
 RECALL_IN_FLIGHT = Gauge("recall_in_flight", "Recalls running in this replica.")
 RECALL_CONCURRENCY_LIMIT = Gauge("recall_concurrency_limit", "RECALL_MAX_CONCURRENCY of this replica.")
 POOL_SIZE = Gauge("recall_pool_processes", "Live engine children (funes mode) or open tenant memories (embedded).")
+READER_CACHE_BYTES = Gauge("recall_reader_cache_bytes", "Embedded engine: bytes of vectors and indexes held by open tenant memories.")
 POOL_SPAWNS = Counter("recall_pool_spawns_total", "Engine children started (funes mode).")
 POOL_EVICTIONS = Counter("recall_pool_evictions_total", "Children or memory handles closed to stay under the cap or when idle.", ["reason"])
 POOL_CRASH_RESTARTS = Counter("recall_pool_crash_restarts_total", "Children replaced after a crash, timeout or protocol error.", ["reason"])

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from services.recall.backend import BackendUnavailable
 from services.recall.metrics import POOL_CRASH_RESTARTS, POOL_EVICTIONS, POOL_SIZE, POOL_SPAWNS
+from services.recall.tool_output import AgentHit, hits_from_funes_text
 from shared.funes_env import funes_environment
 from shared.logging_setup import get_logger
 from shared.mcp_stdio_client import ChildExited, ChildGone, StdioMCPChild, ToolCallError
@@ -61,13 +62,13 @@ class ProcessPool:
             os.path.isfile(os.path.join(p, self.binary)) for p in os.environ.get("PATH", "").split(os.pathsep))
 
     # ---- calls -----------------------------------------------------------------------------------
-    async def recall(self, paths: TenantPaths, query: str, k: int, candidates: int) -> str:
+    async def recall(self, paths: TenantPaths, query: str, k: int, candidates: int) -> list[AgentHit]:
         # funes' MCP recall fixes candidates at 30; only k is a tool argument.
         try:
-            return await self._call(paths, query, k)
+            return hits_from_funes_text(await self._call(paths, query, k))
         except ChildGone:
             # The child had died between calls; the request never reached it: one fresh child.
-            return await self._call(paths, query, k)
+            return hits_from_funes_text(await self._call(paths, query, k))
 
     async def _call(self, paths: TenantPaths, query: str, k: int) -> str:
         slot = await self._slot_for(paths)

@@ -45,7 +45,7 @@ TIME_WINDOW_POOL = 4  # passages asked of the engine per returned one when the q
 def make_backend(s: RecallSettings) -> RecallBackend:
     if s.engine == "funes":
         return ProcessPool(s.funes_bin, s.pool_max_processes, s.pool_idle_s, s.timeout_s, s.pool_start_timeout_s)
-    return EmbeddedBackend(s.reader_cache, s.timeout_s)
+    return EmbeddedBackend(s.reader_cache, s.timeout_s, s.reader_cache_bytes)
 
 
 def caller_user() -> str:
@@ -86,7 +86,7 @@ class RecallService:
         async with self.slots:
             RECALL_IN_FLIGHT.inc()
             try:
-                raw = await self.backend.recall(paths, search_query, k, max(self.s.candidates, 2 * k))
+                hits = await self.backend.recall(paths, search_query, k, max(self.s.candidates, 2 * k))
             except NoIndex:
                 return "no_memory", NO_MEMORY
             except BackendUnavailable as exc:
@@ -94,7 +94,7 @@ class RecallService:
                 return "unavailable", UNAVAILABLE
             finally:
                 RECALL_IN_FLIGHT.dec()
-        text = render_for_agent(raw, self.s.max_result_chars, self.s.k, window)
+        text = render_for_agent(hits, self.s.max_result_chars, self.s.k, window)
         return ("empty" if text == NOTHING else "hit"), text
 
 

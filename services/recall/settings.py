@@ -19,6 +19,7 @@ class RecallSettings(CommonSettings):
     max_concurrency: int = Field(4, ge=1, description="Recalls in flight per replica.")
     timeout_s: float = Field(10.0, gt=0, description="A recall slower than this answers 'unavailable'.")
     reader_cache: int = Field(256, ge=1, description="Embedded engine: tenant memories kept open (LRU).")
+    reader_cache_bytes: int = Field(4 * 2**30, ge=2**20, description="Embedded engine: bytes of vectors and BM25 indexes the open memories may hold (LRU; a memory in use is closed when its search ends).")
     pool_max_processes: int = Field(16, ge=1, description="Funes engine: most `funes mcp` children alive at once.")
     pool_idle_s: float = Field(600.0, gt=0, description="Funes engine: a child idle this long is closed.")
     artifacts_db_url: str | None = Field(None, description="Memory artifacts database: sqlite:///<file> (default DATA_DIR/artifacts.sqlite3) or postgresql://… for several replicas.")
