@@ -14,7 +14,9 @@ today's code against main's engine in the same run.
   `baseline` imports `shared/` of `--baseline-ref` exported by `git archive` into a temp dir
   (both read the same memory; the baseline ignores `vectors.i8`).
 - Cold open: wall and CPU time from nothing to a reader ready to search (model already
-  loaded), RSS after it minus before, and the peak during it (VmHWM reset first).
+  loaded), RSS after it minus before, and the peak during it (VmHWM reset first); then RSS
+  after all the calls, split into anonymous memory and file-backed pages (the mapped snapshot:
+  page cache, shared by every process reading the memory, reclaimable).
 - Warm calls: `Engine.recall` with k=3, candidates=8 (the service's defaults) on real queries,
   1, 4 and 8 client threads; CPU ms per call = process CPU time / calls (all threads,
   query embedding included; the service's HTTP/MCP layer adds ~1.5-2 ms, not measured here).
@@ -96,7 +98,10 @@ for clients in args["clients"]:
     for t in threads: t.join()
     wall, cpu = time.perf_counter() - w0, time.process_time() - c0
     result["runs"][str(clients)] = {"cpu_ms": 1000 * cpu / (per * clients), "calls_s": per * clients / wall}
-result["threads"] = int(status()["Threads"])
+end = status()
+result["threads"] = int(end["Threads"])
+result["anon_after_calls"] = end["RssAnon"] - before["RssAnon"]
+result["file_after_calls"] = end["RssFile"] - before["RssFile"]
 print(json.dumps(result))
 '''
 
@@ -199,9 +204,10 @@ def render(args, results: dict[tuple[int, str], dict], index_cpu: dict[str, floa
     perf = table(["conversations", "code", *[f"CPU ms/call, {c} client(s)" for c in args.clients],
                   *[f"calls/s, {c} client(s)" for c in args.clients]], rows)
     cold = table(["conversations", "code", "cold open wall (s)", "cold open CPU (s)", "RSS after open (MiB)",
-                  "peak RSS during open (MiB)", "OS threads after the runs"],
+                  "peak RSS during open (MiB)", "RSS after the calls: anon + file-backed (MiB)", "OS threads after the calls"],
                  [[n, name, f"{results[(n, name)]['cold_wall_s']:.3f}", f"{results[(n, name)]['cold_cpu_s']:.3f}",
                    f"{results[(n, name)]['rss_delta'] / mib:.0f}", f"{results[(n, name)]['peak_delta'] / mib:.0f}",
+                   f"{results[(n, name)]['anon_after_calls'] / mib:.0f} + {results[(n, name)]['file_after_calls'] / mib:.0f}",
                    results[(n, name)]["threads"]] for n in args.sizes for name in ("baseline", "ours")])
     index = table(["code", f"indexing CPU per conversation (ms, {args.index_conversations} conversations, real model)"],
                   [[name, f"{v:.1f}"] for name, v in index_cpu.items()])
