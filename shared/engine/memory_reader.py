@@ -194,7 +194,8 @@ class MemoryReader:
             pool = min(allowed, max(RESCORE_MIN, RESCORE_FACTOR * limit))
             if pool:
                 approx = approximate_scores(view.base, q)
-                approx[~base_bits] = -np.inf
+                if allowed < nb:
+                    approx[~base_bits] = -np.inf
                 top = np.argpartition(-approx, pool - 1)[:pool]
                 exact_ids, exact_vecs = self.store.vectors_of(view.ids[top].tolist())
                 found += zip(exact_ids.tolist(), (exact_vecs @ q).tolist())

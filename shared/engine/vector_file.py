@@ -242,13 +242,11 @@ def quantise_query(qvec: np.ndarray) -> tuple[np.ndarray, float]:
 
 
 def approximate_scores(vf: VectorFile, qvec: np.ndarray) -> np.ndarray:
-    """Cosine estimates for every snapshot row (int8 scan), float32 [n]."""
+    """Every snapshot row's cosine estimate times a positive constant (int8 scan), float32 [n]:
+    for ranking only, so the query's own scale is left out."""
     if vf.n == 0:
         return np.zeros(0, np.float32)
-    q, qscale = quantise_query(qvec)
+    q, _ = quantise_query(qvec)
     raw = _scan_session().run(None, {"A": q, "B": vf.matrix_t})[0][0]
     raw -= vf.bias
-    out = raw.astype(np.float32)
-    out *= vf.scale
-    out *= qscale
-    return out
+    return np.multiply(raw, vf.scale, dtype=np.float32)
