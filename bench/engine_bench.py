@@ -60,7 +60,7 @@ def passages_from_rows(reader, row_ids: list[int]) -> list[str]:
 def baseline_rankings(engine: Engine, memory: Path, query: str, k: int) -> dict[str, list[int]]:
     """Plain RRF over the same two legs (no identifier rule, no recency), and BM25 alone."""
     reader = engine.reader(memory)
-    qvec = engine.embedder.embed([query])[0]
+    qvec = engine.embedder.embed_query(query)
     with reader.fresh():
         mask = reader.filter_mask(None, None)
         dense = reader.nearest(qvec, 30, mask)

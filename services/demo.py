@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
 import time
 
 import httpx
 
-from services.dev_secrets import export_defaults
+from services.cli_problem import Problem
+from services.config_check import load_settings
+from services.dev_secrets import require
+from services.stack_state import read_info
 
 CONVERSATIONS = {
     "ops-2026-10-03": ("2026-10-03", [
@@ -29,29 +33,52 @@ CONVERSATIONS = {
 QUESTIONS = ["N-11 upgrade decision", "MT-4471 K-2 machine ticket owner", "base case forecast parameters", "P-7 motor"]
 
 
-def run_demo(user: str) -> int:
-    export_defaults(create=False)
-    from services.recall.settings import RecallSettings
-    from services.recall.tokens import mint_dev_token
+def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("demo", parents=[common], help="post example conversations to a running stack and recall from them",
+                       description=__doc__)
+    p.add_argument("--user", default="demo-user", help="whose conversations they become (default: demo-user)")
+    p.set_defaults(fn=lambda args: run_demo(args.user))
 
-    s = RecallSettings()
-    ingest = f"http://127.0.0.1:{os.environ.get('RECALL_INGEST_PORT', '8001')}"
+
+def run_demo(user: str) -> int:
+    from services.recall.tokens import mint_dev_token
+    from services.stack import StackSettings, local_url
+
+    data_dir = load_settings(StackSettings).data_dir.resolve()
+    require(data_dir, "demo", "RECALL_INGEST_KEY", "RECALL_JWT_SECRET")
+    s = load_settings(StackSettings)
+    info = read_info(data_dir)
+    ingest = info.ingest_url if info else local_url(s.ingest_host, s.ingest_port)
+    recall = info.recall_url if info else local_url(s.recall_host, s.recall_port)
+    for url, var in ((ingest, "RECALL_INGEST_PORT"), (recall, "RECALL_RECALL_PORT")):
+        if not _answers(f"{url}/healthz"):
+            raise Problem(f"recall demo: nothing answers at {url} ({var}) and no recall up is running for {data_dir}; "
+                          "start the stack first (`make run`) and run this from the same directory")
     for cid, (day, turns) in CONVERSATIONS.items():
         body = {"user": user, "conversation_id": cid,
                 "turns": [{"role": role, "text": text, "ts": f"{day}T09:{i:02d}:00Z"} for i, (role, text) in enumerate(turns)]}
         resp = httpx.post(f"{ingest}/turns", json=body, headers={"x-ingest-key": os.environ["RECALL_INGEST_KEY"]}, timeout=10)
-        resp.raise_for_status()
+        if resp.status_code != 202:
+            raise Problem(f"recall demo: {ingest}/turns answered {resp.status_code} {resp.text[:200]}"
+                          + (" (is RECALL_INGEST_KEY the running stack's key?)" if resp.status_code == 401 else ""))
         print(f"posted {cid}: {resp.json()}")
-    return asyncio.run(_ask(s, user, mint_dev_token(s, user)))
+    return asyncio.run(_ask(recall, user, mint_dev_token(s, user)))
 
 
-async def _ask(s, user: str, token: str) -> int:
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+async def _ask(recall: str, user: str, token: str) -> int:
     from fastmcp import Client
     from fastmcp.client.auth import BearerAuth
 
     from shared.recall_answer_format import NO_MEMORY
 
-    async with Client(f"http://127.0.0.1:{s.recall_port}/mcp", auth=BearerAuth(token)) as client:
+    async with Client(f"{recall}/mcp", auth=BearerAuth(token)) as client:
         deadline = time.monotonic() + 60
         while True:  # the indexer needs a moment (debounce + index run)
             text = (await client.call_tool("recall_my_conversations", {"query": "forecast base case"})).content[0].text

@@ -1,13 +1,16 @@
 """`recall up`: the whole system on one machine for a newcomer (what `make run` starts).
 
-Starts an embedded redis-server (AOF in DATA_DIR/redis) unless RECALL_REDIS_URL is set, then
-the ingest API, one indexer and the recall MCP service as child processes sharing every
-RECALL_* setting; prints the URLs, a dev token and a ready curl line; stops everything on
-Ctrl-C or SIGTERM, and stops everything if any part dies.
+Checks every setting, the data dir and every port first (a mistake is one line, exit 2, and
+nothing is started); then starts an embedded redis-server (AOF in DATA_DIR/redis, on a free
+port unless RECALL_EMBEDDED_REDIS_PORT is set, verified to be our own) unless RECALL_REDIS_URL
+is set, and the ingest API, one indexer and the recall MCP service as child processes sharing
+every RECALL_* setting. When all of them are ready it prints the URLs, a dev token and a ready
+curl line, last; it stops everything on Ctrl-C or SIGTERM, and stops everything if any part dies.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import subprocess
@@ -17,32 +20,78 @@ from pathlib import Path
 
 from pydantic import Field
 
+from services.banner import TOKEN_TTL_S, banner
+from services.cli_problem import ConfigProblem, Problem
+from services.config_check import ENGINE_VARIABLES, auth_problems, check_writable_dir, load_settings, variables_help
 from services.dev_secrets import export_defaults
-from shared.child_process import stop, wait_healthy
-from shared.redis_server import EmbeddedRedis
+from services.indexer.settings import IndexerSettings
+from services.ingest.settings import IngestSettings
+from services.port_check import port_problems
+from services.recall.settings import RecallSettings
+from services.stack_state import DataDirLock, StackInfo, remove_info, write_info
+from shared.child_process import die_with_parent, ready, stop
+from shared.redis_server import EmbeddedRedis, RedisStartError
 from shared.settings_base import CommonSettings
 
 BIN = Path(sys.executable).parent
+READY_TIMEOUT_S = 120.0
 
 
-class StackSettings(CommonSettings):
-    embedded_redis_port: int = Field(6390, description="Port of the embedded redis-server `recall up` starts.")
-    ingest_port: int = 8001
-    indexer_port: int = 8002
-    recall_port: int = 8000
+class StackSettings(IngestSettings, IndexerSettings, RecallSettings):
+    """Every service's settings (validated together before anything starts), plus the stack's own."""
+
+    embedded_redis_port: int | None = Field(None, description="Port of the embedded redis-server `recall up` starts "
+                                            "when RECALL_REDIS_URL is unset; unset = a free port, printed in the banner.")
+
+
+def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("up", parents=[common], help="run the whole system (what `make run` starts)",
+                       description=__doc__, epilog=variables_help(SETTINGS_GROUPS, ENGINE_VARIABLES),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.set_defaults(fn=lambda args: run_stack())
+
+
+def local_url(host: str, port: int) -> str:
+    return f"http://{'127.0.0.1' if host in ('0.0.0.0', '', '::') else host}:{port}"
+
+
+def check_config() -> tuple[StackSettings, Path]:
+    """Everything `recall up` needs, checked before any process starts (ConfigProblem otherwise)."""
+    s = load_settings(StackSettings)
+    data_dir = check_writable_dir(s.data_dir)
+    wanted = [("RECALL_INGEST_PORT", s.ingest_host, s.ingest_port), ("RECALL_INDEXER_PORT", s.indexer_host, s.indexer_port),
+              ("RECALL_RECALL_PORT", s.recall_host, s.recall_port)]
+    if not s.redis_url and s.embedded_redis_port is not None:
+        wanted.append(("RECALL_EMBEDDED_REDIS_PORT", "127.0.0.1", s.embedded_redis_port))
+    problems = port_problems(wanted) + (redis_url_problems(s.redis_url) if s.redis_url else [])
+    if problems:
+        raise ConfigProblem(*problems)
+    export_defaults(data_dir, create=True)
+    s = load_settings(StackSettings)
+    problems = auth_problems(s.jwt_secret.get_secret_value(), s.jwks_url)
+    if problems:
+        raise ConfigProblem(*problems)
+    return s, data_dir
+
+
+def redis_url_problems(url: str) -> list[str]:
+    import redis
+
+    try:
+        client = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=2)
+        try:
+            client.ping()
+        finally:
+            client.close()
+    except (redis.RedisError, ValueError) as exc:
+        return [f"RECALL_REDIS_URL={url!r} is not allowed: {exc} (unset it to use an embedded redis-server)"]
+    return []
 
 
 def run_stack() -> int:
-    export_defaults(create=True)
-    s = StackSettings()
-    s.data_dir.mkdir(parents=True, exist_ok=True)
-    redis_server = None
-    env = dict(os.environ)
-    if not s.redis_url:
-        redis_server = EmbeddedRedis(s.data_dir / "redis", port=s.embedded_redis_port)
-        redis_server.start()
-        env["RECALL_REDIS_URL"] = redis_server.url
-    children: list[tuple[str, subprocess.Popen]] = []
+    s, data_dir = check_config()
+    lock = DataDirLock(data_dir)
+    lock.acquire()
     stopping = False
 
     def request_stop(*_: object) -> None:
@@ -51,49 +100,65 @@ def run_stack() -> int:
 
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
+    redis_server: EmbeddedRedis | None = None
+    children: list[tuple[str, subprocess.Popen]] = []
     code = 0
     try:
-        for name, port in (("indexer", s.indexer_port), ("ingest", s.ingest_port), ("serve", s.recall_port)):
-            proc = subprocess.Popen([str(BIN / "recall"), name], env=env, stdin=subprocess.DEVNULL)
-            children.append((name, proc))
-            wait_healthy(proc, f"http://127.0.0.1:{port}/healthz")
-        _banner(s, env)
+        env = {**os.environ, "RECALL_DATA_DIR": str(data_dir)}
+        if not s.redis_url:
+            redis_server = EmbeddedRedis(data_dir / "redis", port=s.embedded_redis_port, own_session=True)
+            try:
+                redis_server.start()
+            except RedisStartError as exc:
+                raise Problem(f"recall up: the embedded redis-server did not start: {exc}; set RECALL_EMBEDDED_REDIS_PORT "
+                              "to a free port, or RECALL_REDIS_URL to a running Redis") from None
+            env["RECALL_REDIS_URL"] = redis_server.url
+        info = StackInfo(pid=os.getpid(), data_dir=str(data_dir), redis_url=env["RECALL_REDIS_URL"],
+                         embedded_redis=redis_server is not None, ingest_url=local_url(s.ingest_host, s.ingest_port),
+                         indexer_url=local_url(s.indexer_host, s.indexer_port), recall_url=local_url(s.recall_host, s.recall_port))
+        for name in ("indexer", "ingest", "serve"):
+            children.append((name, _start_child(name, env)))
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        for (name, proc), url in zip(children, (info.indexer_url, info.ingest_url, info.recall_url)):
+            while not stopping and not ready(proc, f"{url}/readyz", deadline):
+                time.sleep(0.1)
+        if not stopping:
+            write_info(info)
+            print(f"\n{banner(info, os.environ['RECALL_INGEST_KEY'], _dev_token(s))}\nCtrl-C stops everything.\n", flush=True)
         while not stopping:
             for name, proc in children:
-                if proc.poll() is not None:
-                    print(f"recall up: {name} exited with {proc.returncode}; stopping", file=sys.stderr)
+                if proc.poll() is not None and not stopping:
+                    print(f"recall up: {name} exited with {proc.returncode}; stopping everything", file=sys.stderr)
                     stopping, code = True, 1
-            time.sleep(0.5)
-    except RuntimeError as exc:
-        print(f"recall up: {exc}", file=sys.stderr)
-        code = 1
+            time.sleep(0.2)
+    except RuntimeError as exc:  # a child died or never became ready
+        if not stopping:
+            print(f"recall up: {exc}; stopping everything", file=sys.stderr)
+            code = 1
     finally:
         for _, proc in reversed(children):  # recall and ingest first, the indexer finishes its job last
             stop(proc, timeout=60)
         if redis_server is not None:
             redis_server.stop()
+        remove_info(data_dir)
+        lock.release()
+    print("recall up: stopped", flush=True)
     return code
 
 
-def _banner(s: StackSettings, env: dict[str, str]) -> None:
-    from services.recall.settings import RecallSettings
+def _start_child(command: str, env: dict[str, str]) -> subprocess.Popen:
+    # Own process group: Ctrl-C reaches only `recall up`, which stops the parts in order;
+    # and a child never outlives a `recall up` that was killed outright.
+    return subprocess.Popen([str(BIN / "recall"), command], env=env, stdin=subprocess.DEVNULL,
+                            process_group=0, preexec_fn=die_with_parent)
+
+
+def _dev_token(s: RecallSettings) -> str:
     from services.recall.tokens import mint_dev_token
 
-    token = mint_dev_token(RecallSettings(), "demo-user", ttl_s=7 * 24 * 3600)
-    ingest = f"http://127.0.0.1:{s.ingest_port}"
-    body = ('{"user":"demo-user","conversation_id":"hello-1","turns":[{"role":"user","text":"Ticket MT-4471 blocks '
-            'the N-11 upgrade","ts":"2026-10-08T10:00:00Z"}]}')
-    print(f"""
-recall is up (data in {s.data_dir.resolve()}, redis {env['RECALL_REDIS_URL']})
-  ingest API   {ingest}/turns        (header x-ingest-key: {env['RECALL_INGEST_KEY']})
-  MCP          http://127.0.0.1:{s.recall_port}/mcp   (tool recall_my_conversations)
-  metrics      {ingest}/metrics  http://127.0.0.1:{s.indexer_port}/metrics  http://127.0.0.1:{s.recall_port}/metrics
+    return mint_dev_token(s, "demo-user", ttl_s=TOKEN_TTL_S)
 
-dev token for demo-user (7 days):
-  {token}
 
-try:
-  curl -s -X POST {ingest}/turns -H 'content-type: application/json' -H 'x-ingest-key: {env['RECALL_INGEST_KEY']}' -d '{body}'
-  .venv/bin/recall demo          # posts example conversations and shows what recall answers
-Ctrl-C stops everything.
-""", flush=True)
+SETTINGS_GROUPS = [("every service", CommonSettings), ("ingest API", IngestSettings), ("indexer", IndexerSettings),
+                   ("recall MCP service", RecallSettings), ("recall up", StackSettings)]
+

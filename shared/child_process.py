@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import signal
 import socket
 import subprocess
 import time
@@ -30,17 +32,29 @@ def stop(proc: subprocess.Popen, timeout: float = 30.0) -> int:
     return proc.returncode
 
 
+def die_with_parent() -> None:
+    """preexec_fn: the child gets SIGTERM when the thread that started it dies (Linux)."""
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def ready(proc: subprocess.Popen, url: str, deadline: float) -> bool:
+    """One probe: True when `url` answers 200; RuntimeError if the child exited or `deadline` passed."""
+    if proc.poll() is not None:
+        raise RuntimeError(f"{proc.args} exited with {proc.returncode}")
+    try:
+        with urllib.request.urlopen(url, timeout=1) as resp:
+            if resp.status == 200:
+                return True
+    except (urllib.error.URLError, OSError):
+        pass
+    if time.monotonic() > deadline:
+        raise RuntimeError(f"{proc.args} did not become ready at {url}")
+    return False
+
+
 def wait_healthy(proc: subprocess.Popen, url: str, timeout: float = 120.0) -> None:
     """Until `url` answers 200; RuntimeError if the child exits first or time runs out."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args} exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url, timeout=1) as resp:
-                if resp.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
+    while not ready(proc, url, deadline):
         time.sleep(0.1)
-    raise RuntimeError(f"{proc.args} did not become healthy at {url}")

@@ -12,6 +12,12 @@ import sys
 import structlog
 
 
+def _drop_color_message(_: object, __: str, event: dict) -> dict:
+    # uvicorn puts an ANSI-coloured copy of its message in `extra`; JSON carries the plain one.
+    event.pop("color_message", None)
+    return event
+
+
 def configure_logging(level: str = "INFO") -> None:
     lvl = logging.getLevelName(level.upper()) if isinstance(level, str) else level
     shared = [structlog.contextvars.merge_contextvars, structlog.processors.add_log_level,
@@ -26,7 +32,7 @@ def configure_logging(level: str = "INFO") -> None:
     )
     handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(structlog.stdlib.ProcessorFormatter(
-        foreign_pre_chain=[*shared, structlog.stdlib.ExtraAdder()],
+        foreign_pre_chain=[*shared, structlog.stdlib.ExtraAdder(), _drop_color_message],
         processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, structlog.processors.JSONRenderer()]))
     logging.basicConfig(handlers=[handler], level=lvl, force=True)
     for noisy in ("uvicorn.access", "httpx", "mcp", "fastmcp", "faststream.access.redis"):

@@ -10,12 +10,15 @@ NO_MEMORY = "No earlier conversations are stored for this user yet."
 NOTHING = "Nothing relevant found in earlier conversations."
 UNAVAILABLE = "Conversation memory is unavailable right now; continue without it."
 EMPTY_QUERY = "The query is empty: describe what to look for, e.g. an identifier and a key noun."
-FIXED_ANSWERS = frozenset({NO_MEMORY, NOTHING, UNAVAILABLE, EMPTY_QUERY})
+BUSY = "Conversation memory is busy right now; try again in a moment, or continue without it."
+FIXED_ANSWERS = frozenset({NO_MEMORY, NOTHING, UNAVAILABLE, EMPTY_QUERY, BUSY})
 
 DATE_HEADER = "[{:%Y-%m-%d %H:%M} UTC]"
 _HEADER_LINE = re.compile(r"^\[\d{4}-\d{2}-\d{2} \d{2}:\d{2} UTC\]$")
 SEPARATOR = "---"
 NEIGHBOUR_PREFIX = "  ~ "
+# The passage's conversation and turn, so an agent can cite it (AgentMemory provenance).
+CITE_LINE = "  cite: session_id={} turn_uuid={}"
 
 
 def looks_like_recall_answer(text: str) -> bool:

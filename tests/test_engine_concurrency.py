@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import fcntl
 import os
-import signal
+import sqlite3
 import subprocess
 import threading
 import time
 
 from shared.engine.api import Engine
+from shared.engine.fault_injection import FAULT_ENV, KILLED_EXIT_CODE
 from shared.engine.hybrid_search import RecallParams
 from shared.engine.index_run import index_tree, memory_dir
 from shared.engine.memory_lock import CONTENTION_MESSAGE
@@ -36,8 +37,9 @@ def _lock_held(home) -> bool:
         os.close(fd)
 
 
-def _spawn_index(home, src, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen([engine_cli(), "index", "--yes", *extra, str(src)], env={**os.environ, "FUNES_HOME": str(home)},
+def _spawn_index(home, src, *extra: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    return subprocess.Popen([engine_cli(), "index", "--yes", *extra, str(src)],
+                            env={**os.environ, "FUNES_HOME": str(home), **(env or {})},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -84,25 +86,35 @@ def test_two_waiting_index_runs_both_finish_one_after_the_other(tmp_path):
     assert lines == ["indexed sessions=0 skipped=40 chunks=0", "indexed sessions=40 skipped=0 chunks=120"]
 
 
-def test_kill_9_mid_index_leaves_a_searchable_memory(tmp_path, embedder):
+def _committed_rows(home) -> int:
+    conn = sqlite3.connect(memory_dir(home) / "chunks.sqlite3")
+    try:
+        return conn.execute("SELECT COUNT(*) FROM chunks").fetchone()[0]
+    finally:
+        conn.close()
+
+
+KILL_POINTS = ["after_listing", "mid_embedding", "before_commit", "after_tantivy_commit", "after_sqlite_commit"]
+
+
+def test_kill_9_at_every_phase_of_an_index_run_leaves_a_searchable_memory(tmp_path, embedder):
+    """Each kill lands exactly at its point (RECALL_FAULT_INJECT makes the run os._exit there),
+    including between the tantivy commit and the SQLite commit."""
     src = tmp_path / "src"
     write_conversation(src, "seed", ["The N-11 upgrade is approved."])
     home = tmp_path / "home"
     index_tree(home, src, embedder)
     _bulk(src, 300, "k")
-    t0 = time.monotonic()
-    assert _spawn_index(tmp_path / "timing", src).wait(120) == 0
-    full_run = time.monotonic() - t0
     engine = Engine(embedder=embedder)
-    # Kill points spread over the run, late ones landing in the commit phase.
-    for fraction in (0.5, 0.8, 0.9, 0.95, 0.98, 1.0):
-        proc = _spawn_index(home, src)
-        time.sleep(full_run * fraction)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-        assert "N-11" in engine.recall(memory_dir(home), "N-11 upgrade", RecallParams(k=1))
+    for point in KILL_POINTS:
+        proc = _spawn_index(home, src, env={FAULT_ENV: point})
+        assert proc.wait(120) == KILLED_EXIT_CODE, f"the run reached {point}: {proc.stderr.read()[-500:]}"
+        assert "N-11" in engine.recall(memory_dir(home), "N-11 upgrade", RecallParams(k=1)), point
+        committed = 901 if point == "after_sqlite_commit" else 1
+        assert _committed_rows(home) == committed, f"nothing half-committed when killed at {point}"
+    assert _spawn_index(tmp_path / "scratch", src).wait(120) == 0
     index_tree(home, src, embedder)
-    scratch = engine.reader(memory_dir(tmp_path / "timing")).store
+    scratch = engine.reader(memory_dir(tmp_path / "scratch")).store
     assert engine.reader(memory_dir(home)).store.counts() == (901, 301)
     assert scratch.counts() == (901, 301)
     out = engine.recall(memory_dir(home), "MT-9077 conveyor", RecallParams(k=1, neighbors=0))

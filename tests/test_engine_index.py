@@ -163,9 +163,9 @@ def test_a_local_model_dir_is_used_stamped_and_never_mixed(tmp_path, run_engine,
     import json
     import shutil
 
-    from shared.engine.embedder import default_spec
+    from shared.engine.embedder import EmbedderSettings, minilm_spec
 
-    spec = default_spec()
+    spec = minilm_spec(EmbedderSettings(), int8_compute=False)
     model_dir = tmp_path / "my-minilm-copy"
     (model_dir / "1_Pooling").mkdir(parents=True)
     shutil.copy(spec.onnx_path, model_dir / "model.onnx")
@@ -182,3 +182,56 @@ def test_a_local_model_dir_is_used_stamped_and_never_mixed(tmp_path, run_engine,
     monkeypatch.delenv("RECALL_EMBED_MODEL_DIR")
     refused = run_engine("recall", "MT-4471", home=home)  # the default model now
     assert refused.returncode == 1 and "refusing to mix" in refused.stderr and "rebuild it" in refused.stderr
+
+
+@pytest.mark.parametrize("vanishes", ["after_listing", "before_reading"])
+def test_a_source_removed_mid_run_counts_as_deleted(tmp_path, embedder, monkeypatch, vanishes):
+    """A snapshot undo, retention or forget may delete a file between the listing and the read."""
+    import shared.engine.index_run as index_run
+
+    src, home = index_all_conversations(tmp_path, embedder)
+    write_conversation(src, "doomed", ["The Q-731 plan that is being deleted right now."])
+    victim = src / "doomed.funes.jsonl"
+    if vanishes == "after_listing":
+        real_discover = index_run.discover_transcripts
+
+        def discover_then_delete(root):
+            found = real_discover(root)
+            victim.unlink()
+            return found
+
+        monkeypatch.setattr(index_run, "discover_transcripts", discover_then_delete)
+    else:
+        real_read = index_run.read_transcript
+
+        def delete_then_read(path):
+            if path == victim:
+                victim.unlink()
+            return real_read(path)
+
+        monkeypatch.setattr(index_run, "read_transcript", delete_then_read)
+    report = index_tree(home, src, embedder)
+    assert report.chunks == 0 and {r[0] for r in rows_of(home)} == set(CONVS)
+    monkeypatch.undo()
+    write_conversation(src, "doomed", ["The Q-731 plan, written again."])
+    assert index_tree(home, src, embedder).chunks == 1, "a file that comes back is indexed from scratch"
+
+
+def test_a_checkpoint_that_raises_aborts_the_run_with_nothing_committed(tmp_path, embedder):
+    src, home = index_all_conversations(tmp_path, embedder)
+    write_conversation(src, "late", ["The Z-9 valve was replaced."])
+    seen: list[str] = []
+
+    class Abort(Exception):
+        pass
+
+    def stop_before_commit(point: str) -> None:
+        seen.append(point)
+        if point == "before_commit":
+            raise Abort()
+
+    with pytest.raises(Abort):
+        index_tree(home, src, embedder, checkpoint=stop_before_commit)
+    assert seen == ["after_listing", "mid_embedding", "before_commit"]
+    assert "late" not in {r[0] for r in rows_of(home)}
+    assert index_tree(home, src, embedder).chunks == 1, "the next run does the work"

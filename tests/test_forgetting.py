@@ -234,3 +234,61 @@ def test_a_long_forget_is_not_reclaimed_and_run_twice(services, service_env, tmp
     metrics = httpx.get(f"http://127.0.0.1:{service_env['RECALL_INDEXER_PORT']}/metrics").text
     assert "recall_indexer_retries_total 0.0" in metrics, "the heartbeat kept the message from being reclaimed"
     assert worker.output().count('"forget.done"') == 1
+
+
+def _sample(name: str, **labels) -> float:
+    from prometheus_client import REGISTRY
+
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+async def test_an_absurd_retention_override_is_skipped_loudly_and_the_others_are_swept(tmp_path, redis_url, r):
+    """An override written before the API validated it (or by hand) used to raise OverflowError
+    and stop the sweep for every tenant, silently."""
+    from tests.conftest import write_conversation
+
+    r.flushdb()
+    data = tmp_path / "data"
+    for user in ("dave", "erin"):
+        write_conversation(TenantPaths.for_user(data, user).src, "old", [f"{user}'s old plan"], day="2026-01-10")
+    r.hset("recall:retention:days", mapping={user_hash("erin"): "1" + "0" * 40})
+    settings = IndexerSettings(data_dir=data, redis_url=redis_url, retention_days=90)
+    client = aioredis.Redis.from_url(redis_url)
+    before = _sample("recall_retention_errors_total", where="override")
+    try:
+        expired = await RetentionSweeper(client, settings, now=lambda: time.mktime((2026, 10, 1, 0, 0, 0, 0, 0, 0))).sweep_once()
+    finally:
+        await client.aclose()
+    assert expired == 2, "both fall back to the 90-day default; the bad override is ignored"
+    assert _sample("recall_retention_errors_total", where="override") == before + 1
+
+
+async def test_the_retention_loop_survives_any_error_and_counts_it(tmp_path, redis_url, r, monkeypatch):
+    import asyncio
+
+    r.flushdb()
+    settings = IndexerSettings(data_dir=tmp_path, redis_url=redis_url, retention_days=30, retention_sweep_s=0.05)
+    client = aioredis.Redis.from_url(redis_url)
+    sweeper = RetentionSweeper(client, settings)
+    failures = iter([PermissionError("data dir unreadable"), OverflowError("date value out of range")])
+
+    def tenants_failing_twice():
+        failure = next(failures, None)
+        if failure is not None:
+            raise failure
+        return []
+
+    monkeypatch.setattr(sweeper, "_tenants", tenants_failing_twice)
+    errors, sweeps = _sample("recall_retention_errors_total", where="sweep"), _sample("recall_retention_sweeps_total")
+    loop = asyncio.create_task(sweeper.run_forever())
+    try:
+        for _ in range(200):
+            await asyncio.sleep(0.05)
+            if _sample("recall_retention_sweeps_total") > sweeps:
+                break
+        assert not loop.done(), "the loop is still running"
+        assert _sample("recall_retention_sweeps_total") > sweeps, "a sweep completed after the two failures"
+        assert _sample("recall_retention_errors_total", where="sweep") == errors + 2
+    finally:
+        loop.cancel()
+        await client.aclose()

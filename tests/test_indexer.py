@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 import redis
 
 from services.indexer.forgetting import Forgetter
@@ -74,7 +75,7 @@ async def test_out_of_order_snapshots_never_regress_a_conversation(tmp_path, red
     import redis.asyncio as aioredis
 
     client = aioredis.Redis.from_url(redis_url)
-    consumer = StreamConsumer(client, settings, Forgetter(client, settings, EmbeddedIndexJob()))
+    consumer = StreamConsumer(client, settings, Forgetter(client, settings, EmbeddedIndexJob(settings.index_timeout_s)))
     uh = user_hash("carol")
 
     def event(n: int) -> TurnsEvent:
@@ -200,3 +201,86 @@ def test_sigterm_finishes_the_current_job_and_exits(services, service_env):
     assert wait_until(lambda: searchable(service_env, "ivan", 1), 20)
     assert worker.terminate(timeout=30) == 0
     assert '"indexer.stopped"' in worker.output()
+
+
+# ---- a lost lock aborts the job; embedded jobs have a timeout ----------------------------------
+def _tenant_with_conversations(data: Path, user: str, n: int) -> TenantPaths:
+    from tests.conftest import write_conversation
+
+    paths = TenantPaths.for_user(data, user)
+    for i in range(n):
+        write_conversation(paths.src, f"c{i}", [f"Conversation {i} opened ticket MT-{7000 + i}."])
+    return paths
+
+
+async def test_an_embedded_job_whose_lock_was_taken_over_commits_nothing(tmp_path, redis_url, r):
+    import redis.asyncio as aioredis
+
+    from shared.redis_lock import LockLost, RedisLock
+
+    paths = _tenant_with_conversations(tmp_path, "lena", 3)
+    client = aioredis.Redis.from_url(redis_url)
+    lock = RedisLock(client, f"recall:lock:index:{paths.uhash}", ttl_s=30)
+    try:
+        assert await lock.acquire()
+        lock.keep_alive()
+        r.set(lock.key, "another-worker")  # it expired during a pause and another worker took it
+        with pytest.raises(LockLost):
+            await EmbeddedIndexJob(900).run(paths, lock=lock)
+        assert not (paths.memory / "chunks.sqlite3").exists() or not memory_rows_at(paths)
+        assert r.get(lock.key) == "another-worker", "the new owner's lock is left alone"
+        await lock.release()
+    finally:
+        await client.aclose()
+
+
+def memory_rows_at(paths: TenantPaths) -> list:
+    conn = sqlite3.connect(paths.memory / "chunks.sqlite3")
+    try:
+        return conn.execute("SELECT row_id FROM chunks").fetchall()
+    finally:
+        conn.close()
+
+
+SLOW_INDEX = """#!/usr/bin/env bash
+if [ "$1" = "index" ]; then sleep 30; fi
+exec "{engine}" "$@"
+"""
+
+
+async def test_a_funes_job_is_killed_when_its_lock_is_lost(tmp_path, redis_url, r):
+    import redis.asyncio as aioredis
+
+    from services.indexer.index_job import FunesIndexJob
+    from shared.redis_lock import LockLost, RedisLock
+
+    slow = tmp_path / "funes"
+    slow.write_text(SLOW_INDEX.format(engine=engine_cli()))
+    slow.chmod(0o755)
+    paths = _tenant_with_conversations(tmp_path / "data", "mira", 1)
+    client = aioredis.Redis.from_url(redis_url)
+    lock = RedisLock(client, f"recall:lock:index:{paths.uhash}", ttl_s=0.6)
+    try:
+        assert await lock.acquire()
+        lock.keep_alive()
+        job = asyncio.create_task(FunesIndexJob(str(slow), timeout_s=60).run(paths, lock=lock))
+        await asyncio.sleep(0.3)
+        r.set(lock.key, "another-worker")
+        started = time.monotonic()
+        with pytest.raises(LockLost):
+            await asyncio.wait_for(job, 10)
+        assert time.monotonic() - started < 2.0, "aborted at the next renewal, not after the 30 s run"
+        assert not paths.memory.exists()
+    finally:
+        await client.aclose()
+
+
+async def test_an_embedded_job_past_its_timeout_stops_and_commits_nothing(tmp_path):
+    from services.indexer.index_job import IndexJobFailed
+
+    paths = _tenant_with_conversations(tmp_path, "nora", 3)
+    with pytest.raises(IndexJobFailed, match="timed out"):
+        await EmbeddedIndexJob(timeout_s=1e-9).run(paths)
+    assert not (paths.memory / "chunks.sqlite3").exists() or not memory_rows_at(paths)
+    await EmbeddedIndexJob(timeout_s=900).run(paths)
+    assert len(memory_rows_at(paths)) == 3

@@ -6,17 +6,29 @@ import asyncio
 import os
 import re
 import signal
+import subprocess
+import time
+from pathlib import Path
 
 import httpx
 import psutil
 import pytest
 
-from shared.recall_answer_format import EMPTY_QUERY, NO_MEMORY, NOTHING, UNAVAILABLE
+from shared.recall_answer_format import BUSY, EMPTY_QUERY, NO_MEMORY, NOTHING, UNAVAILABLE
 from shared.tenant_paths import user_hash
-from tests.conftest import call_recall, engine_cli, indexed_chunks, mint, post_conversation, recall_url, wait_until
+from tests.conftest import (call_recall, engine_cli, funes_status_chunks, indexed_chunks, mint, post_conversation,
+                            recall_url, wait_until)
 
 ALICE = ["What did we decide on the N-11 upgrade?", "Proceed once ticket MT-4471 for the K-2 machine is closed.", "ok"]
 BOB = ["The P-7 motor on South has bearing noise.", "I opened ticket MT-5120 for the P-7 bearing noise.", "thanks"]
+
+
+def metric_value(metrics: str, series: str) -> float:
+    """The value of one exact series (name plus labels) in a Prometheus text page; fails if absent."""
+    for line in metrics.splitlines():
+        if line.startswith(series + " "):
+            return float(line.split()[-1])
+    raise AssertionError(f"{series} is not in /metrics")
 
 
 def engine_children(server) -> list[psutil.Process]:
@@ -30,16 +42,32 @@ def engine_children(server) -> list[psutil.Process]:
     return out
 
 
-@pytest.fixture(params=["embedded", "funes"])
+def chunks_of(env: dict[str, str], user: str) -> int:
+    """Chunks in the user's memory, asked the way the engine in use answers (the stand-in funes
+    keeps no chunks.sqlite3)."""
+    if env.get("RECALL_ENGINE") == "funes" and env.get("RECALL_FUNES_BIN", engine_cli()) != engine_cli():
+        return funes_status_chunks(env["RECALL_FUNES_BIN"], Path(env["RECALL_DATA_DIR"]) / user_hash(user) / "memory")
+    return indexed_chunks(env, user)
+
+
+@pytest.fixture(params=["embedded", "funes", "stand-in-funes"])
 def stack(request, services, service_env):
-    """ingest + indexer + recall service, with alice's and bob's conversations indexed."""
-    engine = {"RECALL_ENGINE": request.param, "RECALL_FUNES_BIN": engine_cli()}
+    """ingest + indexer + recall service, with alice's and bob's conversations indexed.
+
+    funes: the recall service drives `recall-engine mcp` children; stand-in-funes: indexer and
+    service both drive tests/data/fake_funes.py, which keeps real funes' layout and outputs."""
+    if request.param == "stand-in-funes":
+        engine = {"RECALL_ENGINE": "funes", "RECALL_FUNES_BIN": request.getfixturevalue("fake_funes")}
+        service_env.update(engine)
+        services("indexer", **engine)
+    else:
+        engine = {"RECALL_ENGINE": request.param, "RECALL_FUNES_BIN": engine_cli()}
+        services("indexer")
     services("ingest")
-    services("indexer")
     server = services("serve", **engine)
     post_conversation(service_env, "alice", "a1", ALICE)
     post_conversation(service_env, "bob", "b1", BOB)
-    assert wait_until(lambda: indexed_chunks(service_env, "alice") == 3 and indexed_chunks(service_env, "bob") == 3, 30)
+    assert wait_until(lambda: chunks_of(service_env, "alice") == 3 and chunks_of(service_env, "bob") == 3, 30)
     return service_env, server, request.param
 
 
@@ -60,7 +88,10 @@ async def test_answers_are_dated_verbatim_passages_without_internal_ids(stack):
     assert "Proceed once ticket MT-4471 for the K-2 machine is closed." in out
     assert re.search(r"^\[2026-10-08 10:0\d UTC\]$", out, re.M), out
     assert "→ get" not in out and env["RECALL_DATA_DIR"] not in out and user_hash("alice") not in out
-    assert "a1-t" not in out and "a1" not in out.split(), "conversation and turn ids stay internal"
+    cites = re.findall(r"^  cite: session_id=(\S+) turn_uuid=(\S+)$", out, re.M)
+    assert len(cites) == out.count("---") and all(c == "a1" and t.startswith("a1-t") for c, t in cites), \
+        "each passage names its conversation and turn, to be cited as provenance"
+    assert all("a1-t" not in line for line in out.splitlines() if not line.startswith("  cite: ")), "ids only there"
     assert out.count("---") <= 3, "at most RECALL_K passages"
 
 
@@ -86,9 +117,13 @@ async def test_no_memory_and_nothing_relevant(stack):
     from shared.engine.index_run import index_tree
     from shared.tenant_paths import TenantPaths
 
-    paths = TenantPaths.for_user(__import__("pathlib").Path(env["RECALL_DATA_DIR"]), "dora")
+    paths = TenantPaths.for_user(Path(env["RECALL_DATA_DIR"]), "dora")
     paths.src.mkdir(parents=True)
-    index_tree(paths.root, paths.src, shared_embedder())
+    if engine == "stand-in-funes":
+        subprocess.run([env["RECALL_FUNES_BIN"], "index", "--yes", str(paths.src)], check=True,
+                       env={**os.environ, "FUNES_HOME": str(paths.root)})
+    else:
+        index_tree(paths.root, paths.src, shared_embedder())
     assert await call_recall(env, mint("dora"), "N-11") == NOTHING
 
 
@@ -124,6 +159,68 @@ async def test_timeout_degrades_softly_then_recovers(services, service_env):
     assert 'recall_pool_crash_restarts_total{reason="timeout"} 1.0' in httpx.get(f"{recall_url(service_env)}/metrics").text
 
 
+async def test_a_saturated_replica_answers_busy_softly_and_counts_it(services, service_env):
+    services("ingest")
+    services("indexer")
+    server = services("serve", RECALL_ENGINE="funes", RECALL_FUNES_BIN=engine_cli(), RECALL_TIMEOUT_S="4",
+                      RECALL_MAX_CONCURRENCY="1", RECALL_QUEUE_MAX="1", RECALL_QUEUE_WAIT_S="1")
+    post_conversation(service_env, "alice", "a1", ALICE)
+    assert wait_until(lambda: indexed_chunks(service_env, "alice") == 3, 30)
+    token = mint("alice")
+    assert "MT-4471" in await call_recall(service_env, token, "MT-4471")
+    [child] = engine_children(server)
+    child.send_signal(signal.SIGSTOP)  # a hung engine holds the only slot
+    hung = asyncio.create_task(call_recall(service_env, token, "MT-4471"))
+    await asyncio.sleep(0.5)
+    queued = asyncio.create_task(call_recall(service_env, token, "K-2"))  # waits its 1 s for the slot
+    await asyncio.sleep(0.3)
+    started = asyncio.get_running_loop().time()
+    assert await call_recall(service_env, token, "N-11") == BUSY, "the queue is full: busy at once"
+    assert asyncio.get_running_loop().time() - started < 1.0
+    assert await queued == BUSY, "no slot within RECALL_QUEUE_WAIT_S: busy, not an MCP error"
+    assert await hung == UNAVAILABLE
+    assert "MT-4471" in await call_recall(service_env, token, "MT-4471"), "the freed slot serves the next call"
+    metrics = httpx.get(f"{recall_url(service_env)}/metrics").text
+    assert metric_value(metrics, 'recall_busy_total{reason="queue_full"}') == 1
+    assert metric_value(metrics, 'recall_busy_total{reason="queue_timeout"}') == 1
+    assert metric_value(metrics, 'recall_tool_latency_seconds_count{outcome="busy"}') == 2
+    assert metric_value(metrics, "recall_in_flight") == 0
+
+
+async def test_a_timed_out_embedded_search_stops_instead_of_running_on(tmp_path, embedder):
+    from services.recall.backend import BackendUnavailable
+    from services.recall.embedded_backend import EmbeddedBackend
+    from shared.engine.index_run import index_tree
+    from shared.tenant_paths import TenantPaths
+    from tests.conftest import write_conversation
+
+    paths = TenantPaths.for_user(tmp_path, "alice")
+    write_conversation(paths.src, "a1", ALICE)
+    index_tree(paths.root, paths.src, embedder)
+    backend = EmbeddedBackend(reader_cache=4, timeout_s=0.3)
+
+    async def found() -> bool:
+        return any("MT-4471" in hit.text for hit in await backend.recall(paths, "MT-4471", 3, 8))
+
+    assert await found()
+    reader = backend.engine.reader(paths.memory)
+    searched: list[float] = []
+    filter_mask = reader.filter_mask
+    reader.filter_mask = lambda *a: (searched.append(time.monotonic()), filter_mask(*a))[1]  # counts searches that ran
+    reader._refresh_lock.acquire()  # a long catch-up of the same memory holds the next search back
+    try:
+        call = asyncio.create_task(backend.recall(paths, "MT-4471", 3, 8))
+        await asyncio.sleep(0.8)  # the queued search's deadline passes meanwhile
+    finally:
+        reader._refresh_lock.release()
+    with pytest.raises(BackendUnavailable, match="timed out"):
+        await call
+    await asyncio.sleep(0.5)  # time for a search that ignored its deadline to run on
+    assert searched == [], "the timed-out search gave its worker back instead of searching"
+    assert await found()
+    assert len(searched) == 1
+
+
 @pytest.mark.parametrize("stack", ["embedded"], indirect=True)
 async def test_corrupt_memory_is_unavailable_not_an_error(stack):
     env, _, _ = stack
@@ -153,9 +250,14 @@ async def test_pool_cap_lru_eviction_and_crash_restart(services, service_env):
     assert len(survivors) == 2
     for p in survivors.values():
         p.kill()
-    wait_until(lambda: not engine_children(server), 5)
+    assert wait_until(lambda: not engine_children(server), 5), "both children are gone"
+    crashes_before = metric_value(httpx.get(f"{recall_url(service_env)}/metrics").text,
+                                  'recall_pool_crash_restarts_total{reason="crash"}')
     assert "u3 owns" in await call_recall(service_env, mint("u3"), "ticket owner"), "a crashed child is replaced"
-    assert "recall_pool_crash_restarts_total" in httpx.get(f"{recall_url(service_env)}/metrics").text
+    metrics = httpx.get(f"{recall_url(service_env)}/metrics").text
+    assert metric_value(metrics, 'recall_pool_crash_restarts_total{reason="crash"}') == crashes_before + 1
+    assert metric_value(metrics, "recall_pool_spawns_total") == 4, "u1, u2, u3, then u3's replacement"
+    assert len(engine_children(server)) == 1
 
 
 async def test_a_new_conversation_is_found_on_the_next_call_after_indexing(stack):
@@ -163,7 +265,7 @@ async def test_a_new_conversation_is_found_on_the_next_call_after_indexing(stack
     token = mint("alice")
     assert "Z-991" not in await call_recall(env, token, "Z-991 valve")
     post_conversation(env, "alice", "a2", ["The Z-991 valve was replaced on Friday.", "noted"], day="2026-10-20")
-    assert wait_until(lambda: indexed_chunks(env, "alice") == 5, 30)
+    assert wait_until(lambda: chunks_of(env, "alice") == 5, 30)
     assert "The Z-991 valve was replaced on Friday." in await call_recall(env, token, "Z-991 valve")
 
 
@@ -183,6 +285,60 @@ def test_missing_forged_expired_and_wrong_audience_tokens_get_401(services, serv
                 f"Bearer {mint('alice', aud='recall-mcp', iss='evil')}"):
         headers = {"Authorization": bad} if bad else {}
         assert _initialize(service_env, headers).status_code == 401, bad
+
+
+def _signed(claims: dict) -> str:
+    from joserfc import jwt
+    from joserfc.jwk import OctKey
+
+    from tests.conftest import JWT_SECRET
+
+    return jwt.encode({"alg": "HS256"}, {k: v for k, v in claims.items() if v is not None}, OctKey.import_key(JWT_SECRET))
+
+
+def test_tokens_without_exp_beyond_the_lifetime_cap_or_without_a_user_get_401(services, service_env):
+    import time
+
+    services("serve", RECALL_MAX_TOKEN_LIFETIME_S="3600")
+    now = int(time.time())
+    base = {"sub": "alice", "iat": now, "exp": now + 600, "iss": "recall-dev"}
+    assert _initialize(service_env, {"Authorization": f"Bearer {_signed(base)}"}).status_code == 200
+    for name, claims in {"no exp": {**base, "exp": None}, "exp not a number": {**base, "exp": "never"},
+                         "exp past the cap": {**base, "exp": now + 2 * 3600, "iat": None},
+                         "exp - iat past the cap": {**base, "iat": now - 3600, "exp": now + 600},
+                         "no sub": {**base, "sub": None}, "empty sub": {**base, "sub": ""},
+                         "blank sub": {**base, "sub": "   "}, "sub not a string": {**base, "sub": 42}}.items():
+        headers = {"Authorization": f"Bearer {_signed(claims)}"}
+        assert _initialize(service_env, headers).status_code == 401, name
+
+
+async def test_a_real_mcp_client_with_a_token_naming_no_user_is_refused_with_401(services, service_env):
+    import time
+
+    import httpx2
+    from fastmcp import Client
+    from fastmcp.client.auth import BearerAuth
+    from fastmcp.client.transports import StreamableHttpTransport
+
+    services("serve")
+    now = int(time.time())
+    statuses: list[int] = []
+
+    async def record(response) -> None:
+        statuses.append(response.status_code)
+
+    def recording_client(**kwargs):
+        kwargs.setdefault("timeout", httpx2.Timeout(30.0, read=60.0))
+        return httpx2.AsyncClient(event_hooks={"response": [record]}, **kwargs)
+
+    sub_less = _signed({"iat": now, "exp": now + 600, "iss": "recall-dev"})
+    transport = StreamableHttpTransport(f"{recall_url(service_env)}/mcp", auth=BearerAuth(sub_less),
+                                        httpx_client_factory=recording_client)
+    with pytest.raises(Exception):
+        async with Client(transport) as client:
+            await client.call_tool("recall_my_conversations", {"query": "N-11"})
+    assert statuses and set(statuses) == {401}, statuses
+    assert await call_recall(service_env, mint("carol"), "N-11") == NO_MEMORY
 
 
 async def test_probes_and_latency_metrics_by_outcome(stack):

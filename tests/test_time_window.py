@@ -45,3 +45,49 @@ def test_a_window_reorders_and_never_drops():
     assert render_for_agent(hits_from_funes_text(engine_output), 4000, k=2).count("passage") == 2
     assert render_for_agent(hits_from_funes_text("no results"), 4000, k=3, window=window) == NOTHING
 
+
+
+EXTREME_DAYS = [datetime(1, 1, 1, tzinfo=timezone.utc), datetime(1, 1, 2, tzinfo=timezone.utc),
+                datetime(9999, 12, 30, tzinfo=timezone.utc), datetime(9999, 12, 31, 23, 59, 59, tzinfo=timezone.utc)]
+
+
+@pytest.mark.parametrize("query", ["what happened on 9999-12-31", "meeting in March 0000", "meeting in December 9999",
+                                   "what happened on 0001-01-01", "meeting in January 0001", "December 9999 budget"])
+def test_dates_at_the_calendar_edge_never_raise(query):
+    searched, window = find_time_window(query, NOW)
+    assert searched
+    if window is not None:
+        assert window.start < window.end
+
+
+def _random_queries(seed: int, count: int) -> list[str]:
+    """Time phrases with years, months, days and counts drawn from the whole (and beyond the) calendar."""
+    import calendar
+    import random
+
+    rnd = random.Random(seed)
+    month_words = [m for m in calendar.month_name if m] + [m for m in calendar.month_abbr if m]
+    years = [0, 1, 2, 1969, 1970, 2026, 9998, 9999] + [rnd.randint(0, 9999) for _ in range(20)]
+    out = []
+    for _ in range(count):
+        y, m, d, n = rnd.choice(years), rnd.randint(0, 13), rnd.randint(0, 32), rnd.randint(0, 999)
+        out += [f"what happened on {y:04d}-{m:02d}-{d:02d}", f"meeting in {rnd.choice(month_words)} {y:04d}",
+                f"{rnd.choice(month_words)} {y:04d} notes", f"{n} {rnd.choice(['days', 'weeks', 'months'])} ago",
+                f"in the last {n} {rnd.choice(['days', 'weeks', 'months'])}", "today", "yesterday",
+                f"{rnd.choice(['this', 'last', 'past'])} {rnd.choice(['week', 'month'])}"]
+    return out
+
+
+@pytest.mark.parametrize("now", [NOW, *EXTREME_DAYS], ids=lambda d: d.isoformat())
+def test_any_time_phrase_on_any_day_gives_a_window_or_none_never_an_error(now):
+    for query in _random_queries(seed=now.toordinal(), count=150):
+        searched, window = find_time_window(query, now)
+        assert searched, query
+        assert window is None or window.start < window.end, (query, window)
+
+
+def test_an_edge_date_query_renders_as_a_normal_answer():
+    engine_output = "[9999-12-30T10:00:00Z] copilot c0 text  score=0.1\n  → get c0 t --memory m\npassage\n---\n"
+    for query in ("what happened on 9999-12-31", "meeting in March 0000", "last week"):
+        _, window = find_time_window(query, EXTREME_DAYS[-1])
+        assert "passage" in render_for_agent(engine_output, 4000, k=3, window=window)

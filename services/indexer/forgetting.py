@@ -5,7 +5,8 @@ In order, while holding the user's index lock (so no index run interleaves):
    stream id, so a snapshot accepted before it can never be written again, whichever worker
    processes it and when; one accepted after it starts a new conversation;
 2. the source file goes (a conversation) or the whole tenant directory (a user);
-3. the index forgets the rows: embedded engine at once, funes by a rebuild from what remains;
+3. the index forgets the rows (`forget_rows.py`): embedded engine at once, funes by its
+   `forget` command (or a rebuild from what remains where it has none);
 4. stream entries of that conversation/user older than the deletion are deleted unprocessed;
 5. recall replicas are told (pub/sub) to drop cached readers and `funes mcp` children;
 6. the receipt becomes `done` with what was removed.
@@ -21,11 +22,11 @@ import time
 import redis.asyncio as aioredis
 
 from services.indexer import redis_keys as keys
+from services.indexer.forget_rows import make_forget_rows
 from services.indexer.index_job import IndexJob
 from services.indexer.metrics import FORGOTTEN
 from services.indexer.settings import IndexerSettings
 from services.indexer.snapshot_writer import parse_version, tombstone_conversation, tombstone_user
-from shared.engine.store import MemoryStore
 from shared.logging_setup import get_logger
 from shared.redis_lock import RedisLock
 from shared.stream_schema import FORGET_CHANNEL, DeletionReceipt, ForgetEvent, decode_fields, deletion_key
@@ -34,32 +35,21 @@ from shared.tenant_paths import TenantPaths
 log = get_logger("recall.indexer.forget")
 
 
-def _chunk_count(paths: TenantPaths, conversation_id: str | None) -> int:
-    if not MemoryStore.exists(paths.memory):
-        return 0
-    store = MemoryStore.open(paths.memory)
-    try:
-        if conversation_id is None:
-            return store.counts()[0]
-        return store.conn.execute("SELECT COUNT(*) FROM chunks WHERE session_id=?", (conversation_id,)).fetchone()[0]
-    finally:
-        store.close()
-
-
 class Forgetter:
     def __init__(self, client: aioredis.Redis, settings: IndexerSettings, job: IndexJob) -> None:
         self.client = client
         self.s = settings
         self.job = job
+        self.rows = make_forget_rows(settings.engine, settings.funes_bin, job, settings.index_timeout_s)
 
     async def forget(self, entry_id: str, event: ForgetEvent) -> None:
         paths = TenantPaths.for_hash(self.s.data_dir, event.user_hash)
         lock = RedisLock(self.client, keys.index_lock(event.user_hash), self.s.index_lock_ttl_s)
         async with lock.held(wait_s=self.s.index_timeout_s, renew=True):
-            chunks = await asyncio.to_thread(_chunk_count, paths, event.conversation_id)
             if event.kind == "forget_conversation":
-                files = await self._forget_conversation(paths, event, entry_id)
+                files, chunks = await self._forget_conversation(paths, event, entry_id, lock)
             else:
+                chunks = await self.rows.count(paths)
                 files = await self._forget_user(paths, entry_id)
             stream_entries = await self._purge_stream(event, entry_id)
         await self.client.publish(FORGET_CHANNEL, json.dumps({"user_hash": event.user_hash,
@@ -70,14 +60,14 @@ class Forgetter:
         log.info("forget.done", kind=event.kind, reason=event.reason, user_hash=event.user_hash,
                  conversation_id=event.conversation_id, **removed)
 
-    async def _forget_conversation(self, paths: TenantPaths, event: ForgetEvent, entry_id: str) -> int:
+    async def _forget_conversation(self, paths: TenantPaths, event: ForgetEvent, entry_id: str,
+                                   lock: RedisLock) -> tuple[int, int]:
         assert event.conversation_id is not None
         conv_lock = RedisLock(self.client, keys.conversation_lock(event.user_hash, event.conversation_id), 30)
         async with conv_lock.held(wait_s=30):
             files = await asyncio.to_thread(tombstone_conversation, paths, event.conversation_id, entry_id)
-        if paths.src.is_dir():
-            await self.job.remove_deleted(paths)
-        return files
+        chunks = await self.rows.remove_conversation(paths, event.conversation_id, lock) if paths.src.is_dir() else 0
+        return files, chunks
 
     async def _forget_user(self, paths: TenantPaths, entry_id: str) -> int:
         await asyncio.to_thread(tombstone_user, self.s.data_dir, paths.uhash, entry_id)

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import shutil
+import signal
+import time
 from typing import Protocol
 
 from shared.engine.memory_lock import CONTENTION_MESSAGE, MemoryBusy
 from shared.funes_env import funes_environment
+from shared.redis_lock import RedisLock
 from shared.tenant_paths import TenantPaths
 
 
@@ -16,34 +21,53 @@ class IndexJobFailed(Exception):
 
 
 class IndexJob(Protocol):
-    async def run(self, paths: TenantPaths) -> None:
-        """Bring the tenant's memory up to date with its src/. MemoryBusy if another run holds it."""
+    async def run(self, paths: TenantPaths, lock: RedisLock | None = None) -> None:
+        """Bring the tenant's memory up to date with its src/. MemoryBusy if another run holds it.
+
+        With `lock` (the user's index lock, kept alive by the caller): if it is lost, the job is
+        aborted and commits nothing (LockLost)."""
         ...
 
-    async def remove_deleted(self, paths: TenantPaths) -> None:
+    async def remove_deleted(self, paths: TenantPaths, lock: RedisLock | None = None) -> None:
         """After sources were deleted: make sure no row of them stays searchable."""
         ...
 
 
 class EmbeddedIndexJob:
-    """The project's engine in this process: the model is loaded once per worker."""
+    """The project's engine in this process: the model is loaded once per worker.
 
-    def __init__(self) -> None:
+    The run happens in a thread, which cannot be cancelled from outside; it stops itself at its
+    next checkpoint (between phases and embedding batches) once the timeout passed or the lock
+    was lost, and right before committing it re-confirms the lock in Redis (a fence)."""
+
+    def __init__(self, timeout_s: float) -> None:
         from shared.engine.embedder import shared_embedder
 
         self.embedder = shared_embedder()
+        self.timeout_s = timeout_s
 
-    async def run(self, paths: TenantPaths, purge: bool = False) -> None:
+    async def run(self, paths: TenantPaths, purge: bool = False, lock: RedisLock | None = None) -> None:
         from shared.engine.index_run import index_tree
+        from services.indexer.reembed_job import reembed_if_stale
 
         if not paths.src.is_dir():
             return  # the tenant was forgotten after this run was scheduled
-        await asyncio.to_thread(index_tree, paths.root, paths.src, self.embedder, 5.0, purge)
+        deadline = time.monotonic() + self.timeout_s
+        fence = lock.fence() if lock is not None else None
 
-    async def remove_deleted(self, paths: TenantPaths) -> None:
+        def checkpoint(point: str) -> None:
+            if time.monotonic() > deadline:
+                raise IndexJobFailed(f"index timed out after {self.timeout_s:.0f}s")
+            if fence is not None and (point == "before_commit" or lock.lost):
+                fence()
+
+        await asyncio.to_thread(reembed_if_stale, paths, self.embedder)
+        await asyncio.to_thread(index_tree, paths.root, paths.src, self.embedder, 5.0, purge, checkpoint)
+
+    async def remove_deleted(self, paths: TenantPaths, lock: RedisLock | None = None) -> None:
         # Beyond funes: an index run removes the rows of deleted sources at once, and the
         # purge scrubs their text from the index files too.
-        await self.run(paths, purge=True)
+        await self.run(paths, purge=True, lock=lock)
 
 
 class FunesIndexJob:
@@ -53,12 +77,16 @@ class FunesIndexJob:
         self.binary = binary
         self.timeout_s = timeout_s
 
-    async def remove_deleted(self, paths: TenantPaths) -> None:
+    async def remove_deleted(self, paths: TenantPaths, lock: RedisLock | None = None) -> None:
         # funes is append-only: a deletion is a rebuild of the memory from the remaining files.
         await asyncio.to_thread(shutil.rmtree, paths.memory, True)
-        await self.run(paths)
+        await self.run(paths, lock=lock)
 
-    async def run(self, paths: TenantPaths) -> None:
+    async def run(self, paths: TenantPaths, lock: RedisLock | None = None) -> None:
+        # A lost lock kills the child (the cancellation path below) before it can commit more.
+        await (lock.guard(self._run(paths)) if lock is not None else self._run(paths))
+
+    async def _run(self, paths: TenantPaths) -> None:
         if not paths.src.is_dir():
             return  # the tenant was forgotten after this run was scheduled
         proc = await asyncio.create_subprocess_exec(
@@ -68,11 +96,10 @@ class FunesIndexJob:
         try:
             _, err = await asyncio.wait_for(proc.communicate(), self.timeout_s)
         except asyncio.TimeoutError:
-            proc.kill()
-            await proc.wait()
+            await _kill_group(proc)
             raise IndexJobFailed(f"index timed out after {self.timeout_s:.0f}s") from None
         except asyncio.CancelledError:
-            proc.kill()
+            await _kill_group(proc)
             raise
         if proc.returncode != 0:
             message = err.decode(errors="replace").strip().splitlines()[-1:] or [""]
@@ -81,5 +108,12 @@ class FunesIndexJob:
             raise IndexJobFailed(f"index exited {proc.returncode}: {message[0][:300]}")
 
 
+async def _kill_group(proc: asyncio.subprocess.Process) -> None:
+    """The child runs in its own session: kill it and anything it started, then reap it."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    await proc.wait()
+
+
 def make_index_job(engine: str, funes_bin: str, timeout_s: float) -> IndexJob:
-    return FunesIndexJob(funes_bin, timeout_s) if engine == "funes" else EmbeddedIndexJob()
+    return FunesIndexJob(funes_bin, timeout_s) if engine == "funes" else EmbeddedIndexJob(timeout_s)

@@ -22,7 +22,7 @@ from services.indexer.index_job import IndexJob
 from services.indexer.metrics import INDEX_JOB_FAILURES, INDEX_JOB_SECONDS, INDEX_RUNNING, INGEST_TO_SEARCHABLE
 from shared.engine.memory_lock import MemoryBusy
 from shared.logging_setup import get_logger
-from shared.redis_lock import RedisLock
+from shared.redis_lock import LockLost, RedisLock
 from shared.tenant_paths import TenantPaths
 
 log = get_logger("recall.indexer.scheduler")
@@ -98,7 +98,7 @@ class IndexScheduler:
             snapshot.get(keys.dirty(uhash))
             snapshot.lrange(keys.received(uhash), 0, -1)
             dirty_at_start, received = await snapshot.execute()
-            await self.job.run(TenantPaths.for_hash(self.data_dir, uhash))
+            await self.job.run(TenantPaths.for_hash(self.data_dir, uhash), lock=lock)
             committed = time.time()
             for t in received:
                 INGEST_TO_SEARCHABLE.observe(max(0.0, committed - float(t)))
@@ -108,6 +108,10 @@ class IndexScheduler:
             await pipe.execute()
         except MemoryBusy:
             outcome = "busy"  # someone outside the scheduler holds the memory; stays due
+            await self.client.zadd(keys.DUE, {uhash: time.time() + max(self.debounce_s, 0.5)})
+        except LockLost:
+            # Another worker may own the user now; this run committed nothing. It stays due.
+            outcome = "lock_lost"
             await self.client.zadd(keys.DUE, {uhash: time.time() + max(self.debounce_s, 0.5)})
         except asyncio.CancelledError:
             outcome = "cancelled"

@@ -19,13 +19,25 @@ INDEX_RUNNING = Gauge("recall_index_jobs_running", "Index jobs running in this w
 # Series exist from the start (at 0), so dashboards and alerts see them before the first event.
 for _reason in ("invalid event", "max deliveries exceeded"):
     DEAD_LETTERS.labels(_reason)
-for _outcome in ("ok", "busy", "failed", "cancelled"):
+for _outcome in ("ok", "busy", "failed", "cancelled", "lock_lost"):
     INDEX_JOB_SECONDS.labels(_outcome)
 for _result in ("written", "stale"):
     SNAPSHOTS.labels(_result)
 FORGOTTEN = Counter("recall_forgotten_total", "Forget events carried out, by kind and reason (request, retention).", ["kind", "reason"])
 RETENTION_SWEEPS = Counter("recall_retention_sweeps_total", "Retention sweeps run by this worker.")
+RETENTION_ERRORS = Counter("recall_retention_errors_total",
+                           "Retention sweep errors by where (redis, sweep, tenant, override); the sweeper carries on.", ["where"])
+for _where in ("redis", "sweep", "tenant", "override"):
+    RETENTION_ERRORS.labels(_where)
 RETENTION_EXPIRED = Counter("recall_retention_expired_conversations_total", "Conversations the retention sweeper asked to forget.")
 for _kind in ("forget_conversation", "forget_user"):
     for _why in ("request", "retention"):
         FORGOTTEN.labels(_kind, _why)
+REEMBED_PROGRESS = Gauge("recall_reembed_progress_ratio",
+                         "Share of a tenant's chunks embedded with the configured model while its re-embed runs "
+                         "(the series is removed when the new memory is live).", ["user_hash"])
+REEMBEDS = Counter("recall_reembeds_total", "Memories moved to the configured embedding model, by outcome.", ["outcome"])
+REEMBED_PENDING = Gauge("recall_reembed_pending_memories",
+                        "Memories stamped with another embedding model, found by this worker's last sweep.")
+for _outcome in ("ok", "failed"):
+    REEMBEDS.labels(_outcome)

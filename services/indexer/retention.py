@@ -16,12 +16,12 @@ from pathlib import Path
 
 import redis.asyncio as aioredis
 
-from services.indexer.metrics import RETENTION_EXPIRED, RETENTION_SWEEPS
+from services.indexer.metrics import RETENTION_ERRORS, RETENTION_EXPIRED, RETENTION_SWEEPS
 from services.indexer.settings import IndexerSettings
 from shared.engine.transcript import TRANSCRIPT_SUFFIX, parse_ts
 from shared.logging_setup import get_logger
 from shared.redis_lock import RedisLock
-from shared.stream_schema import RETENTION_OVERRIDES, request_forget
+from shared.stream_schema import MAX_RETENTION_DAYS, RETENTION_OVERRIDES, request_forget
 from shared.tenant_paths import USER_HASH
 
 log = get_logger("recall.indexer.retention")
@@ -49,11 +49,16 @@ class RetentionSweeper:
         self.now = now
 
     async def run_forever(self) -> None:
+        # Nothing may stop the sweeper for good: any error is logged, counted, and the next sweep runs.
         while True:
             try:
                 await self.sweep_once()
             except aioredis.RedisError as exc:
+                RETENTION_ERRORS.labels("redis").inc()
                 log.warning("retention.redis_error", error=type(exc).__name__)
+            except Exception as exc:
+                RETENTION_ERRORS.labels("sweep").inc()
+                log.error("retention.sweep_failed", error=f"{type(exc).__name__}: {str(exc)[:200]}")
             await asyncio.sleep(self.s.retention_sweep_s)
 
     async def sweep_once(self) -> int:
@@ -62,8 +67,7 @@ class RetentionSweeper:
         if not await lock.acquire():
             return 0  # another worker sweeps now
         try:
-            overrides = {k.decode() if isinstance(k, bytes) else k: int(v)
-                         for k, v in (await self.client.hgetall(RETENTION_OVERRIDES)).items()}
+            overrides = await self._overrides()
             if self.s.retention_days is None and not overrides:
                 return 0
             expired = tenants = 0
@@ -73,11 +77,14 @@ class RetentionSweeper:
                 if days is None:
                     continue
                 tenants += 1
-                cutoff = now - days * 86400
-                for cid in await asyncio.to_thread(self._expired, tenant / "src", cutoff):
-                    await request_forget(self.client, self.s.stream, kind="forget_conversation", user_hash=tenant.name,
-                                         conversation_id=cid, reason="retention")
-                    expired += 1
+                try:
+                    expired += await self._sweep_tenant(tenant, now - days * 86400)
+                except aioredis.RedisError:
+                    raise  # Redis is gone for every tenant: the loop retries the sweep
+                except Exception as exc:  # one tenant's bad file must not stop the others
+                    RETENTION_ERRORS.labels("tenant").inc()
+                    log.error("retention.tenant_failed", user_hash=tenant.name,
+                              error=f"{type(exc).__name__}: {str(exc)[:200]}")
             RETENTION_SWEEPS.inc()
             RETENTION_EXPIRED.inc(expired)
             log.info("retention.sweep", tenants=tenants, expired_conversations=expired,
@@ -85,6 +92,30 @@ class RetentionSweeper:
             return expired
         finally:
             await lock.release()
+
+    async def _overrides(self) -> dict[str, int]:
+        """Per-user overrides; one the API would refuse (written before it validated) is skipped, loudly."""
+        out = {}
+        for raw_key, raw_days in (await self.client.hgetall(RETENTION_OVERRIDES)).items():
+            uhash = raw_key.decode() if isinstance(raw_key, bytes) else raw_key
+            try:
+                days = int(raw_days)
+            except ValueError:
+                days = 0
+            if not 1 <= days <= MAX_RETENTION_DAYS:
+                RETENTION_ERRORS.labels("override").inc()
+                log.error("retention.invalid_override", user_hash=uhash, allowed=f"1-{MAX_RETENTION_DAYS} days")
+                continue
+            out[uhash] = days
+        return out
+
+    async def _sweep_tenant(self, tenant: Path, cutoff: float) -> int:
+        expired = 0
+        for cid in await asyncio.to_thread(self._expired, tenant / "src", cutoff):
+            await request_forget(self.client, self.s.stream, kind="forget_conversation", user_hash=tenant.name,
+                                 conversation_id=cid, reason="retention")
+            expired += 1
+        return expired
 
     def _tenants(self) -> list[Path]:
         if not self.s.data_dir.is_dir():

@@ -6,6 +6,7 @@ import socket
 from pydantic import Field
 
 from shared.settings_base import CommonSettings
+from shared.stream_schema import MAX_RETENTION_DAYS
 
 
 def _default_consumer() -> str:
@@ -20,10 +21,10 @@ class IndexerSettings(CommonSettings):
     index_debounce_s: float = Field(1.0, ge=0, description="Wait after a user's first new write before indexing.")
     index_concurrency: int = Field(2, ge=1, description="Index jobs one worker runs at once, for different users (onnxruntime, SQLite and tantivy release the GIL).")
     index_lock_ttl_s: float = Field(30.0, gt=0, description="Expiry of a user's index lock; renewed while the job runs.")
-    index_timeout_s: float = Field(900.0, gt=0, description="A funes-mode index job is killed after this long.")
+    index_timeout_s: float = Field(900.0, gt=0, description="An index job is stopped after this long (funes: the child is killed; embedded: it stops at its next checkpoint, committing nothing).")
     max_deliveries: int = Field(5, ge=1, description="Deliveries before a message goes to the dead-letter stream.")
     reclaim_idle_ms: int = Field(10_000, ge=100, description="Idle time after which another worker claims a pending message.")
     retry_backoff_s: float = Field(0.5, ge=0, description="Base of the exponential backoff between deliveries.")
-    retention_days: int | None = Field(None, ge=1, description="Forget conversations whose last turn is older (off when unset); PUT /users/{user}/retention overrides it per user.")
+    retention_days: int | None = Field(None, ge=1, le=MAX_RETENTION_DAYS, description="Forget conversations whose last turn is older (off when unset); PUT /users/{user}/retention overrides it per user.")
     retention_sweep_s: float = Field(3600.0, gt=0, description="Seconds between retention sweeps (one worker sweeps at a time).")
     dead_letter_maxlen: int = Field(100_000, ge=100, description="Cap on the dead-letter stream.")

@@ -17,10 +17,12 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from services.indexer import redis_keys
+from services.indexer.consumer_reaper import reap_forever
 from services.indexer.forgetting import Forgetter
-from services.indexer.index_job import make_index_job
+from services.indexer.index_job import EmbeddedIndexJob, make_index_job
 from services.indexer.index_scheduler import IndexScheduler
 from services.indexer.metrics import INDEX_DUE, STREAM_LENGTH, STREAM_PENDING
+from services.indexer.reembed_job import schedule_stale_tenants
 from services.indexer.retention import RetentionSweeper
 from services.indexer.settings import IndexerSettings
 from services.indexer.stream_consumer import StreamConsumer
@@ -100,15 +102,19 @@ async def run_worker(settings: IndexerSettings) -> None:
         loop.add_signal_handler(sig, stop.set)
 
     await broker.start()
+    if isinstance(job, EmbeddedIndexJob):
+        await schedule_stale_tenants(client, settings.data_dir, job.embedder)
     tasks = [asyncio.create_task(scheduler.run_forever()), asyncio.create_task(_sample_stream(client, settings)),
-             asyncio.create_task(RetentionSweeper(client, settings).run_forever()), asyncio.create_task(http.serve())]
+             asyncio.create_task(RetentionSweeper(client, settings).run_forever()),
+             asyncio.create_task(reap_forever(client, settings.stream, settings.group, {settings.consumer, f"{settings.consumer}-reclaim"})),
+             asyncio.create_task(http.serve())]
     log.info("indexer.started", consumer=settings.consumer, engine=settings.engine, stream=settings.stream)
     await stop.wait()
     log.info("indexer.stopping")
     await broker.stop()  # waits for in-flight handlers
     await scheduler.stop()  # lets the running index job finish
     http.should_exit = True
-    for t in tasks[:3]:
+    for t in tasks[:-1]:
         t.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
     await client.aclose()

@@ -2,31 +2,59 @@
 
 from __future__ import annotations
 
+import re
+
 from datetime import datetime, timezone
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, field_validator, model_validator
 
+from shared.stream_schema import MAX_RETENTION_DAYS
 from shared.tenant_paths import CONVERSATION_ID
+
+ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}[T ]")
+
+
+def _encodable(value: str) -> str:
+    # JSON may carry lone surrogates ("\\ud800"); they cannot be stored as UTF-8 anywhere downstream.
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("contains a lone surrogate (not valid Unicode text)") from None
+    return value
+
+
+Text = Annotated[str, AfterValidator(_encodable)]
 
 
 class IngestTurn(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    id: str | None = Field(None, min_length=1, max_length=128, description="Stable turn id; defaults to <conversation_id>-<index>.")
+    id: Text | None = Field(None, min_length=1, max_length=128, description="Stable turn id; defaults to <conversation_id>-<index>.")
     role: Literal["user", "assistant", "system", "tool"]
-    text: str
-    ts: datetime = Field(description="ISO-8601 time of the turn; without a zone it is taken as UTC.")
-    tool_name: str | None = Field(None, max_length=128, description="For tool turns: the tool whose output this is.")
+    text: Text
+    ts: datetime = Field(description="ISO-8601 date-time of the turn (a string); without a zone it is taken as UTC.")
+    tool_name: Text | None = Field(None, max_length=128, description="For tool turns: the tool whose output this is.")
+
+    @field_validator("ts", mode="before")
+    @classmethod
+    def _iso_string(cls, ts: Any) -> Any:
+        # pydantic would also take a number (unix time); the schema promises a date-time string.
+        if not isinstance(ts, str) or not ISO_DATE.match(ts):
+            raise ValueError("must be an ISO-8601 date-time string, e.g. 2026-10-08T10:00:00Z")
+        return ts
 
     @field_validator("ts")
     @classmethod
     def _utc(cls, ts: datetime) -> datetime:
-        return ts.replace(tzinfo=timezone.utc) if ts.tzinfo is None else ts.astimezone(timezone.utc)
+        try:
+            return ts.replace(tzinfo=timezone.utc) if ts.tzinfo is None else ts.astimezone(timezone.utc)
+        except OverflowError:
+            raise ValueError("is outside years 1-9999 once converted to UTC") from None
 
 
 class IngestRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    user: str = Field(min_length=1, max_length=256, description="The end user this conversation belongs to.")
+    user: Text = Field(min_length=1, max_length=256, description="The end user this conversation belongs to.")
     conversation_id: str = Field(pattern=f"^{CONVERSATION_ID.pattern}$", description="[A-Za-z0-9_-]{1,128}; names a file.")
     turns: list[IngestTurn] = Field(description="The whole conversation so far, oldest first.")
 
@@ -46,12 +74,13 @@ class Accepted(BaseModel):
 
 class ForgetUser(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    user: str = Field(min_length=1, max_length=256)
+    user: Text = Field(min_length=1, max_length=256)
 
 
 class RetentionOverride(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    days: int | None = Field(None, ge=1, description="Keep this user's conversations this many days; null = the default.")
+    days: Annotated[int, Strict()] | None = Field(None, ge=1, le=MAX_RETENTION_DAYS,
+                             description="Keep this user's conversations this many days; null = the default.")
 
 
 class FieldError(BaseModel):

@@ -7,6 +7,9 @@ a bad request cannot damage what is stored, and it answers 202 only once Redis h
   through the same stream so the order against in-flight turns is exact; both return a receipt;
 - `GET /deletions/{receipt}`: pending or done, with what was removed;
 - `PUT /users/{user}/retention`: a per-user retention override.
+
+Turns are refused with 503 (not accepted and lost later) while an indexer reports that the data
+dir is not writable (`STORAGE_UNWRITABLE` in Redis, refreshed by the indexers' probe).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+from starlette.convertors import PathConvertor, register_url_convertor
 from starlette.routing import Route
 
 from services.ingest.api_models import Accepted, ForgetUser, IngestRequest, IngestTurn, RetentionOverride
@@ -35,6 +39,7 @@ from shared.metrics_http import metrics_endpoint
 from shared.recall_answer_format import looks_like_recall_answer
 from shared.stream_schema import (
     RETENTION_OVERRIDES,
+    STORAGE_UNWRITABLE,
     DeletionReceipt,
     StreamTurn,
     TurnsEvent,
@@ -49,16 +54,35 @@ RECALL_TOOL = "recall_my_conversations"
 RECEIPT = re.compile(r"[0-9a-f]{24}")
 
 
+class AnyText(PathConvertor):
+    """A user id in the path may hold any character, newlines included (`path` stops at them)."""
+
+    regex = "(?s:.+)"
+
+
+register_url_convertor("anytext", AnyText())
+
+
 class HTTPProblem(Exception):
     def __init__(self, status: int, error: str, fields: list[tuple[str, str]]) -> None:
         self.status, self.error, self.fields = status, error, fields
+
+
+def _printable(text: str) -> str:
+    """Field names echo the client's keys, which may hold lone surrogates; the error body must still encode."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _loc(loc: tuple) -> str:
     out = ""
     for part in loc:
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out or "body"
+    return _printable(out) or "body"
+
+
+def _is_json(content_type: str) -> bool:
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
 
 
 def _validate(model: type[BaseModel], payload: Any) -> Any:
@@ -74,16 +98,21 @@ class IngestAPI:
         self.key = settings.ingest_key.get_secret_value().encode()
         if not self.key:
             raise RuntimeError("RECALL_INGEST_KEY must be set: the ingest API never runs without a key")
+        # Rotation: while RECALL_INGEST_KEY_NEXT is set, both keys are accepted (docs/operations.md).
+        self.next_key = settings.ingest_key_next.get_secret_value().encode() or None
         self.redis = aioredis.Redis.from_url(settings.redis, socket_timeout=5, socket_connect_timeout=2)
         self.redactor = Redactor(pii=settings.redact_pii)
 
     # ---- plumbing -------------------------------------------------------------------------------
-    def route(self, path: str, handler, methods: list[str]) -> Route:
+    def route(self, path: str, handler, methods: list[str], query: frozenset[str] = frozenset()) -> Route:
         async def endpoint(request: Request) -> Response:
             started = time.perf_counter()
             try:
-                if not hmac.compare_digest(request.headers.get("x-ingest-key", "").encode(), self.key):
+                if not self._key_matches(request.headers.get("x-ingest-key", "").encode()):
                     raise HTTPProblem(401, "missing or wrong ingest key", [("x-ingest-key", "does not match RECALL_INGEST_KEY")])
+                unknown = sorted(set(request.query_params) - query)
+                if unknown:  # like unknown body fields: a typo must not be silently ignored
+                    raise HTTPProblem(422, "invalid request", [(_printable(k), "unknown query parameter") for k in unknown])
                 status, body = await handler(request)
             except HTTPProblem as p:
                 status, body = p.status, {"error": p.error, "fields": [{"field": f, "message": m} for f, m in p.fields]}
@@ -97,6 +126,12 @@ class IngestAPI:
 
         return Route(path, endpoint, methods=methods)
 
+    def _key_matches(self, given: bytes) -> bool:
+        # Both comparisons always run, so the time taken says nothing about which key (if any) matched.
+        current = hmac.compare_digest(given, self.key)
+        upcoming = hmac.compare_digest(given, self.next_key if self.next_key is not None else self.key)
+        return current | (upcoming and self.next_key is not None)
+
     async def _json(self, request: Request, required: bool = True) -> Any:
         limit = self.s.ingest_max_body_bytes
         declared = request.headers.get("content-length")
@@ -109,10 +144,14 @@ class IngestAPI:
                 raise HTTPProblem(413, "request body too large", [("body", f"at most {limit} bytes")])
         if not raw and not required:
             return None
+        if not _is_json(request.headers.get("content-type", "")):
+            raise HTTPProblem(415, "unsupported media type", [("content-type", "must be application/json")])
         try:
             payload = json.loads(raw)
         except (ValueError, UnicodeDecodeError) as exc:
-            raise HTTPProblem(400, "malformed JSON", [("body", str(exc))])
+            raise HTTPProblem(400, "malformed JSON", [("body", _printable(str(exc)))])
+        except RecursionError:
+            raise HTTPProblem(400, "malformed JSON", [("body", "nested too deeply")]) from None
         if not isinstance(payload, dict):
             raise HTTPProblem(400, "malformed JSON", [("body", "expected a JSON object")])
         return payload
@@ -137,11 +176,18 @@ class IngestAPI:
             turns.append(StreamTurn(id=t.id or f"{req.conversation_id}-{i}", role=t.role, text=clean.text, ts=t.ts))
         event = TurnsEvent(user_hash=user_hash(req.user), conversation_id=req.conversation_id, turns=turns,
                            received_at=time.time())
+        await self._refuse_if_storage_unwritable()
         await self.redis.xadd(self.s.stream, event.fields(), maxlen=self.s.stream_maxlen, approximate=True)
         INGEST_TURNS.inc(len(turns))
         log.info("ingest.accepted", user_hash=event.user_hash, conversation_id=req.conversation_id, turns=len(turns),
                  dropped_echoes=len(req.turns) - len(turns), redacted=redacted)
         return 202, Accepted(stored=req.conversation_id, turns=len(turns), redacted=redacted).model_dump()
+
+    async def _refuse_if_storage_unwritable(self) -> None:
+        reason = await self.redis.get(STORAGE_UNWRITABLE)
+        if reason is not None:
+            raise HTTPProblem(503, "memory store cannot write, retry later",
+                              [("data_dir", f"not writable ({reason.decode(errors='replace')})")])
 
     @staticmethod
     def _is_recall_echo(turn: IngestTurn) -> bool:
@@ -160,10 +206,14 @@ class IngestAPI:
         cid = request.path_params["conversation_id"]
         if not CONVERSATION_ID.fullmatch(cid):
             raise HTTPProblem(422, "invalid request", [("conversation_id", "must match [A-Za-z0-9_-]{1,128}")])
-        user = request.query_params.get("user")
+        in_query = request.query_params.get("user")
+        body = await self._json(request, required=False)
+        in_body = _validate(ForgetUser, body).user if body is not None else None
+        if in_query is not None and in_body is not None and in_query != in_body:
+            raise HTTPProblem(422, "invalid request", [("user", "given in the query and the body with different values")])
+        user = in_query if in_query is not None else in_body
         if user is None:
-            body = await self._json(request, required=False)
-            user = (body or {}).get("user")
+            raise HTTPProblem(422, "invalid request", [("user", "required, in the query string or the body")])
         forget: ForgetUser = _validate(ForgetUser, {"user": user})
         return await self._forget("forget_conversation", forget.user, cid)
 
@@ -192,8 +242,13 @@ class IngestAPI:
     async def readyz(self, request: Request) -> Response:
         try:
             await self.redis.ping()
+            unwritable = await self.redis.get(STORAGE_UNWRITABLE)
         except Exception:
             return JSONResponse({"status": "redis unreachable"}, status_code=503)
+        if unwritable is not None:
+            reason = unwritable.decode(errors="replace")
+            log.warning("ingest.not_ready", reason=f"data dir not writable: {reason}")
+            return JSONResponse({"status": f"data dir not writable: {reason}"}, status_code=503)
         return JSONResponse({"status": "ready"})
 
 
@@ -223,9 +278,9 @@ def create_app(settings: IngestSettings) -> Starlette:
     return Starlette(
         routes=[
             api.route("/turns", api.post_turns, ["POST"]),
-            api.route("/conversations/{conversation_id}", api.delete_conversation, ["DELETE"]),
-            api.route("/users/{user:path}/retention", api.put_retention, ["PUT"]),
-            api.route("/users/{user:path}", api.delete_user, ["DELETE"]),
+            api.route("/conversations/{conversation_id}", api.delete_conversation, ["DELETE"], frozenset({"user"})),
+            api.route("/users/{user:anytext}/retention", api.put_retention, ["PUT"]),
+            api.route("/users/{user:anytext}", api.delete_user, ["DELETE"]),
             api.route("/deletions/{receipt}", api.get_deletion, ["GET"]),
             Route("/healthz", healthz), Route("/readyz", api.readyz),
             Route("/metrics", metrics_endpoint), Route("/openapi.json", openapi),

@@ -8,6 +8,9 @@ from pydantic.json_schema import models_json_schema
 
 from services.ingest.api_models import Accepted, ErrorBody, ForgetUser, IngestRequest, RetentionOverride
 from shared.stream_schema import DeletionReceipt
+from shared.tenant_paths import CONVERSATION_ID
+
+USER_PARAM = {"type": "string", "minLength": 1, "maxLength": 256}
 
 
 @lru_cache(maxsize=1)
@@ -33,47 +36,57 @@ def openapi_document() -> dict:
                 "responses": {
                     "202": {"description": "On the stream; searchable seconds later",
                             "content": {"application/json": {"schema": ref("Accepted")}}},
-                    "400": err("Malformed JSON"), "401": err("Missing or wrong ingest key"),
+                    "400": err("Malformed JSON (or nested too deeply)"), "401": err("Missing or wrong ingest key"),
                     "413": err("Over a configured limit (body size, turn count, turn text)"),
+                    "415": err("The body is not application/json"),
                     "422": err("A field is invalid; `fields` names it"),
-                    "503": err("Redis unreachable; retry"),
+                    "503": err("Redis unreachable, or the data dir is not writable; retry"),
                 },
             }},
             "/conversations/{conversation_id}": {"delete": {
                 "summary": "Forget one conversation of a user (user in the query string or the body)",
                 "security": [{"ingestKey": []}],
-                "parameters": [{"name": "conversation_id", "in": "path", "required": True, "schema": {"type": "string"}},
-                               {"name": "user", "in": "query", "required": False, "schema": {"type": "string"}}],
+                "parameters": [{"name": "conversation_id", "in": "path", "required": True,
+                                "schema": {"type": "string", "pattern": f"^{CONVERSATION_ID.pattern}$"}},
+                               {"name": "user", "in": "query", "required": False,
+                                "schema": {"type": "string", "minLength": 1, "maxLength": 256}}],
                 "requestBody": {"required": False, "content": {"application/json": {"schema": ref("ForgetUser")}}},
                 "responses": {"202": {"description": "Receipt; poll GET /deletions/{receipt}",
                                       "content": {"application/json": {"schema": ref("DeletionReceipt")}}},
-                              "401": err("Missing or wrong ingest key"), "422": err("No user, or unsafe id"),
+                              "400": err("Malformed JSON body"), "401": err("Missing or wrong ingest key"),
+                              "413": err("Body too large"), "415": err("A body that is not application/json"),
+                              "422": err("No user, an empty user, query and body disagreeing, or an unsafe id"),
                               "503": err("Redis unreachable; retry")},
             }},
             "/users/{user}": {"delete": {
                 "summary": "Forget everything of a user",
                 "security": [{"ingestKey": []}],
-                "parameters": [{"name": "user", "in": "path", "required": True, "schema": {"type": "string"}}],
+                "parameters": [{"name": "user", "in": "path", "required": True, "schema": USER_PARAM}],
                 "responses": {"202": {"description": "Receipt", "content": {"application/json": {"schema": ref("DeletionReceipt")}}},
-                              "401": err("Missing or wrong ingest key"), "503": err("Redis unreachable; retry")},
+                              "401": err("Missing or wrong ingest key"), "422": err("Invalid user"),
+                              "503": err("Redis unreachable; retry")},
             }},
             "/users/{user}/retention": {"put": {
                 "summary": "Set (or clear with null) a user's retention override in days",
                 "security": [{"ingestKey": []}],
-                "parameters": [{"name": "user", "in": "path", "required": True, "schema": {"type": "string"}}],
+                "parameters": [{"name": "user", "in": "path", "required": True, "schema": USER_PARAM}],
                 "requestBody": {"required": True, "content": {"application/json": {"schema": ref("RetentionOverride")}}},
-                "responses": {"200": {"description": "Stored"}, "401": err("Missing or wrong ingest key"),
-                              "422": err("Invalid days")},
+                "responses": {"200": {"description": "Stored", "content": {"application/json": {"schema": ref("RetentionOverride")}}},
+                              "400": err("Malformed JSON"), "401": err("Missing or wrong ingest key"),
+                              "413": err("Body too large"), "415": err("The body is not application/json"),
+                              "422": err("Invalid days (1-36500 or null) or user"),
+                              "503": err("Redis unreachable; retry")},
             }},
             "/deletions/{receipt}": {"get": {
                 "summary": "Status of a deletion: pending or done, with what was removed",
                 "security": [{"ingestKey": []}],
                 "parameters": [{"name": "receipt", "in": "path", "required": True, "schema": {"type": "string"}}],
                 "responses": {"200": {"description": "The receipt", "content": {"application/json": {"schema": ref("DeletionReceipt")}}},
-                              "401": err("Missing or wrong ingest key"), "404": err("Unknown or expired receipt")},
+                              "401": err("Missing or wrong ingest key"), "404": err("Unknown or expired receipt"),
+                              "503": err("Redis unreachable; retry")},
             }},
             "/healthz": {"get": {"summary": "Process is up", "responses": {"200": {"description": "ok"}}}},
-            "/readyz": {"get": {"summary": "Redis reachable", "responses": {"200": {"description": "ready"},
+            "/readyz": {"get": {"summary": "Redis reachable and the data dir writable", "responses": {"200": {"description": "ready"},
                                                                             "503": {"description": "not ready"}}}},
             "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "text exposition"}}}},
         },

@@ -1,14 +1,19 @@
 from __future__ import annotations
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import SettingsConfigDict
 
+from shared.secret_policy import check_secret
 from shared.settings_base import CommonSettings
 
 
 class IngestSettings(CommonSettings):
+    model_config = SettingsConfigDict(hide_input_in_errors=True)  # a refused secret must not reach the logs
+
     ingest_port: int = Field(8001, description="Port of the ingest API.")
     ingest_host: str = Field("127.0.0.1", description="Bind address of the ingest API.")
     ingest_key: SecretStr = Field(SecretStr(""), description="Shared key the gateway sends as x-ingest-key.")
+    ingest_key_next: SecretStr = Field(SecretStr(""), description="During a key rotation: a second key accepted as well (unset otherwise).")
     ingest_max_body_bytes: int = Field(4 * 2**20, ge=1024, description="Largest accepted request body.")
     ingest_max_turns: int = Field(2000, ge=1, description="Most turns in one conversation snapshot.")
     ingest_max_turn_chars: int = Field(200_000, ge=1, description="Longest text of one turn.")
@@ -16,3 +21,10 @@ class IngestSettings(CommonSettings):
     drop_recall_echoes: bool = Field(True, description="Do not store turns that are recall_my_conversations output.")
     deletion_receipt_ttl_days: int = Field(30, ge=1, description="How long GET /deletions/{id} remembers a receipt.")
     stream_maxlen: int = Field(1_000_000, ge=1000, description="Hard cap on stream length (a backlog guard, never reached normally).")
+
+    @field_validator("ingest_key")
+    @classmethod
+    def _no_weak_ingest_key(cls, v: SecretStr) -> SecretStr:
+        if v.get_secret_value():
+            check_secret("RECALL_INGEST_KEY", v.get_secret_value(), min_length=24)
+        return v

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from services.recall.tool_output import AgentHit
+from shared.engine.api import MemoryState
 from shared.tenant_paths import TenantPaths
 
 
@@ -15,6 +16,10 @@ class BackendUnavailable(Exception):
 class RecallBackend(Protocol):
     async def recall(self, paths: TenantPaths, query: str, k: int, candidates: int) -> list[AgentHit]:
         """The best passages of this tenant's memory, best first (typed, whichever engine)."""
+        ...
+
+    async def memory_state(self, paths: TenantPaths) -> MemoryState:
+        """Whether this tenant has a memory to search, as the engine in use reports it."""
         ...
 
     async def forget_tenant(self, paths: TenantPaths) -> None:

@@ -9,12 +9,13 @@ the service would parse again).
 from __future__ import annotations
 
 import asyncio
+import time
 
 from services.recall.backend import BackendUnavailable
 from services.recall.metrics import POOL_EVICTIONS, POOL_SIZE, READER_CACHE_BYTES
 from services.recall.tool_output import AgentHit, hits_from_engine
-from shared.engine.api import Engine, NoIndex
-from shared.engine.hybrid_search import RecallParams
+from shared.engine.api import Engine, MemoryState, NoIndex, memory_state
+from shared.engine.hybrid_search import DeadlineExceeded, RecallParams
 from shared.tenant_paths import TenantPaths
 
 
@@ -26,11 +27,13 @@ class EmbeddedBackend:
     async def recall(self, paths: TenantPaths, query: str, k: int, candidates: int) -> list[AgentHit]:
         params = RecallParams(k=k, candidates=candidates)
         evictions = self.engine.evictions
-        work = asyncio.ensure_future(asyncio.to_thread(self.engine.search, paths.memory, query, params))
+        deadline = time.monotonic() + self.timeout_s
         try:
-            # shield: a timed-out search finishes in its thread; the caller stops waiting.
-            return hits_from_engine(await asyncio.wait_for(asyncio.shield(work), self.timeout_s))
-        except asyncio.TimeoutError:
+            # A thread cannot be cancelled, so the search itself stops at its next stage once
+            # the deadline passes; awaiting it to the end keeps its admission slot taken meanwhile.
+            hits = await asyncio.to_thread(self.engine.search, paths.memory, query, params, deadline=deadline)
+            return hits_from_engine(hits)
+        except DeadlineExceeded:
             raise BackendUnavailable("recall timed out") from None
         except NoIndex:
             raise
@@ -41,6 +44,9 @@ class EmbeddedBackend:
             READER_CACHE_BYTES.set(self.engine.cached_bytes)
             if self.engine.evictions > evictions:
                 POOL_EVICTIONS.labels("lru").inc(self.engine.evictions - evictions)
+
+    async def memory_state(self, paths: TenantPaths) -> MemoryState:
+        return memory_state(paths.memory)
 
     async def forget_tenant(self, paths: TenantPaths) -> None:
         self.engine.drop(paths.memory)

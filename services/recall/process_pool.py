@@ -7,6 +7,8 @@
   in their own children.
 - A child that crashes, answers with an error, or overruns the timeout is killed and dropped;
   that call degrades softly and the next call starts a fresh child.
+- Whether a tenant has a memory is asked of the child (its `status` tool), never read from the
+  engine's files: real funes keeps `memory/chunks.lance/`, the embedded engine `chunks.sqlite3`.
 """
 
 from __future__ import annotations
@@ -20,12 +22,20 @@ from dataclasses import dataclass, field
 from services.recall.backend import BackendUnavailable
 from services.recall.metrics import POOL_CRASH_RESTARTS, POOL_EVICTIONS, POOL_SIZE, POOL_SPAWNS
 from services.recall.tool_output import AgentHit, hits_from_funes_text
+from shared.engine.api import MemoryState, NoIndex
 from shared.funes_env import funes_environment
 from shared.logging_setup import get_logger
 from shared.mcp_stdio_client import ChildExited, ChildGone, StdioMCPChild, ToolCallError
 from shared.tenant_paths import TenantPaths
 
 log = get_logger("recall.pool")
+# funes' answers for a memory without an index: the default memory, and an explicit path.
+_NO_INDEX = ("no index yet", "no index found at")
+
+
+def _says_no_index(text: str) -> bool:
+    head = text.split(":", 1)[1] if text.startswith(("recall error:", "status error:")) else text
+    return any(marker in head for marker in _NO_INDEX)
 
 
 @dataclass
@@ -46,6 +56,7 @@ class ProcessPool:
         self._spawning: dict[str, asyncio.Task] = {}
         self._lock = asyncio.Lock()
         self._sweeper: asyncio.Task | None = None
+        self._indexed: set[str] = set()  # tenants whose child reported an index (until it is dropped)
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -64,21 +75,45 @@ class ProcessPool:
     # ---- calls -----------------------------------------------------------------------------------
     async def recall(self, paths: TenantPaths, query: str, k: int, candidates: int) -> list[AgentHit]:
         # funes' MCP recall fixes candidates at 30; only k is a tool argument.
+        text = await self._call_once_more_if_gone(paths, "recall", {"query": query, "k": k})
+        if _says_no_index(text):  # e.g. the memory is being rebuilt after a deletion
+            self._indexed.discard(paths.uhash)
+            raise NoIndex(paths.memory)
+        if text.startswith("recall error:"):
+            raise BackendUnavailable(text[:200])
+        return hits_from_funes_text(text)
+
+    async def memory_state(self, paths: TenantPaths) -> MemoryState:
+        if not paths.src.is_dir():
+            # recall's own layout, not the engine's: nothing was ever stored for this tenant,
+            # so no child is started to be told so.
+            return MemoryState.ABSENT
+        if paths.uhash in self._indexed:
+            return MemoryState.READY
+        text = await self._call_once_more_if_gone(paths, "status", {})
+        if _says_no_index(text):
+            return MemoryState.ABSENT
+        if text.startswith("status error:"):
+            raise BackendUnavailable(text[:200])
+        self._indexed.add(paths.uhash)
+        return MemoryState.READY
+
+    async def _call_once_more_if_gone(self, paths: TenantPaths, tool: str, arguments: dict) -> str:
         try:
-            return hits_from_funes_text(await self._call(paths, query, k))
+            return await self._call(paths, tool, arguments)
         except ChildGone:
             # The child had died between calls; the request never reached it: one fresh child.
-            return hits_from_funes_text(await self._call(paths, query, k))
+            return await self._call(paths, tool, arguments)
 
-    async def _call(self, paths: TenantPaths, query: str, k: int) -> str:
+    async def _call(self, paths: TenantPaths, tool: str, arguments: dict) -> str:
         slot = await self._slot_for(paths)
         async with slot.lock:
             slot.last_used = time.monotonic()
             try:
-                text = await slot.child.call_tool("recall", {"query": query, "k": k}, self.call_timeout_s)
+                text = await slot.child.call_tool(tool, arguments, self.call_timeout_s)
             except asyncio.TimeoutError:
                 await self._replace(paths.uhash, slot, "timeout")
-                raise BackendUnavailable("recall timed out") from None
+                raise BackendUnavailable(f"{tool} timed out") from None
             except ChildGone:
                 await self._replace(paths.uhash, slot, "crash")
                 raise
@@ -87,8 +122,6 @@ class ProcessPool:
                 raise BackendUnavailable(str(exc)[:200]) from exc
             finally:
                 slot.last_used = time.monotonic()
-        if text.startswith("recall error:"):
-            raise BackendUnavailable(text[:200])
         return text
 
     async def forget_tenant(self, paths: TenantPaths) -> None:
@@ -149,11 +182,13 @@ class ProcessPool:
         async with self._lock:
             if self._slots.get(uhash) is slot:
                 del self._slots[uhash]
+                self._indexed.discard(uhash)
             POOL_SIZE.set(len(self._slots))
         await slot.child.close(grace=0.5)
 
     async def _drop(self, uhash: str) -> None:
         slot = self._slots.pop(uhash, None)
+        self._indexed.discard(uhash)
         POOL_SIZE.set(len(self._slots))
         if slot is not None:
             await slot.child.close()

@@ -11,11 +11,13 @@ import json
 import time
 from contextlib import asynccontextmanager
 from datetime import datetime, timezone
+from typing import Annotated
 
 import redis.asyncio as aioredis
 from fastmcp import FastMCP
 from fastmcp.exceptions import ToolError
 from fastmcp.server.dependencies import get_access_token
+from pydantic import Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -25,21 +27,25 @@ from services.recall.artifacts.service import ArtifactService
 from services.recall.artifacts.tools import register_artifact_tools
 from services.recall.backend import BackendUnavailable, RecallBackend
 from services.recall.embedded_backend import EmbeddedBackend
-from services.recall.metrics import RECALL_CONCURRENCY_LIMIT, RECALL_IN_FLIGHT, RECALL_LATENCY
+from services.recall.admission import Admission, Busy
+from services.recall.metrics import RECALL_BUSY, RECALL_CONCURRENCY_LIMIT, RECALL_IN_FLIGHT, RECALL_LATENCY
 from services.recall.process_pool import ProcessPool
 from services.recall.settings import RecallSettings
 from services.recall.time_window import find_time_window
 from services.recall.tokens import build_verifier
-from services.recall.tool_output import TOOL_DESCRIPTION, render_for_agent
-from shared.engine.api import Engine, MemoryState, NoIndex, memory_state
+from services.recall.tool_output import TOOL_DESCRIPTION, AgentHit, render_for_agent
+from shared.engine.api import Engine, MemoryState, NoIndex
 from shared.logging_setup import configure_logging, get_logger
 from shared.metrics_http import metrics_endpoint
-from shared.recall_answer_format import EMPTY_QUERY, NO_MEMORY, NOTHING, UNAVAILABLE
+from shared.recall_answer_format import BUSY, EMPTY_QUERY, NO_MEMORY, NOTHING, UNAVAILABLE
 from shared.stream_schema import FORGET_CHANNEL
 from shared.tenant_paths import TenantPaths, user_hash
 
 log = get_logger("recall.service")
 TIME_WINDOW_POOL = 4  # passages asked of the engine per returned one when the query names a time
+# An embedded search stops at its first stage boundary past the deadline; the caller waits this
+# much longer for that, then answers without it (the search keeps its slot until it stops).
+CALLER_GRACE_S = 1.0
 
 
 def make_backend(s: RecallSettings) -> RecallBackend:
@@ -60,7 +66,9 @@ class RecallService:
     def __init__(self, settings: RecallSettings, backend: RecallBackend) -> None:
         self.s = settings
         self.backend = backend
-        self.slots = asyncio.Semaphore(settings.max_concurrency)
+        self.admission = Admission(settings.max_concurrency, settings.queue_max, settings.queue_wait_s)
+        # The funes pool bounds every step itself (a child's start, each call, killing the child).
+        self.caller_wait_s = None if settings.engine == "funes" else settings.timeout_s + CALLER_GRACE_S
         RECALL_CONCURRENCY_LIMIT.set(settings.max_concurrency)
 
     async def recall_for(self, user: str, query: str) -> str:
@@ -78,24 +86,50 @@ class RecallService:
         if not query:
             return "empty", EMPTY_QUERY
         paths = TenantPaths.for_user(self.s.data_dir, user)
-        if memory_state(paths.memory) is MemoryState.ABSENT:
-            return "no_memory", NO_MEMORY
         search_query, window = find_time_window(query, datetime.now(timezone.utc))
         # A time window reorders a wider pool, so the in-window passages have a chance to be in it.
         k = self.s.k * TIME_WINDOW_POOL if window else self.s.k
-        async with self.slots:
-            RECALL_IN_FLIGHT.inc()
-            try:
-                hits = await self.backend.recall(paths, search_query, k, max(self.s.candidates, 2 * k))
-            except NoIndex:
-                return "no_memory", NO_MEMORY
-            except BackendUnavailable as exc:
-                log.warning("recall.unavailable", user_hash=paths.uhash, error=str(exc)[:200])
-                return "unavailable", UNAVAILABLE
-            finally:
-                RECALL_IN_FLIGHT.dec()
-        text = render_for_agent(hits, self.s.max_result_chars, self.s.k, window)
+        try:
+            await self.admission.acquire()
+        except Busy as busy:
+            RECALL_BUSY.labels(busy.reason).inc()
+            log.warning("recall.busy", user_hash=paths.uhash, reason=busy.reason)
+            return "busy", BUSY
+        search = asyncio.ensure_future(self._search(paths, search_query, k))
+        search.add_done_callback(_consume_outcome)
+        try:
+            raw = await asyncio.wait_for(asyncio.shield(search), self.caller_wait_s)
+        except asyncio.TimeoutError:
+            log.warning("recall.unavailable", user_hash=paths.uhash, error="the search overran its deadline")
+            return "unavailable", UNAVAILABLE
+        except NoIndex:
+            return "no_memory", NO_MEMORY
+        except BackendUnavailable as exc:
+            log.warning("recall.unavailable", user_hash=paths.uhash, error=str(exc)[:200])
+            return "unavailable", UNAVAILABLE
+        if raw is None:
+            return "no_memory", NO_MEMORY
+        text = render_for_agent(raw, self.s.max_result_chars, self.s.k, window)
         return ("empty" if text == NOTHING else "hit"), text
+
+    async def _search(self, paths: TenantPaths, query: str, k: int) -> list[AgentHit] | None:
+        """Runs holding an admission slot and gives it back when the work ends, whether or not
+        its caller still waits; None when the tenant has no memory (asked of the backend)."""
+        RECALL_IN_FLIGHT.inc()
+        try:
+            if await self.backend.memory_state(paths) is MemoryState.ABSENT:
+                return None
+            return await self.backend.recall(paths, query, k, max(self.s.candidates, 2 * k))
+        finally:
+            RECALL_IN_FLIGHT.dec()
+            self.admission.release()
+
+
+def _consume_outcome(search: asyncio.Future) -> None:
+    """A search whose caller gave up still ends in a result or error; fetch it so asyncio does
+    not log 'exception was never retrieved'."""
+    if not search.cancelled():
+        search.exception()
 
 
 async def _drop_forgotten(s: RecallSettings, backend: RecallBackend) -> None:
@@ -134,7 +168,8 @@ def build_app(settings: RecallSettings | None = None):
                                "recall first, then answer.")
 
     @mcp.tool(name="recall_my_conversations", description=TOOL_DESCRIPTION)
-    async def recall_my_conversations(query: str) -> str:
+    async def recall_my_conversations(
+            query: Annotated[str, Field(description="Short search words: identifiers, key nouns, optional time words.")]) -> str:
         return await service.recall_for(caller_user(), query)
 
     register_artifact_tools(mcp, build_artifact_service(s))

@@ -1,26 +1,48 @@
 from __future__ import annotations
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import SettingsConfigDict
 
+from shared.secret_policy import check_secret
 from shared.settings_base import CommonSettings
 
 
 class RecallSettings(CommonSettings):
+    model_config = SettingsConfigDict(hide_input_in_errors=True)  # a refused secret must not reach the logs
+
     recall_port: int = Field(8000, description="Port of the MCP service (streamable HTTP at /mcp).")
     recall_host: str = Field("127.0.0.1", description="Bind address of the MCP service.")
     jwt_secret: SecretStr = Field(SecretStr(""), description="HS256 shared secret (single-machine setups).")
     jwks_url: str | None = Field(None, description="JWKS URL for RS256 tokens (production); wins over jwt_secret.")
     jwt_issuer: str | None = Field(None, description="Required `iss` when set.")
     jwt_audience: str | None = Field(None, description="Required `aud` when set.")
+    max_token_lifetime_s: int = Field(7 * 24 * 3600, ge=60, description="Tokens must carry `exp`, at most this far ahead (and after `iat`).")
     k: int = Field(3, ge=1, le=20, description="Passages returned per call.")
     candidates: int = Field(8, ge=1, le=200, description="Size of each search leg and of the fused pool.")
     max_result_chars: int = Field(4000, ge=200, description="Cap on what one call puts in the agent's context.")
     max_query_chars: int = Field(500, ge=10, description="Queries are cut to this length.")
-    max_concurrency: int = Field(4, ge=1, description="Recalls in flight per replica.")
-    timeout_s: float = Field(10.0, gt=0, description="A recall slower than this answers 'unavailable'.")
+    max_concurrency: int = Field(4, ge=1, description="Searches running at once per replica.")
+    queue_max: int = Field(32, ge=0, description="Recalls that may wait for a free slot; past it the agent is told 'busy, try again'.")
+    queue_wait_s: float = Field(1.0, gt=0, description="Longest wait for a free slot before the answer is 'busy, try again'.")
+    timeout_s: float = Field(10.0, gt=0, description="A search slower than this stops at its next stage and answers 'unavailable'.")
     reader_cache: int = Field(256, ge=1, description="Embedded engine: tenant memories kept open (LRU).")
     reader_cache_bytes: int = Field(4 * 2**30, ge=2**20, description="Embedded engine: bytes of vectors and BM25 indexes the open memories may hold (LRU; a memory in use is closed when its search ends).")
     pool_max_processes: int = Field(16, ge=1, description="Funes engine: most `funes mcp` children alive at once.")
     pool_idle_s: float = Field(600.0, gt=0, description="Funes engine: a child idle this long is closed.")
     artifacts_db_url: str | None = Field(None, description="Memory artifacts database: sqlite:///<file> (default DATA_DIR/artifacts.sqlite3) or postgresql://… for several replicas.")
     pool_start_timeout_s: float = Field(60.0, gt=0, description="Funes engine: time a child may take to start.")
+    replicas: int = Field(1, ge=1, description="How many recall replicas may run at once (the HPA's maxReplicas); above 1 the artifacts database must be PostgreSQL.")
+
+    @field_validator("jwt_secret")
+    @classmethod
+    def _no_weak_jwt_secret(cls, v: SecretStr) -> SecretStr:
+        if v.get_secret_value():
+            check_secret("RECALL_JWT_SECRET", v.get_secret_value(), min_length=32)
+        return v
+
+    @model_validator(mode="after")
+    def _no_shared_sqlite(self) -> "RecallSettings":
+        if self.replicas > 1 and not (self.artifacts_db_url or "").startswith(("postgresql://", "postgres://")):
+            raise ValueError(f"RECALL_REPLICAS={self.replicas} needs RECALL_ARTIFACTS_DB_URL=postgresql://… "
+                             "(a SQLite artifacts database is one host's file)")
+        return self

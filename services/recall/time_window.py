@@ -111,7 +111,12 @@ def find_time_window(query: str, now: datetime) -> tuple[str, TimeWindow | None]
     for pattern, resolve, strip in _PATTERNS:
         m = pattern.search(query)
         if m:
-            window = resolve(m, today)
+            try:
+                window = resolve(m, today)
+            except (OverflowError, ValueError):
+                # A date at the calendar's edge ("9999-12-31", "March 0000") has no window
+                # datetime can hold; the words are still searched as text, never an error.
+                window = None
             if window is not None:
                 rest = " ".join((query[: m.start()] + " " + query[m.end():]).split()) if strip else query
                 return rest or query, window  # nothing left: search with the words as given

@@ -1,23 +1,64 @@
-"""Bearer-token verification (fastmcp's JWTVerifier) and dev-token minting."""
+"""Bearer-token verification (fastmcp's JWTVerifier, stricter) and dev-token minting."""
 
 from __future__ import annotations
 
 import time
 
+from fastmcp.server.auth import AccessToken
 from fastmcp.server.auth.providers.jwt import JWTVerifier
 
 from services.recall.settings import RecallSettings
+from shared.logging_setup import get_logger
 
 DEV_ISSUER = "recall-dev"
+CLOCK_SKEW_S = 60
+
+log = get_logger("recall.tokens")
+
+
+class RecallTokenVerifier(JWTVerifier):
+    """JWTVerifier accepts a token without `exp` (valid forever) and one without `sub` (the tool
+    then fails with HTTP 200). Here both are rejected before any tool runs, so the client gets 401:
+    a token must name its user and expire within `max_lifetime_s`."""
+
+    def __init__(self, *, max_lifetime_s: int, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.max_lifetime_s = max_lifetime_s
+
+    async def load_access_token(self, token: str) -> AccessToken | None:
+        access = await super().load_access_token(token)
+        if access is None:
+            return None
+        problem = token_problem(access.claims, self.max_lifetime_s, time.time())
+        if problem:
+            log.info("token.rejected", reason=problem)
+            return None
+        return access
+
+
+def token_problem(claims: dict, max_lifetime_s: int, now: float) -> str | None:
+    """Why verified claims are still unacceptable, or None."""
+    sub = claims.get("sub")
+    if not isinstance(sub, str) or not sub.strip():
+        return "no sub"
+    exp, iat = claims.get("exp"), claims.get("iat")
+    if isinstance(exp, bool) or not isinstance(exp, (int, float)):
+        return "no exp"
+    if exp > now + max_lifetime_s + CLOCK_SKEW_S:
+        return "lifetime over the maximum"
+    if iat is not None and (isinstance(iat, bool) or not isinstance(iat, (int, float)) or exp - iat > max_lifetime_s):
+        return "lifetime over the maximum"
+    return None
 
 
 def build_verifier(s: RecallSettings) -> JWTVerifier:
+    common = {"issuer": s.jwt_issuer, "audience": s.jwt_audience, "max_lifetime_s": s.max_token_lifetime_s}
     if s.jwks_url:
-        return JWTVerifier(jwks_uri=s.jwks_url, algorithm="RS256", issuer=s.jwt_issuer, audience=s.jwt_audience)
+        return RecallTokenVerifier(jwks_uri=s.jwks_url, algorithm="RS256", **common)
     secret = s.jwt_secret.get_secret_value()
     if len(secret) < 32:
         raise RuntimeError("set RECALL_JWKS_URL, or RECALL_JWT_SECRET of at least 32 characters")
-    return JWTVerifier(public_key=secret, algorithm="HS256", issuer=s.jwt_issuer, audience=s.jwt_audience)
+    return RecallTokenVerifier(public_key=secret, algorithm="HS256", **common)
 
 
 def mint_dev_token(s: RecallSettings, user: str, ttl_s: int = 3600, realms: list[str] | None = None) -> str:
@@ -28,6 +69,8 @@ def mint_dev_token(s: RecallSettings, user: str, ttl_s: int = 3600, realms: list
     secret = s.jwt_secret.get_secret_value()
     if not secret:
         raise RuntimeError("RECALL_JWT_SECRET is not set")
+    if not 0 < ttl_s <= s.max_token_lifetime_s:
+        raise RuntimeError(f"a token's lifetime must be 1..{s.max_token_lifetime_s} s (RECALL_MAX_TOKEN_LIFETIME_S)")
     now = int(time.time())
     claims: dict = {"sub": user, "iat": now, "exp": now + ttl_s, "iss": s.jwt_issuer or DEV_ISSUER}
     if s.jwt_audience:

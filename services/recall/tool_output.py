@@ -1,10 +1,11 @@
-"""What the agent sees: dated verbatim passages, no engine hints, paths or internal ids.
+"""What the agent sees: dated verbatim passages with a citation handle, no engine hints or paths.
 
 Both backends hand this module the same typed hits (`AgentHit`): the embedded engine passes
 its hits through as data (`hits_from_engine`); funes mode gets funes' agent-format text from
 its child and parses it into the same model (`hits_from_funes_text`). Each hit renders as
 
     [2026-10-08 10:01 UTC]
+      cite: session_id=<conversation id> turn_uuid=<turn id>
     <the passage, verbatim>
       ~ user: <neighbouring turn, preview>
     ---
@@ -22,7 +23,7 @@ from services.recall.time_window import TimeWindow
 from shared.engine.agent_format import HEADER, HINT, NEIGHBOUR, NO_RESULTS
 from shared.engine.hybrid_search import NEIGHBOUR_PREVIEW_CHARS, Hit
 from shared.engine.transcript import parse_ts
-from shared.recall_answer_format import DATE_HEADER, NEIGHBOUR_PREFIX, NOTHING, SEPARATOR
+from shared.recall_answer_format import CITE_LINE, DATE_HEADER, NEIGHBOUR_PREFIX, NOTHING, SEPARATOR
 
 
 class Neighbour(BaseModel):
@@ -32,16 +33,19 @@ class Neighbour(BaseModel):
 
 
 class AgentHit(BaseModel):
-    """One passage as the agent gets it: when, the verbatim text, the turns around it."""
+    """One passage as the agent gets it: when, where to cite it, the verbatim text, the turns
+    around it."""
 
     model_config = ConfigDict(frozen=True)
     ts: str
+    session_id: str = ""
+    turn_uuid: str = ""
     text: str
     neighbours: tuple[Neighbour, ...] = ()
 
 
 def hits_from_engine(hits: list[Hit]) -> list[AgentHit]:
-    return [AgentHit(ts=h.row.ts, text=h.row.text.strip(),
+    return [AgentHit(ts=h.row.ts, session_id=h.row.session_id, turn_uuid=h.row.turn_uuid, text=h.row.text.strip(),
                      neighbours=tuple(Neighbour(role=n.role, preview=n.text[:NEIGHBOUR_PREVIEW_CHARS]) for n in h.neighbours))
             for h in hits]
 
@@ -53,17 +57,23 @@ def hits_from_funes_text(output: str) -> list[AgentHit]:
     code points, newlines included)."""
     if output.strip() == NO_RESULTS:
         return []
-    blocks: list[tuple[str, list[str]]] = []
+    blocks: list[tuple[str, list[str], dict[str, str]]] = []
     for line in output.split("\n"):
         m = HEADER.match(line)
         if m:
-            blocks.append((m["ts"], []))
-        elif blocks and not (not blocks[-1][1] and HINT.match(line)):
+            blocks.append((m["ts"], [], {}))
+            continue
+        if not blocks:
+            continue
+        hint = HINT.match(line) if not blocks[-1][1] and not blocks[-1][2] else None
+        if hint:  # the line right after the header names the passage's session and turn
+            blocks[-1][2].update(session_id=hint["session_id"], turn_uuid=hint["turn_uuid"])
+        else:
             blocks[-1][1].append(line)
-    return [_hit_from_block(ts, lines) for ts, lines in blocks]
+    return [_hit_from_block(ts, lines, where) for ts, lines, where in blocks]
 
 
-def _hit_from_block(ts: str, lines: list[str]) -> AgentHit:
+def _hit_from_block(ts: str, lines: list[str], where: dict[str, str]) -> AgentHit:
     while lines and lines[-1] == "":
         lines.pop()
     if lines and lines[-1] == SEPARATOR:
@@ -78,7 +88,7 @@ def _hit_from_block(ts: str, lines: list[str]) -> AgentHit:
             neighbours[-1][1].append(line)
         else:
             text.append(line)
-    return AgentHit(ts=ts, text="\n".join(text).strip(),
+    return AgentHit(ts=ts, **where, text="\n".join(text).strip(),
                     neighbours=tuple(Neighbour(role=role, preview="\n".join(p)) for role, p in neighbours))
 
 
@@ -99,7 +109,7 @@ def _date(ts: str) -> str:
 
 
 def render_hit(hit: AgentHit) -> str:
-    lines = [_date(hit.ts), hit.text]
+    lines = [_date(hit.ts)] + ([CITE_LINE.format(hit.session_id, hit.turn_uuid)] if hit.session_id else []) + [hit.text]
     lines += [f"{NEIGHBOUR_PREFIX}{n.role}: {n.preview}" for n in hit.neighbours]
     return "\n".join(lines) + f"\n{SEPARATOR}\n"
 

@@ -19,7 +19,7 @@ from shared.engine.store import Row
 
 NO_RESULTS = "no results"
 HEADER = re.compile(r"^\[(?P<ts>[^\]]*)\] (?P<harness>\S*) (?P<where>\S+) (?P<block_type>\S+)  score=(?P<score>[-0-9.]+)$")
-HINT = re.compile(r"^  → get .*$")
+HINT = re.compile(r"^  → get (?P<session_id>\S+) (?P<turn_uuid>\S+)( .*)?$")
 NEIGHBOUR = re.compile(r"^  ~ \[(?P<role>\S+) (?P<block_type>\S+) seq(?P<seq>-?\d+)\] (?P<text>.*)$")
 
 
@@ -77,6 +77,8 @@ class ParsedHit:
     ts: str
     harness: str
     block_type: str
+    session_id: str = ""
+    turn_uuid: str = ""
     text_lines: list[str] = field(default_factory=list)
     neighbours: list[tuple[str, int, str]] = field(default_factory=list)  # (role, seq, preview)
 
@@ -95,7 +97,11 @@ def parse_recall(output: str) -> list[ParsedHit]:
         if m:
             hits.append(ParsedHit(m["ts"], m["harness"], m["block_type"]))
             continue
-        if not hits or HINT.match(line):
+        hint = HINT.match(line)
+        if hits and hint and not hits[-1].text_lines:
+            hits[-1].session_id, hits[-1].turn_uuid = hint["session_id"], hint["turn_uuid"]
+            continue
+        if not hits or hint:
             continue
         n = NEIGHBOUR.match(line)
         if n:

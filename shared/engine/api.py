@@ -17,8 +17,8 @@ from enum import Enum
 from pathlib import Path
 
 from shared.engine import agent_format
-from shared.engine.embedder import Embedder, shared_embedder
-from shared.engine.hybrid_search import Hit, RecallParams, recall, turn_window
+from shared.engine.embedder import Embedder, embedder_for_stamp, shared_embedder
+from shared.engine.hybrid_search import Hit, RecallParams, check_deadline, recall, turn_window
 from shared.engine.memory_reader import MemoryReader
 from shared.engine.reranker import Reranker, configured_reranker, reranker_status
 from shared.engine.store import DB_NAME, MemoryStore
@@ -176,14 +176,26 @@ class Engine:
         return sum(e.bytes for e in self._entries.values())
 
     # ---- commands ----------------------------------------------------------------------------
-    def search(self, memory: Path, query: str, params: RecallParams) -> list[Hit]:
+    def search(self, memory: Path, query: str, params: RecallParams, deadline: float | None = None) -> list[Hit]:
+        """`deadline` (time.monotonic()): past it the search stops between stages, DeadlineExceeded."""
+        check_deadline(deadline)
         with self.lease(memory) as reader:
-            if reader.model_id != self.embedder.spec.model_id or reader.dim != self.embedder.dim:
-                reader.store.check_model(self.embedder.spec.model_id, self.embedder.dim)
-            return recall(reader, self.embedder, query, params, self.reranker)
+            return recall(reader, self.embedder_of(reader), query, params, self.reranker, deadline=deadline)
 
-    def recall(self, memory: Path, query: str, params: RecallParams, label: str | None = None) -> str:
-        return agent_format.render_recall(self.search(memory, query, params), label or str(memory))
+    def recall(self, memory: Path, query: str, params: RecallParams, label: str | None = None,
+               deadline: float | None = None) -> str:
+        return agent_format.render_recall(self.search(memory, query, params, deadline), label or str(memory))
+
+    def embedder_of(self, reader: MemoryReader) -> Embedder:
+        """The model the memory was built with: the configured one, or (until the memory is
+        re-embedded) the built-in model of its stamp; any other memory is refused, never mixed."""
+        if reader.model_id == self.embedder.spec.model_id and reader.dim == self.embedder.dim:
+            return self.embedder
+        own = embedder_for_stamp(reader.model_id)
+        if own is None or own.dim != reader.dim:
+            reader.store.check_model(self.embedder.spec.model_id, self.embedder.dim)  # raises ModelMismatch
+        assert own is not None
+        return own
 
     def get(self, memory: Path, session_id: str, turn_uuid: str, window: int = 3) -> str:
         with self.lease(memory) as reader:

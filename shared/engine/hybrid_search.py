@@ -22,6 +22,16 @@ RERANK_POOL_FACTOR = 4
 NEIGHBOUR_PREVIEW_CHARS = 160  # funes shows neighbours as previews of this many code points
 
 
+class DeadlineExceeded(Exception):
+    """The caller stopped waiting: the search gives its worker back at the next stage."""
+
+
+def check_deadline(deadline: float | None) -> None:
+    """`deadline` is a time.monotonic() value; None means no limit."""
+    if deadline is not None and time.monotonic() > deadline:
+        raise DeadlineExceeded()
+
+
 @dataclass(frozen=True)
 class RecallParams:
     k: int = 8
@@ -84,13 +94,15 @@ def recall(
     params: RecallParams,
     reranker: Reranker | None = None,
     now: float | None = None,
+    deadline: float | None = None,
 ) -> list[Hit]:
     query = query.strip()
     if not query:
         return []
-    qvec = embedder.embed([query])[0]
+    qvec = embedder.embed_query(query)
     now = time.time() if now is None else now
     with reader.fresh():  # no lock while searching: concurrent calls on one memory run side by side
+        check_deadline(deadline)
         mask = reader.filter_mask(params.block_type, params.harness)
         c = params.candidates
         idents = query_identifiers(query)
@@ -109,6 +121,7 @@ def recall(
         pool = sorted(rows, key=lambda rid: (ident_hits.get(rid, 0), fused[rid]), reverse=True)[:c]
 
         if reranker is not None and len(pool) >= RERANK_POOL_FACTOR * params.k:
+            check_deadline(deadline)  # the cross-encoder is the costliest stage
             base = dict(zip(pool, reranker.scores(query, [rows[r].text for r in pool]).tolist()))
         else:
             base = {rid: fused[rid] for rid in pool}

@@ -7,11 +7,13 @@ embedded again. Only chunks whose text is not already stored are embedded.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from shared.engine.chunking import Chunk, chunk_turn
 from shared.engine.embedder import Embedder
+from shared.engine.fault_injection import fault_point
 from shared.engine.memory_lock import memory_lock
 from shared.engine.store import MemoryStore, NewRow
 from shared.engine.transcript import discover_transcripts, read_transcript, source_signature
@@ -43,16 +45,29 @@ def open_or_create(home: Path, embedder: Embedder) -> MemoryStore:
     return MemoryStore.create(path, embedder.spec.model_id, embedder.dim)
 
 
-def index_tree(home: Path, src: Path, embedder: Embedder, lock_wait_s: float = 0.0, purge: bool = False) -> IndexReport:
+Checkpoint = Callable[[str], None]
+EMBED_BATCH = 256  # chunks embedded between checkpoints: bounds how late an abort takes effect
+
+
+def _no_checkpoint(point: str) -> None:
+    pass
+
+
+def index_tree(home: Path, src: Path, embedder: Embedder, lock_wait_s: float = 0.0, purge: bool = False,
+               checkpoint: Checkpoint = _no_checkpoint) -> IndexReport:
     """Index `src` into `$home/memory` under the memory lock (MemoryBusy if it is held).
 
-    With `purge`, removed rows are also scrubbed from the files on disk (a forget request)."""
+    With `purge`, removed rows are also scrubbed from the files on disk (a forget request).
+    `checkpoint(point)` is called between phases and embedding batches, last just before the
+    commit; an exception it raises aborts the run with nothing committed (a timeout, a lost
+    lock). Sources may be deleted or replaced while the run reads them (snapshot undo,
+    retention, forget): a vanished file counts as deleted, and a replaced one is re-read next run."""
     if not src.exists():
         raise FileNotFoundError(f"no such path: {src}")
     with memory_lock(home, lock_wait_s):
         store = open_or_create(home, embedder)
         try:
-            report = _sync(store, src.resolve(), embedder)
+            report = _sync(store, src.resolve(), embedder, checkpoint)
             if purge and report.removed:
                 store.purge_deleted_text()
             store.publish_vectors()
@@ -61,18 +76,37 @@ def index_tree(home: Path, src: Path, embedder: Embedder, lock_wait_s: float = 0
             store.close()
 
 
-def _sync(store: MemoryStore, src: Path, embedder: Embedder) -> IndexReport:
+def _signatures(present: dict[str, Path]) -> dict[str, str]:
+    out = {}
+    for key, path in present.items():
+        try:
+            out[key] = source_signature(path)
+        except FileNotFoundError:
+            continue  # removed since it was listed: treated as deleted
+    return out
+
+
+def _checkpoint(checkpoint: Checkpoint, point: str) -> None:
+    fault_point(point)
+    checkpoint(point)
+
+
+def _sync(store: MemoryStore, src: Path, embedder: Embedder, checkpoint: Checkpoint = _no_checkpoint) -> IndexReport:
     known = store.sources()
-    present = {str(p): p for p in discover_transcripts(src).values()}
-    signatures = {key: source_signature(p) for key, p in present.items()}
-    changed = [key for key in present if known.get(key) != signatures[key]]
-    gone = [key for key in known if key not in present]
+    signatures = _signatures({str(p): p for p in discover_transcripts(src).values()})
+    _checkpoint(checkpoint, "after_listing")
+    changed = [key for key in signatures if known.get(key) != signatures[key]]
 
     to_add: list[tuple[Chunk, str]] = []
     dead: list[int] = []
     malformed = 0
-    for key in changed:
-        parsed = read_transcript(present[key])
+    for key in list(changed):
+        try:
+            parsed = read_transcript(Path(key))
+        except FileNotFoundError:  # removed between the listing and now
+            changed.remove(key)
+            del signatures[key]
+            continue
         malformed += parsed.malformed_lines
         wanted = {c.chunk_key: c for turn in parsed.turns for c in chunk_turn(turn)}
         stored = store.rows_of_source(key)
@@ -81,15 +115,21 @@ def _sync(store: MemoryStore, src: Path, embedder: Embedder) -> IndexReport:
             if old is None or old[1] != chunk.text_hash:
                 to_add.append((chunk, key))
         dead += [row_id for ck, (row_id, h) in stored.items() if ck not in wanted or wanted[ck].text_hash != h]
+    gone = [key for key in known if key not in signatures]
     for key in gone:
         dead += [row_id for row_id, _ in store.rows_of_source(key).values()]
 
     if not changed and not gone:
-        return IndexReport(0, len(present), 0, 0, 0, store.generation())
-    vectors = embedder.embed([c.text for c, _ in to_add])
+        return IndexReport(0, len(signatures), 0, 0, 0, store.generation())
+    vectors = []
+    for start in range(0, len(to_add), EMBED_BATCH):
+        vectors += list(embedder.embed([c.text for c, _ in to_add[start:start + EMBED_BATCH]]))
+        _checkpoint(checkpoint, "mid_embedding")
     added = [NewRow(chunk=c, source_path=key, vector=v) for (c, key), v in zip(to_add, vectors)]
+    _checkpoint(checkpoint, "before_commit")
     generation = store.commit_changes(added, dead, {k: signatures[k] for k in changed}, gone)
-    return IndexReport(len(changed), len(present) - len(changed), len(added), len(dead), malformed, generation)
+    fault_point("after_sqlite_commit")
+    return IndexReport(len(changed), len(signatures) - len(changed), len(added), len(dead), malformed, generation)
 
 
 def forget_session(home: Path, session_id: str, lock_wait_s: float = 5.0) -> int:

@@ -35,6 +35,7 @@ import numpy as np
 import tantivy
 
 from shared.engine.chunking import Chunk
+from shared.engine.fault_injection import fault_point
 from shared.engine.vector_file import open_vector_file, write_vector_file
 
 SCHEMA_VERSION = "1"
@@ -306,6 +307,7 @@ class MemoryStore:
             for row_id, row in zip(new_ids, added):
                 writer.add_document(tantivy.Document(row_id=row_id, text=fts_text(row.chunk.text, row.chunk.ts)))
             writer.commit()
+            fault_point("after_tantivy_commit")  # crash tests: tantivy committed, SQLite not yet
 
             generation = int(meta["generation"]) + 1
             c = self.conn

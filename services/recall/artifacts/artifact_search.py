@@ -10,6 +10,7 @@ live apart from every user's conversation memory: neither search can return the 
 from __future__ import annotations
 
 import hashlib
+import threading
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -28,12 +29,18 @@ class ArtifactSearch:
     def __init__(self, data_dir: Path, engine: Engine) -> None:
         self.root = data_dir / ".artifacts"
         self.engine = engine
+        # One refresh at a time per process: an index run must not list a file another refresh removes.
+        self._refreshing = threading.Lock()
 
     def home(self, realm_id: str) -> Path:
         return self.root / hashlib.sha256(realm_id.encode()).hexdigest()[:24]
 
     def refresh(self, artifacts: list[Artifact]) -> None:
         """Write (accepted) or remove (anything else) each artifact's transcript, then index."""
+        with self._refreshing:
+            self._refresh(artifacts)
+
+    def _refresh(self, artifacts: list[Artifact]) -> None:
         for realm_id in {a.realm_id for a in artifacts}:
             src = self.home(realm_id) / "src"
             src.mkdir(parents=True, exist_ok=True)

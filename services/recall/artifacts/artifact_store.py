@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from shared.engine.store import journal_mode
 from services.recall.artifacts.models import Artifact, AuditEvent, Entry, Status, Target
 
 SCHEMA = [
@@ -89,7 +90,7 @@ class ArtifactStore:
             path = Path(self.url.removeprefix("sqlite:///"))
             path.parent.mkdir(parents=True, exist_ok=True)
             conn = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
-            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute(f"PRAGMA journal_mode={journal_mode()}")  # RECALL_SQLITE_JOURNAL_MODE, as the engine
             conn.execute("PRAGMA foreign_keys=ON")
         self._local.conn = conn
         return conn

@@ -1,13 +1,25 @@
 from __future__ import annotations
 
 import re
+from datetime import datetime, timezone
 from enum import Enum
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, PlainSerializer, field_validator
 
 ARTIFACT_PATH = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}(/[a-z0-9][a-z0-9._-]{0,63}){0,7}")
 REALM_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")
+ArtifactKind = Literal["worklog", "handoff", "decision", "strategy", "review_protocol", "dossier",
+                       "constitution", "agent_registry", "charter"]
+WriteMode = Literal["append", "replace"]
+
+
+def rfc3339(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+# Stored as epoch seconds; shown to agents as RFC 3339 UTC.
+Timestamp = Annotated[float, PlainSerializer(rfc3339, return_type=str, when_used="json")]
 
 
 class Status(str, Enum):
@@ -38,16 +50,18 @@ class TargetRole(str, Enum):
 
 
 class Target(BaseModel):
-    target_kind: TargetKind
-    target_id: str = Field(min_length=1, max_length=200)
-    role: TargetRole = TargetRole.PRIMARY
+    target_kind: TargetKind = Field(description="realm: the realm itself; entity: an object registered with "
+                                                "register_realm_entity; conversation: one of your own recorded conversations.")
+    target_id: str = Field(min_length=1, max_length=200, description="The realm id, entity id or conversation id.")
+    role: TargetRole = Field(TargetRole.PRIMARY, description="primary: what the memory is about; related; evidence: "
+                             "grounds for it; handoff_target: the object whose work is handed over.")
 
 
 class Entry(BaseModel):
     seq: int
     body: str
     author: str
-    created_at: float
+    created_at: Timestamp
     source_ref: str
     source_context: dict[str, Any]
 
@@ -64,8 +78,8 @@ class Artifact(BaseModel):
     source_ref: str
     source_context: dict[str, Any]
     author: str
-    created_at: float
-    updated_at: float
+    created_at: Timestamp
+    updated_at: Timestamp
     supersedes_artifact_id: str | None = None
     superseded_by_artifact_id: str | None = None
     revoked_reason: str | None = None
@@ -75,7 +89,7 @@ class Artifact(BaseModel):
     def compact(self) -> dict[str, Any]:
         """What search returns: enough to choose, no body."""
         return {"artifact_id": self.artifact_id, "artifact_path": self.artifact_path, "artifact_kind": self.artifact_kind,
-                "status": self.status.value, "summary": self.summary, "author": self.author, "updated_at": self.updated_at,
+                "status": self.status.value, "summary": self.summary, "author": self.author, "updated_at": rfc3339(self.updated_at),
                 "entries": len(self.entries), "targets": [t.model_dump(mode="json") for t in self.targets]}
 
 
@@ -83,7 +97,7 @@ class AuditEvent(BaseModel):
     artifact_id: str
     event: str  # created, updated, appended, submitted, accepted, revoked, superseded
     actor: str
-    at: float
+    at: Timestamp
     detail: dict[str, Any] = {}
 
 
@@ -91,8 +105,8 @@ class DraftInput(BaseModel):
     """What create_memory_artifact_draft takes (besides the realm and the caller)."""
 
     artifact_path: str
-    artifact_kind: str
-    write_mode: str
+    artifact_kind: ArtifactKind
+    write_mode: WriteMode
     body: str = Field(min_length=1)
     summary: str = Field(min_length=1, max_length=1000)
     source_ref: str = Field(min_length=1, max_length=500)

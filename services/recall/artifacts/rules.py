@@ -5,7 +5,9 @@ from __future__ import annotations
 from services.recall.artifacts.models import Role, Status
 
 JOURNAL_KINDS = {"worklog"}
-DOCUMENT_KINDS = {"handoff", "decision", "strategy", "review_protocol", "dossier"}
+# The agent population (constitution, registry, charters) is memory too, with JSON bodies.
+POPULATION_KINDS = {"constitution", "agent_registry", "charter"}
+DOCUMENT_KINDS = {"handoff", "decision", "strategy", "review_protocol", "dossier", *POPULATION_KINDS}
 WRITE_MODE = {**{k: "append" for k in JOURNAL_KINDS}, **{k: "replace" for k in DOCUMENT_KINDS}}
 CAN_WRITE = {Role.OWNER, Role.MEMBER}
 
@@ -71,11 +73,26 @@ def check_submit(status: Status, author: str, caller: str) -> None:
         raise RuleBroken("lifecycle", f"only a draft can be submitted; this artifact is {status.value}")
 
 
-def check_accept(status: Status, role: Role) -> None:
+def check_accept(status: Status, role: Role, kind: str, author: str, caller: str, separate_duties: bool) -> None:
     if role not in CAN_WRITE:
         raise RuleBroken("realm_role", "accepting needs the member or owner role")
+    if kind in POPULATION_KINDS and role is not Role.OWNER:
+        raise RuleBroken("realm_role", f"a {kind} (the realm's population rules) is accepted by a realm owner")
     if status is not Status.PROPOSED:
         raise RuleBroken("lifecycle", f"only a proposed artifact can be accepted; this one is {status.value}")
+    if separate_duties and author == caller:
+        raise RuleBroken("separation_of_duties", "the realm constitution requires separate author and reviewer; "
+                         "someone other than the author accepts this")
+
+
+def check_succession(accepted_now: str | None, supersedes: str | None) -> None:
+    """A new version names the one it replaces, so history links agree both ways."""
+    if accepted_now is not None and supersedes != accepted_now:
+        raise RuleBroken("supersedes", f"path has accepted version {accepted_now}; draft must supersede it "
+                         f"(supersedes_artifact_id={accepted_now!r})")
+    if accepted_now is None and supersedes is not None:
+        raise RuleBroken("supersedes", f"the version it supersedes ({supersedes}) is no longer accepted and the path "
+                         "has no accepted version; write a new draft without supersedes_artifact_id")
 
 
 def check_revoke(status: Status, author: str, caller: str, role: Role) -> None:

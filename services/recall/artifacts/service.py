@@ -14,14 +14,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from services.recall.artifacts import rules
+from services.recall.artifacts import kind_schemas, rules
 from services.recall.artifacts.artifact_search import ArtifactSearch
 from services.recall.artifacts.artifact_store import ArtifactStore, Conflict, Tx
+from services.recall.artifacts.kind_schemas import Constitution
 from services.recall.artifacts.models import REALM_ID, Artifact, DraftInput, Role, Status, Target, TargetKind
 from services.recall.artifacts.rules import RuleBroken
 from shared.tenant_paths import CONVERSATION_ID, TenantPaths
 
 CONFLICT_RETRIES = 20
+MAX_LIMIT = 100
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,11 @@ class ArtifactService:
                 if not ok:
                     raise RuleBroken("targets", f"conversation {t.target_id!r} is not one of your recorded conversations")
 
+    def constitution(self, tx: Tx, realm_id: str) -> Constitution | None:
+        """The realm's accepted constitution, if its population was initialised."""
+        current = self.store.accepted_at_path(tx, realm_id, kind_schemas.CONSTITUTION_PATH)
+        return kind_schemas.parse_body("constitution", current.body) if current else None  # type: ignore[return-value]
+
     def _retrying(self, fn):
         for attempt in range(CONFLICT_RETRIES):
             try:
@@ -92,14 +99,12 @@ class ArtifactService:
         now = time.time()
         artifact = Artifact(artifact_id=uuid.uuid4().hex, realm_id=realm_id, status=Status.DRAFT, author=caller.principal,
                             created_at=now, updated_at=now, **draft.model_dump())
+        kind_schemas.check_path(draft.artifact_kind, draft.artifact_path)
+        kind_schemas.parse_body(draft.artifact_kind, draft.body)
         with self.store.transaction() as tx:
             self._check_targets(tx, caller, realm_id, draft.targets)
-            if draft.supersedes_artifact_id:
-                prev = self.store.get(tx, draft.supersedes_artifact_id)
-                if prev is None or prev.realm_id != realm_id or prev.artifact_path != draft.artifact_path:
-                    raise RuleBroken("supersedes", "supersedes_artifact_id must name an artifact of the same realm and path")
-                if prev.status is not Status.ACCEPTED:
-                    raise RuleBroken("supersedes", f"only the accepted version can be superseded; that one is {prev.status.value}")
+            current = self.store.accepted_at_path(tx, realm_id, draft.artifact_path)
+            rules.check_succession(current.artifact_id if current else None, draft.supersedes_artifact_id)
             self.store.insert(tx, artifact)
             self.store.record(tx, artifact.artifact_id, "created", caller.principal, artifact_path=draft.artifact_path)
             return self.store.get(tx, artifact.artifact_id)
@@ -108,6 +113,8 @@ class ArtifactService:
         with self.store.transaction() as tx:
             artifact, _ = self._load(tx, caller, realm_id, artifact_id, lock=True)
             rules.check_edit_draft(artifact.status, artifact.author, caller.principal)
+            if "body" in changes:
+                kind_schemas.parse_body(artifact.artifact_kind, changes["body"])
             targets = changes.pop("targets", None)
             if targets is not None:
                 self._check_targets(tx, caller, realm_id, targets)
@@ -140,8 +147,13 @@ class ArtifactService:
         def attempt() -> tuple[Artifact, Artifact | None]:
             with self.store.transaction() as tx:
                 artifact, role = self._load(tx, caller, realm_id, artifact_id, lock=True)
-                rules.check_accept(artifact.status, role)
+                constitution = self.constitution(tx, realm_id)
+                rules.check_accept(artifact.status, role, artifact.artifact_kind, artifact.author, caller.principal,
+                                   bool(constitution and constitution.separate_author_and_reviewer))
                 previous = self.store.accepted_at_path(tx, realm_id, artifact.artifact_path, lock=True)
+                if previous is None:  # PostgreSQL skips a row a concurrent acceptance just superseded: look again
+                    previous = self.store.accepted_at_path(tx, realm_id, artifact.artifact_path, lock=True)
+                rules.check_succession(previous.artifact_id if previous else None, artifact.supersedes_artifact_id)
                 if previous is not None:
                     self._supersede_row(tx, previous, artifact_id, caller.principal)
                 self.store.update_fields(tx, artifact_id, status=Status.ACCEPTED)
@@ -170,6 +182,7 @@ class ArtifactService:
             with self.store.transaction() as tx:
                 current, role = self._load(tx, caller, realm_id, artifact_id, lock=True)
                 rules.check_supersede(current.status, role)
+                kind_schemas.parse_body(current.artifact_kind, body)
                 new_targets = targets or current.targets
                 self._check_targets(tx, caller, realm_id, new_targets)
                 now = time.time()
@@ -218,7 +231,8 @@ class ArtifactService:
     def search(self, caller: Caller, realm_id: str, target_kind: str | None, target_id: str | None, kind: str | None,
                query: str | None, limit: int = 10) -> list[dict]:
         rules.role_in(caller.realms, realm_id)
-        limit = max(1, min(limit, 50))
+        if not 1 <= limit <= MAX_LIMIT:
+            raise RuleBroken("limit", f"limit must be between 1 and {MAX_LIMIT}, not {limit}")
         ranked = self.index.search(realm_id, query, limit) if query and query.strip() else None
         with self.store.transaction() as tx:
             found = self.store.accepted(tx, realm_id, ranked, target_kind, target_id, kind, limit=200 if ranked else limit)
@@ -230,4 +244,4 @@ class ArtifactService:
     def audit(self, caller: Caller, realm_id: str, artifact_id: str) -> list[dict]:
         with self.store.transaction() as tx:
             self._load(tx, caller, realm_id, artifact_id)
-            return [e.model_dump() for e in self.store.audit(tx, artifact_id)]
+            return [e.model_dump(mode="json") for e in self.store.audit(tx, artifact_id)]

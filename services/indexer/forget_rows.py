@@ -1,0 +1,98 @@
+"""Removing a forgotten conversation's rows from the index, and counting what went, asked the
+way the engine in use answers: the embedded engine's own store, or a funes binary's documented
+command line (`forget`, `status`), never its files (real funes keeps `memory/chunks.lance/`)."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from typing import Protocol
+
+from services.indexer.index_job import IndexJob, IndexJobFailed
+from shared.funes_env import funes_environment
+from shared.redis_lock import RedisLock
+from shared.tenant_paths import TenantPaths
+
+USAGE_ERROR = 2  # funes (clap) exits 2 for an unknown subcommand: funes <= 1.2 has no `forget`
+_FORGOT = re.compile(r"^forgot session .+: (\d+) chunks removed$", re.M)
+_CHUNKS = re.compile(r"^chunks: (\d+)$", re.M)
+
+
+class ForgetRows(Protocol):
+    async def count(self, paths: TenantPaths) -> int:
+        """Chunks the tenant's memory holds (what forgetting the whole user removes)."""
+        ...
+
+    async def remove_conversation(self, paths: TenantPaths, conversation_id: str, lock: RedisLock | None = None) -> int:
+        """After the source file is gone: remove the conversation's rows; the number removed."""
+        ...
+
+
+class EmbeddedRows:
+    def __init__(self, job: IndexJob) -> None:
+        self.job = job
+
+    async def count(self, paths: TenantPaths) -> int:
+        return await asyncio.to_thread(_store_count, paths, None)
+
+    async def remove_conversation(self, paths: TenantPaths, conversation_id: str, lock: RedisLock | None = None) -> int:
+        removed = await asyncio.to_thread(_store_count, paths, conversation_id)
+        await self.job.remove_deleted(paths, lock=lock)
+        return removed
+
+
+class FunesRows:
+    def __init__(self, binary: str, job: IndexJob, timeout_s: float) -> None:
+        self.binary = binary
+        self.job = job
+        self.timeout_s = timeout_s
+
+    async def count(self, paths: TenantPaths) -> int:
+        code, out, err = await self._run(paths, "status", str(paths.memory.resolve()))
+        if code != 0:
+            raise IndexJobFailed(f"status exited {code}: {err[-300:]}")
+        found = _CHUNKS.search(out)
+        return int(found[1]) if found else 0  # "no index yet": nothing to count
+
+    async def remove_conversation(self, paths: TenantPaths, conversation_id: str, lock: RedisLock | None = None) -> int:
+        code, out, err = await self._run(paths, "forget", conversation_id, "--memory", str(paths.memory.resolve()))
+        if code == 0 and (found := _FORGOT.search(out)):
+            return int(found[1])
+        if code == USAGE_ERROR:
+            # An append-only funes: rebuild the memory from the remaining files; count the difference.
+            before = await self.count(paths)
+            await self.job.remove_deleted(paths, lock=lock)
+            return max(0, before - await self.count(paths))
+        if "no index" in err:
+            return 0
+        raise IndexJobFailed(f"forget exited {code}: {(err or out)[-300:]}")
+
+    async def _run(self, paths: TenantPaths, *args: str) -> tuple[int, str, str]:
+        proc = await asyncio.create_subprocess_exec(
+            self.binary, *args, env=funes_environment(paths.root), stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True)
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), self.timeout_s)
+        except (asyncio.TimeoutError, asyncio.CancelledError):
+            proc.kill()
+            await proc.wait()
+            raise
+        return proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace")
+
+
+def make_forget_rows(engine: str, funes_bin: str, job: IndexJob, timeout_s: float) -> ForgetRows:
+    return FunesRows(funes_bin, job, timeout_s) if engine == "funes" else EmbeddedRows(job)
+
+
+def _store_count(paths: TenantPaths, conversation_id: str | None) -> int:
+    from shared.engine.store import MemoryStore
+
+    if not MemoryStore.exists(paths.memory):
+        return 0
+    store = MemoryStore.open(paths.memory)
+    try:
+        if conversation_id is None:
+            return store.counts()[0]
+        return store.conn.execute("SELECT COUNT(*) FROM chunks WHERE session_id=?", (conversation_id,)).fetchone()[0]
+    finally:
+        store.close()

@@ -1,0 +1,57 @@
+"""The indexer's side of a model change: re-embed a tenant's memory before its next index run,
+and at start put every tenant whose memory carries another model's stamp on the due list, so
+idle tenants move too. The work itself is `shared/engine/reembed.py`."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import redis.asyncio as aioredis
+
+from services.indexer import redis_keys as keys
+from services.indexer.metrics import REEMBED_PENDING, REEMBED_PROGRESS, REEMBEDS
+from shared.engine.embedder import Embedder
+from shared.engine.reembed import needs_reembed, reembed_memory
+from shared.logging_setup import get_logger
+from shared.tenant_paths import USER_HASH, TenantPaths
+
+log = get_logger("recall.indexer.reembed")
+
+
+def reembed_if_stale(paths: TenantPaths, embedder: Embedder) -> None:
+    """Runs in the index job's thread, under the tenant's index lock (one run per tenant)."""
+    if not needs_reembed(paths.root, embedder):
+        return
+    started = time.monotonic()
+    gauge = REEMBED_PROGRESS.labels(paths.uhash)
+    try:
+        chunks = reembed_memory(paths.root, paths.src, embedder,
+                                progress=lambda done, total: gauge.set(done / total if total else 1.0))
+    except Exception:
+        REEMBEDS.labels("failed").inc()
+        raise
+    finally:
+        REEMBED_PROGRESS.remove(paths.uhash)
+    REEMBEDS.labels("ok").inc()
+    log.info("reembed.done", user_hash=paths.uhash, model=embedder.spec.model_id, chunks=chunks,
+             seconds=round(time.monotonic() - started, 3))
+
+
+def stale_tenants(data_dir: Path, embedder: Embedder) -> list[str]:
+    if not data_dir.is_dir():
+        return []
+    return [d.name for d in sorted(data_dir.iterdir())
+            if USER_HASH.fullmatch(d.name) and needs_reembed(d, embedder)]
+
+
+async def schedule_stale_tenants(client: aioredis.Redis, data_dir: Path, embedder: Embedder) -> int:
+    """Make every tenant with another model's stamp due now; the scheduler re-embeds them one
+    index slot at a time, like any index run (NX: an already due tenant keeps its time)."""
+    stale = await asyncio.to_thread(stale_tenants, data_dir, embedder)
+    REEMBED_PENDING.set(len(stale))
+    if stale:
+        await client.zadd(keys.DUE, {uhash: time.time() for uhash in stale}, nx=True)
+        log.info("reembed.scheduled", memories=len(stale), model=embedder.spec.model_id)
+    return len(stale)

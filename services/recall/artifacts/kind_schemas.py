@@ -1,0 +1,119 @@
+"""Kinds whose body is structured JSON: the agent population (seed 004, "population of agents").
+
+A realm's constitution, its agent registry and each role's charter are ordinary replace-mode
+artifacts, so they get versioning, review and audit like any decision; their bodies must
+validate against the models below (checked when a draft is created, edited or superseded).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from services.recall.artifacts.rules import RuleBroken
+
+CONSTITUTION_PATH = "population/constitution"
+REGISTRY_PATH = "population/registry"
+CHARTER_PREFIX = "population/charters/"
+ROLE_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,39}")
+PRINCIPAL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@:-]{0,127}")
+
+# What an agent may do under the constitution (the preliminary check answers for these).
+Action = Literal["start", "create_draft", "append", "submit", "accept", "revoke", "propose_admission"]
+ACTIONS: tuple[str, ...] = Action.__args__  # type: ignore[attr-defined]
+AgentStatus = Literal["active", "suspended", "retired"]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RolePolicy(Strict):
+    description: str = Field(min_length=1, max_length=500)
+    may: list[Action] = Field(description="Actions this role may take.")
+    may_write_kinds: list[str] = Field(default_factory=list, description="Artifact kinds this role may draft.")
+
+
+class Constitution(Strict):
+    title: str = Field(min_length=1, max_length=200)
+    separate_author_and_reviewer: bool = Field(
+        False, description="When true, nobody accepts an artifact they wrote (owners' direct supersede stays, audited).")
+    admission: Literal["owner_accepts"] = "owner_accepts"
+    roles: dict[str, RolePolicy] = Field(min_length=1)
+
+    @field_validator("roles")
+    @classmethod
+    def _role_names(cls, v: dict[str, RolePolicy]) -> dict[str, RolePolicy]:
+        for name in v:
+            if not ROLE_NAME.fullmatch(name):
+                raise ValueError(f"role name {name!r} must match {ROLE_NAME.pattern}")
+        return v
+
+
+class RegistryEntry(Strict):
+    principal: str = Field(pattern=PRINCIPAL.pattern)
+    role: str = Field(pattern=ROLE_NAME.pattern)
+    status: AgentStatus = "active"
+    admitted_by: str
+    admitted_at: str = Field(description="RFC 3339")
+    note: str = ""
+
+
+class AgentRegistry(Strict):
+    agents: list[RegistryEntry] = Field(default_factory=list)
+
+    @field_validator("agents")
+    @classmethod
+    def _unique(cls, v: list[RegistryEntry]) -> list[RegistryEntry]:
+        names = [a.principal for a in v]
+        if len(names) != len(set(names)):
+            raise ValueError("each principal appears once in the registry")
+        return v
+
+    def find(self, principal: str) -> RegistryEntry | None:
+        return next((a for a in self.agents if a.principal == principal), None)
+
+
+class Charter(Strict):
+    role: str = Field(pattern=ROLE_NAME.pattern)
+    purpose: str = Field(min_length=1, max_length=1000)
+    duties: list[str] = Field(min_length=1)
+    must_read: list[str] = Field(description="Artifact paths the agent reads at start.")
+    sources: list[str] = Field(description="Paths ({principal} = the agent) its working state is restored from.")
+    handoff_path: str = Field(description="Where it leaves its handoff ({principal} = the agent).")
+
+
+SCHEMAS: dict[str, type[Strict]] = {"constitution": Constitution, "agent_registry": AgentRegistry, "charter": Charter}
+
+
+def parse_body(kind: str, body: str) -> Strict | None:
+    """The typed body of a structured kind (None for free-text kinds); a bad body names its field."""
+    model = SCHEMAS.get(kind)
+    if model is None:
+        return None
+    try:
+        return model.model_validate(json.loads(body))
+    except json.JSONDecodeError as exc:
+        raise RuleBroken("body", f"a {kind} body is JSON ({exc.msg} at line {exc.lineno})") from None
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in first["loc"]) or kind
+        raise RuleBroken("body", f"{kind} body: {where}: {first['msg']}") from None
+
+
+def check_path(kind: str, path: str) -> None:
+    """Each structured kind lives at its own place, so an agent finds it without searching."""
+    expected = {"constitution": CONSTITUTION_PATH, "agent_registry": REGISTRY_PATH}.get(kind)
+    if expected and path != expected:
+        raise RuleBroken("artifact_path", f"a {kind} lives at {expected!r}")
+    if kind == "charter" and not path.startswith(CHARTER_PREFIX):
+        raise RuleBroken("artifact_path", f"a charter lives under {CHARTER_PREFIX!r}<role>")
+    if kind not in SCHEMAS and path.startswith("population/"):
+        raise RuleBroken("artifact_path", "population/ holds only the constitution, the registry and charters")
+
+
+def dump(model: BaseModel) -> str:
+    return json.dumps(model.model_dump(mode="json"), indent=2, ensure_ascii=False)

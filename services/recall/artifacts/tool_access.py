@@ -1,0 +1,59 @@
+"""Who sees which realm tool, and the caller of a tool call, both from the verified token.
+
+A tool is listed (and callable) only for a token that could use it: any realm role for the
+read tools, member or owner somewhere for the write tools, owner somewhere for the owners'
+tools. A token without realms sees `recall_my_conversations` alone. Per-realm rules are still
+checked on every call (a member of realm A is refused in realm B).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from fastmcp.exceptions import ToolError
+from fastmcp.server.auth import AuthContext
+from fastmcp.server.dependencies import get_access_token
+from pydantic import ValidationError
+
+from services.recall.artifacts.models import Role
+from services.recall.artifacts.rules import RuleBroken
+from services.recall.artifacts.service import Caller
+
+
+def _roles(ctx: AuthContext) -> set[Role]:
+    if ctx.token is None or not ctx.token.claims.get("sub"):
+        return set()
+    return set(Caller.from_claims(ctx.token.claims).realms.values())
+
+
+def any_realm(ctx: AuthContext) -> bool:
+    return bool(_roles(ctx))
+
+
+def writer_somewhere(ctx: AuthContext) -> bool:
+    return bool(_roles(ctx) & {Role.OWNER, Role.MEMBER})
+
+
+def owner_somewhere(ctx: AuthContext) -> bool:
+    return Role.OWNER in _roles(ctx)
+
+
+def caller() -> Caller:
+    token = get_access_token()
+    if token is None or not token.claims.get("sub"):
+        raise ToolError("authentication: the access token names no principal (sub claim)")
+    return Caller.from_claims(token.claims)
+
+
+async def run(fn: Callable[..., Any], *args: Any) -> Any:
+    """Run a blocking operation off the event loop as the token's caller; refusals become tool
+    errors whose text names the broken rule (or the invalid field)."""
+    try:
+        return await asyncio.to_thread(fn, caller(), *args)
+    except RuleBroken as exc:
+        raise ToolError(str(exc)) from None
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        raise ToolError(f"invalid {'.'.join(str(p) for p in first['loc']) or 'input'}: {first['msg']}") from None

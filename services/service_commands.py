@@ -1,0 +1,60 @@
+"""`recall ingest`, `recall indexer`, `recall serve`: one service each (what `recall up` starts,
+and what each container runs). Settings are checked before the service starts."""
+
+from __future__ import annotations
+
+import argparse
+
+from services.cli_problem import ConfigProblem
+from services.config_check import ENGINE_VARIABLES, auth_problems, load_settings, variables_help
+from services.indexer.settings import IndexerSettings
+from services.ingest.settings import IngestSettings
+from services.recall.settings import RecallSettings
+from shared.settings_base import CommonSettings
+
+
+def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    for name, helptext, title, cls, fn, engine in (
+        ("ingest", "run the ingest API", "ingest API", IngestSettings, _ingest, False),
+        ("indexer", "run one indexer worker", "indexer", IndexerSettings, _indexer, True),
+        ("serve", "run the recall MCP service", "recall MCP service", RecallSettings, _serve, True),
+    ):
+        p = sub.add_parser(name, parents=[common], help=helptext, description=helptext,
+                           epilog=variables_help([("every service", CommonSettings), (title, cls)],
+                                                 ENGINE_VARIABLES if engine else None),
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        p.set_defaults(fn=fn)
+
+
+def _ingest(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from services.ingest.app import create_app
+    from shared.logging_setup import configure_logging
+
+    s = load_settings(IngestSettings)
+    configure_logging(s.log_level)
+    uvicorn.run(create_app(s), host=s.ingest_host, port=s.ingest_port, log_config=None, access_log=False)
+    return 0
+
+
+def _indexer(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from services.indexer.worker import run_worker
+    from shared.logging_setup import configure_logging
+
+    s = load_settings(IndexerSettings)
+    configure_logging(s.log_level)
+    asyncio.run(run_worker(s))
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from services.recall.server import serve
+    s = load_settings(RecallSettings)
+    problems = auth_problems(s.jwt_secret.get_secret_value(), s.jwks_url)
+    if problems:
+        raise ConfigProblem(*problems)
+    serve()
+    return 0

