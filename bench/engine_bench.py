@@ -64,8 +64,7 @@ def baseline_rankings(engine: Engine, memory: Path, query: str, k: int) -> dict[
     """Plain RRF over the same two legs (no identifier boost, no recency), and BM25 alone."""
     reader = engine.reader(memory)
     qvec = engine.embedder.embed_query(query)
-    with reader.lock:
-        reader.refresh()
+    with reader.fresh():
         legs = search_legs(reader, qvec, query, 30, reader.filter_mask(None, None))
     dense, bm25 = [rid for rid, _ in legs.dense], [rid for rid, _ in legs.bm25]
     fused: dict[int, float] = {}

@@ -120,8 +120,7 @@ def plain_rrf(engine: Engine, memory: Path, query: str, k: int, candidates: int)
     """The baseline: the engine's two legs fused by plain RRF (k=60), ±1 neighbouring turns."""
     reader = engine.reader(memory)
     qvec = engine.embedder.embed_query(query)
-    with reader.lock:
-        reader.refresh()
+    with reader.fresh():
         found = search_legs(reader, qvec, query, candidates, reader.filter_mask(None, None))
         legs = [[rid for rid, _ in found.dense], [rid for rid, _ in found.bm25]]
         fused: dict[int, float] = defaultdict(float)

@@ -12,11 +12,9 @@ import re
 import time
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from shared.engine.embedder import Embedder
 from shared.engine.identifiers import count_identifiers, identifier_pattern, query_identifiers
-from shared.engine.memory_reader import MemoryReader
+from shared.engine.memory_reader import Mask, MemoryReader
 from shared.engine.relevance_floor import floor_for
 from shared.engine.reranker import Reranker
 from shared.engine.store import Row
@@ -126,7 +124,7 @@ def bm25_query_text(query: str, analyzer: str = ANALYZER) -> str:
     return " ".join(f'"{w}"' for w in words if _HAS_WORD.search(w))
 
 
-def bm25_leg(reader: MemoryReader, text: str, limit: int, mask: np.ndarray) -> list[tuple[int, float]]:
+def bm25_leg(reader: MemoryReader, text: str, limit: int, mask: Mask) -> list[tuple[int, float]]:
     if not text:
         return []
     try:
@@ -167,8 +165,8 @@ def _recency(epoch: float | None, now: float, half_life_days: float) -> float:
     return 1.0 - RECENCY_SHARE + RECENCY_SHARE * 0.5 ** (age_days / half_life_days)
 
 
-def search_legs(reader: MemoryReader, qvec: np.ndarray, query: str, candidates: int, mask: np.ndarray) -> Legs:
-    """Both legs, each its top `candidates` with raw scores (call under reader.lock, refreshed)."""
+def search_legs(reader: MemoryReader, qvec: np.ndarray, query: str, candidates: int, mask: Mask) -> Legs:
+    """Both legs, each its top `candidates` with raw scores (call inside `reader.fresh()`)."""
     analyzer = reader.store.fts_analyzer()
     return Legs(reader.nearest_scored(qvec, candidates, mask),
                 bm25_leg(reader, bm25_query_text(query, analyzer), candidates, mask))
@@ -188,9 +186,8 @@ def recall(
         return []
     qvec = embedder.embed_query(query)
     now = time.time() if now is None else now
-    with reader.lock:
-        check_deadline(deadline)  # searches of one memory queue on its lock
-        reader.refresh()
+    with reader.fresh():  # no lock while searching: concurrent calls on one memory run side by side
+        check_deadline(deadline)
         mask = reader.filter_mask(params.block_type, params.harness)
         c = params.candidates
         legs = search_legs(reader, qvec, query, max(c, MIN_LEG_DEPTH), mask)
@@ -262,9 +259,8 @@ def _select_hits(ranked: list[int], rows: dict[int, Row], k: int) -> list[int]:
 
 def turn_window(reader: MemoryReader, session_id: str, turn_uuid: str, window: int) -> list[Row] | None:
     """Every chunk of the turns within `window` seqs of the target, or None if it is unknown."""
-    with reader.lock:
-        target = reader.store.turn_rows(session_id, turn_uuid)
-        if not target:
-            return None
-        seq = target[0].seq
-        return reader.store.session_rows(session_id, seq - window, seq + window)
+    target = reader.store.turn_rows(session_id, turn_uuid)
+    if not target:
+        return None
+    seq = target[0].seq
+    return reader.store.session_rows(session_id, seq - window, seq + window)
