@@ -16,7 +16,7 @@ from pathlib import Path
 
 from services.recall.artifacts.models import Artifact, Status
 from shared.engine.api import Engine, NoIndex
-from shared.engine.hybrid_search import RecallParams, recall
+from shared.engine.hybrid_search import RecallParams
 from shared.engine.index_run import index_tree
 from shared.engine.reembed import needs_reembed, reembed_memory
 from shared.engine.transcript import Block, TranscriptTurn, dump_transcript
@@ -60,10 +60,10 @@ class ArtifactSearch:
     def search(self, realm_id: str, query: str, limit: int) -> list[str]:
         """Artifact ids, best first."""
         try:
-            reader = self.engine.reader(self.home(realm_id) / "memory")
+            hits = self.engine.search(self.home(realm_id) / "memory", query,
+                                      RecallParams(k=limit * 4, candidates=max(30, limit * 6), neighbors=0))
         except NoIndex:
             return []
-        hits = recall(reader, self.engine.embedder_of(reader), query, RecallParams(k=limit * 4, candidates=max(30, limit * 6), neighbors=0))
         ordered: dict[str, None] = {}
         for hit in hits:
             ordered.setdefault(hit.row.session_id, None)
