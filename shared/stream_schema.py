@@ -79,7 +79,7 @@ class DeletionReceipt(BaseModel):
     reason: Literal["request", "retention"] = "request"
     requested_at: float
     done_at: float | None = None
-    removed: dict[str, int] = Field(default_factory=dict, description="What was removed: files, chunks, stream_entries.")
+    removed: dict[str, int] = Field(default_factory=dict, description="What was removed: files, chunks, stream_entries, dead_letters.")
 
 
 async def request_forget(client, stream: str, *, kind: str, user_hash: str, conversation_id: str | None,

@@ -102,14 +102,17 @@ def test_unprocessed_stream_entries_are_purged(services, service_env, r):
     for i in range(3):  # accepted, but no indexer is running yet
         post_conversation(service_env, "bob", "b1", [f"draft {i}: BLUEHERON plan"])
     post_conversation(service_env, "bob", "b2", ["unrelated MT-4471"])
-    # A worker read them and died: they sit pending, to be reclaimed later than the delete is read.
-    r.xreadgroup("indexers", "crashed-worker", {"recall:turns": ">"}, count=4)
+    # A worker read b1's three snapshots and died: they sit pending. The reclaim idle time is
+    # longer than the test, so no worker can pick one up before the delete is carried out (it
+    # used to, now and then, and the receipt then counted 2).
+    r.xreadgroup("indexers", "crashed-worker", {"recall:turns": ">"}, count=3)
     receipt = delete(service_env, "/conversations/b1", user="bob")
-    services("indexer")
+    services("indexer", RECALL_RECLAIM_IDLE_MS="120000")
     assert wait_until(lambda: receipt_done(service_env, receipt["receipt"]) is not None, 30)
     assert receipt_done(service_env, receipt["receipt"])["removed"]["stream_entries"] == 3
     assert wait_until(lambda: indexed_chunks(service_env, "bob") == 1, 30)
     assert "BLUEHERON" not in stream_text(r)
+    assert wait_until(lambda: r.xpending("recall:turns", "indexers")["pending"] == 0, 10), "purged entries are acked too"
     assert not TenantPaths.for_user(Path(service_env["RECALL_DATA_DIR"]), "bob").transcript("b1").exists()
 
 
@@ -292,3 +295,83 @@ async def test_the_retention_loop_survives_any_error_and_counts_it(tmp_path, red
     finally:
         loop.cancel()
         await client.aclose()
+
+
+# ---- a done receipt means gone from every copy: Redis's files and the dead-letter stream too ----
+def _files_holding(root: Path, marker: bytes) -> list[Path]:
+    return [p for p in root.rglob("*") if p.is_file() and marker in p.read_bytes()]
+
+
+@pytest.mark.parametrize("kind", ["conversation", "user"])
+def test_after_done_no_byte_of_the_text_is_left_in_the_data_dir_or_redis_files(services, service_env, tmp_path, kind):
+    """Redis runs with its AOF inside the data dir, as under `recall up`; the byte grep covers
+    every file there: tenant files, tombstones, appendonly.aof."""
+    import redis as sync_redis
+
+    from shared.redis_server import EmbeddedRedis
+
+    data = Path(service_env["RECALL_DATA_DIR"])
+    server = EmbeddedRedis(data / "redis")
+    server.start()
+    try:
+        own = {"RECALL_REDIS_URL": server.url, "RECALL_MAX_DELIVERIES": "1"}
+        env = {**service_env, **own}
+        client = sync_redis.Redis.from_url(server.url, decode_responses=True)
+        services("ingest", **own)
+        services("indexer", **own)
+        marker = "BLUEHERON-7f3a9c"
+        post_conversation(env, "ivy", "secret-plan", [f"Vault migration codename {marker}, budget 48k."])
+        post_conversation(env, "ivy", "keep", ["The N-11 upgrade goes ahead."])
+        post_conversation(env, "zoe", "other", ["Zoe's unrelated note about K-5."])
+        # A malformed copy of the secret conversation's event ends up in the dead-letter stream.
+        client.xadd("recall:turns", {"kind": "turns", "user_hash": user_hash("ivy"), "conversation_id": "secret-plan",
+                                     "event": f'{{"broken": "{marker}"'})
+        client.xadd("recall:turns", {"kind": "turns", "user_hash": user_hash("zoe"), "conversation_id": "other",
+                                     "event": '{"broken": "zoe"'})
+        assert wait_until(lambda: client.xlen("recall:turns:dead") == 2, 30)
+        assert wait_until(lambda: indexed_chunks(env, "ivy") == 2 and indexed_chunks(env, "zoe") == 1, 30)
+        assert wait_until(lambda: _files_holding(data / "redis", marker.encode()), 5), "the AOF holds the text before"
+        if kind == "conversation":
+            receipt = delete(env, "/conversations/secret-plan", user="ivy")
+        else:
+            receipt = delete(env, "/users/ivy")
+        assert wait_until(lambda: receipt_done(env, receipt["receipt"]) is not None, 60)
+        assert receipt_done(env, receipt["receipt"])["removed"]["dead_letters"] == 1
+        leftovers = _files_holding(data, marker.encode())
+        assert not leftovers, f"deleted text still on disk in {leftovers}"
+        assert marker not in json.dumps(client.xrange("recall:turns:dead"))
+        assert client.xlen("recall:turns:dead") == 1, "the other user's dead letter stays"
+    finally:
+        server.stop()
+
+
+async def test_rebuilding_a_stream_drops_deleted_bytes_and_keeps_groups_and_pending_entries(r, redis_url):
+    """XDEL only flags an entry inside its listpack node; the rebuild must remove the bytes
+    without disturbing consumers: same live ids, group cursor, pending owners and delivery counts."""
+    from services.indexer.redis_compaction import DurableCompaction
+
+    r.flushdb()
+    ids = [r.xadd("s", {"kind": "turns", "event": f"text {i} " + ("SECRET-X" if i in (1, 3) else "kept")}) for i in range(6)]
+    r.xgroup_create("s", "g", id="0")
+    r.xreadgroup("g", "worker-a", {"s": ">"}, count=4)  # ids 0-3 pending with worker-a
+    r.xclaim("s", "g", "worker-b", 0, [ids[2]])  # delivered twice now, owned by worker-b
+    r.xack("s", "g", ids[1], ids[3])
+    r.xdel("s", ids[1], ids[3])
+    import redis as sync_redis
+
+    raw_client = sync_redis.Redis.from_url(redis_url)
+    assert b"SECRET-X" in raw_client.dump("s"), "XDEL alone leaves the bytes"
+    before_pending = r.xpending_range("s", "g", "-", "+", 100)
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        await DurableCompaction(client, ["s", "absent-stream"]).compact()
+    finally:
+        await client.aclose()
+    assert b"SECRET-X" not in raw_client.dump("s"), "the deleted entries' bytes are gone"
+    assert [e[0] for e in r.xrange("s")] == [ids[0], ids[2], ids[4], ids[5]]
+    after_pending = r.xpending_range("s", "g", "-", "+", 100)
+    strip = lambda rows: [(p["message_id"], p["consumer"], p["times_delivered"]) for p in rows]  # noqa: E731
+    assert strip(after_pending) == strip(before_pending) and len(after_pending) == 2
+    assert r.xinfo_groups("s")[0]["last-delivered-id"] == ids[3]
+    assert [e[0] for e in r.xreadgroup("g", "worker-c", {"s": ">"})[0][1]] == [ids[4], ids[5]]
+    assert r.xadd("s", {"kind": "turns"}) > ids[5], "new ids keep growing"

@@ -284,3 +284,49 @@ async def test_an_embedded_job_past_its_timeout_stops_and_commits_nothing(tmp_pa
     assert not (paths.memory / "chunks.sqlite3").exists() or not memory_rows_at(paths)
     await EmbeddedIndexJob(timeout_s=900).run(paths)
     assert len(memory_rows_at(paths)) == 3
+
+
+# ---- a data dir that becomes unwritable: not ready, and ingest refuses what it cannot store ------
+def _make_unwritable(path: Path) -> None:
+    import os
+    import subprocess
+
+    if os.geteuid() != 0:
+        path.chmod(0o500)
+    else:  # root ignores permission bits; the immutable flag still stops it
+        subprocess.run(["chattr", "+i", str(path)], check=True)
+
+
+def _make_writable(path: Path) -> None:
+    import os
+    import subprocess
+
+    if os.geteuid() != 0:
+        path.chmod(0o700)
+    else:
+        subprocess.run(["chattr", "-i", str(path)], check=True)
+
+
+def test_an_unwritable_data_dir_makes_both_not_ready_and_ingest_refuse_turns(services, service_env, r):
+    services("ingest")
+    worker = services("indexer")
+    data = Path(service_env["RECALL_DATA_DIR"])
+    ingest_ready = f"{ingest_url(service_env)}/readyz"
+    indexer_ready = f"http://127.0.0.1:{service_env['RECALL_INDEXER_PORT']}/readyz"
+    assert httpx.get(ingest_ready).status_code == 200 and httpx.get(indexer_ready).status_code == 200
+    _make_unwritable(data)
+    try:
+        assert wait_until(lambda: httpx.get(indexer_ready).status_code == 503, 10)
+        assert "data dir not writable" in httpx.get(indexer_ready).json()["status"]
+        assert wait_until(lambda: httpx.get(ingest_ready).status_code == 503, 10)
+        resp = httpx.post(f"{ingest_url(service_env)}/turns", headers={"x-ingest-key": INGEST_KEY},
+                          json=conversation_payload("olga", "o1", ["cannot be stored now"]), timeout=10)
+        assert resp.status_code == 503 and [f["field"] for f in resp.json()["fields"]] == ["data_dir"], resp.text
+        assert r.xlen("recall:turns") == 0, "nothing accepted that cannot be stored"
+        lines = [json.loads(x) for x in worker.output().splitlines() if '"indexer.data_dir_not_writable"' in x]
+        assert lines and lines[0]["reason"].startswith(("EPERM", "EACCES", "EROFS")), lines
+    finally:
+        _make_writable(data)
+    assert wait_until(lambda: httpx.get(indexer_ready).status_code == 200 and httpx.get(ingest_ready).status_code == 200, 10)
+    post(service_env, conversation_payload("olga", "o1", ["stored again"]))
+    assert wait_until(lambda: searchable(service_env, "olga", 1), 30)

@@ -7,9 +7,13 @@ In order, while holding the user's index lock (so no index run interleaves):
 2. the source file goes (a conversation) or the whole tenant directory (a user);
 3. the index forgets the rows (`forget_rows.py`): embedded engine at once, funes by its
    `forget` command (or a rebuild from what remains where it has none);
-4. stream entries of that conversation/user older than the deletion are deleted unprocessed;
-5. recall replicas are told (pub/sub) to drop cached readers and `funes mcp` children;
-6. the receipt becomes `done` with what was removed.
+4. stream entries of that conversation/user older than the deletion are deleted unprocessed
+   (for a conversation, still under its lock, so a worker that picked one up meanwhile drops it
+   as stale after the purge counted it, never before), and so are its dead-letter entries;
+5. Redis rewrites its append-only file (and RDB, if configured), so the deleted text is not
+   left in Redis's files either (redis_compaction);
+6. recall replicas are told (pub/sub) to drop cached readers and `funes mcp` children;
+7. the receipt becomes `done` with what was removed.
 """
 
 from __future__ import annotations
@@ -25,14 +29,26 @@ from services.indexer import redis_keys as keys
 from services.indexer.forget_rows import make_forget_rows
 from services.indexer.index_job import IndexJob
 from services.indexer.metrics import FORGOTTEN
+from services.indexer.redis_compaction import DurableCompaction
 from services.indexer.settings import IndexerSettings
 from services.indexer.snapshot_writer import parse_version, tombstone_conversation, tombstone_user
 from shared.logging_setup import get_logger
 from shared.redis_lock import RedisLock
-from shared.stream_schema import FORGET_CHANNEL, DeletionReceipt, ForgetEvent, decode_fields, deletion_key
+from shared.stream_schema import FORGET_CHANNEL, DeletionReceipt, ForgetEvent, dead_letter_stream, decode_fields, deletion_key
 from shared.tenant_paths import TenantPaths
 
 log = get_logger("recall.indexer.forget")
+
+
+def _original_fields(record: dict[str, str]) -> dict[str, str]:
+    """The ids of a dead-letter record: plain fields, or (older records) inside its `fields` JSON."""
+    if "user_hash" in record:
+        return record
+    try:
+        original = json.loads(record.get("fields", "{}"))
+    except ValueError:
+        return {}
+    return original if isinstance(original, dict) else {}
 
 
 class Forgetter:
@@ -41,33 +57,37 @@ class Forgetter:
         self.s = settings
         self.job = job
         self.rows = make_forget_rows(settings.engine, settings.funes_bin, job, settings.index_timeout_s)
+        self.compaction = DurableCompaction(client, [settings.stream, dead_letter_stream(settings.stream)])
 
     async def forget(self, entry_id: str, event: ForgetEvent) -> None:
         paths = TenantPaths.for_hash(self.s.data_dir, event.user_hash)
         lock = RedisLock(self.client, keys.index_lock(event.user_hash), self.s.index_lock_ttl_s)
         async with lock.held(wait_s=self.s.index_timeout_s, renew=True):
             if event.kind == "forget_conversation":
-                files, chunks = await self._forget_conversation(paths, event, entry_id, lock)
+                files, chunks, stream_entries = await self._forget_conversation(paths, event, entry_id, lock)
             else:
                 chunks = await self.rows.count(paths)
                 files = await self._forget_user(paths, entry_id)
-            stream_entries = await self._purge_stream(event, entry_id)
+                stream_entries = await self._purge_stream(event, entry_id)
+            dead_letters = await self._purge_dead_letters(event)
+        await self.compaction.compact()
         await self.client.publish(FORGET_CHANNEL, json.dumps({"user_hash": event.user_hash,
                                                               "conversation_id": event.conversation_id}))
-        removed = {"files": files, "chunks": chunks, "stream_entries": stream_entries}
+        removed = {"files": files, "chunks": chunks, "stream_entries": stream_entries, "dead_letters": dead_letters}
         await self._complete_receipt(event, removed)
         FORGOTTEN.labels(event.kind, event.reason).inc()
         log.info("forget.done", kind=event.kind, reason=event.reason, user_hash=event.user_hash,
                  conversation_id=event.conversation_id, **removed)
 
     async def _forget_conversation(self, paths: TenantPaths, event: ForgetEvent, entry_id: str,
-                                   lock: RedisLock) -> tuple[int, int]:
+                                   lock: RedisLock) -> tuple[int, int, int]:
         assert event.conversation_id is not None
         conv_lock = RedisLock(self.client, keys.conversation_lock(event.user_hash, event.conversation_id), 30)
         async with conv_lock.held(wait_s=30):
             files = await asyncio.to_thread(tombstone_conversation, paths, event.conversation_id, entry_id)
+            stream_entries = await self._purge_stream(event, entry_id)
         chunks = await self.rows.remove_conversation(paths, event.conversation_id, lock) if paths.src.is_dir() else 0
-        return files, chunks
+        return files, chunks, stream_entries
 
     async def _forget_user(self, paths: TenantPaths, entry_id: str) -> int:
         await asyncio.to_thread(tombstone_user, self.s.data_dir, paths.uhash, entry_id)
@@ -115,6 +135,27 @@ class Forgetter:
             if parse_version(last) >= limit:
                 return purged
             ms, seq = parse_version(last)
+            start = f"{ms}-{seq + 1}"
+
+    async def _purge_dead_letters(self, event: ForgetEvent) -> int:
+        """Dead-lettered entries keep the original event (its text): those of what is forgotten go too."""
+        stream = dead_letter_stream(self.s.stream)
+        purged, start = 0, "-"
+        while True:
+            batch = await self.client.xrange(stream, min=start, count=500)
+            if not batch:
+                return purged
+            doomed = []
+            for raw_id, fields in batch:
+                original = _original_fields(decode_fields(fields))
+                if original.get("user_hash") != event.user_hash:
+                    continue
+                if event.kind == "forget_user" or original.get("conversation_id") == event.conversation_id:
+                    doomed.append(raw_id)
+            if doomed:
+                purged += await self.client.xdel(stream, *doomed)
+            last = batch[-1][0]
+            ms, seq = parse_version(last.decode() if isinstance(last, bytes) else last)
             start = f"{ms}-{seq + 1}"
 
     async def _complete_receipt(self, event: ForgetEvent, removed: dict[str, int]) -> None:

@@ -109,7 +109,9 @@ class StreamConsumer:
 
     async def dead_letter(self, entry_id: str, fields: dict, deliveries: int, reason: str) -> None:
         DEAD_LETTERS.labels(reason.split(":")[0]).inc()
+        # The ids as plain fields too, so a forget finds the record without parsing it.
         record = {"entry_id": entry_id, "reason": reason, "deliveries": str(deliveries),
+                  "user_hash": str(fields.get("user_hash", "")), "conversation_id": str(fields.get("conversation_id", "")),
                   "fields": json.dumps({k: v for k, v in fields.items()}, default=str)}
         await self.client.xadd(dead_letter_stream(self.s.stream), record, maxlen=self.s.dead_letter_maxlen, approximate=True)
         await self.ack(entry_id)

@@ -25,6 +25,7 @@ from services.indexer.metrics import INDEX_DUE, STREAM_LENGTH, STREAM_PENDING
 from services.indexer.reembed_job import schedule_stale_tenants
 from services.indexer.retention import RetentionSweeper
 from services.indexer.settings import IndexerSettings
+from services.indexer.storage_probe import StorageProbe
 from services.indexer.stream_consumer import StreamConsumer
 from shared.logging_setup import get_logger
 from shared.metrics_http import metrics_endpoint
@@ -67,7 +68,7 @@ async def _sample_stream(client: aioredis.Redis, settings: IndexerSettings) -> N
         await asyncio.sleep(2.0)
 
 
-def _http_app(client: aioredis.Redis) -> Starlette:
+def _http_app(client: aioredis.Redis, storage: StorageProbe) -> Starlette:
     async def healthz(request: Request) -> JSONResponse:
         return JSONResponse({"status": "ok"})
 
@@ -76,6 +77,8 @@ def _http_app(client: aioredis.Redis) -> Starlette:
             await client.ping()
         except Exception:
             return JSONResponse({"status": "redis unreachable"}, status_code=503)
+        if storage.reason is not None:
+            return JSONResponse({"status": f"data dir not writable: {storage.reason}"}, status_code=503)
         return JSONResponse({"status": "ready"})
 
     return Starlette(routes=[Route("/healthz", healthz), Route("/readyz", readyz), Route("/metrics", metrics_endpoint)])
@@ -92,7 +95,9 @@ async def run_worker(settings: IndexerSettings) -> None:
     scheduler = IndexScheduler(client, job, settings.data_dir, settings.index_debounce_s, settings.index_lock_ttl_s,
                                settings.index_concurrency)
     broker = build_broker(settings, StreamConsumer(client, settings, Forgetter(client, settings, job)))
-    http = uvicorn.Server(uvicorn.Config(_http_app(client), host=settings.indexer_host, port=settings.indexer_port,
+    storage = StorageProbe(client, settings.data_dir, settings.consumer)
+    await storage.check()
+    http = uvicorn.Server(uvicorn.Config(_http_app(client, storage), host=settings.indexer_host, port=settings.indexer_port,
                                          log_config=None, lifespan="off"))
     http.install_signal_handlers = lambda: None  # this process handles SIGTERM itself
 
@@ -106,6 +111,7 @@ async def run_worker(settings: IndexerSettings) -> None:
         await schedule_stale_tenants(client, settings.data_dir, job.embedder)
     tasks = [asyncio.create_task(scheduler.run_forever()), asyncio.create_task(_sample_stream(client, settings)),
              asyncio.create_task(RetentionSweeper(client, settings).run_forever()),
+             asyncio.create_task(storage.run_forever()),
              asyncio.create_task(reap_forever(client, settings.stream, settings.group, {settings.consumer, f"{settings.consumer}-reclaim"})),
              asyncio.create_task(http.serve())]
     log.info("indexer.started", consumer=settings.consumer, engine=settings.engine, stream=settings.stream)

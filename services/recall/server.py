@@ -21,13 +21,13 @@ from pydantic import Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from services.recall.admission import Admission, Busy
 from services.recall.artifacts.artifact_search import ArtifactSearch
 from services.recall.artifacts.artifact_store import ArtifactStore
 from services.recall.artifacts.service import ArtifactService
-from services.recall.artifacts.tools import register_artifact_tools
+from services.recall.artifacts.surface import register_realm_surface
 from services.recall.backend import BackendUnavailable, RecallBackend
 from services.recall.embedded_backend import EmbeddedBackend
-from services.recall.admission import Admission, Busy
 from services.recall.metrics import RECALL_BUSY, RECALL_CONCURRENCY_LIMIT, RECALL_IN_FLIGHT, RECALL_LATENCY
 from services.recall.process_pool import ProcessPool
 from services.recall.settings import RecallSettings
@@ -172,7 +172,7 @@ def build_app(settings: RecallSettings | None = None):
             query: Annotated[str, Field(description="Short search words: identifiers, key nouns, optional time words.")]) -> str:
         return await service.recall_for(caller_user(), query)
 
-    register_artifact_tools(mcp, build_artifact_service(s))
+    register_realm_surface(mcp, build_artifact_service(s))
 
     @mcp.custom_route("/healthz", methods=["GET"])
     async def healthz(request: Request) -> Response:

@@ -18,6 +18,7 @@ from services.recall.artifacts.models import Artifact, Status
 from shared.engine.api import Engine, NoIndex
 from shared.engine.hybrid_search import RecallParams
 from shared.engine.index_run import index_tree
+from shared.engine.reembed import needs_reembed, reembed_memory
 from shared.engine.transcript import Block, TranscriptTurn, dump_transcript
 
 
@@ -52,6 +53,8 @@ class ArtifactSearch:
                     tmp.replace(path)
                 else:
                     path.unlink(missing_ok=True)
+            if needs_reembed(self.home(realm_id), self.engine.embedder):  # after a model change
+                reembed_memory(self.home(realm_id), src, self.engine.embedder, lock_wait_s=60)
             index_tree(self.home(realm_id), src, self.engine.embedder, lock_wait_s=60)
 
     def search(self, realm_id: str, query: str, limit: int) -> list[str]:
