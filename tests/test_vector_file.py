@@ -101,3 +101,26 @@ def test_forgetting_rewrites_the_snapshot_without_the_forgotten_rows(tmp_path):
     assert snapshot.generation == store.generation()
     assert not set(range(1, 7)) & set(snapshot.ids.tolist())
     store.close()
+
+
+def test_a_snapshot_of_another_memory_is_never_used(tmp_path):
+    """A directory swap (re-embedding) can put another memory's snapshot beside the SQLite file
+    a reader still holds: the reader keeps to its own memory's rows."""
+    stores = {}
+    for name, seed in (("a", 5), ("b", 6)):
+        stores[name] = MemoryStore.create(tmp_path / name, "test-model", DIM)
+        stores[name].commit_changes(new_rows(clustered_vectors(300, seed=seed), 1), [], {}, [])
+        stores[name].publish_vectors()
+    reader = MemoryReader(tmp_path / "a")
+    reader.refresh()
+    q = clustered_vectors(1, seed=5)[0]
+    before = reader.nearest(q, 10, reader.filter_mask(None, None))
+    (tmp_path / "a" / VECTOR_FILE).unlink()
+    (tmp_path / "b" / VECTOR_FILE).rename(tmp_path / "a" / VECTOR_FILE)
+    stores["a"].commit_changes([], [before[-1]], {}, [])  # a new generation makes the reader look again
+    reader.refresh()
+    assert reader.view.base is None or reader.view.base.memory_id == stores["a"].meta()["memory_id"]
+    assert reader.nearest(q, 9, reader.filter_mask(None, None)) == before[:9]
+    reader.close()
+    for store in stores.values():
+        store.close()

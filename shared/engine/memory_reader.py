@@ -146,6 +146,8 @@ class MemoryReader:
                     generation, floor = int(meta["generation"]), int(meta["tombstone_floor"])
                     if new_base is None and generation == view.generation:
                         return False
+                    if new_base is not None and new_base.memory_id != meta.get("memory_id", ""):
+                        new_base = None  # another memory's snapshot (the directory was swapped): SQLite alone
                     if new_base is not None and new_base.generation >= floor:
                         view = _base_view(new_base, self.dim)
                     elif view.generation < 0 or view.generation < floor:  # too far behind for tombstones

@@ -27,6 +27,7 @@ import shutil
 import sqlite3
 import threading
 import time
+import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -184,7 +185,7 @@ class MemoryStore:
             COMMIT;
             """
         )
-        stamp = {"schema_version": SCHEMA_VERSION, "model_id": model_id, "dim": str(dim),
+        stamp = {"schema_version": SCHEMA_VERSION, "model_id": model_id, "dim": str(dim), "memory_id": uuid.uuid4().hex,
                  "generation": "0", "max_row_id": "0", "tombstone_floor": "0", "last_indexed": "",
                  "fts_analyzer": ANALYZER}
         conn.executemany("INSERT OR IGNORE INTO meta(key, value) VALUES (?, ?)", stamp.items())
@@ -388,9 +389,12 @@ class MemoryStore:
     def publish_vectors(self, force: bool = False) -> None:
         """Publish a new int8 snapshot of the committed rows when readers would otherwise catch
         up on too much from SQLite, or always with `force` (memory lock held; after the commit)."""
+        if "memory_id" not in self.meta():  # a memory created before snapshots had identities
+            with self.lock:
+                self.conn.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('memory_id', ?)", (uuid.uuid4().hex,))
         meta = self.meta()
         snapshot = None if force else open_vector_file(self.path, self.dim)
-        if snapshot is not None:
+        if snapshot is not None and snapshot.memory_id == meta["memory_id"]:
             lag_rows = int(meta["max_row_id"]) - snapshot.max_row_id
             lag_generations = int(meta["generation"]) - snapshot.generation
             with self.lock:

@@ -47,6 +47,7 @@ class VectorFile:
 
     path: Path
     inode: int
+    memory_id: str  # the SQLite memory it was taken from (meta `memory_id`)
     generation: int
     max_row_id: int
     dim: int
@@ -104,7 +105,7 @@ def open_vector_file(memory: Path, dim: int) -> VectorFile | None:
         return None
     arrays = {name: np.ndarray(shape, dtype=np.dtype(dtype), buffer=mapping, offset=header["offsets"][name])
               for name, dtype, shape in _sections(n, dim)}
-    return VectorFile(path=path, inode=st.st_ino, generation=int(header["generation"]),
+    return VectorFile(path=path, inode=st.st_ino, memory_id=header.get("memory_id", ""), generation=int(header["generation"]),
                       max_row_id=int(header["max_row_id"]), dim=dim, block_types=header["block_types"],
                       harnesses=header["harnesses"], mapped_bytes=st.st_size, _map=mapping, **arrays)
 
@@ -135,7 +136,8 @@ def write_vector_file(memory: Path, conn: sqlite3.Connection, dim: int) -> bool:
         n = int(conn.execute("SELECT COUNT(*) FROM chunks").fetchone()[0])
         block_types: dict[str, int] = {}
         harnesses: dict[str, int] = {}
-        header = {"generation": int(meta["generation"]), "max_row_id": int(meta["max_row_id"]), "n": n, "dim": dim}
+        header = {"generation": int(meta["generation"]), "max_row_id": int(meta["max_row_id"]), "n": n, "dim": dim,
+                  "memory_id": meta.get("memory_id", "")}
         # Facet names are only known after the scan: leave room for them in a fixed-size header.
         room = 4096
         offsets, size = _layout(n, dim, room)
