@@ -34,12 +34,14 @@ TEST_WORKERS ?= 4
 test: install tools
 	$(VENV)/bin/pytest -q -n $(TEST_WORKERS)
 
-# Every benchmark; each rewrites its own section of docs/benchmarks.md (~15 min on 2 cores).
+# Every benchmark; each rewrites its own section of docs/benchmarks.md (~30 min on 2 cores).
 bench: install
 	$(PY) -m bench.engine_bench
 	$(PY) -m bench.ingest_bench
 	$(PY) -m bench.recall_service_bench
+	$(PY) -m bench.recall_cpu_bench
 	$(PY) -m bench.redaction_bench
+	$(PY) -m bench.embedder_bench
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -34,12 +34,22 @@ COMMANDS = (
 )
 
 
+class RecallParser(argparse.ArgumentParser):
+    """An epilog may be a function: the variables' help imports every settings class (and the
+    engine's), which a service process started as `recall ingest` should not pay for."""
+
+    def format_help(self) -> str:
+        if callable(self.epilog):
+            self.epilog = self.epilog()
+        return super().format_help()
+
+
 def build_parser() -> argparse.ArgumentParser:
     # Subparsers must not reset --debug given before the command, hence SUPPRESS.
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                         help="show the full traceback of an unexpected error")
-    p = argparse.ArgumentParser(prog="recall", description=__doc__, parents=[common],
+    p = RecallParser(prog="recall", description=__doc__, parents=[common],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True, metavar="command")
     for module in COMMANDS:

@@ -51,7 +51,8 @@ def _error_line(cls: type[BaseSettings], err: dict) -> str:
     field = cls.model_fields.get(name)
     secret = field is not None and _is_secret(field)
     shown = "(hidden)" if secret else repr(err.get("input"))
-    allowed = err["msg"][0].lower() + err["msg"][1:]
+    msg = err["msg"].removeprefix("Value error, ")  # a validator's own message is already the reason
+    allowed = msg[0].lower() + msg[1:]
     about = f" ({field.description.rstrip('.')})" if field is not None and field.description else ""
     return f"{variable(name)}={shown} is not allowed: {allowed}{about}"
 

@@ -125,11 +125,11 @@ async def test_restore_from_backup_loses_no_state_and_finishes_pending_deletions
             assert [tuple(r) for r in tx.q("SELECT artifact_id, status, body FROM artifacts")] == [("a1", "accepted", "PostgreSQL")]
 
         # A real indexer on the restored state finishes the pending deletion and the unwritten snapshot.
-        services("indexer", RECALL_REDIS_URL=restored.url, RECALL_DATA_DIR=str(data))
+        indexer = services("indexer", RECALL_REDIS_URL=restored.url, RECALL_DATA_DIR=str(data))
         assert wait_until(lambda: json.loads(client.hget(deletion_key(receipt.receipt), "record"))["status"] == "done", 60)
         assert not bob.root.exists()
         carol = TenantPaths.for_hash(data, user_hash("carol"))
-        assert wait_until(lambda: carol.transcript("c1").exists(), 30)
+        assert wait_until(lambda: carol.transcript("c1").exists(), 90), indexer.output()[-3000:]
         assert "not yet written" in carol.transcript("c1").read_text()
     finally:
         client.close()

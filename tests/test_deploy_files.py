@@ -397,7 +397,7 @@ async def test_services_work_with_only_their_redis_acl_users_and_postgresql_arti
     urls, port = acl_redis
     env = service_env
     services("ingest", RECALL_REDIS_URL=urls["ingest"])
-    services("indexer", RECALL_REDIS_URL=urls["indexer"])
+    indexer = services("indexer", RECALL_REDIS_URL=urls["indexer"])
     recall = services("serve", RECALL_REDIS_URL=urls["recall"], RECALL_REPLICAS="2", RECALL_ARTIFACTS_DB_URL=postgres_url)
     post_conversation(env, "alice", "c1", ["Which port does the billing proxy use?", "Port 8443, behind MT-4471."])
     assert wait_until(lambda: indexed_chunks(env, "alice") == 2, 60)
@@ -405,7 +405,7 @@ async def test_services_work_with_only_their_redis_acl_users_and_postgresql_arti
     # A forget travels ingest -> stream -> indexer -> pub/sub to the recall replica, each with its own user.
     resp = httpx.delete(f"{ingest_url(env)}/users/alice", headers={"x-ingest-key": env["RECALL_INGEST_KEY"]}, timeout=10)
     assert resp.status_code == 202, resp.text
-    assert wait_until(lambda: "recall.tenant_dropped" in recall.output(), 30), recall.output()[-2000:]
+    assert wait_until(lambda: "recall.tenant_dropped" in recall.output(), 60), indexer.output()[-3000:]
 
     # What each user may NOT do: no anonymous access; ingest and recall read no conversation text.
     with pytest.raises(redis.AuthenticationError):

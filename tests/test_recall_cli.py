@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import socket
 import subprocess
 import sys
@@ -20,7 +21,8 @@ from shared.engine.embedder import EmbedderSettings
 from shared.redis_server import EmbeddedRedis, RedisStartError
 from tests.conftest import BIN, REPO, free_port
 
-JWT = "j" * 40
+JWT = secrets.token_urlsafe(32)
+INGEST_KEY = secrets.token_urlsafe(24)
 
 
 def recall(*args: str, cwd: Path, timeout: float = 60, **env: str) -> subprocess.CompletedProcess:
@@ -101,12 +103,24 @@ def test_a_short_jwt_secret_is_refused_and_an_empty_one_is_generated(tmp_path):
     assert short.returncode == 2 and "RECALL_JWT_SECRET" in one_line(short) and "32" in one_line(short)
     home = tmp_path / "made-by-recall-up"
     (home / "data").mkdir(parents=True)
-    (home / "data" / "dev-secrets.json").write_text(json.dumps({"RECALL_INGEST_KEY": "k" * 24, "RECALL_JWT_SECRET": JWT}))
+    (home / "data" / "dev-secrets.json").write_text(json.dumps({"RECALL_INGEST_KEY": INGEST_KEY, "RECALL_JWT_SECRET": JWT}))
     token = recall("token", "--user", "alice", cwd=home, RECALL_JWT_SECRET="")
     assert token.returncode == 0, token.stderr
     from joserfc import jwt
     from joserfc.jwk import OctKey
 
+    assert jwt.decode(token.stdout.strip(), OctKey.import_key(JWT)).claims["sub"] == "alice"
+
+
+def test_a_secret_in_dot_env_wins_over_the_generated_dev_secret(tmp_path):
+    (tmp_path / ".env").write_text(f"RECALL_JWT_SECRET={JWT}\n")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "dev-secrets.json").write_text(json.dumps({"RECALL_INGEST_KEY": INGEST_KEY, "RECALL_JWT_SECRET": secrets.token_urlsafe(32)}))
+    token = recall("token", "--user", "alice", cwd=tmp_path)
+    from joserfc import jwt
+    from joserfc.jwk import OctKey
+
+    assert token.returncode == 0, token.stderr
     assert jwt.decode(token.stdout.strip(), OctKey.import_key(JWT)).claims["sub"] == "alice"
 
 
@@ -147,7 +161,7 @@ def test_token_accepts_known_realm_roles(tmp_path):
 
 
 def test_demo_and_status_without_a_stack_say_what_to_do(tmp_path):
-    demo = recall("demo", cwd=tmp_path, RECALL_JWT_SECRET=JWT, RECALL_INGEST_KEY="k" * 24, **free_ports())
+    demo = recall("demo", cwd=tmp_path, RECALL_JWT_SECRET=JWT, RECALL_INGEST_KEY=INGEST_KEY, **free_ports())
     assert demo.returncode == 1 and "start the stack first" in one_line(demo) and "RECALL_INGEST_PORT" in one_line(demo)
     missing = recall("demo", cwd=tmp_path)
     assert missing.returncode == 1 and "RECALL_INGEST_KEY" in one_line(missing)
