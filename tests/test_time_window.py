@@ -90,4 +90,4 @@ def test_an_edge_date_query_renders_as_a_normal_answer():
     engine_output = "[9999-12-30T10:00:00Z] copilot c0 text  score=0.1\n  → get c0 t --memory m\npassage\n---\n"
     for query in ("what happened on 9999-12-31", "meeting in March 0000", "last week"):
         _, window = find_time_window(query, EXTREME_DAYS[-1])
-        assert "passage" in render_for_agent(engine_output, 4000, k=3, window=window)
+        assert "passage" in render_for_agent(hits_from_funes_text(engine_output), 4000, k=3, window=window)
