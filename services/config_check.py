@@ -16,24 +16,19 @@ from typing import TypeVar
 from pydantic import SecretStr, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
-from pydantic_settings import SettingsError
+from pydantic_settings import BaseSettings, SettingsError
 
 from services.cli_problem import ConfigProblem
-from shared.settings_base import CommonSettings
-
-S = TypeVar("S", bound=CommonSettings)
+S = TypeVar("S", bound=BaseSettings)
 PREFIX = "RECALL_"
 
 # Read by the embedded engine straight from the environment (it also runs as the standalone
-# `recall-engine` CLI, without the services' settings). tests/test_first_run.py fails when a
-# RECALL_ variable is read anywhere without being listed here or in a settings class.
+# `recall-engine` CLI, without the services' settings). tests/test_recall_cli.py fails when a
+# RECALL_ variable is named anywhere in the code without being listed here or in a settings class.
 ENGINE_VARIABLES: dict[str, tuple[str, str]] = {
-    "RECALL_EMBED_MODEL_DIR": ("unset", "A local embedding model directory (ONNX + tokenizer) instead of the bundled all-MiniLM-L6-v2."),
-    "RECALL_EMBED_MODEL_ID": ("the directory's name", "Model id stamped into each memory, so vectors of two models are never mixed."),
-    "RECALL_EMBED_POOLING": ("the model's 1_Pooling config, else mean", "Pooling of a local model: mean or cls."),
-    "RECALL_EMBED_MAX_TOKENS": ("256 (512 with cls)", "Tokens embedded per passage."),
     "RECALL_RERANK_MODEL_DIR": ("unset", "A local cross-encoder directory; reranking is off when unset."),
     "RECALL_SQLITE_JOURNAL_MODE": ("wal", "SQLite journal mode of each memory (wal, or delete for network file systems)."),
+    "RECALL_FAULT_INJECT": ("unset", "Crash tests only: the process exits at the named point of an index run."),
 }
 
 
@@ -51,12 +46,13 @@ def load_settings(cls: type[S]) -> S:
         raise ConfigProblem(str(exc)) from None
 
 
-def _error_line(cls: type[CommonSettings], err: dict) -> str:
+def _error_line(cls: type[BaseSettings], err: dict) -> str:
     name = str(err["loc"][0]) if err.get("loc") else "?"
     field = cls.model_fields.get(name)
     secret = field is not None and _is_secret(field)
     shown = "(hidden)" if secret else repr(err.get("input"))
-    allowed = err["msg"][0].lower() + err["msg"][1:]
+    msg = err["msg"].removeprefix("Value error, ")  # a validator's own message is already the reason
+    allowed = msg[0].lower() + msg[1:]
     about = f" ({field.description.rstrip('.')})" if field is not None and field.description else ""
     return f"{variable(name)}={shown} is not allowed: {allowed}{about}"
 
@@ -91,12 +87,12 @@ def _default(field: FieldInfo) -> str:
     if field.default_factory is not None:
         return "computed"
     value = field.default
-    if value is PydanticUndefined or value is None or (isinstance(value, SecretStr) and not value.get_secret_value()):
+    if value is PydanticUndefined or value is None or value == "" or (isinstance(value, SecretStr) and not value.get_secret_value()):
         return "unset"
     return str(value)
 
 
-def variables_help(classes: list[tuple[str, type[CommonSettings]]], extra: dict[str, tuple[str, str]] | None = None) -> str:
+def variables_help(classes: list[tuple[str, type[BaseSettings]]], extra: dict[str, tuple[str, str]] | None = None) -> str:
     """Every variable the classes read, grouped under the first class (title) that declares it."""
     groups: list[tuple[str, list[tuple[str, str, str]]]] = []
     seen: set[str] = set()

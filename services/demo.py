@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import time
-
-import httpx
 
 from services.cli_problem import Problem
 from services.config_check import load_settings
@@ -41,6 +38,8 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
 
 
 def run_demo(user: str) -> int:
+    import httpx
+
     from services.recall.tokens import mint_dev_token
     from services.stack import StackSettings, local_url
 
@@ -51,13 +50,16 @@ def run_demo(user: str) -> int:
     ingest = info.ingest_url if info else local_url(s.ingest_host, s.ingest_port)
     recall = info.recall_url if info else local_url(s.recall_host, s.recall_port)
     for url, var in ((ingest, "RECALL_INGEST_PORT"), (recall, "RECALL_RECALL_PORT")):
-        if not _answers(f"{url}/healthz"):
-            raise Problem(f"recall demo: nothing answers at {url} ({var}) and no recall up is running for {data_dir}; "
-                          "start the stack first (`make run`) and run this from the same directory")
+        if _answers(f"{url}/healthz"):
+            continue
+        if info:
+            raise Problem(f"recall demo: the recall up running for {data_dir} does not answer at {url}; see its terminal")
+        raise Problem(f"recall demo: nothing answers at {url} ({var}) and no recall up is running for {data_dir}; "
+                      "start the stack first (`make run`) and run this from the same directory")
     for cid, (day, turns) in CONVERSATIONS.items():
         body = {"user": user, "conversation_id": cid,
                 "turns": [{"role": role, "text": text, "ts": f"{day}T09:{i:02d}:00Z"} for i, (role, text) in enumerate(turns)]}
-        resp = httpx.post(f"{ingest}/turns", json=body, headers={"x-ingest-key": os.environ["RECALL_INGEST_KEY"]}, timeout=10)
+        resp = httpx.post(f"{ingest}/turns", json=body, headers={"x-ingest-key": s.ingest_key.get_secret_value()}, timeout=10)
         if resp.status_code != 202:
             raise Problem(f"recall demo: {ingest}/turns answered {resp.status_code} {resp.text[:200]}"
                           + (" (is RECALL_INGEST_KEY the running stack's key?)" if resp.status_code == 401 else ""))
@@ -66,6 +68,8 @@ def run_demo(user: str) -> int:
 
 
 def _answers(url: str) -> bool:
+    import httpx
+
     try:
         return httpx.get(url, timeout=2).status_code == 200
     except httpx.HTTPError:

@@ -20,10 +20,17 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
         ("serve", "run the recall MCP service", "recall MCP service", RecallSettings, _serve, True),
     ):
         p = sub.add_parser(name, parents=[common], help=helptext, description=helptext,
-                           epilog=variables_help([("every service", CommonSettings), (title, cls)],
-                                                 ENGINE_VARIABLES if engine else None),
+                           epilog=lambda cls=cls, title=title, engine=engine: _variables(cls, title, engine),
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         p.set_defaults(fn=fn)
+
+
+def _variables(cls: type[CommonSettings], title: str, engine: bool) -> str:
+    from shared.engine.embedder import EmbedderSettings
+
+    groups: list[tuple[str, type]] = [("every service", CommonSettings), (title, cls)]
+    return variables_help(groups + [("the embedding model", EmbedderSettings)], ENGINE_VARIABLES) if engine \
+        else variables_help(groups)
 
 
 def _ingest(args: argparse.Namespace) -> int:

@@ -30,7 +30,6 @@ from services.port_check import port_problems
 from services.recall.settings import RecallSettings
 from services.stack_state import DataDirLock, StackInfo, remove_info, write_info
 from shared.child_process import die_with_parent, ready, stop
-from shared.redis_server import EmbeddedRedis, RedisStartError
 from shared.settings_base import CommonSettings
 
 BIN = Path(sys.executable).parent
@@ -46,7 +45,7 @@ class StackSettings(IngestSettings, IndexerSettings, RecallSettings):
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("up", parents=[common], help="run the whole system (what `make run` starts)",
-                       description=__doc__, epilog=variables_help(SETTINGS_GROUPS, ENGINE_VARIABLES),
+                       description=__doc__, epilog=lambda: variables_help(settings_groups(), ENGINE_VARIABLES),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.set_defaults(fn=lambda args: run_stack())
 
@@ -58,6 +57,7 @@ def local_url(host: str, port: int) -> str:
 def check_config() -> tuple[StackSettings, Path]:
     """Everything `recall up` needs, checked before any process starts (ConfigProblem otherwise)."""
     s = load_settings(StackSettings)
+    embedder_problems()
     data_dir = check_writable_dir(s.data_dir)
     wanted = [("RECALL_INGEST_PORT", s.ingest_host, s.ingest_port), ("RECALL_INDEXER_PORT", s.indexer_host, s.indexer_port),
               ("RECALL_RECALL_PORT", s.recall_host, s.recall_port)]
@@ -72,6 +72,15 @@ def check_config() -> tuple[StackSettings, Path]:
     if problems:
         raise ConfigProblem(*problems)
     return s, data_dir
+
+
+def embedder_problems() -> None:
+    from shared.engine.embedder import EmbedderSettings, e5_unsupported_reason
+
+    e = load_settings(EmbedderSettings)
+    reason = e5_unsupported_reason() if e.embedder == "e5" and e.embed_model_dir is None else None
+    if reason:
+        raise ConfigProblem(f"RECALL_EMBEDDER='e5' is not allowed here: {reason}; set RECALL_EMBEDDER=minilm (English only)")
 
 
 def redis_url_problems(url: str) -> list[str]:
@@ -89,6 +98,8 @@ def redis_url_problems(url: str) -> list[str]:
 
 
 def run_stack() -> int:
+    from shared.redis_server import EmbeddedRedis, RedisStartError
+
     s, data_dir = check_config()
     lock = DataDirLock(data_dir)
     lock.acquire()
@@ -100,7 +111,7 @@ def run_stack() -> int:
 
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
-    redis_server: EmbeddedRedis | None = None
+    redis_server = None
     children: list[tuple[str, subprocess.Popen]] = []
     code = 0
     try:
@@ -119,12 +130,15 @@ def run_stack() -> int:
         for name in ("indexer", "ingest", "serve"):
             children.append((name, _start_child(name, env)))
         deadline = time.monotonic() + READY_TIMEOUT_S
-        for (name, proc), url in zip(children, (info.indexer_url, info.ingest_url, info.recall_url)):
-            while not stopping and not ready(proc, f"{url}/readyz", deadline):
+        for (name, proc), url, port in zip(children, (info.indexer_url, info.ingest_url, info.recall_url),
+                                           (s.indexer_port, s.ingest_port, s.recall_port)):
+            # Ready only when our own child holds the port: a 200 from another program that took
+            # the port after the check must not print "recall is up".
+            while not stopping and not (listens_on(proc, port) and ready(proc, f"{url}/readyz", deadline)):
                 time.sleep(0.1)
         if not stopping:
             write_info(info)
-            print(f"\n{banner(info, os.environ['RECALL_INGEST_KEY'], _dev_token(s))}\nCtrl-C stops everything.\n", flush=True)
+            print(f"\n{banner(info, s.ingest_key.get_secret_value(), _dev_token(s))}\nCtrl-C stops everything.\n", flush=True)
         while not stopping:
             for name, proc in children:
                 if proc.poll() is not None and not stopping:
@@ -146,6 +160,15 @@ def run_stack() -> int:
     return code
 
 
+def listens_on(proc: subprocess.Popen, port: int) -> bool:
+    import psutil
+
+    try:
+        return any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in psutil.Process(proc.pid).net_connections("tcp"))
+    except psutil.NoSuchProcess:
+        return False
+
+
 def _start_child(command: str, env: dict[str, str]) -> subprocess.Popen:
     # Own process group: Ctrl-C reaches only `recall up`, which stops the parts in order;
     # and a child never outlives a `recall up` that was killed outright.
@@ -159,6 +182,10 @@ def _dev_token(s: RecallSettings) -> str:
     return mint_dev_token(s, "demo-user", ttl_s=TOKEN_TTL_S)
 
 
-SETTINGS_GROUPS = [("every service", CommonSettings), ("ingest API", IngestSettings), ("indexer", IndexerSettings),
-                   ("recall MCP service", RecallSettings), ("recall up", StackSettings)]
+def settings_groups() -> list[tuple[str, type]]:
+    from shared.engine.embedder import EmbedderSettings
+
+    return [("every service", CommonSettings), ("ingest API", IngestSettings), ("indexer", IndexerSettings),
+            ("recall MCP service", RecallSettings), ("recall up", StackSettings),
+            ("the embedding model (indexer and recall service)", EmbedderSettings)]
 

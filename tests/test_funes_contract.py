@@ -19,7 +19,7 @@ from services.recall.server import RecallService
 from services.recall.settings import RecallSettings
 from shared.recall_answer_format import NO_MEMORY, NOTHING
 from shared.tenant_paths import TenantPaths
-from tests.conftest import (INGEST_KEY, call_recall, funes_status_chunks, ingest_url, mint, post_conversation,
+from tests.conftest import (INGEST_KEY, JWT_SECRET, call_recall, funes_status_chunks, ingest_url, mint, post_conversation,
                             wait_until, write_conversation)
 
 ALICE = ["What did we decide on the N-11 upgrade?", "Proceed once ticket MT-4471 for the K-2 machine is closed.", "ok"]
@@ -127,7 +127,7 @@ def watch(monkeypatch):
 
 
 async def test_funes_mode_recall_decides_memory_state_from_the_contract_alone(tenant, fake_funes, watch):
-    s = RecallSettings(data_dir=tenant.root.parent, engine="funes", funes_bin=fake_funes, jwt_secret="x" * 32)
+    s = RecallSettings(data_dir=tenant.root.parent, engine="funes", funes_bin=fake_funes, jwt_secret=JWT_SECRET)
     pool = ProcessPool(fake_funes, 4, 60, 10, 30)
     service = RecallService(s, pool)
     try:
@@ -154,7 +154,7 @@ async def test_funes_mode_ignores_an_engine_file_that_funes_did_not_write(tenant
     write_conversation(carol.src, "c1", ["Carol's K-9 note."])
     carol.memory.mkdir(parents=True)
     (carol.memory / "chunks.sqlite3").write_bytes(b"SQLite format 3\x00" + bytes(4096))
-    s = RecallSettings(data_dir=tenant.root.parent, engine="funes", funes_bin=fake_funes, jwt_secret="x" * 32)
+    s = RecallSettings(data_dir=tenant.root.parent, engine="funes", funes_bin=fake_funes, jwt_secret=JWT_SECRET)
     pool = ProcessPool(fake_funes, 4, 60, 10, 30)
     try:
         assert await RecallService(s, pool).recall_for("carol", "K-9") == NO_MEMORY

@@ -1,4 +1,4 @@
-"""Logs are JSON, carry hashed user ids, and never message or query text (unless debugging)."""
+"""Logs are JSON without colour codes, carry hashed user ids, and never message or query text (unless debugging)."""
 
 from __future__ import annotations
 
@@ -27,3 +27,12 @@ async def test_debug_mode_adds_the_query_to_recall_logs(services, service_env):
     recall = services("serve", RECALL_DEBUG="true")
     await call_recall(service_env, mint(USER), "QUERYWORD-GAMMA")
     assert "QUERYWORD-GAMMA" in recall.output()
+
+
+def test_json_logs_carry_no_ansi_colour_codes(services):
+    ingest = services("ingest")
+    lines = [line for line in ingest.output().splitlines() if line.strip()]
+    events = [json.loads(line) for line in lines]  # every line is one JSON object
+    assert any(e.get("event", "").startswith("Uvicorn running on") for e in events), "uvicorn's own lines are there"
+    assert all("color_message" not in e for e in events)
+    assert not any("\x1b" in line or "\\u001b" in line for line in lines), lines

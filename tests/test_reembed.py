@@ -60,6 +60,22 @@ def test_the_old_memory_answers_with_its_own_model_until_the_new_one_is_live(old
     assert engine.reader(memory).model_id == E5_MODEL_ID and chunks == 4 + 1
 
 
+def test_a_re_embed_aborted_at_the_switch_leaves_the_live_memory_as_it_was(old_memory, embedder):
+    commits = []
+
+    def lose_the_lock_at_the_switch(point: str) -> None:
+        commits.extend([point] if point == "before_commit" else [])
+        if len(commits) == 2:  # the build's commit passed; the switch is the next one
+            raise RuntimeError("index lock lost")
+
+    with pytest.raises(RuntimeError, match="lock lost"):
+        reembed_memory(old_memory.root, old_memory.src, embedder, checkpoint=lose_the_lock_at_the_switch)
+    assert stamp_of(old_memory.root)[0] == MINILM_MODEL_ID
+    assert "P-301" in Engine(embedder=embedder).recall(memory_dir(old_memory.root), "P-301 leak", RecallParams(k=1))
+    reembed_memory(old_memory.root, old_memory.src, embedder)  # the next attempt starts over and switches
+    assert stamp_of(old_memory.root)[0] == E5_MODEL_ID and not (old_memory.root / STAGING).exists()
+
+
 def test_a_memory_is_refused_by_the_cli_indexer_until_re_embedded(old_memory, embedder):
     from shared.engine.store import ModelMismatch
 
@@ -77,7 +93,7 @@ async def test_the_indexer_re_embeds_a_stale_tenant_and_reports_it_in_metrics(ol
     from services.indexer.index_job import EmbeddedIndexJob
     from services.indexer.reembed_job import schedule_stale_tenants
 
-    job = EmbeddedIndexJob()
+    job = EmbeddedIndexJob(timeout_s=900)
     client = aioredis.Redis.from_url(redis_url)
     try:
         await client.delete(keys.DUE)

@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 import pytest
 
 from services.recall.time_window import find_time_window
-from services.recall.tool_output import render_for_agent
+from services.recall.tool_output import hits_from_funes_text, render_for_agent
 from shared.recall_answer_format import NOTHING
 
 NOW = datetime(2026, 11, 29, 12, tzinfo=timezone.utc)  # a Sunday
@@ -40,10 +40,10 @@ def test_a_window_reorders_and_never_drops():
         f"[{ts}] copilot c{i} text  score=0.1\n  → get c{i} t --memory m\npassage {i}\n---\n"
         for i, ts in enumerate(["2026-10-02T10:00:00Z", "2026-11-20T10:00:00Z", "2026-09-01T10:00:00Z"]))
     _, window = find_time_window("last week", NOW)
-    out = render_for_agent(engine_output, 4000, k=3, window=window)
+    out = render_for_agent(hits_from_funes_text(engine_output), 4000, k=3, window=window)
     assert [line for line in out.splitlines() if line.startswith("passage")] == ["passage 1", "passage 0", "passage 2"]
-    assert render_for_agent(engine_output, 4000, k=2).count("passage") == 2
-    assert render_for_agent("no results", 4000, k=3, window=window) == NOTHING
+    assert render_for_agent(hits_from_funes_text(engine_output), 4000, k=2).count("passage") == 2
+    assert render_for_agent(hits_from_funes_text("no results"), 4000, k=3, window=window) == NOTHING
 
 
 

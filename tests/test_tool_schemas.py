@@ -15,7 +15,7 @@ from tests.conftest import mint, recall_url
 REALM = "acme-integrations"
 # Parameters whose values are a closed set: each must be a JSON-schema enum wherever it appears.
 CLOSED_SETS = {"artifact_kind", "kind", "write_mode", "role", "target_kind", "memory_type", "reality", "action",
-               "status", "agent_role"}
+               "status"}
 READ_TOOLS = {"get_memory_artifact", "get_memory_artifact_by_path", "search_memory_artifacts", "list_memory_artifact_audit"}
 OWNER_TOOLS = {"supersede_memory_artifact"}
 RFC3339 = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)")

@@ -8,10 +8,13 @@ import asyncio
 import re
 from typing import Protocol
 
-from services.indexer.index_job import IndexJob, IndexJobFailed
+from services.indexer.index_job import IndexJob
 from shared.funes_env import funes_environment
+from shared.logging_setup import get_logger
 from shared.redis_lock import RedisLock
 from shared.tenant_paths import TenantPaths
+
+log = get_logger("recall.indexer.forget")
 
 USAGE_ERROR = 2  # funes (clap) exits 2 for an unknown subcommand: funes <= 1.2 has no `forget`
 _FORGOT = re.compile(r"^forgot session .+: (\d+) chunks removed$", re.M)
@@ -50,7 +53,9 @@ class FunesRows:
     async def count(self, paths: TenantPaths) -> int:
         code, out, err = await self._run(paths, "status", str(paths.memory.resolve()))
         if code != 0:
-            raise IndexJobFailed(f"status exited {code}: {err[-300:]}")
+            # The count only fills the receipt; it must not stop the deletion itself.
+            log.warning("forget.funes_status_failed", user_hash=paths.uhash, code=code, error=err[-200:])
+            return 0
         found = _CHUNKS.search(out)
         return int(found[1]) if found else 0  # "no index yet": nothing to count
 
@@ -58,14 +63,15 @@ class FunesRows:
         code, out, err = await self._run(paths, "forget", conversation_id, "--memory", str(paths.memory.resolve()))
         if code == 0 and (found := _FORGOT.search(out)):
             return int(found[1])
-        if code == USAGE_ERROR:
-            # An append-only funes: rebuild the memory from the remaining files; count the difference.
-            before = await self.count(paths)
-            await self.job.remove_deleted(paths, lock=lock)
-            return max(0, before - await self.count(paths))
-        if "no index" in err:
+        if code == 1 and "no index" in err:
             return 0
-        raise IndexJobFailed(f"forget exited {code}: {(err or out)[-300:]}")
+        if code != USAGE_ERROR:
+            log.warning("forget.funes_forget_failed", user_hash=paths.uhash, code=code, error=(err or out)[-200:])
+        # funes' own deletion path (the only one of an append-only funes): rebuild the memory from
+        # the remaining files, and count the difference.
+        before = await self.count(paths)
+        await self.job.remove_deleted(paths, lock=lock)
+        return max(0, before - await self.count(paths))
 
     async def _run(self, paths: TenantPaths, *args: str) -> tuple[int, str, str]:
         proc = await asyncio.create_subprocess_exec(

@@ -52,16 +52,21 @@ class EmbeddedIndexJob:
 
         if not paths.src.is_dir():
             return  # the tenant was forgotten after this run was scheduled
-        deadline = time.monotonic() + self.timeout_s
         fence = lock.fence() if lock is not None else None
+
+        def fenced(point: str) -> None:
+            if fence is not None and (point == "before_commit" or lock.lost):
+                fence()
 
         def checkpoint(point: str) -> None:
             if time.monotonic() > deadline:
                 raise IndexJobFailed(f"index timed out after {self.timeout_s:.0f}s")
-            if fence is not None and (point == "before_commit" or lock.lost):
-                fence()
+            fenced(point)
 
-        await asyncio.to_thread(reembed_if_stale, paths, self.embedder)
+        # A re-embed after a model change takes as long as the tenant's memory needs (the old
+        # memory answers meanwhile); only a lost lock stops it.
+        await asyncio.to_thread(reembed_if_stale, paths, self.embedder, fenced)
+        deadline = time.monotonic() + self.timeout_s
         await asyncio.to_thread(index_tree, paths.root, paths.src, self.embedder, 5.0, purge, checkpoint)
 
     async def remove_deleted(self, paths: TenantPaths, lock: RedisLock | None = None) -> None:

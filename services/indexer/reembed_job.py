@@ -13,6 +13,7 @@ import redis.asyncio as aioredis
 from services.indexer import redis_keys as keys
 from services.indexer.metrics import REEMBED_PENDING, REEMBED_PROGRESS, REEMBEDS
 from shared.engine.embedder import Embedder
+from shared.engine.index_run import Checkpoint
 from shared.engine.reembed import needs_reembed, reembed_memory
 from shared.logging_setup import get_logger
 from shared.tenant_paths import USER_HASH, TenantPaths
@@ -20,15 +21,17 @@ from shared.tenant_paths import USER_HASH, TenantPaths
 log = get_logger("recall.indexer.reembed")
 
 
-def reembed_if_stale(paths: TenantPaths, embedder: Embedder) -> None:
-    """Runs in the index job's thread, under the tenant's index lock (one run per tenant)."""
+def reembed_if_stale(paths: TenantPaths, embedder: Embedder, checkpoint: Checkpoint | None = None) -> None:
+    """Runs in the index job's thread, under the tenant's index lock (one run per tenant);
+    `checkpoint` aborts it (a lost lock) with the live memory untouched."""
     if not needs_reembed(paths.root, embedder):
         return
     started = time.monotonic()
     gauge = REEMBED_PROGRESS.labels(paths.uhash)
     try:
         chunks = reembed_memory(paths.root, paths.src, embedder,
-                                progress=lambda done, total: gauge.set(done / total if total else 1.0))
+                                progress=lambda done, total: gauge.set(min(1.0, done / total) if total else 1.0),
+                                checkpoint=checkpoint)
     except Exception:
         REEMBEDS.labels("failed").inc()
         raise

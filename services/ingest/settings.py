@@ -22,9 +22,9 @@ class IngestSettings(CommonSettings):
     deletion_receipt_ttl_days: int = Field(30, ge=1, description="How long GET /deletions/{id} remembers a receipt.")
     stream_maxlen: int = Field(1_000_000, ge=1000, description="Hard cap on stream length (a backlog guard, never reached normally).")
 
-    @field_validator("ingest_key")
+    @field_validator("ingest_key", "ingest_key_next")
     @classmethod
-    def _no_weak_ingest_key(cls, v: SecretStr) -> SecretStr:
+    def _no_weak_ingest_key(cls, v: SecretStr, info) -> SecretStr:
         if v.get_secret_value():
-            check_secret("RECALL_INGEST_KEY", v.get_secret_value(), min_length=24)
+            check_secret(f"RECALL_{info.field_name.upper()}", v.get_secret_value(), min_length=24)
         return v

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from services.recall.tool_output import AgentHit
 from shared.engine.api import MemoryState
 from shared.tenant_paths import TenantPaths
 
@@ -13,8 +14,8 @@ class BackendUnavailable(Exception):
 
 
 class RecallBackend(Protocol):
-    async def recall(self, paths: TenantPaths, query: str, k: int, candidates: int) -> str:
-        """funes agent-format text for this tenant's memory."""
+    async def recall(self, paths: TenantPaths, query: str, k: int, candidates: int) -> list[AgentHit]:
+        """The best passages of this tenant's memory, best first (typed, whichever engine)."""
         ...
 
     async def memory_state(self, paths: TenantPaths) -> MemoryState:

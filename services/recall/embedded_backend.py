@@ -2,7 +2,8 @@
 
 Models load once; each tenant's memory reader stays open in an LRU (vectors in RAM, refreshed
 from the committed generation on every call, so a new index run is visible on the next call).
-Searches run in worker threads, off the event loop.
+Searches run in worker threads, off the event loop, and hand back typed hits (no text that
+the service would parse again).
 """
 
 from __future__ import annotations
@@ -11,25 +12,27 @@ import asyncio
 import time
 
 from services.recall.backend import BackendUnavailable
-from services.recall.metrics import POOL_EVICTIONS, POOL_SIZE
+from services.recall.metrics import POOL_EVICTIONS, POOL_SIZE, READER_CACHE_BYTES
+from services.recall.tool_output import AgentHit, hits_from_engine
 from shared.engine.api import Engine, MemoryState, NoIndex, memory_state
 from shared.engine.hybrid_search import DeadlineExceeded, RecallParams
 from shared.tenant_paths import TenantPaths
 
 
 class EmbeddedBackend:
-    def __init__(self, reader_cache: int, timeout_s: float) -> None:
-        self.engine = Engine(max_readers=reader_cache)
+    def __init__(self, reader_cache: int, timeout_s: float, reader_cache_bytes: int | None = None) -> None:
+        self.engine = Engine(max_readers=reader_cache, max_bytes=reader_cache_bytes)
         self.timeout_s = timeout_s
 
-    async def recall(self, paths: TenantPaths, query: str, k: int, candidates: int) -> str:
+    async def recall(self, paths: TenantPaths, query: str, k: int, candidates: int) -> list[AgentHit]:
         params = RecallParams(k=k, candidates=candidates)
         evictions = self.engine.evictions
         deadline = time.monotonic() + self.timeout_s
         try:
             # A thread cannot be cancelled, so the search itself stops at its next stage once
             # the deadline passes; awaiting it to the end keeps its admission slot taken meanwhile.
-            return await asyncio.to_thread(self.engine.recall, paths.memory, query, params, deadline=deadline)
+            hits = await asyncio.to_thread(self.engine.search, paths.memory, query, params, deadline=deadline)
+            return hits_from_engine(hits)
         except DeadlineExceeded:
             raise BackendUnavailable("recall timed out") from None
         except NoIndex:
@@ -38,6 +41,7 @@ class EmbeddedBackend:
             raise BackendUnavailable(f"{type(exc).__name__}: {exc}") from exc
         finally:
             POOL_SIZE.set(self.engine.open_readers)
+            READER_CACHE_BYTES.set(self.engine.cached_bytes)
             if self.engine.evictions > evictions:
                 POOL_EVICTIONS.labels("lru").inc(self.engine.evictions - evictions)
 

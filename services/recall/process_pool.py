@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from services.recall.backend import BackendUnavailable
 from services.recall.metrics import POOL_CRASH_RESTARTS, POOL_EVICTIONS, POOL_SIZE, POOL_SPAWNS
+from services.recall.tool_output import AgentHit, hits_from_funes_text
 from shared.engine.api import MemoryState, NoIndex
 from shared.funes_env import funes_environment
 from shared.logging_setup import get_logger
@@ -72,7 +73,7 @@ class ProcessPool:
             os.path.isfile(os.path.join(p, self.binary)) for p in os.environ.get("PATH", "").split(os.pathsep))
 
     # ---- calls -----------------------------------------------------------------------------------
-    async def recall(self, paths: TenantPaths, query: str, k: int, candidates: int) -> str:
+    async def recall(self, paths: TenantPaths, query: str, k: int, candidates: int) -> list[AgentHit]:
         # funes' MCP recall fixes candidates at 30; only k is a tool argument.
         text = await self._call_once_more_if_gone(paths, "recall", {"query": query, "k": k})
         if _says_no_index(text):  # e.g. the memory is being rebuilt after a deletion
@@ -80,7 +81,7 @@ class ProcessPool:
             raise NoIndex(paths.memory)
         if text.startswith("recall error:"):
             raise BackendUnavailable(text[:200])
-        return text
+        return hits_from_funes_text(text)
 
     async def memory_state(self, paths: TenantPaths) -> MemoryState:
         if not paths.src.is_dir():

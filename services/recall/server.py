@@ -21,19 +21,19 @@ from pydantic import Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from services.recall.admission import Admission, Busy
 from services.recall.artifacts.artifact_search import ArtifactSearch
 from services.recall.artifacts.artifact_store import ArtifactStore
 from services.recall.artifacts.service import ArtifactService
-from services.recall.artifacts.tools import register_artifact_tools
+from services.recall.artifacts.surface import register_realm_surface
 from services.recall.backend import BackendUnavailable, RecallBackend
 from services.recall.embedded_backend import EmbeddedBackend
-from services.recall.admission import Admission, Busy
 from services.recall.metrics import RECALL_BUSY, RECALL_CONCURRENCY_LIMIT, RECALL_IN_FLIGHT, RECALL_LATENCY
 from services.recall.process_pool import ProcessPool
 from services.recall.settings import RecallSettings
 from services.recall.time_window import find_time_window
 from services.recall.tokens import build_verifier
-from services.recall.tool_output import TOOL_DESCRIPTION, render_for_agent
+from services.recall.tool_output import TOOL_DESCRIPTION, AgentHit, render_for_agent
 from shared.engine.api import Engine, MemoryState, NoIndex
 from shared.logging_setup import configure_logging, get_logger
 from shared.metrics_http import metrics_endpoint
@@ -51,7 +51,7 @@ CALLER_GRACE_S = 1.0
 def make_backend(s: RecallSettings) -> RecallBackend:
     if s.engine == "funes":
         return ProcessPool(s.funes_bin, s.pool_max_processes, s.pool_idle_s, s.timeout_s, s.pool_start_timeout_s)
-    return EmbeddedBackend(s.reader_cache, s.timeout_s)
+    return EmbeddedBackend(s.reader_cache, s.timeout_s, s.reader_cache_bytes)
 
 
 def caller_user() -> str:
@@ -112,7 +112,7 @@ class RecallService:
         text = render_for_agent(raw, self.s.max_result_chars, self.s.k, window)
         return ("empty" if text == NOTHING else "hit"), text
 
-    async def _search(self, paths: TenantPaths, query: str, k: int) -> str | None:
+    async def _search(self, paths: TenantPaths, query: str, k: int) -> list[AgentHit] | None:
         """Runs holding an admission slot and gives it back when the work ends, whether or not
         its caller still waits; None when the tenant has no memory (asked of the backend)."""
         RECALL_IN_FLIGHT.inc()
@@ -172,7 +172,7 @@ def build_app(settings: RecallSettings | None = None):
             query: Annotated[str, Field(description="Short search words: identifiers, key nouns, optional time words.")]) -> str:
         return await service.recall_for(caller_user(), query)
 
-    register_artifact_tools(mcp, build_artifact_service(s))
+    register_realm_surface(mcp, build_artifact_service(s))
 
     @mcp.custom_route("/healthz", methods=["GET"])
     async def healthz(request: Request) -> Response:

@@ -1,7 +1,8 @@
 """What the agent sees: dated verbatim passages with a citation handle, no engine hints or paths.
 
-The engine (embedded or funes) answers in funes' agent format; this module parses it by
-header lines and re-renders each hit as
+Both backends hand this module the same typed hits (`AgentHit`): the embedded engine passes
+its hits through as data (`hits_from_engine`); funes mode gets funes' agent-format text from
+its child and parses it into the same model (`hits_from_funes_text`). Each hit renders as
 
     [2026-10-08 10:01 UTC]
       cite: session_id=<conversation id> turn_uuid=<turn id>
@@ -16,10 +17,80 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
+from pydantic import BaseModel, ConfigDict
+
 from services.recall.time_window import TimeWindow
-from shared.engine.agent_format import ParsedHit, parse_recall
+from shared.engine.agent_format import HEADER, HINT, NEIGHBOUR, NO_RESULTS
+from shared.engine.hybrid_search import NEIGHBOUR_PREVIEW_CHARS, Hit
 from shared.engine.transcript import parse_ts
 from shared.recall_answer_format import CITE_LINE, DATE_HEADER, NEIGHBOUR_PREFIX, NOTHING, SEPARATOR
+
+
+class Neighbour(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    role: str
+    preview: str
+
+
+class AgentHit(BaseModel):
+    """One passage as the agent gets it: when, where to cite it, the verbatim text, the turns
+    around it."""
+
+    model_config = ConfigDict(frozen=True)
+    ts: str
+    session_id: str = ""
+    turn_uuid: str = ""
+    text: str
+    neighbours: tuple[Neighbour, ...] = ()
+
+
+def hits_from_engine(hits: list[Hit]) -> list[AgentHit]:
+    return [AgentHit(ts=h.row.ts, session_id=h.row.session_id, turn_uuid=h.row.turn_uuid, text=h.row.text.strip(),
+                     neighbours=tuple(Neighbour(role=n.role, preview=n.text[:NEIGHBOUR_PREVIEW_CHARS]) for n in h.neighbours))
+            for h in hits]
+
+
+def hits_from_funes_text(output: str) -> list[AgentHit]:
+    """funes' agent format (see shared/engine/agent_format.py) parsed by header lines, never by
+    `---` (chunk text may hold it). Lines are split on "\n" only, so text keeps any "\r";
+    lines after a neighbour line continue that neighbour's preview (previews are cut at 160
+    code points, newlines included)."""
+    if output.strip() == NO_RESULTS:
+        return []
+    blocks: list[tuple[str, list[str], dict[str, str]]] = []
+    for line in output.split("\n"):
+        m = HEADER.match(line)
+        if m:
+            blocks.append((m["ts"], [], {}))
+            continue
+        if not blocks:
+            continue
+        hint = HINT.match(line) if not blocks[-1][1] and not blocks[-1][2] else None
+        if hint:  # the line right after the header names the passage's session and turn
+            blocks[-1][2].update(session_id=hint["session_id"], turn_uuid=hint["turn_uuid"])
+        else:
+            blocks[-1][1].append(line)
+    return [_hit_from_block(ts, lines, where) for ts, lines, where in blocks]
+
+
+def _hit_from_block(ts: str, lines: list[str], where: dict[str, str]) -> AgentHit:
+    while lines and lines[-1] == "":
+        lines.pop()
+    if lines and lines[-1] == SEPARATOR:
+        lines.pop()  # the line closing the hit
+    text: list[str] = []
+    neighbours: list[tuple[str, list[str]]] = []
+    for line in lines:
+        n = NEIGHBOUR.match(line)
+        if n:
+            neighbours.append((n["role"], [n["text"]]))
+        elif neighbours:
+            neighbours[-1][1].append(line)
+        else:
+            text.append(line)
+    return AgentHit(ts=ts, **where, text="\n".join(text).strip(),
+                    neighbours=tuple(Neighbour(role=role, preview="\n".join(p)) for role, p in neighbours))
+
 
 TOOL_DESCRIPTION = (
     "Search the current user's own earlier conversations with this assistant. Use it when the user "
@@ -37,9 +108,9 @@ def _date(ts: str) -> str:
     return DATE_HEADER.format(dt.astimezone(timezone.utc)) if dt else f"[{ts or 'undated'}]"
 
 
-def render_hit(hit: ParsedHit) -> str:
+def render_hit(hit: AgentHit) -> str:
     lines = [_date(hit.ts)] + ([CITE_LINE.format(hit.session_id, hit.turn_uuid)] if hit.session_id else []) + [hit.text]
-    lines += [f"{NEIGHBOUR_PREFIX}{role}: {preview}" for role, _, preview in hit.neighbours]
+    lines += [f"{NEIGHBOUR_PREFIX}{n.role}: {n.preview}" for n in hit.neighbours]
     return "\n".join(lines) + f"\n{SEPARATOR}\n"
 
 
@@ -48,10 +119,10 @@ def _when(ts: str) -> datetime | None:
     return None if epoch is None else datetime.fromtimestamp(epoch, timezone.utc)
 
 
-def render_for_agent(engine_output: str, max_chars: int, k: int, window: TimeWindow | None = None) -> str:
+def render_for_agent(hits: list[AgentHit], max_chars: int, k: int, window: TimeWindow | None = None) -> str:
     """At most k passages, whole ones only, within max_chars; passages from the query's time
     window (if it named one) first, in engine order within each group."""
-    hits = parse_recall(engine_output)
+    hits = list(hits)
     if window is not None:
         hits.sort(key=lambda h: not ((when := _when(h.ts)) is not None and window.contains(when)))
     hits = hits[:k]

@@ -7,16 +7,18 @@ the same bytes for the same memory and query.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
 from shared.engine import agent_format
 from shared.engine.embedder import Embedder, embedder_for_stamp, shared_embedder
-from shared.engine.hybrid_search import RecallParams, check_deadline, recall, turn_window
+from shared.engine.hybrid_search import Hit, RecallParams, check_deadline, recall, turn_window
 from shared.engine.memory_reader import MemoryReader
 from shared.engine.reranker import Reranker, configured_reranker, reranker_status
 from shared.engine.store import DB_NAME, MemoryStore
@@ -40,64 +42,149 @@ def memory_state(path: Path) -> MemoryState:
 
 
 @dataclass
-class _Cached:
+class _Entry:
     reader: MemoryReader
     inode: int
+    bytes: int
+    users: int = 0  # searches holding it: it is closed only when this is 0
+    retired: bool = False  # out of the cache (evicted, dropped, replaced); closed by its last user
 
 
 class Engine:
-    def __init__(self, max_readers: int = 256, embedder: Embedder | None = None, reranker: Reranker | None = None) -> None:
+    """Models plus a cache of warm readers, safe for any number of threads.
+
+    One memory gets one reader however many callers race for it (the first opens it, the
+    others wait for that). A reader is leased for the length of a search: eviction (past
+    `max_readers` readers or `max_bytes` of vectors and indexes) and `drop` only take it out
+    of the cache, and its last user closes it.
+    """
+
+    def __init__(self, max_readers: int = 256, embedder: Embedder | None = None, reranker: Reranker | None = None,
+                 max_bytes: int | None = None) -> None:
         self.embedder = embedder or shared_embedder()
         self.reranker = reranker if reranker is not None else configured_reranker()
         self.max_readers = max_readers
-        self._readers: OrderedDict[Path, _Cached] = OrderedDict()
+        self.max_bytes = max_bytes
+        self._entries: OrderedDict[Path, _Entry] = OrderedDict()
+        self._opening: dict[Path, threading.Event] = {}
         self._lock = threading.Lock()
         self.evictions = 0
+        self.readers_opened = 0
 
     # ---- reader cache ----------------------------------------------------------------------
-    def reader(self, memory: Path) -> MemoryReader:
-        """The warm reader of a memory; a memory rebuilt under the same path gets a fresh one."""
-        memory = memory.resolve()
+    @contextlib.contextmanager
+    def lease(self, memory: Path) -> Iterator[MemoryReader]:
+        """The warm reader of a memory, never closed while the caller holds it; a memory
+        rebuilt under the same path gets a fresh one."""
+        entry = self._acquire(memory.resolve())
         try:
-            inode = (memory / DB_NAME).stat().st_ino
-        except FileNotFoundError:
-            self.drop(memory)
-            raise NoIndex(memory) from None
+            yield entry.reader
+        finally:
+            self._release(entry)
+
+    def reader(self, memory: Path) -> MemoryReader:
+        """A reader without a lease, for one-thread use (CLI, tests, benchmarks): another
+        thread's eviction or `drop` could close it under the caller."""
+        with self.lease(memory) as reader:
+            return reader
+
+    def _acquire(self, memory: Path) -> _Entry:
+        while True:
+            try:
+                inode = (memory / DB_NAME).stat().st_ino
+            except FileNotFoundError:
+                self.drop(memory)
+                raise NoIndex(memory) from None
+            with self._lock:
+                entry = self._entries.get(memory)
+                if entry is not None and entry.inode == inode:
+                    entry.users += 1
+                    self._entries.move_to_end(memory)
+                    return entry
+                opening = self._opening.get(memory)
+                if opening is None:
+                    opening = self._opening[memory] = threading.Event()
+                    break
+            opening.wait()  # another caller is opening this memory: use its reader
+        try:
+            reader = MemoryReader(memory)
+            try:
+                reader.refresh()  # the load happens here, outside the cache lock
+            except BaseException:
+                reader.close()
+                raise
+        except BaseException:
+            with self._lock:
+                del self._opening[memory]
+            opening.set()
+            raise
+        entry = _Entry(reader, inode, reader.resident_bytes(), users=1)
         with self._lock:
-            cached = self._readers.get(memory)
-            if cached is not None and cached.inode == inode:
-                self._readers.move_to_end(memory)
-                return cached.reader
-        reader = MemoryReader(memory)
+            del self._opening[memory]
+            self.readers_opened += 1
+            old = self._entries.pop(memory, None)
+            self._entries[memory] = entry
+            to_close = ([old] if old is not None and self._retire(old) else []) + self._evict(keep=memory)
+        opening.set()
+        for victim in to_close:
+            victim.reader.close()
+        return entry
+
+    def _release(self, entry: _Entry) -> None:
         with self._lock:
-            old = self._readers.pop(memory, None)
-            self._readers[memory] = _Cached(reader, inode)
-            while len(self._readers) > self.max_readers:
-                _, evicted = self._readers.popitem(last=False)
-                evicted.reader.close()
-                self.evictions += 1
-        if old is not None:
-            old.reader.close()
-        return reader
+            entry.users -= 1
+            entry.bytes = entry.reader.resident_bytes()  # grows as the reader catches up
+            to_close = [entry] if entry.retired and entry.users == 0 else self._evict(keep=None)
+        for victim in to_close:
+            victim.reader.close()
+
+    def _evict(self, keep: Path | None) -> list[_Entry]:
+        """Called with the lock held: retire LRU readers until the cache fits its bounds.
+        Returns those nobody holds, for the caller to close after releasing the lock."""
+        to_close = []
+        for memory in list(self._entries):
+            if len(self._entries) <= self.max_readers and (self.max_bytes is None or self.cached_bytes <= self.max_bytes):
+                break
+            if memory == keep:
+                continue
+            entry = self._entries.pop(memory)
+            self.evictions += 1
+            if self._retire(entry):
+                to_close.append(entry)
+        return to_close
+
+    @staticmethod
+    def _retire(entry: _Entry) -> bool:
+        entry.retired = True
+        return entry.users == 0
 
     def drop(self, memory: Path) -> None:
+        """Forget a memory's reader (its files were changed or removed); a search still
+        holding it finishes first."""
         with self._lock:
-            cached = self._readers.pop(memory.resolve(), None)
-        if cached is not None:
-            cached.reader.close()
+            entry = self._entries.pop(memory.resolve(), None)
+            close = entry is not None and self._retire(entry)
+        if close:
+            entry.reader.close()
 
     @property
     def open_readers(self) -> int:
-        return len(self._readers)
+        return len(self._entries)
+
+    @property
+    def cached_bytes(self) -> int:
+        return sum(e.bytes for e in self._entries.values())
 
     # ---- commands ----------------------------------------------------------------------------
-    def recall(self, memory: Path, query: str, params: RecallParams, label: str | None = None,
-               deadline: float | None = None) -> str:
+    def search(self, memory: Path, query: str, params: RecallParams, deadline: float | None = None) -> list[Hit]:
         """`deadline` (time.monotonic()): past it the search stops between stages, DeadlineExceeded."""
         check_deadline(deadline)
-        reader = self.reader(memory)
-        hits = recall(reader, self.embedder_of(reader), query, params, self.reranker, deadline=deadline)
-        return agent_format.render_recall(hits, label or str(memory))
+        with self.lease(memory) as reader:
+            return recall(reader, self.embedder_of(reader), query, params, self.reranker, deadline=deadline)
+
+    def recall(self, memory: Path, query: str, params: RecallParams, label: str | None = None,
+               deadline: float | None = None) -> str:
+        return agent_format.render_recall(self.search(memory, query, params, deadline), label or str(memory))
 
     def embedder_of(self, reader: MemoryReader) -> Embedder:
         """The model the memory was built with: the configured one, or (until the memory is
@@ -111,7 +198,8 @@ class Engine:
         return own
 
     def get(self, memory: Path, session_id: str, turn_uuid: str, window: int = 3) -> str:
-        rows = turn_window(self.reader(memory), session_id, turn_uuid, window)
+        with self.lease(memory) as reader:
+            rows = turn_window(reader, session_id, turn_uuid, window)
         return agent_format.render_get(rows, session_id, turn_uuid)
 
 

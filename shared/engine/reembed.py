@@ -10,9 +10,9 @@ one and exchanges the two directories in one step:
    `src/` holds now (purging anything deleted meanwhile), then `renameat2(RENAME_EXCHANGE)`
    swaps `memory/` and `.reembed/memory/` atomically, and the old memory is deleted.
 A reader sees the old memory or the new one, never a mix: the engine reopens a memory whose
-database file changed under its path. A crash in step 1 leaves the live memory untouched (the
-next attempt starts over); a crash in step 2 before the exchange does too, after it the new
-memory is live and the leftover `.reembed/` is removed by the next attempt.
+database file changed under its path. An abort (a lost lock) or a crash before the exchange
+leaves the live memory untouched and the next attempt starts over; `.reembed/` is removed at
+the end of every attempt, or by the next one after a crash.
 """
 
 from __future__ import annotations
@@ -27,14 +27,13 @@ from pathlib import Path
 import numpy as np
 
 from shared.engine.embedder import Embedder
-from shared.engine.index_run import index_tree, memory_dir
+from shared.engine.index_run import Checkpoint, index_tree, memory_dir
 from shared.engine.memory_lock import memory_lock
 from shared.engine.store import MemoryStore
 
 STAGING = ".reembed"
-PROGRESS_BATCH = 256
 
-Progress = Callable[[int, int], None]  # (chunks embedded, chunks to embed)
+Progress = Callable[[int, int], None]  # (chunks embedded so far, chunks of the live memory)
 
 
 def stamp_of(home: Path) -> tuple[str, int] | None:
@@ -56,44 +55,55 @@ def needs_reembed(home: Path, embedder: Embedder) -> bool:
 
 
 class _ReportingEmbedder:
-    """The new model, embedding in slices so an index run over it reports its progress."""
+    """The new model, counting what the build has embedded (the index run embeds in batches)."""
 
-    def __init__(self, embedder: Embedder, progress: Progress) -> None:
+    def __init__(self, embedder: Embedder, progress: Progress, total: int) -> None:
         self.spec, self.dim = embedder.spec, embedder.dim
-        self._embedder, self._progress = embedder, progress
+        self._embedder, self._progress, self._total = embedder, progress, total
+        self._done = 0
 
     def embed_query(self, text: str) -> np.ndarray:
         return self._embedder.embed_query(text)
 
     def embed(self, texts: list[str], batch_size: int = 32) -> np.ndarray:
-        out = []
-        self._progress(0, len(texts))
-        for start in range(0, len(texts), PROGRESS_BATCH):
-            out.append(self._embedder.embed(texts[start : start + PROGRESS_BATCH], batch_size))
-            self._progress(min(start + PROGRESS_BATCH, len(texts)), len(texts))
-        return np.concatenate(out) if out else self._embedder.embed([])
+        self._progress(self._done, self._total)
+        out = self._embedder.embed(texts, batch_size)
+        self._done += len(texts)
+        self._progress(self._done, self._total)
+        return out
+
+
+def _live_chunks(home: Path) -> int:
+    """Chunks of the memory under `home` now."""
+    store = MemoryStore.open(memory_dir(home))
+    try:
+        return store.counts()[0]
+    finally:
+        store.close()
 
 
 def reembed_memory(home: Path, src: Path, embedder: Embedder, progress: Progress | None = None,
-                   lock_wait_s: float = 5.0) -> int:
+                   lock_wait_s: float = 5.0, checkpoint: Checkpoint | None = None) -> int:
     """Rebuild `$home/memory` with `embedder` beside the live one and switch atomically.
-    Returns the number of chunks of the new memory. MemoryBusy if the live lock stays held."""
+    Returns the number of chunks of the new memory. MemoryBusy if the live lock stays held;
+    an exception from `checkpoint` (called as in `index_tree`, and once more right before the
+    switch) aborts with the live memory untouched."""
     staging = home / STAGING
-    shutil.rmtree(staging, ignore_errors=True)  # an earlier attempt's leftovers, never trusted
-    index_tree(staging, src, _ReportingEmbedder(embedder, progress) if progress else embedder)
-    with memory_lock(home, lock_wait_s):
-        index_tree(staging, src, embedder, purge=True)
-        if MemoryStore.exists(memory_dir(home)):
-            exchange(memory_dir(staging), memory_dir(home))
-        else:  # forgotten meanwhile: nothing to replace
-            os.rename(memory_dir(staging), memory_dir(home))
-    store = MemoryStore.open(memory_dir(home))
+    shutil.rmtree(staging, ignore_errors=True)  # a crashed attempt's leftovers, never trusted
+    kwargs = {"checkpoint": checkpoint} if checkpoint else {}
     try:
-        chunks, _ = store.counts()
+        building = _ReportingEmbedder(embedder, progress, _live_chunks(home)) if progress else embedder
+        index_tree(staging, src, building, **kwargs)
+        with memory_lock(home, lock_wait_s):
+            if not src.is_dir() or not MemoryStore.exists(memory_dir(home)):
+                return 0  # forgotten meanwhile: nothing to replace, nothing may stay behind
+            index_tree(staging, src, embedder, purge=True, **kwargs)
+            if checkpoint:
+                checkpoint("before_commit")
+            exchange(memory_dir(staging), memory_dir(home))
     finally:
-        store.close()
-    shutil.rmtree(staging, ignore_errors=True)
-    return chunks
+        shutil.rmtree(staging, ignore_errors=True)  # the old memory after a switch, else the unused new one
+    return _live_chunks(home)
 
 
 _RENAME_EXCHANGE = 2

@@ -4,6 +4,8 @@ Layout of `<memory>/`:
 - `chunks.sqlite3`: every live chunk (text, coordinates, float32 vector), the sources that
   produced them, tombstones and the stamp of the embedding model. SQLite in WAL mode is the
   single source of truth and its transaction is the commit point of an index run.
+- `vectors.i8`: an int8 snapshot of the vectors for the dense leg's scan, derived from SQLite,
+  published by rename after the SQLite commit (see vector_file.py).
 - `fts/`: tantivy over the chunk text, keyed by `row_id`. It is a derived index that may run
   ahead of SQLite (docs added before the SQLite commit) or behind it (docs deleted after), so
   readers keep only BM25 hits whose row_id SQLite says is alive.
@@ -23,6 +25,7 @@ from __future__ import annotations
 import os
 import shutil
 import sqlite3
+import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -33,11 +36,17 @@ import tantivy
 
 from shared.engine.chunking import Chunk
 from shared.engine.fault_injection import fault_point
+from shared.engine.vector_file import open_vector_file, write_vector_file
 
 SCHEMA_VERSION = "1"
 DB_NAME = "chunks.sqlite3"
 FTS_DIR = "fts"
-TOMBSTONE_KEEP = 50  # generations of tombstones kept for incremental reader refresh
+TOMBSTONE_KEEP = 500  # generations of tombstones kept for incremental reader refresh
+# A new int8 snapshot (vector_file.py) is published when readers would otherwise read more than
+# this many rows from SQLite on open (or 1/32 of the snapshot), or when it is this many
+# generations behind (tombstones older than TOMBSTONE_KEEP are gone).
+SNAPSHOT_LAG_ROWS = 2048
+SNAPSHOT_LAG_GENERATIONS = 400
 
 ROW_COLUMNS = (
     "row_id, chunk_key, session_id, turn_uuid, seq, ts, ts_epoch, role, harness, workdir,"
@@ -117,6 +126,10 @@ class MemoryStore:
         self.conn = conn
         self.fts = fts
         self.schema = fts.schema
+        # One connection serves every thread of a reader: statements and the refresh
+        # transaction take turns (each is sub-millisecond); scans and BM25 need no lock.
+        self.lock = threading.RLock()
+        self.dim = int(conn.execute("SELECT value FROM meta WHERE key='dim'").fetchone()[0])
 
     # ---- opening -------------------------------------------------------------------------
     @staticmethod
@@ -181,7 +194,8 @@ class MemoryStore:
 
     # ---- metadata ------------------------------------------------------------------------
     def meta(self) -> dict[str, str]:
-        return dict(self.conn.execute("SELECT key, value FROM meta").fetchall())
+        with self.lock:
+            return dict(self.conn.execute("SELECT key, value FROM meta").fetchall())
 
     def check_model(self, model_id: str, dim: int) -> None:
         meta = self.meta()
@@ -193,12 +207,14 @@ class MemoryStore:
             )
 
     def generation(self) -> int:
-        return int(self.conn.execute("SELECT value FROM meta WHERE key='generation'").fetchone()[0])
+        with self.lock:
+            return int(self.conn.execute("SELECT value FROM meta WHERE key='generation'").fetchone()[0])
 
     # ---- reads ---------------------------------------------------------------------------
     def counts(self) -> tuple[int, int]:
-        chunks, sessions = self.conn.execute(
-            "SELECT COUNT(*), COUNT(DISTINCT session_id) FROM chunks").fetchone()
+        with self.lock:
+            chunks, sessions = self.conn.execute(
+                "SELECT COUNT(*), COUNT(DISTINCT session_id) FROM chunks").fetchone()
         return int(chunks), int(sessions)
 
     def sources(self) -> dict[str, str]:
@@ -212,37 +228,53 @@ class MemoryStore:
         if not row_ids:
             return {}
         marks = ",".join("?" * len(row_ids))
-        cur = self.conn.execute(f"SELECT {ROW_COLUMNS} FROM chunks WHERE row_id IN ({marks})", list(row_ids))
-        return {r[0]: Row(*r) for r in cur}
+        with self.lock:
+            found = self.conn.execute(f"SELECT {ROW_COLUMNS} FROM chunks WHERE row_id IN ({marks})", list(row_ids)).fetchall()
+        return {r[0]: Row(*r) for r in found}
+
+    def vectors_of(self, row_ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """The float32 vectors of the rows still alive among `row_ids`: (ids, matrix)."""
+        dim = self.dim
+        if not row_ids:
+            return np.zeros(0, np.int64), np.zeros((0, dim), np.float32)
+        marks = ",".join("?" * len(row_ids))
+        with self.lock:
+            found = self.conn.execute(f"SELECT row_id, vector FROM chunks WHERE row_id IN ({marks})", list(row_ids)).fetchall()
+        matrix = np.frombuffer(b"".join(r[1] for r in found), dtype=np.float32).reshape(len(found), dim)
+        return np.fromiter((r[0] for r in found), np.int64, len(found)), matrix
 
     def session_rows(self, session_id: str, seq_lo: int, seq_hi: int) -> list[Row]:
-        cur = self.conn.execute(
-            f"SELECT {ROW_COLUMNS} FROM chunks WHERE session_id=? AND seq BETWEEN ? AND ?"
-            " ORDER BY seq, turn_uuid, block_idx, split_idx", (session_id, seq_lo, seq_hi))
-        return [Row(*r) for r in cur]
+        with self.lock:
+            found = self.conn.execute(
+                f"SELECT {ROW_COLUMNS} FROM chunks WHERE session_id=? AND seq BETWEEN ? AND ?"
+                " ORDER BY seq, turn_uuid, block_idx, split_idx", (session_id, seq_lo, seq_hi)).fetchall()
+        return [Row(*r) for r in found]
 
     def turn_rows(self, session_id: str, turn_uuid: str) -> list[Row]:
-        cur = self.conn.execute(
-            f"SELECT {ROW_COLUMNS} FROM chunks WHERE session_id=? AND turn_uuid=?"
-            " ORDER BY block_idx, split_idx", (session_id, turn_uuid))
-        return [Row(*r) for r in cur]
+        with self.lock:
+            found = self.conn.execute(
+                f"SELECT {ROW_COLUMNS} FROM chunks WHERE session_id=? AND turn_uuid=?"
+                " ORDER BY block_idx, split_idx", (session_id, turn_uuid)).fetchall()
+        return [Row(*r) for r in found]
 
     def vectors_since(self, after_row_id: int) -> tuple[np.ndarray, np.ndarray, list[tuple]]:
         """Rows added after `after_row_id`: ids, vectors, and (block_type, harness, ts_epoch)."""
-        cur = self.conn.execute(
-            "SELECT row_id, vector, block_type, harness, ts_epoch FROM chunks WHERE row_id > ? ORDER BY row_id",
-            (after_row_id,))
+        with self.lock:
+            found = self.conn.execute(
+                "SELECT row_id, vector, block_type, harness, ts_epoch FROM chunks WHERE row_id > ? ORDER BY row_id",
+                (after_row_id,)).fetchall()
         ids, vecs, facets = [], [], []
-        for row_id, blob, block_type, harness, ts_epoch in cur:
+        for row_id, blob, block_type, harness, ts_epoch in found:
             ids.append(row_id)
             vecs.append(blob)
             facets.append((block_type, harness, ts_epoch))
-        dim = int(self.meta()["dim"])
+        dim = self.dim
         matrix = np.frombuffer(b"".join(vecs), dtype=np.float32).reshape(len(ids), dim) if ids else np.zeros((0, dim), np.float32)
         return np.asarray(ids, dtype=np.int64), matrix, facets
 
     def tombstones_since(self, generation: int) -> list[int]:
-        return [r[0] for r in self.conn.execute("SELECT row_id FROM tombstones WHERE generation > ?", (generation,))]
+        with self.lock:
+            return [r[0] for r in self.conn.execute("SELECT row_id FROM tombstones WHERE generation > ?", (generation,))]
 
     def bm25(self, query: tantivy.Query, limit: int) -> list[tuple[int, float]]:
         searcher = self.fts.searcher()
@@ -332,8 +364,26 @@ class MemoryStore:
         finally:
             del writer
         self.fts.reload()
+        self.publish_vectors(force=True)  # the old snapshot still holds the forgotten rows' vectors
         if journal_mode() == "wal":
             self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    def publish_vectors(self, force: bool = False) -> None:
+        """Publish a new int8 snapshot of the committed rows when readers would otherwise catch
+        up on too much from SQLite, or always with `force` (memory lock held; after the commit)."""
+        meta = self.meta()
+        snapshot = None if force else open_vector_file(self.path, self.dim)
+        if snapshot is not None:
+            lag_rows = int(meta["max_row_id"]) - snapshot.max_row_id
+            lag_generations = int(meta["generation"]) - snapshot.generation
+            with self.lock:
+                dead = self.conn.execute("SELECT COUNT(*) FROM tombstones WHERE generation > ?",
+                                         (snapshot.generation,)).fetchone()[0]
+            if (max(lag_rows, dead) <= max(SNAPSHOT_LAG_ROWS, snapshot.n // 32)
+                    and lag_generations < SNAPSHOT_LAG_GENERATIONS):
+                return
+        with self.lock:
+            write_vector_file(self.path, self.conn, self.dim)
 
     def _flush_fts_deletes(self, writer: tantivy.IndexWriter) -> None:
         pending = [r[0] for r in self.conn.execute("SELECT row_id FROM fts_pending_delete")]

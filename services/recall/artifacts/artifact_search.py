@@ -16,8 +16,9 @@ from pathlib import Path
 
 from services.recall.artifacts.models import Artifact, Status
 from shared.engine.api import Engine, NoIndex
-from shared.engine.hybrid_search import RecallParams, recall
+from shared.engine.hybrid_search import RecallParams
 from shared.engine.index_run import index_tree
+from shared.engine.reembed import needs_reembed, reembed_memory
 from shared.engine.transcript import Block, TranscriptTurn, dump_transcript
 
 
@@ -52,15 +53,17 @@ class ArtifactSearch:
                     tmp.replace(path)
                 else:
                     path.unlink(missing_ok=True)
+            if needs_reembed(self.home(realm_id), self.engine.embedder):  # after a model change
+                reembed_memory(self.home(realm_id), src, self.engine.embedder, lock_wait_s=60)
             index_tree(self.home(realm_id), src, self.engine.embedder, lock_wait_s=60)
 
     def search(self, realm_id: str, query: str, limit: int) -> list[str]:
         """Artifact ids, best first."""
         try:
-            reader = self.engine.reader(self.home(realm_id) / "memory")
+            hits = self.engine.search(self.home(realm_id) / "memory", query,
+                                      RecallParams(k=limit * 4, candidates=max(30, limit * 6), neighbors=0))
         except NoIndex:
             return []
-        hits = recall(reader, self.engine.embedder, query, RecallParams(k=limit * 4, candidates=max(30, limit * 6), neighbors=0))
         ordered: dict[str, None] = {}
         for hit in hits:
             ordered.setdefault(hit.row.session_id, None)

@@ -23,7 +23,8 @@ PRINCIPAL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@:-]{0,127}")
 
 # What an agent may do under the constitution (the preliminary check answers for these).
 Action = Literal["start", "create_draft", "append", "submit", "accept", "revoke", "propose_admission"]
-ACTIONS: tuple[str, ...] = Action.__args__  # type: ignore[attr-defined]
+# The preliminary check also answers "would this agent be admitted?".
+CheckAction = Literal["admit", "start", "create_draft", "append", "submit", "accept", "revoke", "propose_admission"]
 AgentStatus = Literal["active", "suspended", "retired"]
 
 
@@ -54,11 +55,12 @@ class Constitution(Strict):
 
 
 class RegistryEntry(Strict):
-    principal: str = Field(pattern=PRINCIPAL.pattern)
-    role: str = Field(pattern=ROLE_NAME.pattern)
+    principal: str = Field(pattern=f"^{PRINCIPAL.pattern}$", description="The agent's authenticated principal (its token's sub).")
+    role: str = Field(pattern=f"^{ROLE_NAME.pattern}$", description="One of the constitution's roles.")
     status: AgentStatus = "active"
-    admitted_by: str
-    admitted_at: str = Field(description="RFC 3339")
+    proposed_by: str
+    proposed_at: str = Field(description="RFC 3339")
+    takes_over_from: str | None = Field(None, description="A predecessor whose sources this agent also restores from.")
     note: str = ""
 
 
@@ -78,12 +80,31 @@ class AgentRegistry(Strict):
 
 
 class Charter(Strict):
-    role: str = Field(pattern=ROLE_NAME.pattern)
+    role: str = Field(pattern=f"^{ROLE_NAME.pattern}$")
     purpose: str = Field(min_length=1, max_length=1000)
     duties: list[str] = Field(min_length=1)
     must_read: list[str] = Field(description="Artifact paths the agent reads at start.")
     sources: list[str] = Field(description="Paths ({principal} = the agent) its working state is restored from.")
     handoff_path: str = Field(description="Where it leaves its handoff ({principal} = the agent).")
+
+
+def agent_refusals(constitution: Constitution, registry: AgentRegistry, principal: str, action: str,
+                   artifact_kind: str | None = None) -> list[str]:
+    """Why the constitution would refuse this registered agent this action (empty: allowed)."""
+    entry = registry.find(principal)
+    if entry is None:
+        return [f"{principal} is not in the agent registry (an owner accepts an admission first)"]
+    if entry.status != "active":
+        return [f"{principal} is {entry.status} in the registry"]
+    policy = constitution.roles.get(entry.role)
+    if policy is None:
+        return [f"role {entry.role!r} is not in the constitution"]
+    out = []
+    if action not in policy.may:
+        out.append(f"role {entry.role} may {sorted(policy.may)}, not {action}")
+    if action == "create_draft" and artifact_kind is not None and artifact_kind not in policy.may_write_kinds:
+        out.append(f"role {entry.role} may write {sorted(policy.may_write_kinds)}, not {artifact_kind}")
+    return out
 
 
 SCHEMAS: dict[str, type[Strict]] = {"constitution": Constitution, "agent_registry": AgentRegistry, "charter": Charter}
@@ -97,7 +118,7 @@ def parse_body(kind: str, body: str) -> Strict | None:
     try:
         return model.model_validate(json.loads(body))
     except json.JSONDecodeError as exc:
-        raise RuleBroken("body", f"a {kind} body is JSON ({exc.msg} at line {exc.lineno})") from None
+        raise RuleBroken("body", f"the body of an artifact of kind {kind} must be JSON ({exc.msg} at line {exc.lineno})") from None
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]
         where = ".".join(str(p) for p in first["loc"]) or kind

@@ -77,7 +77,7 @@ def check_accept(status: Status, role: Role, kind: str, author: str, caller: str
     if role not in CAN_WRITE:
         raise RuleBroken("realm_role", "accepting needs the member or owner role")
     if kind in POPULATION_KINDS and role is not Role.OWNER:
-        raise RuleBroken("realm_role", f"a {kind} (the realm's population rules) is accepted by a realm owner")
+        raise RuleBroken("realm_role", f"the {kind} (part of the realm's population rules) is accepted by a realm owner")
     if status is not Status.PROPOSED:
         raise RuleBroken("lifecycle", f"only a proposed artifact can be accepted; this one is {status.value}")
     if separate_duties and author == caller:

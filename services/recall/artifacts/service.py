@@ -17,7 +17,7 @@ from typing import Any
 from services.recall.artifacts import kind_schemas, rules
 from services.recall.artifacts.artifact_search import ArtifactSearch
 from services.recall.artifacts.artifact_store import ArtifactStore, Conflict, Tx
-from services.recall.artifacts.kind_schemas import Constitution
+from services.recall.artifacts.kind_schemas import AgentRegistry, Constitution
 from services.recall.artifacts.models import REALM_ID, Artifact, DraftInput, Role, Status, Target, TargetKind
 from services.recall.artifacts.rules import RuleBroken
 from shared.tenant_paths import CONVERSATION_ID, TenantPaths
@@ -57,7 +57,7 @@ class ArtifactService:
         rules.check_can_see(artifact.status, artifact.author, caller.principal)
         return artifact, role
 
-    def _check_targets(self, tx: Tx, caller: Caller, realm_id: str, targets: list[Target]) -> None:
+    def check_targets(self, tx: Tx, caller: Caller, realm_id: str, targets: list[Target]) -> None:
         if not targets:
             raise RuleBroken("targets", "an artifact needs at least one target")
         for t in targets:
@@ -76,6 +76,20 @@ class ArtifactService:
         current = self.store.accepted_at_path(tx, realm_id, kind_schemas.CONSTITUTION_PATH)
         return kind_schemas.parse_body("constitution", current.body) if current else None  # type: ignore[return-value]
 
+    def governed(self, tx: Tx, caller: Caller, realm_id: str, action: str, kind: str | None = None) -> Constitution | None:
+        """The constitution's word on a registered agent's action (people are governed by their realm
+        role alone); returns the constitution, if any, for the realm-wide rules."""
+        constitution = self.constitution(tx, realm_id)
+        registry = self.store.accepted_at_path(tx, realm_id, kind_schemas.REGISTRY_PATH) if constitution else None
+        if constitution is None or registry is None:
+            return constitution
+        agents: AgentRegistry = kind_schemas.parse_body("agent_registry", registry.body)  # type: ignore[assignment]
+        if agents.find(caller.principal) is not None:
+            refusals = kind_schemas.agent_refusals(constitution, agents, caller.principal, action, kind)
+            if refusals:
+                raise RuleBroken("constitution", "; ".join(refusals))
+        return constitution
+
     def _retrying(self, fn):
         for attempt in range(CONFLICT_RETRIES):
             try:
@@ -92,7 +106,8 @@ class ArtifactService:
         return {"realm_id": realm_id, "entity_id": entity_id, "created": created}
 
     # ---- lifecycle ----------------------------------------------------------------------------------
-    def create_draft(self, caller: Caller, realm_id: str, draft: DraftInput, agent_principal: str | None = None) -> Artifact:
+    def create_draft(self, caller: Caller, realm_id: str, draft: DraftInput, agent_principal: str | None = None,
+                     as_action: str = "create_draft") -> Artifact:
         rules.check_principal(caller.principal, agent_principal)
         rules.check_can_write(rules.role_in(caller.realms, realm_id), realm_id)
         rules.check_kind_and_mode(draft.artifact_kind, draft.write_mode)
@@ -102,7 +117,8 @@ class ArtifactService:
         kind_schemas.check_path(draft.artifact_kind, draft.artifact_path)
         kind_schemas.parse_body(draft.artifact_kind, draft.body)
         with self.store.transaction() as tx:
-            self._check_targets(tx, caller, realm_id, draft.targets)
+            self.governed(tx, caller, realm_id, as_action, draft.artifact_kind if as_action == "create_draft" else None)
+            self.check_targets(tx, caller, realm_id, draft.targets)
             current = self.store.accepted_at_path(tx, realm_id, draft.artifact_path)
             rules.check_succession(current.artifact_id if current else None, draft.supersedes_artifact_id)
             self.store.insert(tx, artifact)
@@ -117,7 +133,7 @@ class ArtifactService:
                 kind_schemas.parse_body(artifact.artifact_kind, changes["body"])
             targets = changes.pop("targets", None)
             if targets is not None:
-                self._check_targets(tx, caller, realm_id, targets)
+                self.check_targets(tx, caller, realm_id, targets)
                 self.store.replace_targets(tx, artifact_id, targets)
             if changes:
                 self.store.update_fields(tx, artifact_id, **changes)
@@ -128,6 +144,7 @@ class ArtifactService:
         with self.store.transaction() as tx:
             artifact, role = self._load(tx, caller, realm_id, artifact_id, lock=True)
             rules.check_append(artifact.write_mode, artifact.status, artifact.author, caller.principal, role)
+            self.governed(tx, caller, realm_id, "append")
             seq = self.store.add_entry(tx, artifact_id, body, caller.principal, source_ref, source_context)
             self.store.record(tx, artifact_id, "appended", caller.principal, seq=seq, source_ref=source_ref)
             result = self.store.get(tx, artifact_id)
@@ -139,6 +156,7 @@ class ArtifactService:
         with self.store.transaction() as tx:
             artifact, _ = self._load(tx, caller, realm_id, artifact_id, lock=True)
             rules.check_submit(artifact.status, artifact.author, caller.principal)
+            self.governed(tx, caller, realm_id, "submit")
             self.store.update_fields(tx, artifact_id, status=Status.PROPOSED)
             self.store.record(tx, artifact_id, "submitted", caller.principal)
             return self.store.get(tx, artifact_id)
@@ -147,7 +165,7 @@ class ArtifactService:
         def attempt() -> tuple[Artifact, Artifact | None]:
             with self.store.transaction() as tx:
                 artifact, role = self._load(tx, caller, realm_id, artifact_id, lock=True)
-                constitution = self.constitution(tx, realm_id)
+                constitution = self.governed(tx, caller, realm_id, "accept")
                 rules.check_accept(artifact.status, role, artifact.artifact_kind, artifact.author, caller.principal,
                                    bool(constitution and constitution.separate_author_and_reviewer))
                 previous = self.store.accepted_at_path(tx, realm_id, artifact.artifact_path, lock=True)
@@ -169,6 +187,7 @@ class ArtifactService:
         with self.store.transaction() as tx:
             artifact, role = self._load(tx, caller, realm_id, artifact_id, lock=True)
             rules.check_revoke(artifact.status, artifact.author, caller.principal, role)
+            self.governed(tx, caller, realm_id, "revoke")
             self.store.update_fields(tx, artifact_id, status=Status.REVOKED, revoked_reason=reason)
             self.store.record(tx, artifact_id, "revoked", caller.principal, reason=reason, was=artifact.status.value)
             result = self.store.get(tx, artifact_id)
@@ -184,7 +203,7 @@ class ArtifactService:
                 rules.check_supersede(current.status, role)
                 kind_schemas.parse_body(current.artifact_kind, body)
                 new_targets = targets or current.targets
-                self._check_targets(tx, caller, realm_id, new_targets)
+                self.check_targets(tx, caller, realm_id, new_targets)
                 now = time.time()
                 new = Artifact(artifact_id=uuid.uuid4().hex, realm_id=realm_id, artifact_path=current.artifact_path,
                                artifact_kind=current.artifact_kind, write_mode=current.write_mode, status=Status.DRAFT,

@@ -1,0 +1,118 @@
+"""The people's HTTP API for AgentMemory, on the recall service, with the same bearer tokens as
+MCP (verified by the same verifier; the realm role comes from the token's `realms` claim).
+
+    POST   /realms/{realm_id}/memory                      create (owners, members)      201
+    GET    /realms/{realm_id}/memory?memory_type=&reality=&tag=&target_kind=&target_id=&q=&valid_now=&limit=
+    GET    /realms/{realm_id}/memory/{record_id}          read (any realm role)
+    PATCH  /realms/{realm_id}/memory/{record_id}          change fields (owners, members)
+    DELETE /realms/{realm_id}/memory/{record_id}?reason=  retire (owners, members)
+    GET    /realms/{realm_id}/memory/{record_id}/audit    every change
+
+Errors are JSON `{"error": <rule or field>, "detail": …}`: 401 without a valid token, 403 for a
+realm or role refusal, 404 for an unknown record, 422 for invalid input (naming the field).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any, Literal
+
+from fastmcp import FastMCP
+from pydantic import BaseModel, ConfigDict, ValidationError
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from services.recall.agent_memory.models import MemoryType, Reality, RecordFields, RecordInput
+from services.recall.agent_memory.service import AgentMemoryService
+from services.recall.artifacts.models import REALM_ID
+from services.recall.artifacts.rules import RuleBroken
+from services.recall.artifacts.service import Caller
+
+STATUS = {"realm_membership": 403, "realm_role": 403, "not_found": 404}
+Handler = Callable[[Request, Caller, str], Awaitable[Any]]
+
+
+def _error(status: int, error: str, detail: str) -> JSONResponse:
+    return JSONResponse({"error": error, "detail": detail}, status_code=status)
+
+
+async def _json(request: Request, model: type[BaseModel]) -> Any:
+    try:
+        raw = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise RuleBroken("body", "the request body must be a JSON object") from None
+    return model.model_validate(raw)
+
+
+def register_agent_memory_routes(mcp: FastMCP, service: AgentMemoryService) -> None:
+    verifier = mcp.auth
+
+    def route(path: str, method: str, status: int = 200) -> Callable[[Handler], None]:
+        def wrap(handler: Handler) -> None:
+            async def endpoint(request: Request) -> Response:
+                header = request.headers.get("authorization", "")
+                token = await verifier.verify_token(header[7:].strip()) if header.lower().startswith("bearer ") else None
+                if token is None or not token.claims.get("sub"):
+                    return _error(401, "authentication", "a valid bearer token is required")
+                realm_id = request.path_params["realm_id"]
+                if not REALM_ID.fullmatch(realm_id):
+                    return _error(422, "realm_id", "not a realm id")
+                try:
+                    result = await handler(request, Caller.from_claims(token.claims), realm_id)
+                except RuleBroken as exc:
+                    return _error(STATUS.get(exc.rule, 422), exc.rule, str(exc))
+                except ValidationError as exc:
+                    first = exc.errors(include_url=False)[0]
+                    field = ".".join(str(p) for p in first["loc"]) or "body"
+                    return _error(422, field, f"{field}: {first['msg']}")
+                return JSONResponse(result, status_code=status)
+
+            mcp.custom_route(path, methods=[method], name=f"{handler.__name__}")(endpoint)
+        return wrap
+
+    base = "/realms/{realm_id}/memory"
+
+    @route(base, "POST", 201)
+    async def create_memory(request: Request, caller: Caller, realm_id: str) -> Any:
+        data = await _json(request, RecordInput)
+        return await asyncio.to_thread(service.create, caller, realm_id, data)
+
+    @route(base, "GET")
+    async def search_memory(request: Request, caller: Caller, realm_id: str) -> Any:
+        q = SearchQuery.model_validate(dict(request.query_params))
+        found = await asyncio.to_thread(lambda: service.search(
+            caller, realm_id, memory_type=q.memory_type, reality=q.reality, tag=q.tag, target_kind=q.target_kind,
+            target_id=q.target_id, query=q.q, valid_now=q.valid_now, limit=q.limit))
+        return {"records": found}
+
+    @route(base + "/{record_id}", "GET")
+    async def read_memory(request: Request, caller: Caller, realm_id: str) -> Any:
+        return await asyncio.to_thread(service.get, caller, realm_id, request.path_params["record_id"])
+
+    @route(base + "/{record_id}", "PATCH")
+    async def change_memory(request: Request, caller: Caller, realm_id: str) -> Any:
+        patch = await _json(request, RecordFields)
+        return await asyncio.to_thread(service.update, caller, realm_id, request.path_params["record_id"], patch)
+
+    @route(base + "/{record_id}", "DELETE")
+    async def retire_memory(request: Request, caller: Caller, realm_id: str) -> Any:
+        return await asyncio.to_thread(service.retire, caller, realm_id, request.path_params["record_id"],
+                                       request.query_params.get("reason"))
+
+    @route(base + "/{record_id}/audit", "GET")
+    async def memory_audit(request: Request, caller: Caller, realm_id: str) -> Any:
+        return {"events": await asyncio.to_thread(service.audit, caller, realm_id, request.path_params["record_id"])}
+
+
+class SearchQuery(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    memory_type: MemoryType | None = None
+    reality: Reality | None = None
+    tag: str | None = None
+    target_kind: Literal["realm", "entity", "conversation"] | None = None
+    target_id: str | None = None
+    q: str | None = None
+    valid_now: bool = True
+    limit: int = 10

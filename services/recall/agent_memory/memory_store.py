@@ -1,0 +1,141 @@
+"""AgentMemory's tables, in the artifacts' one data-access layer: the same database (SQLite or
+PostgreSQL), the same transactions, the same `?`-placeholder SQL on both."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+from services.recall.agent_memory.models import Citation, MemoryRecord
+from services.recall.artifacts.artifact_store import ArtifactStore, Tx
+from services.recall.artifacts.models import Target
+
+SCHEMA = [
+    """CREATE TABLE IF NOT EXISTS agent_memory_records (
+        record_id TEXT PRIMARY KEY, realm_id TEXT NOT NULL, memory_type TEXT NOT NULL, title TEXT NOT NULL,
+        summary TEXT NOT NULL, content TEXT NOT NULL, reality TEXT NOT NULL, valid_from DOUBLE PRECISION,
+        valid_until DOUBLE PRECISION, author TEXT NOT NULL, created_at DOUBLE PRECISION NOT NULL,
+        updated_at DOUBLE PRECISION NOT NULL, status TEXT NOT NULL)""",
+    "CREATE INDEX IF NOT EXISTS agent_memory_by_realm ON agent_memory_records (realm_id, status, updated_at)",
+    """CREATE TABLE IF NOT EXISTS agent_memory_tags (record_id TEXT NOT NULL, tag TEXT NOT NULL,
+        PRIMARY KEY (record_id, tag))""",
+    "CREATE INDEX IF NOT EXISTS agent_memory_tags_by_tag ON agent_memory_tags (tag)",
+    """CREATE TABLE IF NOT EXISTS agent_memory_targets (record_id TEXT NOT NULL, target_kind TEXT NOT NULL,
+        target_id TEXT NOT NULL, role TEXT NOT NULL, PRIMARY KEY (record_id, target_kind, target_id, role))""",
+    "CREATE INDEX IF NOT EXISTS agent_memory_targets_by_target ON agent_memory_targets (target_kind, target_id)",
+    """CREATE TABLE IF NOT EXISTS agent_memory_citations (record_id TEXT NOT NULL, ordinal INTEGER NOT NULL,
+        session_id TEXT NOT NULL, turn_uuid TEXT NOT NULL, PRIMARY KEY (record_id, ordinal))""",
+    """CREATE TABLE IF NOT EXISTS agent_memory_audit (event_id TEXT PRIMARY KEY, record_id TEXT NOT NULL,
+        event TEXT NOT NULL, actor TEXT NOT NULL, at DOUBLE PRECISION NOT NULL, ordinal INTEGER NOT NULL,
+        detail TEXT NOT NULL)""",
+    "CREATE INDEX IF NOT EXISTS agent_memory_audit_by_record ON agent_memory_audit (record_id, ordinal)",
+]
+COLUMNS = ("record_id, realm_id, memory_type, title, summary, content, reality, valid_from, valid_until, author,"
+           " created_at, updated_at, status")
+NAMES = [c.strip() for c in COLUMNS.split(",")]
+
+
+class MemoryStore:
+    def __init__(self, store: ArtifactStore) -> None:
+        self.db = store
+        with store.transaction() as tx:
+            for stmt in SCHEMA:
+                tx.q(stmt)
+
+    def transaction(self):
+        return self.db.transaction()
+
+    # ---- reads ------------------------------------------------------------------------------------
+    def get(self, tx: Tx, record_id: str) -> MemoryRecord | None:
+        rows = tx.q(f"SELECT {COLUMNS} FROM agent_memory_records WHERE record_id = ?", (record_id,))
+        return self._hydrate(tx, rows)[0] if rows else None
+
+    def search(self, tx: Tx, realm_id: str, *, memory_type: str | None, reality: str | None, tag: str | None,
+               target_kind: str | None, target_id: str | None, query: str | None, valid_at: float | None,
+               limit: int) -> list[MemoryRecord]:
+        sql = f"SELECT {COLUMNS} FROM agent_memory_records r WHERE realm_id = ? AND status = 'active'"
+        params: list[Any] = [realm_id]
+        for column, value in (("memory_type", memory_type), ("reality", reality)):
+            if value:
+                sql += f" AND {column} = ?"
+                params.append(value)
+        if tag:
+            sql += " AND EXISTS (SELECT 1 FROM agent_memory_tags g WHERE g.record_id = r.record_id AND g.tag = ?)"
+            params.append(tag)
+        if target_kind or target_id:
+            sql += " AND EXISTS (SELECT 1 FROM agent_memory_targets t WHERE t.record_id = r.record_id"
+            for column, value in (("target_kind", target_kind), ("target_id", target_id)):
+                if value:
+                    sql += f" AND t.{column} = ?"
+                    params.append(value)
+            sql += ")"
+        if valid_at is not None:
+            sql += " AND (valid_from IS NULL OR valid_from <= ?) AND (valid_until IS NULL OR valid_until > ?)"
+            params += [valid_at, valid_at]
+        for word in (query or "").lower().split()[:8]:
+            sql += " AND (LOWER(title) LIKE ? OR LOWER(summary) LIKE ? OR LOWER(content) LIKE ?)"
+            like = f"%{word.replace('%', '').replace('_', '')}%"
+            params += [like, like, like]
+        sql += " ORDER BY updated_at DESC LIMIT ?"
+        params.append(limit)
+        return self._hydrate(tx, tx.q(sql, tuple(params)))
+
+    def audit(self, tx: Tx, record_id: str) -> list[dict[str, Any]]:
+        rows = tx.q("SELECT event, actor, at, detail FROM agent_memory_audit WHERE record_id = ? ORDER BY ordinal", (record_id,))
+        return [{"event": r[0], "actor": r[1], "at": r[2], "detail": json.loads(r[3])} for r in rows]
+
+    def _hydrate(self, tx: Tx, rows: list[tuple]) -> list[MemoryRecord]:
+        """Records with their tags, targets and citations: four queries, whatever the number of rows."""
+        if not rows:
+            return []
+        ids = tuple(r[0] for r in rows)
+        marks = ",".join("?" * len(ids))
+        tags: dict[str, list[str]] = {i: [] for i in ids}
+        for rid, tag in tx.q(f"SELECT record_id, tag FROM agent_memory_tags WHERE record_id IN ({marks}) ORDER BY tag", ids):
+            tags[rid].append(tag)
+        targets: dict[str, list[Target]] = {i: [] for i in ids}
+        for rid, kind, tid, role in tx.q("SELECT record_id, target_kind, target_id, role FROM agent_memory_targets"
+                                         f" WHERE record_id IN ({marks}) ORDER BY role, target_kind, target_id", ids):
+            targets[rid].append(Target(target_kind=kind, target_id=tid, role=role))
+        cites: dict[str, list[Citation]] = {i: [] for i in ids}
+        for rid, sid, turn in tx.q("SELECT record_id, session_id, turn_uuid FROM agent_memory_citations"
+                                   f" WHERE record_id IN ({marks}) ORDER BY ordinal", ids):
+            cites[rid].append(Citation(session_id=sid, turn_uuid=turn))
+        return [MemoryRecord.model_validate({**dict(zip(NAMES, r)), "tags": tags[r[0]], "targets": targets[r[0]],
+                                             "citations": cites[r[0]]}) for r in rows]
+
+    # ---- writes -----------------------------------------------------------------------------------
+    def insert(self, tx: Tx, r: MemoryRecord) -> None:
+        tx.q(f"INSERT INTO agent_memory_records ({COLUMNS}) VALUES ({','.join('?' * len(NAMES))})",
+             (r.record_id, r.realm_id, r.memory_type, r.title, r.summary, r.content, r.reality, r.valid_from,
+              r.valid_until, r.author, r.created_at, r.updated_at, r.status))
+        self.replace_links(tx, r.record_id, tags=r.tags, targets=r.targets, citations=r.citations)
+
+    def update_fields(self, tx: Tx, record_id: str, **fields: Any) -> None:
+        fields["updated_at"] = time.time()
+        sets = ", ".join(f"{k} = ?" for k in fields)
+        tx.q(f"UPDATE agent_memory_records SET {sets} WHERE record_id = ?", (*fields.values(), record_id))
+
+    def replace_links(self, tx: Tx, record_id: str, tags: list[str] | None = None, targets: list[Target] | None = None,
+                      citations: list[Citation] | None = None) -> None:
+        if tags is not None:
+            tx.q("DELETE FROM agent_memory_tags WHERE record_id = ?", (record_id,))
+            for tag in sorted(set(tags)):
+                tx.q("INSERT INTO agent_memory_tags (record_id, tag) VALUES (?, ?)", (record_id, tag))
+        if targets is not None:
+            tx.q("DELETE FROM agent_memory_targets WHERE record_id = ?", (record_id,))
+            for t in sorted({(t.target_kind.value, t.target_id, t.role.value) for t in targets}):
+                tx.q("INSERT INTO agent_memory_targets (record_id, target_kind, target_id, role) VALUES (?, ?, ?, ?)",
+                     (record_id, *t))
+        if citations is not None:
+            tx.q("DELETE FROM agent_memory_citations WHERE record_id = ?", (record_id,))
+            for i, c in enumerate(citations):
+                tx.q("INSERT INTO agent_memory_citations (record_id, ordinal, session_id, turn_uuid) VALUES (?, ?, ?, ?)",
+                     (record_id, i, c.session_id, c.turn_uuid))
+
+    def record(self, tx: Tx, record_id: str, event: str, actor: str, **detail: Any) -> None:
+        ordinal = tx.q("SELECT COALESCE(MAX(ordinal), 0) + 1 FROM agent_memory_audit WHERE record_id = ?", (record_id,))[0][0]
+        tx.q("INSERT INTO agent_memory_audit (event_id, record_id, event, actor, at, ordinal, detail) VALUES (?, ?, ?, ?, ?, ?, ?)",
+             (uuid.uuid4().hex, record_id, event, actor, time.time(), ordinal, json.dumps(detail)))

@@ -1,0 +1,90 @@
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
+
+from services.recall.artifacts.models import Target, Timestamp, rfc3339
+from shared.tenant_paths import CONVERSATION_ID
+
+MemoryType = Literal["fact", "observation", "decision", "hypothesis", "historical"]
+Reality = Literal["current_state", "target_state", "hypothesis", "decision", "historical_fact"]
+RecordStatus = Literal["active", "retired"]
+TAG = re.compile(r"[a-z0-9][a-z0-9._:-]{0,39}")
+Tag = Annotated[str, Field(pattern=f"^{TAG.pattern}$", description="A lowercase label, e.g. contract-7 or vendor.")]
+
+
+class Citation(BaseModel):
+    """A verbatim passage of the author's own conversation, as `recall_my_conversations` names it
+    on its `cite:` line."""
+
+    model_config = ConfigDict(extra="forbid")
+    session_id: str = Field(pattern=f"^{CONVERSATION_ID.pattern}$", description="The conversation (session) id.")
+    turn_uuid: str = Field(min_length=1, max_length=200, description="The turn's id within that conversation.")
+
+
+class RecordFields(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    memory_type: MemoryType | None = Field(None, description="fact, observation, decision, hypothesis or historical.")
+    title: str | None = Field(None, min_length=1, max_length=200)
+    summary: str | None = Field(None, min_length=1, max_length=1000)
+    content: str | None = Field(None, min_length=1, max_length=20000)
+    reality: Reality | None = Field(None, description="current_state, target_state, hypothesis, decision or historical_fact.")
+    targets: list[Target] | None = Field(None, min_length=1)
+    tags: list[Tag] | None = Field(None, max_length=20)
+    valid_from: AwareDatetime | None = Field(None, description="RFC 3339 with an offset; from when it holds.")
+    valid_until: AwareDatetime | None = Field(None, description="RFC 3339 with an offset; after this it is hidden from default searches.")
+    citations: list[Citation] | None = Field(None, max_length=20)
+
+    @model_validator(mode="after")
+    def _period(self) -> "RecordFields":
+        if self.valid_from and self.valid_until and self.valid_until <= self.valid_from:
+            raise ValueError("valid_until must be after valid_from")
+        return self
+
+
+class RecordInput(RecordFields):
+    """A new record: everything but the period, the tags and the citations is required."""
+
+    @model_validator(mode="after")
+    def _required(self) -> "RecordInput":
+        missing = [f for f in ("memory_type", "title", "summary", "content", "reality", "targets") if getattr(self, f) is None]
+        if missing:
+            raise ValueError(f"required: {', '.join(missing)}")
+        return self
+
+
+class MemoryRecord(BaseModel):
+    record_id: str
+    realm_id: str
+    memory_type: MemoryType
+    title: str
+    summary: str
+    content: str
+    reality: Reality
+    tags: list[str]
+    valid_from: Timestamp | None = None
+    valid_until: Timestamp | None = None
+    author: str
+    created_at: Timestamp
+    updated_at: Timestamp
+    status: RecordStatus
+    targets: list[Target]
+    citations: list[Citation] = []
+
+    def valid_at(self, now: float) -> bool:
+        return (self.valid_from is None or self.valid_from <= now) and (self.valid_until is None or now < self.valid_until)
+
+    def compact(self, now: float) -> dict[str, Any]:
+        """What search returns: enough to choose, no content."""
+        return {"record_id": self.record_id, "memory_type": self.memory_type, "reality": self.reality, "title": self.title,
+                "summary": self.summary, "tags": self.tags, "author": self.author, "updated_at": rfc3339(self.updated_at),
+                "valid_from": rfc3339(self.valid_from) if self.valid_from else None,
+                "valid_until": rfc3339(self.valid_until) if self.valid_until else None, "valid_now": self.valid_at(now),
+                "targets": [t.model_dump(mode="json") for t in self.targets]}
+
+
+def epoch(value: datetime | None) -> float | None:
+    return value.timestamp() if value else None

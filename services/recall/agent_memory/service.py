@@ -1,0 +1,118 @@
+"""AgentMemory operations. People (owners, members) create, update and retire records; every
+realm role searches and reads them. Each operation is one transaction; each change is audited."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from services.recall.agent_memory.citations import check_citations, show_citations
+from services.recall.agent_memory.memory_store import MemoryStore
+from services.recall.agent_memory.models import MemoryRecord, RecordFields, RecordInput, epoch
+from services.recall.artifacts import rules
+from services.recall.artifacts.models import rfc3339
+from services.recall.artifacts.rules import RuleBroken
+from services.recall.artifacts.service import MAX_LIMIT, ArtifactService, Caller
+
+CHANGEABLE = ("memory_type", "title", "summary", "content", "reality", "valid_from", "valid_until")
+
+
+class AgentMemoryService:
+    def __init__(self, store: MemoryStore, artifacts: ArtifactService, data_dir: Path) -> None:
+        self.store = store
+        self.artifacts = artifacts  # for target validation: the same rules as for artifacts
+        self.data_dir = data_dir
+
+    # ---- writes (people) ----------------------------------------------------------------------------
+    def create(self, caller: Caller, realm_id: str, data: RecordInput) -> dict[str, Any]:
+        rules.check_can_write(rules.role_in(caller.realms, realm_id), realm_id)
+        check_citations(self.data_dir, caller.principal, data.citations or [])
+        now = time.time()
+        record = MemoryRecord(record_id=uuid.uuid4().hex, realm_id=realm_id, memory_type=data.memory_type,
+                              title=data.title, summary=data.summary, content=data.content, reality=data.reality,
+                              tags=sorted(set(data.tags or [])), valid_from=epoch(data.valid_from),
+                              valid_until=epoch(data.valid_until), author=caller.principal, created_at=now,
+                              updated_at=now, status="active", targets=data.targets, citations=data.citations or [])
+        with self.store.transaction() as tx:
+            self.artifacts.check_targets(tx, caller, realm_id, record.targets)
+            self.store.insert(tx, record)
+            self.store.record(tx, record.record_id, "created", caller.principal, memory_type=record.memory_type)
+            return self._show(caller, self.store.get(tx, record.record_id))
+
+    def update(self, caller: Caller, realm_id: str, record_id: str, patch: RecordFields) -> dict[str, Any]:
+        rules.check_can_write(rules.role_in(caller.realms, realm_id), realm_id)
+        changes = patch.model_dump(exclude_unset=True)
+        if not changes:
+            raise RuleBroken("fields", "nothing to change")
+        with self.store.transaction() as tx:
+            record = self._load(tx, realm_id, record_id)
+            if record.status != "active":
+                raise RuleBroken("lifecycle", "a retired record is not changed")
+            if patch.citations is not None:
+                if record.author != caller.principal:
+                    raise RuleBroken("citations", "only the author cites their own conversations")
+                check_citations(self.data_dir, caller.principal, patch.citations)
+            if patch.targets is not None:
+                self.artifacts.check_targets(tx, caller, realm_id, patch.targets)
+            fields = {k: v for k, v in changes.items() if k in CHANGEABLE}
+            for k in ("valid_from", "valid_until"):
+                if k in fields:
+                    fields[k] = epoch(getattr(patch, k))
+            start = fields.get("valid_from", record.valid_from)
+            end = fields.get("valid_until", record.valid_until)
+            if start is not None and end is not None and end <= start:
+                raise RuleBroken("valid_until", "valid_until must be after valid_from")
+            self.store.update_fields(tx, record_id, **fields)
+            self.store.replace_links(tx, record_id, tags=patch.tags, targets=patch.targets, citations=patch.citations)
+            self.store.record(tx, record_id, "updated", caller.principal, fields=sorted(changes))
+            return self._show(caller, self.store.get(tx, record_id))
+
+    def retire(self, caller: Caller, realm_id: str, record_id: str, reason: str | None) -> dict[str, Any]:
+        rules.check_can_write(rules.role_in(caller.realms, realm_id), realm_id)
+        with self.store.transaction() as tx:
+            record = self._load(tx, realm_id, record_id)
+            if record.status != "active":
+                raise RuleBroken("lifecycle", "the record is already retired")
+            self.store.update_fields(tx, record_id, status="retired")
+            self.store.record(tx, record_id, "retired", caller.principal, reason=reason)
+            return self._show(caller, self.store.get(tx, record_id))
+
+    # ---- reads (agents and people) --------------------------------------------------------------------
+    def get(self, caller: Caller, realm_id: str, record_id: str) -> dict[str, Any]:
+        rules.role_in(caller.realms, realm_id)
+        with self.store.transaction() as tx:
+            return self._show(caller, self._load(tx, realm_id, record_id))
+
+    def search(self, caller: Caller, realm_id: str, *, memory_type: str | None = None, reality: str | None = None,
+               tag: str | None = None, target_kind: str | None = None, target_id: str | None = None,
+               query: str | None = None, valid_now: bool = True, limit: int = 10) -> list[dict[str, Any]]:
+        rules.role_in(caller.realms, realm_id)
+        if not 1 <= limit <= MAX_LIMIT:
+            raise RuleBroken("limit", f"limit must be between 1 and {MAX_LIMIT}, not {limit}")
+        now = time.time()
+        with self.store.transaction() as tx:
+            found = self.store.search(tx, realm_id, memory_type=memory_type, reality=reality, tag=tag,
+                                      target_kind=target_kind, target_id=target_id, query=query,
+                                      valid_at=now if valid_now else None, limit=limit)
+        return [r.compact(now) for r in found]
+
+    def audit(self, caller: Caller, realm_id: str, record_id: str) -> list[dict[str, Any]]:
+        rules.role_in(caller.realms, realm_id)
+        with self.store.transaction() as tx:
+            self._load(tx, realm_id, record_id)
+            return [{**e, "at": rfc3339(e["at"])} for e in self.store.audit(tx, record_id)]
+
+    # ---- helpers ------------------------------------------------------------------------------------------
+    def _load(self, tx, realm_id: str, record_id: str) -> MemoryRecord:
+        record = self.store.get(tx, record_id)
+        if record is None or record.realm_id != realm_id:
+            raise RuleBroken("not_found", f"no memory record {record_id!r} in realm {realm_id!r}")
+        return record
+
+    def _show(self, caller: Caller, record: MemoryRecord) -> dict[str, Any]:
+        shown = record.model_dump(mode="json")
+        shown["valid_now"] = record.valid_at(time.time())
+        shown["citations"] = show_citations(self.data_dir, record.author, caller.principal, record.citations)
+        return shown

@@ -1,0 +1,149 @@
+"""Population operations on top of the artifact service: the constitution, the registry and the
+charters are accepted artifacts at fixed paths; admitting an agent is a new registry version
+proposed by a member and accepted by an owner, like any reviewed change."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from services.recall.artifacts import rules
+from services.recall.artifacts.kind_schemas import (CONSTITUTION_PATH, PRINCIPAL, REGISTRY_PATH, AgentRegistry, Charter,
+                                                    Constitution, RegistryEntry, agent_refusals, dump, parse_body)
+from services.recall.artifacts.artifact_store import Tx
+from services.recall.artifacts.models import Artifact, DraftInput, Role, Status, Target, rfc3339
+from services.recall.artifacts.rules import RuleBroken
+from services.recall.artifacts.service import ArtifactService, Caller
+from services.recall.population.defaults import CHARTERS, charter_path, default_constitution
+
+
+class PopulationService:
+    def __init__(self, artifacts: ArtifactService) -> None:
+        self.artifacts = artifacts
+        self.store = artifacts.store
+
+    # ---- initialisation (owners) ---------------------------------------------------------------------
+    def init_population(self, caller: Caller, realm_id: str, separate_author_and_reviewer: bool = True) -> dict[str, Any]:
+        if rules.role_in(caller.realms, realm_id) is not Role.OWNER:
+            raise RuleBroken("realm_role", "init_population is for realm owners")
+        constitution = default_constitution(realm_id, separate_author_and_reviewer)
+        documents = [("constitution", CONSTITUTION_PATH, dump(constitution), "The realm's constitution: roles, what each may do, review rules."),
+                     ("agent_registry", REGISTRY_PATH, dump(AgentRegistry()), "The agent registry: who may work in this realm, in which role.")]
+        documents += [("charter", charter_path(role), dump(CHARTERS[role]), f"Charter of the {role} role: purpose, duties, sources.")
+                      for role in constitution.roles]
+        with self.store.transaction() as tx:
+            if self.store.accepted_at_path(tx, realm_id, CONSTITUTION_PATH, lock=True) is not None:
+                raise RuleBroken("population", f"realm {realm_id!r} already has a constitution; change it with a new version")
+            made = [self._accepted(tx, caller, realm_id, *doc) for doc in documents]
+        self.artifacts.index.refresh(made)
+        return {"realm_id": realm_id, "created": [{"artifact_kind": a.artifact_kind, "artifact_path": a.artifact_path,
+                                                   "artifact_id": a.artifact_id} for a in made]}
+
+    def _accepted(self, tx: Tx, caller: Caller, realm_id: str, kind: str, path: str, body: str, summary: str) -> Artifact:
+        if self.store.accepted_at_path(tx, realm_id, path) is not None:
+            raise RuleBroken("population", f"{path!r} already has an accepted version")
+        now = time.time()
+        artifact = Artifact(artifact_id=uuid.uuid4().hex, realm_id=realm_id, artifact_path=path, artifact_kind=kind,
+                            write_mode="replace", status=Status.ACCEPTED, body=body, summary=summary,
+                            source_ref=f"init_population:{realm_id}", source_context={"by": caller.principal},
+                            author=caller.principal, created_at=now, updated_at=now,
+                            targets=[Target(target_kind="realm", target_id=realm_id)])
+        self.store.insert(tx, artifact)
+        self.store.record(tx, artifact.artifact_id, "created", caller.principal, via="init_population")
+        self.store.record(tx, artifact.artifact_id, "accepted", caller.principal, via="init_population")
+        return self.store.get(tx, artifact.artifact_id)
+
+    # ---- reading ----------------------------------------------------------------------------------------
+    def _state(self, tx: Tx, realm_id: str) -> tuple[Artifact, Constitution, Artifact, AgentRegistry]:
+        c = self.store.accepted_at_path(tx, realm_id, CONSTITUTION_PATH)
+        r = self.store.accepted_at_path(tx, realm_id, REGISTRY_PATH)
+        if c is None or r is None:
+            raise RuleBroken("population", f"realm {realm_id!r} has no population yet (an owner runs init_population)")
+        return c, parse_body("constitution", c.body), r, parse_body("agent_registry", r.body)  # type: ignore[return-value]
+
+    def list_agents(self, caller: Caller, realm_id: str, principal: str | None = None) -> dict[str, Any]:
+        rules.role_in(caller.realms, realm_id)
+        with self.store.transaction() as tx:
+            c, constitution, r, registry = self._state(tx, realm_id)
+            entries = [a for a in registry.agents if principal is None or a.principal == principal]
+            agents = [self._describe(tx, realm_id, a) for a in entries]
+        return {"constitution_id": c.artifact_id, "registry_id": r.artifact_id,
+                "roles": {name: policy.model_dump(mode="json") for name, policy in constitution.roles.items()},
+                "separate_author_and_reviewer": constitution.separate_author_and_reviewer, "agents": agents}
+
+    def _describe(self, tx: Tx, realm_id: str, entry: RegistryEntry) -> dict[str, Any]:
+        """The registry entry, where its charter is, and its sources resolved to accepted artifacts."""
+        path = charter_path(entry.role)
+        charter_artifact = self.store.accepted_at_path(tx, realm_id, path)
+        sources: list[dict[str, Any]] = []
+        charter: Charter | None = None
+        if charter_artifact is not None:
+            charter = parse_body("charter", charter_artifact.body)  # type: ignore[assignment]
+            owners = [entry.principal] + ([entry.takes_over_from] if entry.takes_over_from else [])
+            for who in owners:
+                for template in charter.sources:
+                    source_path = template.format(principal=who)
+                    found = self.store.accepted_at_path(tx, realm_id, source_path)
+                    sources.append({"artifact_path": source_path, "of": who,
+                                    "artifact_id": found.artifact_id if found else None,
+                                    "summary": found.summary if found else None})
+        return {**entry.model_dump(mode="json"), "charter_path": path,
+                "charter_id": charter_artifact.artifact_id if charter_artifact else None,
+                "handoff_path": charter.handoff_path.format(principal=entry.principal) if charter else None,
+                "sources": sources}
+
+    # ---- the preliminary rule check (a dry run) -------------------------------------------------------
+    def check(self, caller: Caller, realm_id: str, action: str, principal: str | None = None,
+              artifact_kind: str | None = None, agent_role: str | None = None) -> dict[str, Any]:
+        rules.role_in(caller.realms, realm_id)
+        who = principal or caller.principal
+        with self.store.transaction() as tx:
+            c, constitution, r, registry = self._state(tx, realm_id)
+            reasons = self._refusals(tx, realm_id, constitution, registry, who, action, artifact_kind, agent_role)
+        allowed = ["allowed by the constitution"]
+        if action == "accept" and constitution.separate_author_and_reviewer:
+            allowed = ["allowed by the constitution, except for artifacts you wrote (separate author and reviewer)"]
+        return {"allowed": not reasons, "principal": who, "action": action, "artifact_kind": artifact_kind,
+                "reasons": reasons or allowed, "constitution_id": c.artifact_id,
+                "registry_id": r.artifact_id,
+                "note": "a dry run against the constitution and registry; the realm role in the agent's token still applies"}
+
+    def _refusals(self, tx: Tx, realm_id: str, constitution: Constitution, registry: AgentRegistry, who: str,
+                  action: str, artifact_kind: str | None, agent_role: str | None) -> list[str]:
+        entry = registry.find(who)
+        if action == "admit":
+            out = []
+            if not PRINCIPAL.fullmatch(who):
+                out.append(f"{who!r} is not a valid principal")
+            if entry is not None:
+                out.append(f"{who} is already in the registry ({entry.role}, {entry.status})")
+            if agent_role is None or agent_role not in constitution.roles:
+                out.append(f"agent_role must be one of the constitution's roles {sorted(constitution.roles)}")
+            return out
+        out = agent_refusals(constitution, registry, who, action, artifact_kind)
+        if action == "start" and entry is not None and not out and \
+                self.store.accepted_at_path(tx, realm_id, charter_path(entry.role)) is None:
+            out.append(f"no accepted charter at {charter_path(entry.role)!r}")
+        return out
+
+    # ---- admission (a proposal an owner accepts) ------------------------------------------------------
+    def propose_admission(self, caller: Caller, realm_id: str, principal: str, agent_role: str, note: str,
+                          takes_over_from: str | None = None) -> Artifact:
+        rules.check_can_write(rules.role_in(caller.realms, realm_id), realm_id)
+        with self.store.transaction() as tx:
+            _, constitution, current, registry = self._state(tx, realm_id)
+            refusals = self._refusals(tx, realm_id, constitution, registry, principal, "admit", None, agent_role)
+            if takes_over_from is not None and registry.find(takes_over_from) is None:
+                refusals.append(f"takes_over_from: {takes_over_from} is not in the registry")
+            if refusals:
+                raise RuleBroken("admission", "; ".join(refusals))
+        entry = RegistryEntry(principal=principal, role=agent_role, proposed_by=caller.principal,
+                              proposed_at=rfc3339(time.time()), takes_over_from=takes_over_from, note=note)
+        proposal = AgentRegistry(agents=[*registry.agents, entry])
+        draft = DraftInput(artifact_path=REGISTRY_PATH, artifact_kind="agent_registry", write_mode="replace",
+                           body=dump(proposal), summary=f"Admit {principal} as {agent_role}",
+                           source_ref=f"admission:{principal}", source_context={"proposed_by": caller.principal, "note": note},
+                           targets=[Target(target_kind="realm", target_id=realm_id)], supersedes_artifact_id=current.artifact_id)
+        made = self.artifacts.create_draft(caller, realm_id, draft, as_action="propose_admission")
+        return self.artifacts.submit(caller, realm_id, made.artifact_id)

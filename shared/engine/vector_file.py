@@ -1,0 +1,252 @@
+"""The dense leg's compact copy of a memory's vectors: one contiguous, memory-mapped file.
+
+`<memory>/vectors.i8` is a snapshot of every live row at one committed SQLite generation,
+derived from `chunks.sqlite3` (which keeps the float32 vectors and stays the truth):
+
+    "RECALLV1" | u32 header length | JSON header (generation, max_row_id, n, dim, facet names,
+    section offsets) | row ids int64[n] (ascending) | scale float32[n] | bias int32[n] |
+    block code int32[n] | harness code int32[n] | ts_epoch float64[n] | int8 matrix [dim, n]
+
+Each row is quantised to int8 with its own scale (max |x| / 127); the matrix is stored
+transposed so one onnxruntime `MatMulInteger` scans it without a copy. The scan's scores only
+choose candidates: the best of them are re-scored exactly from the float32 vectors.
+
+A reader opens it with `mmap` (no per-row work, no private copy: the pages are the page
+cache, shared by every process reading the memory) and catches up from SQLite for what came
+after the snapshot's generation. The writer (index run, memory lock held) builds a new file
+beside the old one, fsyncs it and renames it over `vectors.i8` only after the SQLite commit,
+so a reader never sees a half-written file and a snapshot is never ahead of SQLite.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import sqlite3
+import struct
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+VECTOR_FILE = "vectors.i8"
+MAGIC = b"RECALLV1"
+_ALIGN = 64
+_BATCH = 8192
+# AVX2's u8 x s8 multiply-add saturates int16 pair sums: a 7-bit query (0..127 after the +64
+# offset) keeps every pair below 2 * 127 * 127, so the integer scores are exact.
+QUERY_LEVELS = 63
+QUERY_OFFSET = 64
+
+
+@dataclass(frozen=True)
+class VectorFile:
+    """An open, read-only snapshot. Arrays are views on the mapping (never copied)."""
+
+    path: Path
+    inode: int
+    generation: int
+    max_row_id: int
+    dim: int
+    block_types: list[str]
+    harnesses: list[str]
+    ids: np.ndarray
+    scale: np.ndarray
+    bias: np.ndarray
+    block: np.ndarray
+    harness: np.ndarray
+    epoch: np.ndarray
+    matrix_t: np.ndarray  # int8 [dim, n]
+    mapped_bytes: int
+    _map: mmap.mmap
+
+    @property
+    def n(self) -> int:
+        return len(self.ids)
+
+
+def _sections(n: int, dim: int) -> list[tuple[str, str, tuple[int, ...]]]:
+    return [("ids", "<i8", (n,)), ("scale", "<f4", (n,)), ("bias", "<i4", (n,)), ("block", "<i4", (n,)),
+            ("harness", "<i4", (n,)), ("epoch", "<f8", (n,)), ("matrix_t", "i1", (dim, n))]
+
+
+def _layout(n: int, dim: int, header_room: int) -> tuple[dict[str, int], int]:
+    offsets, pos = {}, header_room
+    for name, dtype, shape in _sections(n, dim):
+        pos = -(-pos // _ALIGN) * _ALIGN
+        offsets[name] = pos
+        pos += int(np.dtype(dtype).itemsize * int(np.prod(shape)))
+    return offsets, pos
+
+
+def open_vector_file(memory: Path, dim: int) -> VectorFile | None:
+    """The current snapshot, or None when there is none (or it does not fit this memory)."""
+    path = memory / VECTOR_FILE
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if st.st_size < 12:
+            return None
+        mapping = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+    finally:
+        os.close(fd)
+    if mapping[:8] != MAGIC:
+        return None
+    (hlen,) = struct.unpack("<I", mapping[8:12])
+    header = json.loads(mapping[12 : 12 + hlen])
+    n = int(header["n"])
+    if int(header["dim"]) != dim:
+        return None
+    arrays = {name: np.ndarray(shape, dtype=np.dtype(dtype), buffer=mapping, offset=header["offsets"][name])
+              for name, dtype, shape in _sections(n, dim)}
+    return VectorFile(path=path, inode=st.st_ino, generation=int(header["generation"]),
+                      max_row_id=int(header["max_row_id"]), dim=dim, block_types=header["block_types"],
+                      harnesses=header["harnesses"], mapped_bytes=st.st_size, _map=mapping, **arrays)
+
+
+def current_inode(memory: Path) -> int | None:
+    try:
+        return os.stat(memory / VECTOR_FILE).st_ino
+    except FileNotFoundError:
+        return None
+
+
+def quantise_rows(vecs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """int8 rows and their scales (max |x| / 127 per row)."""
+    scale = np.maximum(np.abs(vecs).max(axis=1), 1e-12).astype(np.float32) / 127.0
+    q = np.rint(vecs / scale[:, None]).astype(np.int8)
+    return q, scale
+
+
+def write_vector_file(memory: Path, conn: sqlite3.Connection, dim: int) -> bool:
+    """Snapshot the committed rows of `conn` into `vectors.i8` (memory lock held by the caller).
+
+    Streams the rows in batches into a file beside the old one, fsyncs, then renames it into
+    place: readers see the old snapshot or the new one, never a mix."""
+    tmp = memory / f".{VECTOR_FILE}.writing"
+    conn.execute("BEGIN")
+    try:
+        meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+        n = int(conn.execute("SELECT COUNT(*) FROM chunks").fetchone()[0])
+        block_types: dict[str, int] = {}
+        harnesses: dict[str, int] = {}
+        header = {"generation": int(meta["generation"]), "max_row_id": int(meta["max_row_id"]), "n": n, "dim": dim}
+        # Facet names are only known after the scan: leave room for them in a fixed-size header.
+        room = 4096
+        offsets, size = _layout(n, dim, room)
+        with open(tmp, "wb") as f:
+            f.truncate(size)
+        out = np.memmap(tmp, dtype=np.uint8, mode="r+", shape=(size,))
+        arrays = {name: np.ndarray(shape, dtype=np.dtype(dtype), buffer=out, offset=offsets[name])
+                  for name, dtype, shape in _sections(n, dim)}
+        cur = conn.execute("SELECT row_id, vector, block_type, harness, ts_epoch FROM chunks ORDER BY row_id")
+        at = 0
+        while rows := cur.fetchmany(_BATCH):
+            sl = slice(at, at + len(rows))
+            vecs = np.frombuffer(b"".join(r[1] for r in rows), dtype=np.float32).reshape(len(rows), dim)
+            q, scale = quantise_rows(vecs)
+            arrays["ids"][sl] = [r[0] for r in rows]
+            arrays["scale"][sl] = scale
+            arrays["bias"][sl] = QUERY_OFFSET * q.sum(axis=1, dtype=np.int32)
+            arrays["block"][sl] = [block_types.setdefault(r[2], len(block_types)) for r in rows]
+            arrays["harness"][sl] = [harnesses.setdefault(r[3], len(harnesses)) for r in rows]
+            arrays["epoch"][sl] = [np.nan if r[4] is None else r[4] for r in rows]
+            arrays["matrix_t"][:, sl] = q.T
+            at += len(rows)
+    finally:
+        conn.execute("COMMIT")
+    header.update(block_types=list(block_types), harnesses=list(harnesses), offsets=offsets)
+    blob = json.dumps(header).encode()
+    if 12 + len(blob) > room:  # thousands of distinct harness names: no snapshot, readers use SQLite
+        del out, arrays
+        tmp.unlink(missing_ok=True)
+        return False
+    out[:8] = np.frombuffer(MAGIC, np.uint8)
+    out[8:12] = np.frombuffer(struct.pack("<I", len(blob)), np.uint8)
+    out[12 : 12 + len(blob)] = np.frombuffer(blob, np.uint8)
+    out.flush()
+    del out, arrays
+    fd = os.open(tmp, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, memory / VECTOR_FILE)
+    dir_fd = os.open(memory, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+    return True
+
+
+# ---- scanning ------------------------------------------------------------------------------------
+def _pb_varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b, n = n & 0x7F, n >> 7
+        out.append(b | 0x80 if n else b)
+        if not n:
+            return bytes(out)
+
+
+def _pb_field(field: int, payload: bytes | int) -> bytes:
+    if isinstance(payload, int):
+        return _pb_varint(field << 3) + _pb_varint(payload)
+    return _pb_varint(field << 3 | 2) + _pb_varint(len(payload)) + payload
+
+
+def _pb_tensor(name: str, elem_type: int, dims: list[str]) -> bytes:
+    shape = b"".join(_pb_field(1, _pb_field(2, d.encode()) if not d.isdigit() else _pb_field(1, int(d))) for d in dims)
+    return _pb_field(1, name.encode()) + _pb_field(2, _pb_field(1, _pb_field(1, elem_type) + _pb_field(2, shape)))
+
+
+def _matmul_integer_model() -> bytes:
+    """ONNX model `Y[1, n] = MatMulInteger(A uint8 [1, d], B int8 [d, n])`, encoded by hand (a
+    dozen protobuf fields) so the engine needs no `onnx` package."""
+    node = b"".join(_pb_field(f, v.encode()) for f, v in ((1, "A"), (1, "B"), (2, "Y"), (3, "scan"), (4, "MatMulInteger")))
+    graph = (_pb_field(1, node) + _pb_field(2, b"int8_scan") + _pb_field(11, _pb_tensor("A", 2, ["1", "d"]))
+             + _pb_field(11, _pb_tensor("B", 3, ["d", "n"])) + _pb_field(12, _pb_tensor("Y", 6, ["1", "n"])))
+    opset = _pb_field(1, b"") + _pb_field(2, 13)
+    return _pb_field(1, 8) + _pb_field(8, opset) + _pb_field(7, graph)
+
+
+_session = None
+_session_lock = threading.Lock()
+
+
+def _scan_session():
+    global _session
+    with _session_lock:
+        if _session is None:
+            import onnxruntime as ort
+
+            opts = ort.SessionOptions()
+            # The scan is memory-bound: a second thread halves wall time but adds CPU per call.
+            opts.intra_op_num_threads = 1
+            opts.inter_op_num_threads = 1
+            opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+            _session = ort.InferenceSession(_matmul_integer_model(), opts, providers=["CPUExecutionProvider"])
+        return _session
+
+
+def quantise_query(qvec: np.ndarray) -> tuple[np.ndarray, float]:
+    scale = float(max(np.abs(qvec).max(), 1e-12)) / QUERY_LEVELS
+    q = (np.rint(qvec / scale) + QUERY_OFFSET).astype(np.uint8)
+    return q[None, :], scale
+
+
+def approximate_scores(vf: VectorFile, qvec: np.ndarray) -> np.ndarray:
+    """Every snapshot row's cosine estimate times a positive constant (int8 scan), float32 [n]:
+    for ranking only, so the query's own scale is left out."""
+    if vf.n == 0:
+        return np.zeros(0, np.float32)
+    q, _ = quantise_query(qvec)
+    raw = _scan_session().run(None, {"A": q, "B": vf.matrix_t})[0][0]
+    raw -= vf.bias
+    return np.multiply(raw, vf.scale, dtype=np.float32)

@@ -1,0 +1,76 @@
+"""Population rules at the service level, on SQLite and a real PostgreSQL: schemas of the
+population kinds, their fixed places, and the registry's word on an agent's actions."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from services.recall.artifacts.artifact_search import ArtifactSearch
+from services.recall.artifacts.artifact_store import ArtifactStore
+from services.recall.artifacts.models import DraftInput, Role, Target
+from services.recall.artifacts.rules import RuleBroken
+from services.recall.artifacts.service import ArtifactService, Caller
+from services.recall.population.service import PopulationService
+from shared.engine.api import Engine
+
+REALM = "acme-integrations"
+OWNER = Caller("lead", {REALM: Role.OWNER})
+PERSON = Caller("coordinator", {REALM: Role.MEMBER})
+AGENT = Caller("bot-1", {REALM: Role.MEMBER})
+
+
+@pytest.fixture
+def population(artifacts_db_url, tmp_path, embedder) -> PopulationService:
+    artifacts = ArtifactService(ArtifactStore(artifacts_db_url), ArtifactSearch(tmp_path, Engine(embedder=embedder)), tmp_path)
+    service = PopulationService(artifacts)
+    service.init_population(OWNER, REALM)
+    return service
+
+
+def doc(path: str, kind: str, body: str, supersedes: str | None = None) -> DraftInput:
+    return DraftInput(artifact_path=path, artifact_kind=kind, write_mode="append" if kind == "worklog" else "replace",
+                      body=body, summary="s", source_ref="r", source_context={},
+                      targets=[Target(target_kind="realm", target_id=REALM)], supersedes_artifact_id=supersedes)
+
+
+def test_population_bodies_and_places_are_checked(population):
+    arts = population.artifacts
+    registry = arts.get_by_path(OWNER, REALM, "population/registry")
+    with pytest.raises(RuleBroken, match="body: the body of an artifact of kind agent_registry must be JSON"):
+        arts.create_draft(PERSON, REALM, doc("population/registry", "agent_registry", "not json", registry.artifact_id))
+    with pytest.raises(RuleBroken, match=r"body: agent_registry body: agents.0.role"):
+        arts.create_draft(PERSON, REALM, doc("population/registry", "agent_registry", json.dumps(
+            {"agents": [{"principal": "x", "role": "Not A Role", "proposed_by": "p", "proposed_at": "2026-11-30T00:00:00Z"}]}),
+            registry.artifact_id))
+    with pytest.raises(RuleBroken, match="artifact_path: a constitution lives at 'population/constitution'"):
+        arts.create_draft(OWNER, REALM, doc("rules/constitution", "constitution", "{}"))
+    with pytest.raises(RuleBroken, match="artifact_path: population/ holds only"):
+        arts.create_draft(PERSON, REALM, doc("population/notes", "worklog", "b"))
+    with pytest.raises(RuleBroken, match="population: realm 'acme-integrations' already has a constitution"):
+        population.init_population(OWNER, REALM)
+    with pytest.raises(RuleBroken, match="realm_role: init_population is for realm owners"):
+        population.init_population(PERSON, "acme-integrations")
+
+
+def test_a_suspended_agent_is_refused_everything_and_may_not_start(population):
+    arts = population.artifacts
+    proposal = population.propose_admission(PERSON, REALM, "bot-1", "researcher", "needed")
+    arts.accept(OWNER, REALM, proposal.artifact_id)
+    assert population.check(AGENT, REALM, "start")["allowed"]
+    mine = arts.create_draft(AGENT, REALM, doc("agents/bot-1/worklog", "worklog", "started"))
+
+    registry = arts.get_by_path(OWNER, REALM, "population/registry")
+    body = json.loads(registry.body)
+    body["agents"][0]["status"] = "suspended"
+    arts.supersede(OWNER, REALM, registry.artifact_id, json.dumps(body), "suspend bot-1", "r", {}, None)
+
+    check = population.check(PERSON, REALM, "start", principal="bot-1")
+    assert not check["allowed"] and check["reasons"] == ["bot-1 is suspended in the registry"]
+    with pytest.raises(RuleBroken, match="constitution: bot-1 is suspended in the registry"):
+        arts.submit(AGENT, REALM, mine.artifact_id)
+    with pytest.raises(RuleBroken, match="constitution: bot-1 is suspended"):
+        arts.create_draft(AGENT, REALM, doc("agents/bot-1/handoff", "handoff", "h"))
+    # People are governed by their realm role alone.
+    assert arts.create_draft(PERSON, REALM, doc("agents/coordinator/worklog", "worklog", "w")).status.value == "draft"

@@ -1,0 +1,224 @@
+"""Every mistake a user can make with `recall` gets one clear line and the right exit code, before
+anything starts; `--help` documents every variable that is read."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from services.config_check import ENGINE_VARIABLES
+from services.stack import StackSettings
+from shared.engine.embedder import EmbedderSettings
+from shared.redis_server import EmbeddedRedis, RedisStartError
+from tests.conftest import BIN, REPO, free_port
+
+JWT = secrets.token_urlsafe(32)
+INGEST_KEY = secrets.token_urlsafe(24)
+
+
+def recall(*args: str, cwd: Path, timeout: float = 60, **env: str) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("RECALL_")}
+    return subprocess.run([str(BIN / "recall"), *args], cwd=cwd, env={**clean, **env}, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def one_line(result: subprocess.CompletedProcess) -> str:
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    return lines[0]
+
+
+def free_ports() -> dict[str, str]:
+    return {v: str(free_port()) for v in ("RECALL_INGEST_PORT", "RECALL_INDEXER_PORT", "RECALL_RECALL_PORT")}
+
+
+def test_an_invalid_setting_is_one_line_naming_variable_value_and_rule_and_nothing_starts(tmp_path):
+    started = time.monotonic()
+    result = recall("up", cwd=tmp_path, RECALL_K="0", **free_ports())
+    assert result.returncode == 2
+    line = one_line(result)
+    assert "RECALL_K='0'" in line and "greater than or equal to 1" in line, line
+    assert not (tmp_path / "data" / "redis").exists() and time.monotonic() - started < 20
+
+
+def test_several_mistakes_are_all_reported_at_once(tmp_path):
+    result = recall("up", cwd=tmp_path, RECALL_K="many", RECALL_ENGINE="gpt", **free_ports())
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 2 and "Traceback" not in result.stderr, result.stderr
+    assert any("RECALL_K='many'" in ln and "integer" in ln for ln in lines)
+    assert any("RECALL_ENGINE='gpt'" in ln and "embedded|funes" in ln for ln in lines)
+
+
+def test_the_embedding_model_settings_are_checked_too(tmp_path):
+    result = recall("up", cwd=tmp_path, RECALL_EMBEDDER="bert", **free_ports())
+    assert result.returncode == 2 and "RECALL_EMBEDDER='bert'" in one_line(result) and "'e5' or 'minilm'" in one_line(result)
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    result = recall("--debug", "up", cwd=tmp_path, RECALL_K="0", **free_ports())
+    assert result.returncode != 0 and "Traceback" in result.stderr
+
+
+def test_a_taken_port_names_its_variable_and_starts_nothing(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        ports = {**free_ports(), "RECALL_RECALL_PORT": str(taken.getsockname()[1])}
+        result = recall("up", cwd=tmp_path, **ports)
+    assert result.returncode == 2
+    line = one_line(result)
+    assert f"RECALL_RECALL_PORT={ports['RECALL_RECALL_PORT']}" in line and "set RECALL_RECALL_PORT to a free port" in line
+    assert not (tmp_path / "data" / "redis").exists()
+
+
+def test_a_taken_embedded_redis_port_and_a_port_used_twice_are_refused(tmp_path, redis_url):
+    redis_port = redis_url.rsplit(":", 1)[1].split("/")[0]
+    ports = free_ports()
+    result = recall("up", cwd=tmp_path, RECALL_EMBEDDED_REDIS_PORT=redis_port,
+                    **{**ports, "RECALL_INDEXER_PORT": ports["RECALL_INGEST_PORT"]})
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 2, result.stderr
+    assert any("RECALL_EMBEDDED_REDIS_PORT" in ln and "in use" in ln for ln in lines)
+    assert any("RECALL_INDEXER_PORT" in ln and "RECALL_INGEST_PORT uses that port too" in ln for ln in lines)
+
+
+def test_an_unwritable_data_dir_is_one_line(tmp_path):
+    (tmp_path / "a-file").write_text("")
+    result = recall("up", cwd=tmp_path, RECALL_DATA_DIR=str(tmp_path / "a-file" / "data"), **free_ports())
+    assert result.returncode == 2
+    assert "RECALL_DATA_DIR=" in one_line(result) and "not writable" in one_line(result)
+
+
+def test_a_short_jwt_secret_is_refused_and_an_empty_one_is_generated(tmp_path):
+    short = recall("up", cwd=tmp_path, RECALL_JWT_SECRET="too-short", **free_ports())
+    assert short.returncode == 2 and "RECALL_JWT_SECRET" in one_line(short) and "32" in one_line(short)
+    home = tmp_path / "made-by-recall-up"
+    (home / "data").mkdir(parents=True)
+    (home / "data" / "dev-secrets.json").write_text(json.dumps({"RECALL_INGEST_KEY": INGEST_KEY, "RECALL_JWT_SECRET": JWT}))
+    token = recall("token", "--user", "alice", cwd=home, RECALL_JWT_SECRET="")
+    assert token.returncode == 0, token.stderr
+    from joserfc import jwt
+    from joserfc.jwk import OctKey
+
+    assert jwt.decode(token.stdout.strip(), OctKey.import_key(JWT)).claims["sub"] == "alice"
+
+
+def test_a_secret_in_dot_env_wins_over_the_generated_dev_secret(tmp_path):
+    (tmp_path / ".env").write_text(f"RECALL_JWT_SECRET={JWT}\n")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "dev-secrets.json").write_text(json.dumps({"RECALL_INGEST_KEY": INGEST_KEY, "RECALL_JWT_SECRET": secrets.token_urlsafe(32)}))
+    token = recall("token", "--user", "alice", cwd=tmp_path)
+    from joserfc import jwt
+    from joserfc.jwk import OctKey
+
+    assert token.returncode == 0, token.stderr
+    assert jwt.decode(token.stdout.strip(), OctKey.import_key(JWT)).claims["sub"] == "alice"
+
+
+def test_an_unreachable_redis_url_is_one_line(tmp_path):
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    result = recall("up", cwd=tmp_path, RECALL_REDIS_URL=url, **free_ports())
+    assert result.returncode == 2 and f"RECALL_REDIS_URL='{url}'" in one_line(result)
+
+
+def test_service_commands_check_their_settings_before_starting(tmp_path):
+    result = recall("serve", cwd=tmp_path, RECALL_JWT_SECRET=JWT, RECALL_CANDIDATES="0", RECALL_RECALL_PORT=str(free_port()))
+    assert result.returncode == 2 and "RECALL_CANDIDATES='0'" in one_line(result)
+    result = recall("serve", cwd=tmp_path, RECALL_RECALL_PORT=str(free_port()))
+    assert result.returncode == 2 and "RECALL_JWT_SECRET" in one_line(result)
+
+
+def test_token_outside_a_data_dir_says_what_is_missing(tmp_path):
+    result = recall("token", "--user", "alice", cwd=tmp_path)
+    assert result.returncode == 1
+    line = one_line(result)
+    assert "RECALL_JWT_SECRET" in line and "dev-secrets.json" in line and "make run" in line
+
+
+@pytest.mark.parametrize("args, named", [(["--ttl", "-10"], "--ttl"), (["--ttl", "0"], "--ttl"),
+                                         (["--realm", "x:admin"], "owner, member, reader")])
+def test_token_refuses_expired_ttls_and_unknown_roles(tmp_path, args, named):
+    result = recall("token", "--user", "alice", *args, cwd=tmp_path, RECALL_JWT_SECRET=JWT)
+    assert result.returncode == 2 and named in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
+def test_token_accepts_known_realm_roles(tmp_path):
+    result = recall("token", "--user", "alice", "--realm", "plant-7:owner", "--realm", "ops", cwd=tmp_path, RECALL_JWT_SECRET=JWT)
+    from joserfc import jwt
+    from joserfc.jwk import OctKey
+
+    claims = jwt.decode(result.stdout.strip(), OctKey.import_key(JWT)).claims
+    assert claims["realms"] == {"plant-7": "owner", "ops": "member"}
+
+
+def test_demo_and_status_without_a_stack_say_what_to_do(tmp_path):
+    demo = recall("demo", cwd=tmp_path, RECALL_JWT_SECRET=JWT, RECALL_INGEST_KEY=INGEST_KEY, **free_ports())
+    assert demo.returncode == 1 and "start the stack first" in one_line(demo) and "RECALL_INGEST_PORT" in one_line(demo)
+    missing = recall("demo", cwd=tmp_path)
+    assert missing.returncode == 1 and "RECALL_INGEST_KEY" in one_line(missing)
+    status = recall("status", cwd=tmp_path)
+    assert status.returncode == 1 and "no recall up is running" in one_line(status)
+
+
+def test_up_help_lists_every_variable_with_its_default(tmp_path):
+    text = recall("up", "--help", cwd=tmp_path).stdout
+    for name in [*StackSettings.model_fields, *EmbedderSettings.model_fields]:
+        assert re.search(rf"RECALL_{name.upper()}  \(default: [^)]", text), name
+    for name in ENGINE_VARIABLES:
+        assert f"{name}  (default: " in text
+    assert "RECALL_K  (default: 3)" in text and "RECALL_INGEST_PORT  (default: 8001)" in text
+
+
+def test_every_recall_variable_read_anywhere_is_documented_in_help():
+    """A RECALL_ name in the code that no settings class and no ENGINE_VARIABLES entry declares
+    would be read but missing from `recall up --help`."""
+    declared = {f"RECALL_{n.upper()}" for cls in (StackSettings, EmbedderSettings) for n in cls.model_fields}
+    declared |= set(ENGINE_VARIABLES)
+    used: set[str] = set()
+    for path in [*(REPO / "services").rglob("*.py"), *(REPO / "shared").rglob("*.py")]:
+        used |= set(re.findall(r"[\"'](RECALL_[A-Z0-9_]+)[\"']", path.read_text()))
+    assert used and not used - declared, used - declared
+
+
+def test_a_port_answered_by_another_redis_is_never_taken_for_ours(tmp_path, redis_url, monkeypatch):
+    """The embedded Redis is verified by pid: here our 'redis-server' never binds, while another
+    Redis answers on the port, as when a port is taken between the check and the start."""
+    fake = tmp_path / "redis-server"
+    fake.write_text("#!/bin/sh\nexec sleep 30\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr("shared.redis_server.redis_server_binary", lambda: str(fake))
+    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+    server = EmbeddedRedis(tmp_path / "redis", port=port)
+    with pytest.raises(RedisStartError, match="another redis-server"):
+        server.start(timeout=5)
+    assert server.proc is None
+
+
+def test_a_redis_that_cannot_start_says_why(tmp_path, redis_url):
+    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+    with pytest.raises(RedisStartError, match="(?i)address already in use|another redis-server"):
+        EmbeddedRedis(tmp_path / "redis", port=port).start(timeout=10)
+
+
+def test_embedded_redis_works_with_a_relative_data_dir(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    server = EmbeddedRedis(Path("data") / "redis")
+    server.start()
+    try:
+        assert (tmp_path / "data" / "redis" / "redis.log").exists()
+    finally:
+        server.stop()
+
+
+def test_cli_is_importable_without_starting_anything():
+    result = subprocess.run([sys.executable, "-c", "import services.cli as c; c.build_parser()"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr

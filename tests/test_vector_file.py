@@ -1,0 +1,103 @@
+"""The dense leg's int8 snapshot: exact top-k after re-scoring, published only whole and never
+ahead of SQLite, caught up from SQLite when behind, and free of forgotten rows."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from shared.engine.chunking import Chunk
+from shared.engine.memory_reader import MemoryReader
+from shared.engine.store import MemoryStore, NewRow
+from shared.engine.vector_file import VECTOR_FILE, open_vector_file
+
+DIM = 384
+
+
+def clustered_vectors(n: int, seed: int) -> np.ndarray:
+    """Unit vectors in tight clusters, like embeddings of template-heavy chats: many near-ties."""
+    rng = np.random.default_rng(seed)
+    centres = rng.standard_normal((max(1, n // 40), DIM)).astype(np.float32)
+    vecs = centres[rng.integers(0, len(centres), n)] + 0.15 * rng.standard_normal((n, DIM)).astype(np.float32)
+    return vecs / np.linalg.norm(vecs, axis=1, keepdims=True)
+
+
+def new_rows(vecs: np.ndarray, start: int, harness: str = "copilot") -> list[NewRow]:
+    out = []
+    for i, v in enumerate(vecs, start):
+        chunk = Chunk(chunk_key=f"k{i}", session_id=f"s{i // 6}", turn_uuid=f"t{i}", seq=i % 6, ts="2026-10-08T10:00:00Z",
+                      ts_epoch=1791453600.0 + i, role="user", harness=harness, workdir="", block_type="text",
+                      block_idx=0, split_idx=0, text=f"row {i}")
+        out.append(NewRow(chunk=chunk, source_path=f"s{i // 6}.funes.jsonl", vector=v))
+    return out
+
+
+def exact_top(vecs_by_id: dict[int, np.ndarray], q: np.ndarray, k: int) -> list[int]:
+    ids = np.array(sorted(vecs_by_id))
+    sims = np.stack([vecs_by_id[i] for i in ids]) @ q
+    return ids[np.argsort(-sims, kind="stable")[:k]].tolist()
+
+
+def test_int8_scan_with_rescore_returns_the_exact_top_k(tmp_path):
+    memory = tmp_path / "memory"
+    store = MemoryStore.create(memory, "test-model", DIM)
+    vecs = clustered_vectors(6000, seed=1)
+    store.commit_changes(new_rows(vecs, 1), [], {}, [])
+    store.publish_vectors()
+    reader = MemoryReader(memory)
+    reader.refresh()
+    assert reader.view.n_base == 6000, "the reader scans the snapshot, not SQLite rows"
+    by_id = {i + 1: v for i, v in enumerate(vecs)}
+    queries = clustered_vectors(120, seed=2)
+    mask = reader.filter_mask(None, None)
+    for k in (8, 30):
+        for q in queries:
+            assert reader.nearest(q, k, mask) == exact_top(by_id, q, k)
+    reader.close()
+    store.close()
+
+
+def test_reader_catches_up_from_sqlite_and_switches_to_a_newer_snapshot(tmp_path):
+    memory = tmp_path / "memory"
+    store = MemoryStore.create(memory, "test-model", DIM)
+    vecs = clustered_vectors(900, seed=3)
+    store.commit_changes(new_rows(vecs[:600], 1), [], {}, [])
+    store.publish_vectors(force=True)
+    reader = MemoryReader(memory)
+    reader.refresh()
+    first_snapshot = reader.view.base
+    assert first_snapshot.generation == store.generation() and first_snapshot.n == 600
+
+    # Committed but not yet in a snapshot: 300 new rows, 50 removed, some of another harness.
+    store.commit_changes(new_rows(vecs[600:], 601, harness="codex"), list(range(1, 51)), {}, [])
+    assert open_vector_file(memory, DIM).generation == first_snapshot.generation, "lag below the rewrite threshold"
+    reader.refresh()
+    assert reader.view.base is first_snapshot and reader.view.n == 900
+    alive = {i + 1: v for i, v in enumerate(vecs) if i + 1 > 50}
+    q = vecs[10]
+    mask = reader.filter_mask(None, None)
+    assert reader.nearest(q, 20, mask) == exact_top(alive, q, 20)
+    assert not any(reader.passes(r, mask) for r in range(1, 51)), "removed rows never return"
+    codex = reader.filter_mask(None, "codex")
+    assert set(reader.nearest(q, 400, codex)) == set(range(601, 901))
+
+    held = reader.filter_mask(None, None)  # a search in flight keeps its view
+    store.publish_vectors(force=True)
+    assert not (memory / f".{VECTOR_FILE}.writing").exists(), "published whole, by rename"
+    reader.refresh()
+    assert reader.view.base is not first_snapshot and reader.view.n_base == 850
+    assert reader.nearest(q, 20, held) == reader.nearest(q, 20, reader.filter_mask(None, None))
+    reader.close()
+    store.close()
+
+
+def test_forgetting_rewrites_the_snapshot_without_the_forgotten_rows(tmp_path):
+    memory = tmp_path / "memory"
+    store = MemoryStore.create(memory, "test-model", DIM)
+    store.commit_changes(new_rows(clustered_vectors(120, seed=4), 1), [], {}, [])
+    store.publish_vectors()
+    store.commit_changes([], list(range(1, 7)), {}, [])
+    store.purge_deleted_text()
+    snapshot = open_vector_file(memory, DIM)
+    assert snapshot.generation == store.generation()
+    assert not set(range(1, 7)) & set(snapshot.ids.tolist())
+    store.close()
