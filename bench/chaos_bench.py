@@ -236,8 +236,15 @@ async def storm_load(stack: Stack, users: int, seconds: float) -> tuple[dict, di
                 # after the DELETE and then legitimately start the conversation anew.
                 await asyncio.gather(*pending)
                 in_flight_at_delete += await asyncio.to_thread(lambda: stack.client().xlen("recall:turns"))
-                resp = await client.delete(f"{stack.url}/conversations/doomed", params={"user": f"storm-{u}"},
-                                           headers={"x-ingest-key": KEY})
+                while True:  # like the gateway: retry a dropped connection or a 503 (a repeated forget is harmless)
+                    try:
+                        resp = await client.delete(f"{stack.url}/conversations/doomed", params={"user": f"storm-{u}"},
+                                                   headers={"x-ingest-key": KEY})
+                        if resp.status_code == 202:
+                            break
+                    except httpx.TransportError:
+                        pass
+                    await asyncio.sleep(0.2)
                 receipts[u] = resp.json()["receipt"]
             while time.perf_counter() < deadline:
                 marker = f"MARK{u:03d}Z{len(turns):03d}Y{rng.randrange(10**6):06d}"
