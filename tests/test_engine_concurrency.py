@@ -63,7 +63,7 @@ def test_concurrent_index_runs_are_serialised_while_recalls_answer(tmp_path, emb
         assert "N-11" in out, "the committed state stays searchable during a run"
         if not saw_busy:
             second = subprocess.run([engine_cli(), "index", "--yes", str(src)], env={**os.environ, "FUNES_HOME": str(home)},
-                                    capture_output=True, text=True, timeout=60)
+                                    capture_output=True, text=True, timeout=600)
             if second.returncode == 1:
                 assert CONTENTION_MESSAGE in second.stderr
                 saw_busy = True
@@ -108,11 +108,11 @@ def test_kill_9_at_every_phase_of_an_index_run_leaves_a_searchable_memory(tmp_pa
     engine = Engine(embedder=embedder)
     for point in KILL_POINTS:
         proc = _spawn_index(home, src, env={FAULT_ENV: point})
-        assert proc.wait(120) == KILLED_EXIT_CODE, f"the run reached {point}: {proc.stderr.read()[-500:]}"
+        assert proc.wait(600) == KILLED_EXIT_CODE, f"the run reached {point}: {proc.stderr.read()[-500:]}"
         assert "N-11" in engine.recall(memory_dir(home), "N-11 upgrade", RecallParams(k=1)), point
         committed = 181 if point == "after_sqlite_commit" else 1
         assert _committed_rows(home) == committed, f"nothing half-committed when killed at {point}"
-    assert _spawn_index(tmp_path / "scratch", src).wait(120) == 0
+    assert _spawn_index(tmp_path / "scratch", src).wait(600) == 0
     index_tree(home, src, embedder)
     scratch = engine.reader(memory_dir(tmp_path / "scratch")).store
     assert engine.reader(memory_dir(home)).store.counts() == (181, 61)
