@@ -37,6 +37,7 @@ test: install tools
 # Every benchmark; each rewrites its own section of docs/benchmarks.md (~30 min on 2 cores).
 bench: install
 	$(PY) -m bench.engine_bench
+	$(PY) -m bench.locomo_bench
 	$(PY) -m bench.ingest_bench
 	$(PY) -m bench.recall_service_bench
 	$(PY) -m bench.recall_cpu_bench

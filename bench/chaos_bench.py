@@ -1,8 +1,8 @@
 """Load and fault suite (issue 11): the write path under kill -9 and a forget storm.
 
-    .venv/bin/python -m bench.chaos_bench [--users 120] [--rate 10] [--seconds 60] [--storm-users 100]
+    .venv/bin/python -m bench.chaos_bench [--users 120] [--rate 4] [--seconds 45] [--storm-users 100] [--storm-seconds 12]
 
-1. Steady ingest with faults. One ingest process and two indexers on an embedded redis-server
+1. Steady ingest with faults (users post in shuffled rounds, so every user posts). One ingest process and two indexers on an embedded redis-server
    (AOF, `appendfsync everysec`, as `recall up` runs it). `users` users post new two-turn
    conversations at `rate` per second for `seconds`, each carrying a unique fact code. A third
    of the way in, one indexer is killed with SIGKILL (and restarted 2 s later); two thirds of
@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
+import secrets
 import sqlite3
 import sys
 import tempfile
@@ -41,7 +42,7 @@ from shared.child_process import free_port
 from shared.redis_server import EmbeddedRedis
 from shared.tenant_paths import TenantPaths
 
-KEY = "chaos-bench-ingest-key-0123456789"
+KEY = secrets.token_urlsafe(32)
 
 
 class Stack:
@@ -90,7 +91,7 @@ class Stack:
         except redis.RedisError:
             return False
 
-    def wait_drained(self, timeout: float = 240) -> float:
+    def wait_drained(self, timeout: float = 900) -> float:
         t0 = time.perf_counter()
         while not self.drained():
             if time.perf_counter() - t0 > timeout:
@@ -156,7 +157,9 @@ async def steady_load(stack: Stack, users: int, rate: float, seconds: float, fau
         tasks, n = [], 0
         while (elapsed := time.perf_counter() - loop_start) < seconds or not faults_done.done():
             while n < elapsed * rate:
-                user = rng.randrange(users)
+                if n % users == 0:
+                    order = rng.sample(range(users), users)  # every user posts once per round
+                user = order[n % users]
                 counters[user] += 1
                 tasks.append(asyncio.create_task(one(user, counters[user])))
                 n += 1
@@ -221,12 +224,28 @@ async def storm_load(stack: Stack, users: int, seconds: float) -> tuple[dict, di
 
     async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=64)) as client:
         async def user_loop(u: int) -> None:
-            nonlocal in_flight_at_delete
             delete_at = time.perf_counter() + rng.uniform(0.3, 0.7) * seconds
             deadline = time.perf_counter() + seconds
             turns: list[dict] = []
             pending: list[asyncio.Task] = []
             deleted = False
+
+            async def delete() -> None:
+                nonlocal in_flight_at_delete
+                # Every snapshot sent so far is accepted first: one still in flight could land
+                # after the DELETE and then legitimately start the conversation anew.
+                await asyncio.gather(*pending)
+                in_flight_at_delete += await asyncio.to_thread(lambda: stack.client().xlen("recall:turns"))
+                while True:  # like the gateway: retry a dropped connection or a 503 (a repeated forget is harmless)
+                    try:
+                        resp = await client.delete(f"{stack.url}/conversations/doomed", params={"user": f"storm-{u}"},
+                                                   headers={"x-ingest-key": KEY})
+                        if resp.status_code == 202:
+                            break
+                    except httpx.TransportError:
+                        pass
+                    await asyncio.sleep(0.2)
+                receipts[u] = resp.json()["receipt"]
             while time.perf_counter() < deadline:
                 marker = f"MARK{u:03d}Z{len(turns):03d}Y{rng.randrange(10**6):06d}"
                 turns.append({"role": "user", "text": f"note {marker}", "ts": "2026-10-08T10:00:00Z"})
@@ -239,16 +258,13 @@ async def storm_load(stack: Stack, users: int, seconds: float) -> tuple[dict, di
 
                 pending.append(asyncio.create_task(send()))
                 if not deleted and time.perf_counter() >= delete_at:
-                    # Every snapshot sent so far is accepted first: one still in flight could land
-                    # after the DELETE and then legitimately start the conversation anew.
-                    await asyncio.gather(*pending)
-                    in_flight_at_delete += await asyncio.to_thread(lambda: stack.client().xlen("recall:turns"))
+                    await delete()
                     deleted = True
-                    resp = await client.delete(f"{stack.url}/conversations/doomed", params={"user": f"storm-{u}"},
-                                               headers={"x-ingest-key": KEY})
-                    receipts[u] = resp.json()["receipt"]
                     turns = []  # the gateway starts over: whatever comes next is a new conversation
-                await asyncio.sleep(rng.uniform(0.15, 0.45))
+                await asyncio.sleep(rng.uniform(0.5, 1.5))
+            if not deleted:  # the machine was too slow to reach the planned moment: delete at the end
+                await delete()
+                deleted = True
             await asyncio.gather(*pending)
 
         await asyncio.gather(*[user_loop(u) for u in range(users)])
@@ -297,10 +313,10 @@ def json_status(r: redis.Redis, receipt: str) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--users", type=int, default=120)
-    ap.add_argument("--rate", type=float, default=10)
-    ap.add_argument("--seconds", type=float, default=60)
+    ap.add_argument("--rate", type=float, default=4)
+    ap.add_argument("--seconds", type=float, default=45)
     ap.add_argument("--storm-users", type=int, default=100)
-    ap.add_argument("--storm-seconds", type=float, default=20)
+    ap.add_argument("--storm-seconds", type=float, default=12)
     ap.add_argument("--no-doc", action="store_true")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="recall-chaos-bench-"))
@@ -322,7 +338,7 @@ def main() -> None:
     body = (f"Steady load: {args.rate:g} new two-turn conversations/s from {args.users} users for {args.seconds:g} s, "
             f"one ingest, two indexers, embedded Redis (AOF everysec). Faults: {'; '.join(steady[1]['events'])}. "
             "The load generator retries 503s and connection errors like the gateway.\n\n" + fault_table +
-            f"\n\nForget storm: {args.storm_users} users, each sending a new snapshot every 0.15-0.45 s for "
+            f"\n\nForget storm: {args.storm_users} users, each sending a new snapshot every 0.5-1.5 s for "
             f"{args.storm_seconds:g} s with a DELETE of the conversation in the middle.\n\n" + storm_table +
             f"\n\nWhole run: {total:.0f} s. Not covered here: the read side under load (≥300 tenants, 16 MCP clients).")
     print(body)

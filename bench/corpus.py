@@ -43,6 +43,21 @@ class Question:
     answer: str
     unit: str
     conversation_id: str
+    # The question without the identifier (kind + site + detail); only where that combination
+    # names one conversation of the corpus, else None.
+    bare: str | None = None
+
+
+FORMS = ("short", "long", "bare")
+
+
+def with_bare_forms(questions: list[Question], keys: list[tuple], bare: list[str]) -> list[Question]:
+    """Attach each bare form whose key (fact type, kind, site, detail) is unique in the corpus."""
+    from collections import Counter
+    from dataclasses import replace
+
+    count = Counter(keys)
+    return [replace(q, bare=b) if count[key] == 1 else q for q, key, b in zip(questions, keys, bare)]
 
 
 @dataclass(frozen=True)
@@ -66,6 +81,8 @@ def generate(n: int, seed: int = 7, now: datetime | None = None) -> tuple[list[C
     conversations: list[Conversation] = []
     questions: list[Question] = []
     tickets = rng.sample(range(1000, 99999), n)
+    keys: list[tuple] = []
+    bare: list[str] = []
     for i in range(n):
         cid = f"conv-{i:05d}"
         u = i % n_units
@@ -82,6 +99,8 @@ def generate(n: int, seed: int = 7, now: datetime | None = None) -> tuple[list[C
             fact = f"I opened work order {answer} for the {sym[0]} on {kind} {unit}; {person} will pick it up."
             long_q = f"Which ticket number did we raise about the {sym[1]} on the {kind} {unit}?"
             short_q = f"{unit} {sym[2]} ticket"
+            bare_q = f"Which ticket number did we raise about the {sym[1]} on the {kind} at {site} for {person}?"
+            detail = (sym, person)
         elif fact_type == 1:
             rate = f"{rng.randrange(1, 99) / 10:.1f}%"
             answer = rate
@@ -89,6 +108,7 @@ def generate(n: int, seed: int = 7, now: datetime | None = None) -> tuple[list[C
             fact = f"Logged: QC check on {kind} {unit} found a defect rate of {rate} in this batch."
             long_q = f"What share of parts failed the quality inspection on the {kind} {unit}?"
             short_q = f"{unit} QC defect rate"
+            bare_q, detail = f"What share of parts failed the quality inspection on the {kind} at {site}?", None
         elif fact_type == 2:
             task = TASKS[rng.randrange(len(TASKS))]
             day = WEEKDAYS[rng.randrange(len(WEEKDAYS))]
@@ -97,6 +117,7 @@ def generate(n: int, seed: int = 7, now: datetime | None = None) -> tuple[list[C
             fact = f"{person} owns the {task[0]} for {kind} {unit}, due {day}."
             long_q = f"Who did we assign the {task[1]} of the {kind} {unit} to?"
             short_q = f"{unit} {task[2]} owner"
+            bare_q, detail = f"Who did we assign the {task[1]} of the {kind} at {site}, due {day}, to?", (task, day)
         else:
             option = OPTIONS[rng.randrange(len(OPTIONS))]
             answer = f"DEC-{i:05d}"
@@ -104,6 +125,8 @@ def generate(n: int, seed: int = 7, now: datetime | None = None) -> tuple[list[C
             fact = f"Decision {answer}: we {option} for {kind} {unit}, approved by {person}."
             long_q = f"What did we end up deciding about the old {kind} {unit}, and what is the decision reference?"
             short_q = f"{unit} decision"
+            bare_q = f"What did {person} approve for the old {kind} at {site}, and what is the decision reference?"
+            detail = person
         messages = [
             f"Morning. Busy day at {other_site}; {other[0]} is running fine so far.",
             f"Good morning! I can see {other[1]} on the {other_site} board too. What do you need?",
@@ -115,7 +138,9 @@ def generate(n: int, seed: int = 7, now: datetime | None = None) -> tuple[list[C
         started = now - timedelta(days=rng.uniform(1, 365), minutes=rng.randrange(600))
         conversations.append(Conversation(cid, started, messages))
         questions.append(Question(short_q, long_q, answer, unit, cid))
-    return conversations, questions
+        keys.append((fact_type, kind, site, detail))
+        bare.append(bare_q)
+    return conversations, with_bare_forms(questions, keys, bare)
 
 
 def conversation_lines(conv: Conversation, harness: str = "copilot") -> str:

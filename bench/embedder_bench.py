@@ -241,7 +241,7 @@ def main() -> None:
             ["e5 run as", "p50 (ms)", "p95 (ms)", "max (ms)", "CPU per query (ms)"], swing_rows),
     ])
     if not args.no_doc:
-        write_section("embedder_bench", "python -m bench.embedder_bench", body)
+        write_section("embedder_bench", " ".join(["python -m bench.embedder_bench", *sys.argv[1:]]), body)
 
 
 if __name__ == "__main__":

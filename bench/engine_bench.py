@@ -1,10 +1,12 @@
 """Engine benchmark (issue 2): quality and speed of `recall-engine` on seed 000's method.
 
-    .venv/bin/python -m bench.engine_bench [--sizes 1000 10000] [--questions 200]
+    .venv/bin/python -m bench.engine_bench [--sizes 1000 10000] [--ru-sizes 1000] [--questions 200]
 
 For each size: index from scratch with the CLI, then hit@3 / hit@8 for short identifier
-queries and long paraphrased ones (with two baselines measured on the same memory: plain RRF
-and BM25 alone), warm recall latency through a long-lived `recall-engine mcp` child, cold
+queries, long paraphrased ones and bare ones without the identifier (with two baselines
+measured on the same memory: plain RRF and BM25 alone), in English (bench/corpus.py) and in
+Russian (bench/corpus_ru.py: the questions paraphrase and inflect; quality only), warm recall
+latency through a long-lived `recall-engine mcp` child, cold
 `recall-engine recall` per process, time until one new conversation is searchable, and
 size on disk. Results go to stdout and into docs/benchmarks.md.
 """
@@ -21,11 +23,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.corpus import Conversation, Question, conversation_lines, generate, is_hit
+from bench import corpus, corpus_ru
+from bench.corpus import FORMS, Conversation, Question, conversation_lines, is_hit
 from bench.report import median, ms, pct, table, write_section
 from shared.engine.agent_format import parse_recall
 from shared.engine.api import Engine
-from shared.engine.hybrid_search import RRF_K, RecallParams, _bm25_leg, bm25_query_text
+from shared.engine.hybrid_search import RRF_K, RecallParams, search_legs
 from shared.engine.index_run import index_tree, memory_dir
 from shared.mcp_stdio_client import StdioMCPChild
 
@@ -58,13 +61,12 @@ def passages_from_rows(reader, row_ids: list[int]) -> list[str]:
 
 
 def baseline_rankings(engine: Engine, memory: Path, query: str, k: int) -> dict[str, list[int]]:
-    """Plain RRF over the same two legs (no identifier rule, no recency), and BM25 alone."""
+    """Plain RRF over the same two legs (no identifier boost, no recency), and BM25 alone."""
     reader = engine.reader(memory)
     qvec = engine.embedder.embed_query(query)
     with reader.fresh():
-        mask = reader.filter_mask(None, None)
-        dense = reader.nearest(qvec, 30, mask)
-        bm25 = _bm25_leg(reader, bm25_query_text(query), 30, mask)
+        legs = search_legs(reader, qvec, query, 30, reader.filter_mask(None, None))
+    dense, bm25 = [rid for rid, _ in legs.dense], [rid for rid, _ in legs.bm25]
     fused: dict[int, float] = {}
     for leg in (dense, bm25):
         for rank, rid in enumerate(leg):
@@ -74,9 +76,14 @@ def baseline_rankings(engine: Engine, memory: Path, query: str, k: int) -> dict[
 
 def quality(engine: Engine, memory: Path, questions: list[Question]) -> list[list[object]]:
     systems = ["recall-engine", "plain RRF", "BM25 only"]
-    hits = {(s, form, k): 0 for s in systems for form in ("short", "long") for k in (3, 8)}
+    hits = {(s, form, k): 0 for s in systems for form in FORMS for k in (3, 8)}
+    asked = dict.fromkeys(FORMS, 0)
     for q in questions:
-        for form, text in (("short", q.short), ("long", q.long)):
+        for form in FORMS:
+            text = getattr(q, form)
+            if text is None:
+                continue
+            asked[form] += 1
             out = engine.recall(memory, text, RecallParams(k=8))
             passages = {"recall-engine": passages_from_output(out)}
             reader = engine.reader(memory)
@@ -85,8 +92,8 @@ def quality(engine: Engine, memory: Path, questions: list[Question]) -> list[lis
             for s in systems:
                 for k in (3, 8):
                     hits[(s, form, k)] += is_hit(passages[s][:k], q)
-    n = len(questions)
-    return [[s, form, f"{hits[(s, form, 3)] / n:.3f}", f"{hits[(s, form, 8)] / n:.3f}"] for s in systems for form in ("short", "long")]
+    return [[s, form, asked[form], f"{hits[(s, form, 3)] / asked[form]:.3f}", f"{hits[(s, form, 8)] / asked[form]:.3f}"]
+            for s in systems for form in FORMS if asked[form]]
 
 
 async def warm_latency(memory: Path, queries: list[str]) -> tuple[list[float], StdioMCPChild]:
@@ -126,8 +133,30 @@ async def new_conversation_searchable(home: Path, src: Path, child: StdioMCPChil
     return time.perf_counter() - t0
 
 
-async def bench_size(n: int, n_questions: int, workdir: Path) -> dict[str, object]:
-    conversations, questions = generate(n)
+def sample_questions(questions: list[Question], n: int, seed: int) -> list[Question]:
+    """n questions, and as many of those with a bare form as there are (they are rarer)."""
+    rng = random.Random(seed)
+    picked = rng.sample(questions, min(n, len(questions)))
+    with_bare = [q for q in questions if q.bare is not None and q not in picked]
+    short_of = n - sum(q.bare is not None for q in picked)
+    return picked + rng.sample(with_bare, max(0, min(short_of, len(with_bare))))
+
+
+async def bench_quality_only(lang: str, n: int, n_questions: int, workdir: Path) -> dict[str, object]:
+    conversations, questions = corpus_ru.generate(n)
+    src, home = workdir / f"src-{lang}-{n}", workdir / f"home-{lang}-{n}"
+    write_tree(src, conversations)
+    t0 = time.perf_counter()
+    subprocess.run([ENGINE, "index", "--yes", str(src)], env={**os.environ, "FUNES_HOME": str(home)},
+                   capture_output=True, text=True, check=True)
+    index_s = time.perf_counter() - t0
+    engine = Engine()
+    return {"lang": lang, "n": n, "index_s": index_s,
+            "quality": quality(engine, memory_dir(home), sample_questions(questions, n_questions, n))}
+
+
+async def bench_size(n: int, n_questions: int, workdir: Path, quality_only: bool = False) -> dict[str, object]:
+    conversations, questions = corpus.generate(n)
     src, home = workdir / f"src-{n}", workdir / f"home-{n}"
     write_tree(src, conversations)
     t0 = time.perf_counter()
@@ -136,8 +165,10 @@ async def bench_size(n: int, n_questions: int, workdir: Path) -> dict[str, objec
     index_s = time.perf_counter() - t0
     memory = memory_dir(home)
     engine = Engine()
-    sample = random.Random(n).sample(questions, min(n_questions, len(questions)))
+    sample = sample_questions(questions, n_questions, n)
     qrows = quality(engine, memory, sample)
+    if quality_only:
+        return {"lang": "en", "n": n, "index_s": index_s, "quality": qrows}
     queries = [q.short for q in sample[:100]] + [q.long for q in sample[:100]]
     lat, child = await warm_latency(memory, queries)
     short_lat, long_lat = lat[:100], lat[100:]
@@ -145,41 +176,48 @@ async def bench_size(n: int, n_questions: int, workdir: Path) -> dict[str, objec
     fresh = {mode: [await new_conversation_searchable(home, src, child, engine, mode) for _ in range(3)]
              for mode in ("in-process indexer (warm model)", "recall-engine index CLI")}
     await child.close()
-    return {"n": n, "index_s": index_s, "index_line": done.stdout.strip(), "disk": du(memory), "quality": qrows,
+    return {"lang": "en", "n": n, "index_s": index_s, "index_line": done.stdout.strip(), "disk": du(memory), "quality": qrows,
             "warm": lat, "warm_short": short_lat, "warm_long": long_lat, "cold": cold, "fresh": fresh}
 
 
-def render(results: list[dict[str, object]]) -> str:
+def render(results: list[dict[str, object]], russian: list[dict[str, object]]) -> str:
     parts = []
-    q_rows = [[r["n"], *row] for r in results for row in r["quality"]]
+    q_rows = [[r["lang"], r["n"], *row] for r in [*results, *russian] for row in r["quality"]]
     parts.append("### Recall quality (seed 000 method; a hit = answer and unit id in one returned passage)\n\n"
-                 + table(["conversations", "system", "queries", "hit@3", "hit@8"], q_rows))
+                 "Forms: `short` = unit + key noun, `long` = paraphrased question with the unit, `bare` = no unit "
+                 "(kind + site + detail, only where that names one conversation). Russian questions also inflect "
+                 "(other cases, synonyms). Russian memory indexed from scratch in "
+                 + ", ".join(f"{r['index_s']:.0f} s ({r['n']})" for r in russian) + ".\n\n"
+                 + table(["language", "conversations", "system", "form", "questions", "hit@3", "hit@8"], q_rows))
     s_rows = []
-    for r in results:
+    for r in (r for r in results if "warm" in r):
         s_rows.append([r["n"], ms(median(r["warm_short"])), ms(pct(r["warm_short"], 0.95)), ms(median(r["warm_long"])),
                        ms(pct(r["warm_long"], 0.95)), f"{median(r['cold']):.2f}", f"{r['index_s']:.0f}",
                        f"{r['disk'] / 2**20:.1f}"])
     parts.append("### Speed and size\n\n" + table(
         ["conversations", "warm MCP p50 short (ms)", "p95 short", "warm p50 long (ms)", "p95 long",
          "cold CLI recall (s, median of 5)", "index from scratch (s)", "memory on disk (MiB)"], s_rows))
-    f_rows = [[r["n"], mode, f"{median(v):.2f}", f"{max(v):.2f}"] for r in results for mode, v in r["fresh"].items()]
+    f_rows = [[r["n"], mode, f"{median(v):.2f}", f"{max(v):.2f}"] for r in results for mode, v in r.get("fresh", {}).items()]
     parts.append("### One new conversation until searchable (write file → index → found by the warm MCP child)\n\n"
                  + table(["conversations", "how it is indexed", "median (s)", "max of 3 (s)"], f_rows))
-    parts.append("Index lines: " + "; ".join(f"{r['n']}: `{r['index_line']}`" for r in results))
+    parts.append("Index lines: " + "; ".join(f"{r['n']}: `{r['index_line']}`" for r in results if "index_line" in r))
     return "\n\n".join(parts)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000])
+    ap.add_argument("--ru-sizes", type=int, nargs="*", default=[1000], help="Russian corpus sizes (quality only)")
     ap.add_argument("--questions", type=int, default=200)
     ap.add_argument("--no-doc", action="store_true", help="print only; do not update docs/benchmarks.md")
+    ap.add_argument("--quality-only", action="store_true", help="skip latency, cold start and freshness (print only)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="recall-bench-") as d:
-        results = [asyncio.run(bench_size(n, args.questions, Path(d))) for n in args.sizes]
-    body = render(results)
+        results = [asyncio.run(bench_size(n, args.questions, Path(d), args.quality_only)) for n in args.sizes]
+        russian = [asyncio.run(bench_quality_only("ru", n, args.questions, Path(d))) for n in args.ru_sizes]
+    body = render(results, russian)
     print(body)
-    if not args.no_doc:
+    if not args.no_doc and not args.quality_only:
         cmd = "python -m bench.engine_bench " + " ".join(sys.argv[1:])
         write_section("engine-bench", cmd.strip(), body)
 

@@ -8,7 +8,9 @@ back to back on one of a few tenants (client i → tenant i mod tenants, so sear
 queue on its reader). Reported: client-side latency of every call, how each call was answered,
 and the server process's CPU time and peak thread count. `--baseline-bin` runs the same load, in
 the same run, against a second tree's `recall` (e.g. a worktree of the commit before the change,
-with its own `make install`), so the table holds a before and an after.
+with its own `make install`), so the table holds a before and an after. The memories are indexed
+by this tree's engine, so the baseline must read the same index format and embedding model (a
+baseline that cannot answers every call "unavailable").
 """
 
 from __future__ import annotations

@@ -1,4 +1,9 @@
-"""Shared fixtures: real model, real files, a real redis-server, real processes."""
+"""Shared fixtures: real model, real files, a real redis-server, real processes.
+
+`make test` runs the suite on several pytest-xdist workers. Every session fixture here (model,
+Redis, PostgreSQL) is per worker: its own temp dir and a port bound to 0 by the kernel, never a
+fixed one; tests that run services flush their worker's Redis and use their own tmp_path.
+"""
 
 from __future__ import annotations
 

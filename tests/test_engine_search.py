@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from shared.engine.agent_format import parse_recall
+from shared.engine.agent_format import NO_RESULTS, parse_recall
 from shared.engine.api import Engine
 from shared.engine.hybrid_search import RecallParams, bm25_query_text
 from shared.engine.identifiers import query_identifiers
 from shared.engine.index_run import index_tree, memory_dir
+from shared.engine.store import MemoryStore
+from shared.engine.text_analysis import ANALYZER, query_terms
 from tests.conftest import write_conversation
 
 # Planted once each, among template-alike decoys (other units, digit look-alikes).
@@ -48,22 +50,125 @@ def test_identifiers_rank_their_document_first(tmp_path, embedder):
 
 
 def test_identifier_extraction_keeps_whole_codes():
-    assert query_identifiers("what about MT-4471 and n-11, K-047? INV-80239 2024") == ["MT-4471", "N-11", "K-047", "INV-80239"]
+    assert query_identifiers("what about MT-4471 and N-11, K-047? INV-80239 2024 mt-5512") == [
+        "MT-4471", "N-11", "K-047", "INV-80239", "MT-5512"]
     assert query_identifiers("plain words only") == []
+
+
+def test_sizes_versions_and_model_names_are_not_identifiers():
+    for text in ["the 3-day offsite", "a 24-hour window", "UTF-8 text", "GPT-4 answers", "S3 bucket", "EC2 box",
+                 "python3 venv", "Q3 plan", "our top-10 list", "covid-19 rules"]:
+        assert query_identifiers(text) == [], text
+
+
+def _one_memory(tmp_path, embedder, conversations: dict[str, list[str]]):
+    src = tmp_path / "src"
+    for cid, messages in conversations.items():
+        write_conversation(src, cid, messages)
+    index_tree(tmp_path / "home", src, embedder)
+    return memory_dir(tmp_path / "home")
+
+
+def test_among_turns_holding_the_identifier_the_rest_of_the_query_decides(tmp_path, embedder):
+    memory = _one_memory(tmp_path, embedder, {
+        "chat1": ["morning", "let's keep an eye on V-878", "ok"],
+        "chat2": ["anything new?", "V-878 is noisy again, V-878 needs a look", "sure"],
+        "dec": ["what about the old unit?", "Decision on V-878: we move it to standby duty next month.", "fine"],
+        "other": ["and the spare?", "Decision on V-881: we move it to standby duty next month.", "fine"],
+    })
+    hits = parse_recall(Engine(embedder=embedder).recall(memory, "what was the decision to move V-878", RecallParams(k=3)))
+    assert hits[0].text.startswith("Decision on V-878"), [h.text for h in hits]
+
+
+def test_a_size_word_is_not_sorted_on_as_an_identifier(tmp_path, embedder):
+    memory = _one_memory(tmp_path, embedder, {
+        "cable": ["logistics", "Plan a 3 day buffer for the cable shipment.", "ok"],
+        "offsite": ["the team trip?", "Offsite agenda: strategy review, then hiking, then the retro.", "great"],
+    })
+    hits = parse_recall(Engine(embedder=embedder).recall(memory, "what was the 3-day offsite agenda", RecallParams(k=2)))
+    assert hits[0].text.startswith("Offsite agenda"), [h.text for h in hits]
+
+
+def test_inflected_russian_question_finds_the_turn(tmp_path, embedder):
+    memory = _one_memory(tmp_path, embedder, {
+        "ru1": ["Насос Н-012 опять течёт.", "Завёл заявку ЗН-48213 по течи сальника на насосе Н-012.", "Спасибо."],
+        "ru2": ["Компрессор шумит.", "Ольга взялась за заказ запчастей для компрессора К-007.", "Хорошо."],
+        "ru3": ["Что с прессом?", "Проверка ОТК на прессе П-003 показала брак 2,5% в партии.", "Понял."],
+    })
+    engine = Engine(embedder=embedder)
+    for query, expected in [("течь сальника у насосов", "Завёл заявку"), ("кто взял заказы запчастей", "Ольга"),
+                            ("какой брак показали проверки прессов", "Проверка ОТК")]:
+        hits = parse_recall(engine.recall(memory, query, RecallParams(k=1)))
+        assert hits and hits[0].text.startswith(expected), (query, [h.text for h in hits])
+
+
+def test_query_terms_drop_stop_words_and_stem_each_script():
+    assert query_terms("What did Caroline decide about the paintings?") == ["carolin", "decid", "paint"]
+    assert query_terms("Кто взялся за отбраковку насосов?") == ["взял", "отбраковк", "насос"]
+    assert query_terms("what is it") == ["what", "is", "it"]
 
 
 def test_any_user_text_parses_as_a_bm25_query(tmp_path, embedder):
     memory = _memory(tmp_path, embedder)
     engine = Engine(embedder=embedder)
-    for q in ['Caroline\'s "plan" (v2): AND OR NOT?', "\\", "-- -k 100", "*:*", "field:value", ")))((("]:
-        assert bm25_query_text(q) is not None
-        engine.recall(memory, q, RecallParams())  # must not raise
-    assert bm25_query_text("MT-4471?") == '"MT-4471?"'
+    store = MemoryStore.open(memory)
+    try:
+        for q in ['Caroline\'s "plan" (v2): AND OR NOT?', "-- -k 100", "*:* all", "field:value", ")))(((x", "MT-4471?"]:
+            text = bm25_query_text(q)
+            assert text, f"{q!r} has words, so it must search some"
+            store.fts.parse_query(text, ["text"])  # raises ValueError if it does not parse
+            engine.recall(memory, q, RecallParams())  # must not raise
+    finally:
+        store.close()
+    assert bm25_query_text("\\ ---") == "" and engine.recall(memory, "\\ ---", RecallParams(floor=True)) == NO_RESULTS
+    assert bm25_query_text("MT-4471?") == '"mt" "4471"'
+
+
+def test_gibberish_and_off_topic_queries_say_no_results(tmp_path, embedder):
+    memory = _memory(tmp_path, embedder)
+    engine = Engine(embedder=embedder)
+    for q in ["xyzzy plugh", "qwertyuiop asdf", "recipe for chocolate cake"]:
+        assert engine.recall(memory, q, RecallParams(floor=True)) == NO_RESULTS, q
+        assert engine.recall(memory, q, RecallParams()) != NO_RESULTS, "without the floor it answers"
+    assert "vibration alarm" in engine.recall(memory, "compressor vibration alarm", RecallParams(k=1, floor=True))
+
+
+def test_explain_shows_how_each_hit_was_scored_and_only_on_request(tmp_path, embedder, run_engine):
+    memory = _memory(tmp_path, embedder)
+    plain = run_engine("recall", "--memory", str(memory), "-k", "2", "--", "K-047 compressor ticket")
+    explained = run_engine("recall", "--memory", str(memory), "-k", "2", "--explain", "--", "K-047 compressor ticket")
+    assert plain.returncode == 0 and explained.returncode == 0, explained.stderr
+    assert "  ? " not in plain.stdout
+    lines = [line for line in explained.stdout.splitlines() if line.startswith("  ? ")]
+    assert len(lines) == 2 and "dense #" in lines[0] and "bm25 #" in lines[0] and "identifier +0.50" in lines[0]
+    assert "recency x" in lines[0] and "fused " in lines[0] and "session +" in lines[0]
+    assert [h.text for h in parse_recall(explained.stdout)] == [h.text for h in parse_recall(plain.stdout)]
+
+
+def test_a_memory_indexed_before_stemming_is_searched_as_built_and_reanalysed_on_next_write(tmp_path, embedder):
+    memory = _memory(tmp_path, embedder)
+    store = MemoryStore.open(memory)
+    try:
+        store.conn.execute("DELETE FROM meta WHERE key='fts_analyzer'")  # as written before the analyzer stamp
+        assert store.fts_analyzer() == ""
+    finally:
+        store.close()
+    assert bm25_query_text("Tickets opened", "") == '"Tickets" "opened"'
+    assert PROBES["t-mt4471"] in Engine(embedder=embedder).recall(memory, "MT-4471", RecallParams(k=1))
+    write_conversation(tmp_path / "src", "late", ["one more", "Pump P-777 serviced.", "ok"])
+    index_tree(tmp_path / "home", tmp_path / "src", embedder)
+    store = MemoryStore.open(memory)
+    try:
+        assert store.fts_analyzer() == ANALYZER
+    finally:
+        store.close()
+    hits = parse_recall(Engine(embedder=embedder).recall(memory, "tickets opening spindle", RecallParams(k=3)))
+    assert any(h.text == PROBES["t-mt4471"] for h in hits), "stems match after the rebuild"
 
 
 def test_flag_like_queries_are_searched_as_text(tmp_path, embedder, run_engine):
     memory = _memory(tmp_path, embedder)
-    out = run_engine("recall", "--memory", str(memory), "-k", "1", "--", "-k", "100")
+    out = run_engine("recall", "--memory", str(memory), "-k", "1", "--", "-k", "100", "spindle", "noise")
     assert out.returncode == 0, out.stderr
     assert len(parse_recall(out.stdout)) == 1, "`-k 100` after -- is the query, not a flag"
     out = run_engine("recall", "--memory", str(memory), "--", "--candidates", "MT-4471")
@@ -121,3 +226,20 @@ def test_version_and_usage_errors_follow_funes_exit_codes(run_engine):
     assert version.returncode == 0 and version.stdout.startswith("recall-engine ")
     assert run_engine("recall").returncode == 2, "a usage error (no query) exits 2"
     assert run_engine("nonsense-command").returncode == 2
+
+
+async def test_mcp_recall_takes_explain_and_candidates_and_stays_funes_shaped_without(tmp_path, embedder):
+    from fastmcp import Client
+    from fastmcp.client.transports import StdioTransport
+
+    from tests.conftest import engine_cli
+
+    memory = _memory(tmp_path, embedder)
+    async with Client(StdioTransport(engine_cli(), ["mcp", str(memory)], keep_alive=True)) as client:
+        plain = (await client.call_tool("recall", {"query": "MT-4471 spindle", "k": 2})).content[0].text
+        explained = (await client.call_tool("recall", {"query": "MT-4471 spindle", "k": 2, "candidates": 8,
+                                                       "explain": True})).content[0].text
+        nothing = (await client.call_tool("recall", {"query": "xyzzy plugh"})).content[0].text
+    assert "  ? " not in plain and explained.count("\n  ? dense") == 2
+    assert parse_recall(plain)[0].text == PROBES["t-mt4471"] == parse_recall(explained)[0].text
+    assert nothing == NO_RESULTS

@@ -185,9 +185,8 @@ def test_poison_and_failing_messages_go_to_the_dead_letter_stream(services, serv
     post(service_env, conversation_payload("hank", "h1", ["this write cannot succeed"]))
     assert wait_until(lambda: r.xlen("recall:turns:dead") == 3, 60), r.xrange("recall:turns:dead")
     reasons = [f["reason"] for _, f in r.xrange("recall:turns:dead")]
-    assert reasons[:2] == ["invalid event: ValidationError", "invalid event: UnsafeId"] or \
-        sorted(reasons[:2]) == sorted(["invalid event: ValidationError", "invalid event: UnsafeId"])
-    assert reasons[2] == "max deliveries exceeded"
+    # The order depends on scheduling (a loaded machine can finish hank's retries first).
+    assert sorted(reasons) == sorted(["invalid event: ValidationError", "invalid event: UnsafeId", "max deliveries exceeded"])
     assert r.xpending("recall:turns", "indexers")["pending"] == 0
     metrics = httpx.get(f"http://127.0.0.1:{service_env['RECALL_INDEXER_PORT']}/metrics").text
     assert 'recall_indexer_dead_letters_total{reason="max deliveries exceeded"} 1.0' in metrics

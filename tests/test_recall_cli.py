@@ -205,7 +205,7 @@ def test_a_port_answered_by_another_redis_is_never_taken_for_ours(tmp_path, redi
 
 def test_a_redis_that_cannot_start_says_why(tmp_path, redis_url):
     port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
-    with pytest.raises(RedisStartError, match="(?i)address already in use|another redis-server"):
+    with pytest.raises(RedisStartError, match="(?i)address already in use|failed listening|another redis-server"):
         EmbeddedRedis(tmp_path / "redis", port=port).start(timeout=10)
 
 

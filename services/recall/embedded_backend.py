@@ -25,7 +25,7 @@ class EmbeddedBackend:
         self.timeout_s = timeout_s
 
     async def recall(self, paths: TenantPaths, query: str, k: int, candidates: int) -> list[AgentHit]:
-        params = RecallParams(k=k, candidates=candidates)
+        params = RecallParams(k=k, candidates=candidates, floor=True)
         evictions = self.engine.evictions
         deadline = time.monotonic() + self.timeout_s
         try:

@@ -6,7 +6,8 @@ recall, per hit:
     <full chunk text>
       ~ [<role> <block_type> seq<N>] <first 160 code points of a neighbouring chunk>
     ---
-An empty result is `no results` with no trailing newline.
+An empty result is `no results` with no trailing newline. With `explain` (never asked for by
+the recall service) each header is followed by `  ? <how the hit was scored>`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from shared.engine.hybrid_search import NEIGHBOUR_PREVIEW_CHARS, Hit
 from shared.engine.store import Row
 
 NO_RESULTS = "no results"
+EXPLAIN_MARK = "? "
 HEADER = re.compile(r"^\[(?P<ts>[^\]]*)\] (?P<harness>\S*) (?P<where>\S+) (?P<block_type>\S+)  score=(?P<score>[-0-9.]+)$")
 HINT = re.compile(r"^  → get (?P<session_id>\S+) (?P<turn_uuid>\S+)( .*)?$")
 NEIGHBOUR = re.compile(r"^  ~ \[(?P<role>\S+) (?P<block_type>\S+) seq(?P<seq>-?\d+)\] (?P<text>.*)$")
@@ -35,6 +37,8 @@ def render_recall(hits: list[Hit], memory_label: str) -> str:
         r = hit.row
         out.append(f"[{r.ts}] {r.harness} {_where(r)} {r.block_type}  score={hit.score:.3f}")
         out.append(f"  → get {r.session_id} {r.turn_uuid} --memory {memory_label}")
+        if hit.explain is not None:
+            out.append(f"  {EXPLAIN_MARK}{hit.explain.line()}")
         out.append(r.text)
         for n in hit.neighbours:
             out.append(f"  ~ [{n.role} {n.block_type} seq{n.seq}] {n.text[:NEIGHBOUR_PREVIEW_CHARS]}")
@@ -92,6 +96,7 @@ def parse_recall(output: str) -> list[ParsedHit]:
     if output.strip() == NO_RESULTS:
         return []
     hits: list[ParsedHit] = []
+    after_hint = False  # an explain line follows the hint line directly
     for line in output.splitlines():
         m = HEADER.match(line)
         if m:
@@ -100,9 +105,14 @@ def parse_recall(output: str) -> list[ParsedHit]:
         hint = HINT.match(line)
         if hits and hint and not hits[-1].text_lines:
             hits[-1].session_id, hits[-1].turn_uuid = hint["session_id"], hint["turn_uuid"]
+            after_hint = True
             continue
         if not hits or hint:
             continue
+        if after_hint and line.startswith("  " + EXPLAIN_MARK):
+            after_hint = False
+            continue
+        after_hint = False
         n = NEIGHBOUR.match(line)
         if n:
             hits[-1].neighbours.append((n["role"], int(n["seq"]), n["text"]))

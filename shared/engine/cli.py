@@ -48,6 +48,8 @@ def _parser() -> argparse.ArgumentParser:
     rc.add_argument("--type", dest="block_type")
     rc.add_argument("--harness")
     rc.add_argument("--memory")
+    rc.add_argument("--explain", action="store_true",
+                    help="show per hit how it was scored (legs, ranks, fusion, boosts, recency)")
     rc.add_argument("query", nargs="+")
 
     gt = sub.add_parser("get", help="read turns around one turn")
@@ -112,7 +114,8 @@ def _run(args: argparse.Namespace) -> int:
     engine = Engine(max_readers=1)
     memory = _memory(args.memory)
     if args.command == "recall":
-        params = RecallParams(args.k, args.candidates, args.half_life, args.neighbors, args.block_type, args.harness)
+        params = RecallParams(args.k, args.candidates, args.half_life, args.neighbors, args.block_type, args.harness,
+                              floor=True, explain=args.explain)
         sys.stdout.write(engine.recall(memory, " ".join(args.query), params, label=args.memory or str(memory)))
     else:
         sys.stdout.write(engine.get(memory, args.session_id, args.turn_uuid, args.window))

@@ -1,5 +1,10 @@
-"""Recall: dense + BM25 (+ identifier) legs, reciprocal rank fusion, identifier-first order,
-recency weighting, optional cross-encoder rerank, neighbouring turns attached."""
+"""Recall: a stemmed BM25 leg and a dense leg fused by their normalised scores, an identifier
+boost, recency weighting, a relevance floor, optional cross-encoder rerank, neighbours attached.
+
+Why score fusion and not reciprocal rank fusion: on LoCoMo (issue 10) plain RRF makes stemmed
+BM25 *worse* (it throws away how far ahead the best BM25 match is), while min-max score fusion
+with a light dense weight beats both legs; 0.2-0.4 is flat, 0.3 is used.
+"""
 
 from __future__ import annotations
 
@@ -10,14 +15,31 @@ from dataclasses import dataclass, field
 from shared.engine.embedder import Embedder
 from shared.engine.identifiers import count_identifiers, identifier_pattern, query_identifiers
 from shared.engine.memory_reader import Mask, MemoryReader
+from shared.engine.relevance_floor import floor_for
 from shared.engine.reranker import Reranker
 from shared.engine.store import Row
+from shared.engine.text_analysis import ANALYZER, phrase, query_terms
 
-RRF_K = 60
+RRF_K = 60  # only the benchmarks' plain-RRF baseline uses it
+DENSE_WEIGHT = 0.3
+# A hit holding every identifier of the query gains this much: enough to lift it over the
+# template-alike turns about other units, while the rest of the query still orders the turns
+# that all hold the identifier (issue 10: a hard identifier-first sort let a chatter mention win).
+IDENTIFIER_BOOST = 0.5
 # Without a cross-encoder the fused scores are close together, so a full half-life decay would
 # let any recent weak match bury an older exact one. Recency may discount a hit by at most this
 # share of its score: it orders near-ties by date, it does not override relevance.
 RECENCY_SHARE = 0.25
+# Each leg looks at least this deep, even when the pool kept is smaller: min-max normalisation
+# over a short list flattens real gaps, and session evidence needs the session's other turns
+# (LoCoMo, k=3 from 8: R@3 0.706 -> 0.718 alone, 0.733 with the session lift).
+MIN_LEG_DEPTH = 30
+# A turn gains this share of the fused scores of the other turns of its session in the legs:
+# answers cluster in the session where the topic was discussed (LoCoMo R@3 +2.0, R@8 +1.4
+# points; 0.1-0.2 flat, 0.5 hurts). A lift from the adjacent turns alone, the old skip of hits
+# already visible as a neighbour, and pseudo-relevance feedback on the BM25 leg measured flat
+# or worse and are not used.
+SESSION_WEIGHT = 0.2
 RERANK_POOL_FACTOR = 4
 NEIGHBOUR_PREVIEW_CHARS = 160  # funes shows neighbours as previews of this many code points
 
@@ -40,6 +62,35 @@ class RecallParams:
     neighbors: int = 1
     block_type: str | None = None
     harness: str | None = None
+    # Say "no results" when nothing passes the embedder's relevance floor. The agent-facing
+    # entry points (CLI, stdio MCP, the recall service's embedded backend) turn it on.
+    floor: bool = False
+    explain: bool = False  # attach how each hit was scored (Hit.explain)
+
+
+@dataclass
+class Explain:
+    dense_rank: int | None = None
+    dense_score: float | None = None
+    bm25_rank: int | None = None
+    bm25_score: float | None = None
+    fused: float = 0.0
+    session_lift: float = 0.0
+    identifier_boost: float = 0.0
+    recency: float = 1.0
+    reranked: float | None = None
+
+    def line(self) -> str:
+        def leg(name: str, rank: int | None, score: float | None) -> str:
+            return f"{name} -" if rank is None else f"{name} #{rank + 1} {score:.3f}"
+
+        parts = [leg("dense", self.dense_rank, self.dense_score), leg("bm25", self.bm25_rank, self.bm25_score),
+                 f"fused {self.fused:.3f} (dense weight {DENSE_WEIGHT})", f"session +{self.session_lift:.3f}",
+                 f"identifier +{self.identifier_boost:.2f}"]
+        if self.reranked is not None:
+            parts.append(f"cross-encoder {self.reranked:.3f}")
+        parts.append(f"recency x{self.recency:.3f}")
+        return " | ".join(parts)
 
 
 @dataclass
@@ -47,37 +98,64 @@ class Hit:
     row: Row
     score: float
     neighbours: list[Row] = field(default_factory=list)
+    explain: Explain | None = None
+
+
+@dataclass(frozen=True)
+class Legs:
+    dense: list[tuple[int, float]]
+    bm25: list[tuple[int, float]]
 
 
 _QUOTE_STRIP = re.compile(r'["\\]')
 _HAS_WORD = re.compile(r"[^\W_]", re.UNICODE)
 
 
-def bm25_query_text(query: str) -> str:
-    """Quote every whitespace-separated word so tantivy's parser accepts any user text.
+def bm25_query_text(query: str, analyzer: str = ANALYZER) -> str:
+    """The query for tantivy's parser: every term quoted, so any user text parses.
 
-    `MT-4471` then becomes the positional phrase `mt 4471`; words with no letter or digit
-    are dropped (calibration: this made 20,000 random strings parse).
+    With the current analyzer the terms are the query's stems without stop words
+    (text_analysis); a memory indexed before stemming gets its plain words, as it was built.
+    An empty string means nothing to search.
     """
+    if analyzer == ANALYZER:
+        return " ".join(f'"{t}"' for t in query_terms(query))
     words = [_QUOTE_STRIP.sub("", w) for w in query.split()]
     return " ".join(f'"{w}"' for w in words if _HAS_WORD.search(w))
 
 
-def _bm25_leg(reader: MemoryReader, text: str, limit: int, mask: Mask) -> list[int]:
+def bm25_leg(reader: MemoryReader, text: str, limit: int, mask: Mask) -> list[tuple[int, float]]:
     if not text:
         return []
     try:
         query = reader.store.fts.parse_query(text, ["text"])
     except ValueError:
         return []
-    out: list[int] = []
+    out: list[tuple[int, float]] = []
     # Ask for more than needed: dead or filtered-out docs are dropped after the search.
-    for row_id, _ in reader.store.bm25(query, limit * 2 + 10):
+    for row_id, score in reader.store.bm25(query, limit * 2 + 10):
         if reader.passes(row_id, mask):
-            out.append(row_id)
+            out.append((row_id, score))
             if len(out) == limit:
                 break
     return out
+
+
+def _minmax(leg: list[tuple[int, float]]) -> dict[int, float]:
+    """Scores to [0, 1] within the leg; a row the leg did not return counts as 0."""
+    if not leg:
+        return {}
+    hi, lo = leg[0][1], leg[-1][1]
+    span = hi - lo
+    return {rid: (s - lo) / span if span > 0 else 1.0 for rid, s in leg}
+
+
+def fuse(legs: Legs, dense_weight: float = DENSE_WEIGHT) -> dict[int, float]:
+    dense, bm25 = _minmax(legs.dense), _minmax(legs.bm25)
+    if not bm25:  # no query word occurs in the memory: the dense leg alone orders the pool
+        return dense
+    return {rid: (1 - dense_weight) * bm25.get(rid, 0.0) + dense_weight * dense.get(rid, 0.0)
+            for rid in dense.keys() | bm25.keys()}
 
 
 def _recency(epoch: float | None, now: float, half_life_days: float) -> float:
@@ -85,6 +163,13 @@ def _recency(epoch: float | None, now: float, half_life_days: float) -> float:
         return 1.0
     age_days = max(now - epoch, 0.0) / 86400.0
     return 1.0 - RECENCY_SHARE + RECENCY_SHARE * 0.5 ** (age_days / half_life_days)
+
+
+def search_legs(reader: MemoryReader, qvec: np.ndarray, query: str, candidates: int, mask: Mask) -> Legs:
+    """Both legs, each its top `candidates` with raw scores (call inside `reader.fresh()`)."""
+    analyzer = reader.store.fts_analyzer()
+    return Legs(reader.nearest_scored(qvec, candidates, mask),
+                bm25_leg(reader, bm25_query_text(query, analyzer), candidates, mask))
 
 
 def recall(
@@ -105,29 +190,40 @@ def recall(
         check_deadline(deadline)
         mask = reader.filter_mask(params.block_type, params.harness)
         c = params.candidates
+        legs = search_legs(reader, qvec, query, max(c, MIN_LEG_DEPTH), mask)
         idents = query_identifiers(query)
-        fused: dict[int, float] = {}
-        for leg in (reader.nearest(qvec, c, mask), _bm25_leg(reader, bm25_query_text(query), c, mask)):
-            for rank, row_id in enumerate(leg):
-                fused[row_id] = fused.get(row_id, 0.0) + 1.0 / (rank + RRF_K)
-        if idents:
-            # Chunks holding the identifiers join the pool even when both legs missed them, but
-            # add no score: the identifier-first order below already favours them.
-            for row_id in _bm25_leg(reader, " ".join(f'"{i}"' for i in idents), c, mask):
-                fused.setdefault(row_id, 0.0)
-        rows = reader.store.rows(list(fused))
+        # Turns holding the query's identifiers join the pool even when both legs missed them.
+        ident_leg = bm25_leg(reader, " ".join(f'"{phrase(i)}"' for i in idents), c, mask) if idents else []
+        rows = reader.store.rows(list({rid for leg in (legs.dense, legs.bm25, ident_leg) for rid, _ in leg}))
+        plain = {rid: s for rid, s in fuse(legs, DENSE_WEIGHT).items() if rid in rows}
+        fused = _session_lift(plain, rows)
+        for rid, _ in ident_leg:
+            fused.setdefault(rid, 0.0)
         patterns = [identifier_pattern(i) for i in idents]
-        ident_hits = {rid: count_identifiers(rows[rid].text, patterns) for rid in rows} if patterns else {}
-        pool = sorted(rows, key=lambda rid: (ident_hits.get(rid, 0), fused[rid]), reverse=True)[:c]
+        boost = {rid: IDENTIFIER_BOOST * count_identifiers(rows[rid].text, patterns) / len(patterns)
+                 for rid in rows} if patterns else {}
+        if params.floor and not any(boost.values()) and not (
+                query_terms(query) and floor_for(embedder.spec.model_id).passes(legs)):
+            return []  # nothing close enough, or a query without a single word
+        pool = sorted(rows, key=lambda rid: fused[rid] + boost.get(rid, 0.0), reverse=True)[:c]
 
+        reranked: dict[int, float] = {}
         if reranker is not None and len(pool) >= RERANK_POOL_FACTOR * params.k:
             check_deadline(deadline)  # the cross-encoder is the costliest stage
-            base = dict(zip(pool, reranker.scores(query, [rows[r].text for r in pool]).tolist()))
-        else:
-            base = {rid: fused[rid] for rid in pool}
-        scored = {rid: base[rid] * _recency(reader.epoch_of(rid), now, params.half_life_days) for rid in pool}
-        ranked = sorted(pool, key=lambda rid: (ident_hits.get(rid, 0), scored[rid]), reverse=True)
-        hits = [Hit(rows[rid], scored[rid]) for rid in _select_hits(ranked, rows, params.k, params.neighbors)]
+            reranked = dict(zip(pool, reranker.scores(query, [rows[r].text for r in pool]).tolist()))
+        base = reranked or {rid: fused[rid] + boost.get(rid, 0.0) for rid in pool}
+        recency = {rid: _recency(reader.epoch_of(rid), now, params.half_life_days) for rid in pool}
+        scored = {rid: base[rid] * recency[rid] for rid in pool}
+        ranked = sorted(pool, key=scored.__getitem__, reverse=True)
+        hits = [Hit(rows[rid], scored[rid]) for rid in _select_hits(ranked, rows, params.k)]
+        if params.explain:
+            dense_rank = {rid: (i, s) for i, (rid, s) in enumerate(legs.dense)}
+            bm25_rank = {rid: (i, s) for i, (rid, s) in enumerate(legs.bm25)}
+            for hit in hits:
+                rid = hit.row.row_id
+                d, b = dense_rank.get(rid, (None, None)), bm25_rank.get(rid, (None, None))
+                hit.explain = Explain(d[0], d[1], b[0], b[1], plain.get(rid, 0.0), fused[rid] - plain.get(rid, 0.0),
+                                      boost.get(rid, 0.0), recency[rid], reranked.get(rid))
         if params.neighbors > 0:
             for hit in hits:
                 r = hit.row
@@ -138,24 +234,23 @@ def recall(
         return hits
 
 
-def _select_hits(ranked: list[int], rows: dict[int, Row], k: int, neighbors: int) -> list[int]:
-    """Top k, skipping what an earlier hit already shows in full: a repeated text (chats repeat
-    short lines such as "thanks, check K-012 too" across sessions) or a short turn that is an
-    earlier hit's neighbour and so already visible in its preview."""
+def _session_lift(fused: dict[int, float], rows: dict[int, Row]) -> dict[int, float]:
+    by_session: dict[str, float] = {}
+    for rid, score in fused.items():
+        by_session[rows[rid].session_id] = by_session.get(rows[rid].session_id, 0.0) + score
+    return {rid: score + SESSION_WEIGHT * (by_session[rows[rid].session_id] - score) for rid, score in fused.items()}
+
+
+def _select_hits(ranked: list[int], rows: dict[int, Row], k: int) -> list[int]:
+    """Top k, each text once: chats repeat short lines ("thanks!") across sessions, and a
+    second copy shows the agent nothing new."""
     seen: set[str] = set()
-    shown: list[Row] = []
     out: list[int] = []
     for rid in ranked:
-        row = rows[rid]
-        key = " ".join(row.text.split()).casefold()
+        key = " ".join(rows[rid].text.split()).casefold()
         if key in seen:
             continue
-        if len(row.text) <= NEIGHBOUR_PREVIEW_CHARS and any(
-                h.session_id == row.session_id and h.turn_uuid != row.turn_uuid and abs(h.seq - row.seq) <= neighbors
-                for h in shown):
-            continue
         seen.add(key)
-        shown.append(row)
         out.append(rid)
         if len(out) == k:
             break

@@ -29,9 +29,13 @@ def serve(default_memory: Path) -> None:
 
     @server.tool(description="Ranked hybrid search over past conversations.")
     def recall(query: str, k: int | None = None, block_type: str | None = None,
-               harness: str | None = None, memory: str | None = None) -> str:
+               harness: str | None = None, memory: str | None = None, candidates: int | None = None,
+               explain: bool = False) -> str:
+        # candidates and explain are additions to funes' tool: omitted, the output is funes'.
         try:
-            params = RecallParams(k=k or 8, block_type=block_type or None, harness=harness or None)
+            params = RecallParams(k=k or 8, candidates=candidates or RecallParams.candidates,
+                                  block_type=block_type or None, harness=harness or None, floor=True,
+                                  explain=bool(explain))
             return engine.recall(resolve(memory), query, params)
         except Exception as exc:
             return f"recall error: {exc}"

@@ -11,6 +11,9 @@ from typing import Protocol
 
 import numpy as np
 
+from shared.engine.embedder import EmbedderSettings
+from shared.engine.native_threads import ort_session_options
+
 NOT_INSTALLED = "no cross-encoder installed (set RECALL_RERANK_MODEL_DIR to a local ONNX reranker)"
 
 
@@ -28,8 +31,8 @@ class OnnxCrossEncoder:
         from tokenizers import Tokenizer
 
         self.name = model_dir.resolve().name
-        opts = ort.SessionOptions()
-        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        # It scores one query's candidates per call: query-time threads, never spinning.
+        opts = ort_session_options(EmbedderSettings().embed_threads)
         self._session = ort.InferenceSession(str(model_dir / "model.onnx"), opts, providers=["CPUExecutionProvider"])
         self._inputs = {i.name for i in self._session.get_inputs()}
         self._tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))

