@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import time
 import uuid
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import psycopg
@@ -29,9 +30,14 @@ from tests.conftest import _pg_bin, wait_until
 STREAM, GROUP = "recall:turns", "indexers"
 
 
+# Within carol's 30-day retention override whatever day the suite runs on, so the restored
+# indexer's first retention sweep keeps the snapshot it then writes.
+RECENT = (datetime.now(timezone.utc) - timedelta(days=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def snapshot(user: str, conversation_id: str, text: str) -> TurnsEvent:
     return TurnsEvent(user_hash=user_hash(user), conversation_id=conversation_id, received_at=time.time(),
-                      turns=[StreamTurn(id="t0", role="user", text=text, ts="2026-10-08T10:00:00Z")])
+                      turns=[StreamTurn(id="t0", role="user", text=text, ts=RECENT)])
 
 
 def redis_state(client: redis.Redis) -> dict:
