@@ -124,3 +124,18 @@ async def test_invalid_events_stay_until_dropped(dlq_env, r):
     dropped = dlq(env, "drop", dead_id)
     assert dropped.returncode == 0 and "dropped 1" in dropped.stdout
     assert r.xlen(dead_letter_stream(settings.stream)) == 0
+
+
+async def test_an_entry_given_up_by_two_consumers_is_dead_lettered_once(dlq_env, r):
+    # A handler that runs past the reclaim idle time: its worker and the reclaimer both give up.
+    env, settings = dlq_env
+    fields = turns_event("c1", "poison that two consumers gave up on").fields()
+    client = aioredis.Redis.from_url(settings.redis, decode_responses=True)
+    try:
+        entry_id = await client.xadd(settings.stream, fields)
+        for consumer in range(2):
+            await StreamConsumer(client, settings, forgetter=None).dead_letter(entry_id, fields, 6, f"gave up {consumer}")
+    finally:
+        await client.aclose()
+    assert [f["entry_id"] for _, f in r.xrange(dead_letter_stream(settings.stream))] == [entry_id]
+    assert r.xlen(settings.stream) == 0

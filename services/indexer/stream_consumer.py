@@ -27,6 +27,8 @@ from shared.redis_lock import RedisLock
 from shared.stream_schema import ForgetEvent, StreamEvent, TurnsEvent, dead_letter_stream, parse_event
 from shared.tenant_paths import USER_HASH, TenantPaths, UnsafeId, check_conversation_id
 
+DEAD_LETTER_CLAIM_S = 7 * 24 * 3600  # far longer than any redelivery of one entry can take
+
 log = get_logger("recall.indexer.consumer")
 
 
@@ -108,6 +110,9 @@ class StreamConsumer:
         await pipe.execute()
 
     async def dead_letter(self, entry_id: str, fields: dict, deliveries: int, reason: str) -> None:
+        if not await self.client.set(keys.dead_lettered(entry_id), "1", nx=True, ex=DEAD_LETTER_CLAIM_S):
+            await self.ack(entry_id)  # another consumer already dead-lettered this very entry
+            return
         DEAD_LETTERS.labels(reason.split(":")[0]).inc()
         # The ids as plain fields too, so a forget finds the record without parsing it.
         record = {"entry_id": entry_id, "reason": reason, "deliveries": str(deliveries),
