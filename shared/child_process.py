@@ -32,10 +32,10 @@ def stop(proc: subprocess.Popen, timeout: float = 30.0) -> int:
     return proc.returncode
 
 
-def die_with_parent() -> None:
-    """preexec_fn: the child gets SIGTERM when the thread that started it dies (Linux)."""
+def die_with_parent(sig: int = signal.SIGTERM) -> None:
+    """preexec_fn: the child gets `sig` when the thread that started it dies (Linux)."""
     PR_SET_PDEATHSIG = 1
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, sig)
 
 
 def ready(proc: subprocess.Popen, url: str, deadline: float) -> bool:

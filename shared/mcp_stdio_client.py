@@ -8,11 +8,15 @@ It has no dependency beyond asyncio because it sits on the hot path of every poo
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import json
 import os
+import signal
 from collections.abc import Sequence
 from typing import Any
+
+from shared.child_process import die_with_parent
 
 PROTOCOL_VERSION = "2024-11-05"
 
@@ -60,7 +64,9 @@ class StdioMCPChild:
         self.proc = await asyncio.create_subprocess_exec(
             *self.argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.DEVNULL, env=self.env, cwd=self.cwd, limit=16 * 2**20,
-            start_new_session=True)
+            # SIGKILL if this replica dies: an engine child only reads, and a hung (stopped) one
+            # would hold a SIGTERM until it is continued.
+            start_new_session=True, preexec_fn=functools.partial(die_with_parent, signal.SIGKILL))
         self._reader = asyncio.create_task(self._read_loop())
         await self.request("initialize", {"protocolVersion": PROTOCOL_VERSION, "capabilities": {},
                                           "clientInfo": {"name": "recall-pool", "version": "1"}}, timeout)
