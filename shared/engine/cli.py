@@ -38,35 +38,35 @@ def _parser() -> argparse.ArgumentParser:
     ix = sub.add_parser("index", help="index a tree of *.funes.jsonl files into $FUNES_HOME/memory")
     ix.add_argument("--yes", action="store_true", help="accepted for funes compatibility; never prompts")
     ix.add_argument("--wait", type=float, default=0.0, help="seconds to wait for a running index to finish")
-    ix.add_argument("src")
+    ix.add_argument("src", help="directory holding the *.funes.jsonl transcripts")
 
     rc = sub.add_parser("recall", help="ranked search")
-    rc.add_argument("-k", "--k", type=int, default=8)
-    rc.add_argument("--candidates", type=int, default=30)
-    rc.add_argument("--half-life", type=float, default=30.0)
-    rc.add_argument("--neighbors", type=int, default=1)
-    rc.add_argument("--type", dest="block_type")
-    rc.add_argument("--harness")
-    rc.add_argument("--memory")
+    rc.add_argument("-k", "--k", type=int, default=8, help="passages to return (default 8)")
+    rc.add_argument("--candidates", type=int, default=30, help="depth of each search leg before fusion (default 30)")
+    rc.add_argument("--half-life", type=float, default=30.0, help="recency half-life in days (default 30)")
+    rc.add_argument("--neighbors", type=int, default=1, help="neighbouring turns shown on each side (default 1)")
+    rc.add_argument("--type", dest="block_type", help="only chunks of this block type (not validated: a typo gives no results)")
+    rc.add_argument("--harness", help="only sessions of this harness (claude, codex, pi, hermes)")
+    rc.add_argument("--memory", help="memory directory (default: $FUNES_HOME/memory)")
     rc.add_argument("--explain", action="store_true",
                     help="show per hit how it was scored (legs, ranks, fusion, boosts, recency)")
-    rc.add_argument("query", nargs="+")
+    rc.add_argument("query", nargs="+", help="what to look for (words are joined)")
 
     gt = sub.add_parser("get", help="read turns around one turn")
-    gt.add_argument("session_id")
-    gt.add_argument("turn_uuid")
-    gt.add_argument("--window", type=int, default=3)
-    gt.add_argument("--memory")
+    gt.add_argument("session_id", help="session (conversation) id, as recall prints it")
+    gt.add_argument("turn_uuid", help="turn id, as recall prints it")
+    gt.add_argument("--window", type=int, default=3, help="turns shown on each side (default 3)")
+    gt.add_argument("--memory", help="memory directory (default: $FUNES_HOME/memory)")
 
     st = sub.add_parser("status", help="what a memory holds")
-    st.add_argument("memory", nargs="?")
+    st.add_argument("memory", nargs="?", help="memory directory (default: $FUNES_HOME/memory)")
 
     fg = sub.add_parser("forget", help="remove one session from a memory now")
-    fg.add_argument("session_id")
-    fg.add_argument("--memory")
+    fg.add_argument("session_id", help="session (conversation) id to remove")
+    fg.add_argument("--memory", help="memory directory (default: $FUNES_HOME/memory)")
 
     mc = sub.add_parser("mcp", help="serve recall, get and status over stdio MCP")
-    mc.add_argument("memory", nargs="?")
+    mc.add_argument("memory", nargs="?", help="memory directory (default: $FUNES_HOME/memory)")
     return p
 
 
