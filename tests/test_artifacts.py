@@ -3,7 +3,6 @@ real PostgreSQL server."""
 
 from __future__ import annotations
 
-import uuid
 
 import pytest
 from fastmcp import Client
@@ -20,24 +19,11 @@ def token(user: str, role: str, also: dict[str, str] | None = None) -> str:
     return mint(user, realms={REALM: role, **(also or {})})
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def db_url(request, tmp_path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'artifacts.sqlite3'}"
-    url = request.getfixturevalue("postgres_url")
-    import psycopg
-
-    name = f"t{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
-    return url.rsplit("/", 1)[0] + f"/{name}"
-
-
 @pytest.fixture
-def mcp_server(services, service_env, db_url):
+def mcp_server(services, service_env, artifacts_db_url):
     services("ingest")
     services("indexer")
-    services("serve", RECALL_ARTIFACTS_DB_URL=db_url)
+    services("serve", RECALL_ARTIFACTS_DB_URL=artifacts_db_url)
     return service_env
 
 
@@ -249,10 +235,10 @@ async def test_conversation_recall_and_artifact_search_never_mix(mcp_server):
     assert "PELICAN-9" in await call_recall(env, token("researcher", "member"), "PELICAN-9 rollout")
 
 
-def test_the_database_itself_refuses_a_second_accepted_version(db_url):
+def test_the_database_itself_refuses_a_second_accepted_version(artifacts_db_url):
     from services.recall.artifacts.artifact_store import Conflict
 
-    store = ArtifactStore(db_url)
+    store = ArtifactStore(artifacts_db_url)
     with store.transaction() as tx:
         for i in range(2):
             tx.q("INSERT INTO artifacts (artifact_id, realm_id, artifact_path, artifact_kind, write_mode, status, body, summary,"

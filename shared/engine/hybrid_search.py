@@ -12,6 +12,8 @@ import re
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from shared.engine.embedder import Embedder
 from shared.engine.identifiers import count_identifiers, identifier_pattern, query_identifiers
 from shared.engine.memory_reader import Mask, MemoryReader
