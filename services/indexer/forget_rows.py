@@ -36,10 +36,14 @@ class EmbeddedRows:
         self.job = job
 
     async def count(self, paths: TenantPaths) -> int:
-        return await asyncio.to_thread(_store_count, paths, None)
+        from shared.engine.api import chunk_count  # the embedded engine only: funes mode never loads it
+
+        return await asyncio.to_thread(chunk_count, paths.memory)
 
     async def remove_conversation(self, paths: TenantPaths, conversation_id: str, lock: RedisLock | None = None) -> int:
-        removed = await asyncio.to_thread(_store_count, paths, conversation_id)
+        from shared.engine.api import chunk_count
+
+        removed = await asyncio.to_thread(chunk_count, paths.memory, conversation_id)
         await self.job.remove_deleted(paths, lock=lock)
         return removed
 
@@ -88,17 +92,3 @@ class FunesRows:
 
 def make_forget_rows(engine: str, funes_bin: str, job: IndexJob, timeout_s: float) -> ForgetRows:
     return FunesRows(funes_bin, job, timeout_s) if engine == "funes" else EmbeddedRows(job)
-
-
-def _store_count(paths: TenantPaths, conversation_id: str | None) -> int:
-    from shared.engine.store import MemoryStore
-
-    if not MemoryStore.exists(paths.memory):
-        return 0
-    store = MemoryStore.open(paths.memory)
-    try:
-        if conversation_id is None:
-            return store.counts()[0]
-        return store.conn.execute("SELECT COUNT(*) FROM chunks WHERE session_id=?", (conversation_id,)).fetchone()[0]
-    finally:
-        store.close()

@@ -222,6 +222,17 @@ def status_text(memory: Path, label: str | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def chunk_count(memory: Path, session_id: str | None = None) -> int:
+    """Chunks the memory holds (of one session when given); 0 when there is no memory."""
+    if memory_state(memory) is MemoryState.ABSENT:
+        return 0
+    store = MemoryStore.open(memory)
+    try:
+        return store.counts()[0] if session_id is None else store.session_chunks(session_id)
+    finally:
+        store.close()
+
+
 def _when(stamp: str) -> str:
     t = time.mktime(time.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ")) - time.timezone
     age = max(0, int(time.time() - t))

@@ -221,6 +221,10 @@ class MemoryStore:
                 "SELECT COUNT(*), COUNT(DISTINCT session_id) FROM chunks").fetchone()
         return int(chunks), int(sessions)
 
+    def session_chunks(self, session_id: str) -> int:
+        with self.lock:
+            return int(self.conn.execute("SELECT COUNT(*) FROM chunks WHERE session_id=?", (session_id,)).fetchone()[0])
+
     def sources(self) -> dict[str, str]:
         return dict(self.conn.execute("SELECT path, signature FROM sources").fetchall())
 
