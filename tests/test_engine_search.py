@@ -121,7 +121,7 @@ def test_any_user_text_parses_as_a_bm25_query(tmp_path, embedder):
     finally:
         store.close()
     assert bm25_query_text("\\ ---") == "" and engine.recall(memory, "\\ ---", RecallParams(floor=True)) == NO_RESULTS
-    assert bm25_query_text("MT-4471?") == '"mt" "4471"'
+    assert bm25_query_text("MT-4471?") == '"mt 4471"'
 
 
 def test_gibberish_and_off_topic_queries_say_no_results(tmp_path, embedder):
@@ -243,3 +243,9 @@ async def test_mcp_recall_takes_explain_and_candidates_and_stays_funes_shaped_wi
     assert "  ? " not in plain and explained.count("\n  ? dense") == 2
     assert parse_recall(plain)[0].text == PROBES["t-mt4471"] == parse_recall(explained)[0].text
     assert nothing == NO_RESULTS
+
+
+def test_a_joined_word_with_a_number_stays_one_phrase_in_the_lexical_query():
+    # As free terms, `p` and `003` would match every unit of the P-series alike.
+    assert bm25_query_text("what was decided about P-003") == '"decid" "p 003"'
+    assert bm25_query_text("Caroline's e-mail") == '"carolin" "e" "mail"'

@@ -20,7 +20,7 @@ from shared.engine.memory_reader import Mask, MemoryReader
 from shared.engine.relevance_floor import floor_for
 from shared.engine.reranker import Reranker
 from shared.engine.store import Row
-from shared.engine.text_analysis import ANALYZER, phrase, query_terms
+from shared.engine.text_analysis import ANALYZER, phrase, query_clauses, query_terms
 
 RRF_K = 60  # only the benchmarks' plain-RRF baseline uses it
 DENSE_WEIGHT = 0.3
@@ -121,7 +121,7 @@ def bm25_query_text(query: str, analyzer: str = ANALYZER) -> str:
     An empty string means nothing to search.
     """
     if analyzer == ANALYZER:
-        return " ".join(f'"{t}"' for t in query_terms(query))
+        return " ".join(f'"{t}"' for t in query_clauses(query))
     words = [_QUOTE_STRIP.sub("", w) for w in query.split()]
     return " ".join(f'"{w}"' for w in words if _HAS_WORD.search(w))
 

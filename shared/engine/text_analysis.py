@@ -85,6 +85,20 @@ def query_terms(query: str) -> list[str]:
     return list(dict.fromkeys(stem(w) for w in content))
 
 
+def query_clauses(query: str) -> list[str]:
+    """`query_terms`, except that a joined word with a number in it (`P-003`, `N-11`, `3-day`)
+    stays one phrase of its stems (`p 003`): as free terms its parts match every unit of the
+    same series."""
+    clauses: list[str] = []
+    for token in query.split():
+        ws = words(token)
+        if len(ws) > 1 and any(w.isdigit() for w in ws):
+            clauses.append(" ".join(stem(w) for w in ws))
+        else:
+            clauses.extend(stem(w) for w in ws if w not in STOP_WORDS)
+    return list(dict.fromkeys(clauses)) or query_terms(query)
+
+
 def phrase(text: str) -> str:
     """A text (an identifier such as `MT-4471`) as the stems it is indexed under: `mt 4471`."""
     return index_text(text)
