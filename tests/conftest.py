@@ -312,3 +312,12 @@ def artifacts_db_url(request, tmp_path) -> str:
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(f"CREATE DATABASE {name}")
     return url.rsplit("/", 1)[0] + f"/{name}"
+
+
+@pytest.fixture
+def mcp_server(services, service_env, artifacts_db_url):
+    """The whole stack, its recall service on that artifacts database."""
+    services("ingest")
+    services("indexer")
+    services("serve", RECALL_ARTIFACTS_DB_URL=artifacts_db_url)
+    return service_env

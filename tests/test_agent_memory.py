@@ -10,7 +10,6 @@ import subprocess
 from datetime import datetime, timedelta, timezone
 
 import httpx
-import pytest
 from fastmcp import Client
 from fastmcp.client.auth import BearerAuth
 
@@ -18,14 +17,6 @@ from tests.conftest import BIN, call_recall, indexed_chunks, mint, post_conversa
 
 REALM = "acme-integrations"
 CITE = re.compile(r"^  cite: session_id=(\S+) turn_uuid=(\S+)$", re.M)
-
-
-@pytest.fixture
-def memory_server(services, service_env, artifacts_db_url):
-    services("ingest")
-    services("indexer")
-    services("serve", RECALL_ARTIFACTS_DB_URL=artifacts_db_url)
-    return service_env
 
 
 def iso(delta_days: float) -> str:
@@ -55,8 +46,8 @@ def record(**overrides) -> dict:
             "tags": ["contract-7", "vendor"], **overrides}
 
 
-async def test_people_write_agents_search_and_read_with_provenance(memory_server):
-    env = memory_server
+async def test_people_write_agents_search_and_read_with_provenance(mcp_server):
+    env = mcp_server
     await mcp(env, "lead", "owner", "register_realm_entity", realm_id=REALM, entity_id="contract-7", title="Integration contract")
     post_conversation(env, "alice", "call-notes", ["Vendor call: they confirmed the retry fix ships in 2.1.", "noted"])
     assert wait_until(lambda: indexed_chunks(env, "alice") == 2, 30)
@@ -112,8 +103,8 @@ async def test_people_write_agents_search_and_read_with_provenance(memory_server
     assert [r["record_id"] for r in listed] == [fact["record_id"]]
 
 
-async def test_http_refusals_name_the_rule_or_field(memory_server):
-    env = memory_server
+async def test_http_refusals_name_the_rule_or_field(mcp_server):
+    env = mcp_server
     alice, viewer = Person(env, "alice", "member"), Person(env, "viewer", "reader")
     realm_target = [{"target_kind": "realm", "target_id": REALM}]
     assert httpx.post(f"{recall_url(env)}/realms/{REALM}/memory", json=record()).status_code == 401

@@ -19,14 +19,6 @@ def token(user: str, role: str, also: dict[str, str] | None = None) -> str:
     return mint(user, realms={REALM: role, **(also or {})})
 
 
-@pytest.fixture
-def mcp_server(services, service_env, artifacts_db_url):
-    services("ingest")
-    services("indexer")
-    services("serve", RECALL_ARTIFACTS_DB_URL=artifacts_db_url)
-    return service_env
-
-
 class Agent:
     def __init__(self, env, user: str, role: str, also: dict[str, str] | None = None) -> None:
         self.client = Client(f"{recall_url(env)}/mcp", auth=BearerAuth(token(user, role, also)))
