@@ -39,7 +39,9 @@ ENGINE = str(BIN / "recall-engine")
 def write_tree(src: Path, conversations: list[Conversation]) -> None:
     src.mkdir(parents=True, exist_ok=True)
     for conv in conversations:
-        (src / f"{conv.conversation_id}.funes.jsonl").write_text(conversation_lines(conv))
+        path, body = src / f"{conv.conversation_id}.funes.jsonl", conversation_lines(conv)
+        if not path.exists() or path.read_text() != body:  # unchanged files keep a kept memory warm
+            path.write_text(body)
 
 
 def du(path: Path) -> int:
@@ -211,10 +213,13 @@ def main() -> None:
     ap.add_argument("--questions", type=int, default=200)
     ap.add_argument("--no-doc", action="store_true", help="print only; do not update docs/benchmarks.md")
     ap.add_argument("--quality-only", action="store_true", help="skip latency, cold start and freshness (print only)")
+    ap.add_argument("--workdir", help="keep the memories here between runs (an unchanged corpus is not re-indexed, "
+                                      "so the index times then mean nothing); default: a temporary directory")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="recall-bench-") as d:
-        results = [asyncio.run(bench_size(n, args.questions, Path(d), args.quality_only)) for n in args.sizes]
-        russian = [asyncio.run(bench_quality_only("ru", n, args.questions, Path(d))) for n in args.ru_sizes]
+        work = Path(args.workdir or d)
+        results = [asyncio.run(bench_size(n, args.questions, work, args.quality_only)) for n in args.sizes]
+        russian = [asyncio.run(bench_quality_only("ru", n, args.questions, work)) for n in args.ru_sizes]
     body = render(results, russian)
     print(body)
     if not args.no_doc and not args.quality_only:

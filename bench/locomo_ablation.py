@@ -26,8 +26,10 @@ VARIANTS: list[tuple[str, dict[str, object]]] = [
     ("legs only C deep (no minimum depth)", {"MIN_LEG_DEPTH": 0}),
     ("no session lift", {"SESSION_WEIGHT": 0.0}),
     ("session lift 0.5", {"SESSION_WEIGHT": 0.5}),
-    ("dense weight 0.5", {"DENSE_WEIGHT": 0.5}),
-    ("dense weight 0.15", {"DENSE_WEIGHT": 0.15}),
+    # The dense weight is per model (DENSE_WEIGHTS); emptying the table gives every model DENSE_WEIGHT.
+    ("dense weight 0.3", {"DENSE_WEIGHTS": {}, "DENSE_WEIGHT": 0.3}),
+    ("dense weight 0.5", {"DENSE_WEIGHTS": {}, "DENSE_WEIGHT": 0.5}),
+    ("dense weight 0.15", {"DENSE_WEIGHTS": {}, "DENSE_WEIGHT": 0.15}),
 ]
 
 

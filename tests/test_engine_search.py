@@ -249,3 +249,21 @@ def test_a_joined_word_with_a_number_stays_one_phrase_in_the_lexical_query():
     # As free terms, `p` and `003` would match every unit of the P-series alike.
     assert bm25_query_text("what was decided about P-003") == '"decid" "p 003"'
     assert bm25_query_text("Caroline's e-mail") == '"carolin" "e" "mail"'
+
+
+def test_a_question_naming_a_day_or_month_finds_the_turns_of_that_date(tmp_path, embedder):
+    src = tmp_path / "src"
+    # The same words on three dates: only the date can tell them apart.
+    for cid, day in [("march", "2022-03-14"), ("nov9", "2022-11-09"), ("nov21", "2022-11-21")]:
+        write_conversation(src, cid, ["Any news?", f"We tried the new dish today ({cid}).", "nice"], day=day)
+    index_tree(tmp_path / "home", src, embedder)
+    engine, memory = Engine(embedder=embedder), memory_dir(tmp_path / "home")
+    for query, expected in [("What dish did we try on 9 November, 2022?", "(nov9)"),
+                            ("what new dish did we try in March", "(march)"),
+                            ("какое блюдо мы пробовали 21 ноября", "(nov21)")]:
+        hits = parse_recall(engine.recall(memory, query, RecallParams(k=1, neighbors=0)))
+        assert hits and expected in hits[0].text, (query, [h.text for h in hits])
+
+
+def test_a_memory_of_the_previous_stemming_analyzer_is_still_queried_with_stems():
+    assert bm25_query_text("Tickets opened", "snowball-en-ru-1") == bm25_query_text("Tickets opened") == '"ticket" "open"'

@@ -37,7 +37,7 @@ import tantivy
 
 from shared.engine.chunking import Chunk
 from shared.engine.fault_injection import fault_point
-from shared.engine.text_analysis import ANALYZER, index_text
+from shared.engine.text_analysis import ANALYZER, date_words, index_text
 from shared.engine.vector_file import open_vector_file, write_vector_file
 
 SCHEMA_VERSION = "1"
@@ -116,9 +116,9 @@ def _connect(path: Path) -> sqlite3.Connection:
 
 
 def fts_text(chunk_text: str, ts: str) -> str:
-    """What BM25 sees: the chunk's stems (text_analysis) plus its date, since many 'when'
+    """What BM25 sees: the chunk's stems (text_analysis) plus its date in words, since many
     questions match only the date."""
-    return index_text(f"{chunk_text}\n{ts[:10]}" if ts else chunk_text)
+    return index_text(f"{chunk_text}\n{date_words(ts)}" if ts else chunk_text)
 
 
 class MemoryStore:

@@ -24,7 +24,10 @@ from functools import lru_cache
 
 import Stemmer
 
-ANALYZER = "snowball-en-ru-1"
+ANALYZER = "snowball-en-ru-2"
+# Analyzers whose queries are built the same way (stems, stop words dropped): a memory indexed
+# by one of them is queried with stems until its next write re-analyses it (store.py).
+STEMMED_ANALYZERS = frozenset({"snowball-en-ru-1", ANALYZER})
 
 _WORD = re.compile(r"[^\W_]+", re.UNICODE)
 _CYRILLIC = re.compile(r"[а-яё]")
@@ -97,6 +100,24 @@ def query_clauses(query: str) -> list[str]:
         else:
             clauses.extend(stem(w) for w in ws if w not in STOP_WORDS)
     return list(dict.fromkeys(clauses)) or query_terms(query)
+
+
+_ISO_DATE = re.compile(r"(\d{4})-(\d{2})-(\d{2})")
+MONTHS_EN = "january february march april may june july august september october november december".split()
+# Genitive, as a date is written and asked about («9 ноября», «в ноябре» stems alike).
+MONTHS_RU = "января февраля марта апреля мая июня июля августа сентября октября ноября декабря".split()
+
+
+def date_words(ts: str) -> str:
+    """A chunk's date as BM25 sees it: the ISO date, the month's name in English and Russian and
+    the day without its zero (`2022-11-09 november ноября 9`), so "on 9 November, 2022" or «в
+    ноябре» match the turns of that day or month. Measured on LoCoMo (issue 10): R@3 +1.4, R@8
+    +0.6 points over the ISO date alone. An unparseable stamp stays as it is."""
+    m = _ISO_DATE.match(ts)
+    if not m or not 1 <= int(m[2]) <= 12:
+        return ts[:10]
+    month = int(m[2]) - 1
+    return f"{m[0]} {MONTHS_EN[month]} {MONTHS_RU[month]} {int(m[3])}"
 
 
 def phrase(text: str) -> str:
