@@ -1,7 +1,7 @@
 """Load and fault suite (issue 11): the write path under kill -9 and a forget storm.
 
     .venv/bin/python -m bench.chaos_bench [--users 120] [--rate 4] [--seconds 45] [--storm-users 100] [--storm-seconds 12]
-        [--tenants 300] [--clients 16] [--read-seconds 60] [--only write|read]
+        [--tenants 300] [--clients 16] [--read-seconds 60] [--sessions 8] [--only write|read]
 
 1. Steady ingest with faults (users post in shuffled rounds, so every user posts). One ingest process and two indexers on an embedded redis-server
    (AOF, `appendfsync everysec`, as `recall up` runs it). `users` users post new two-turn
@@ -33,6 +33,7 @@ import argparse
 import asyncio
 import random
 import secrets
+import shutil
 import sqlite3
 import sys
 import tempfile
@@ -337,15 +338,24 @@ def main() -> None:
     ap.add_argument("--conversations", type=int, default=4, help="read side: conversations per tenant")
     ap.add_argument("--clients", type=int, default=16, help="read side: concurrent MCP clients")
     ap.add_argument("--read-seconds", type=float, default=60, help="read side: load per configuration")
+    ap.add_argument("--sessions", type=int, default=8, help="read side: open sessions each client keeps (LRU)")
     ap.add_argument("--zipf", type=float, default=1.1, help="read side: tenant i is called with weight 1/(i+1)^zipf")
     ap.add_argument("--only", choices=["write", "read"], help="run one side (its part of the doc section is rewritten)")
     ap.add_argument("--no-doc", action="store_true")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="recall-chaos-bench-"))
+    try:
+        run(args, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def run(args: argparse.Namespace, work: Path) -> None:
     command = "python -m bench.chaos_bench " + " ".join(sys.argv[1:])
     read_body = ""
     if args.only != "write":
-        read_body, _ = read_phase(work, args.tenants, args.conversations, args.clients, args.read_seconds, args.zipf)
+        read_body, _ = read_phase(work, args.tenants, args.conversations, args.clients, args.read_seconds, args.zipf,
+                                  args.sessions)
         print(read_body)
         if args.only == "read":
             if not args.no_doc:

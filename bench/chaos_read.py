@@ -34,6 +34,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -162,56 +163,91 @@ def classify(text: str, tenant: Tenant, out: Outcomes) -> None:
         out.note("missed", f"{tenant.user}: {text[:200]}")
 
 
-async def one_call(url: str, tenant: Tenant, tok: str, out: Outcomes) -> None:
-    from fastmcp import Client
-    from fastmcp.client.auth import BearerAuth
+def _note_failure(exc: BaseException, out: Outcomes) -> None:
     from fastmcp.exceptions import ToolError
     from mcp.shared.exceptions import MCPError
 
-    t0 = time.perf_counter()
-    try:
-        async with Client(url, auth=BearerAuth(tok), timeout=120) as client:
-            t0 = time.perf_counter()  # the tool call itself: an agent keeps its session open
+    status = _http_status(exc)
+    if status:
+        out.note("http_error", f"{status} {type(exc).__name__}: {exc}")
+    elif isinstance(exc, (ToolError, MCPError)):
+        out.note("mcp_error", f"{type(exc).__name__}: {exc}")
+    else:
+        out.note("exception", f"{type(exc).__name__}: {exc!r}")
+
+
+class Agent:
+    """One MCP client process's worth of sessions: an agent keeps a session per user it serves
+    (the most recent `keep` open, like a gateway's connection pool), each with that user's token."""
+
+    def __init__(self, url: str, tokens: dict[str, str], keep: int) -> None:
+        self.url, self.tokens, self.keep = url, tokens, keep
+        self.sessions: OrderedDict[str, object] = OrderedDict()
+        self.opened = 0
+
+    async def _session(self, user: str):
+        from fastmcp import Client
+        from fastmcp.client.auth import BearerAuth
+
+        client = self.sessions.get(user)
+        if client is None:
+            client = Client(self.url, auth=BearerAuth(self.tokens[user]), timeout=120)
+            await client.__aenter__()
+            self.opened += 1
+            self.sessions[user] = client
+            while len(self.sessions) > self.keep:
+                await self._close(next(iter(self.sessions)))
+        self.sessions.move_to_end(user)
+        return client
+
+    async def _close(self, user: str) -> None:
+        client = self.sessions.pop(user)
+        try:
+            await client.__aexit__(None, None, None)
+        except Exception:  # noqa: BLE001 - a session that already failed has nothing left to close
+            pass
+
+    async def call(self, tenant: Tenant, out: Outcomes) -> None:
+        """Ask for the tenant's fact; latency is the tool call alone (the session may be reused)."""
+        t0 = time.perf_counter()
+        try:
+            client = await self._session(tenant.user)
+            t0 = time.perf_counter()
             res = await client.call_tool("recall_my_conversations", {"query": tenant.query})
-        out.latencies.append(time.perf_counter() - t0)
-        classify(res.content[0].text, tenant, out)
-    except (ToolError, MCPError) as exc:
-        out.latencies.append(time.perf_counter() - t0)
-        status = _http_status(exc)
-        out.note("http_error" if status else "mcp_error", f"{status or ''} {type(exc).__name__}: {exc}")
-    except BaseException as exc:  # noqa: BLE001 - every failure is counted, none stops the load
-        if isinstance(exc, (KeyboardInterrupt, asyncio.CancelledError)):
-            raise
-        out.latencies.append(time.perf_counter() - t0)
-        status = _http_status(exc)
-        out.note("http_error" if status else "exception", f"{status or ''} {type(exc).__name__}: {exc!r}")
-    out.per_tenant[tenant.user] = out.per_tenant.get(tenant.user, 0) + 1
+            out.latencies.append(time.perf_counter() - t0)
+            classify(res.content[0].text, tenant, out)
+        except Exception as exc:  # noqa: BLE001 - every failure is counted, none stops the load
+            out.latencies.append(time.perf_counter() - t0)
+            _note_failure(exc, out)
+            if tenant.user in self.sessions:
+                await self._close(tenant.user)
+        out.per_tenant[tenant.user] = out.per_tenant.get(tenant.user, 0) + 1
+
+    async def close(self) -> None:
+        for user in list(self.sessions):
+            await self._close(user)
 
 
 async def load(url: str, tenants: list[Tenant], tokens: dict[str, str], clients: int, seconds: float,
-               weights: list[float] | None, seed: int) -> Outcomes:
-    """`clients` agents calling back to back for `seconds`; weights None = every tenant once (warm-up)."""
+               weights: list[float] | None, seed: int, keep: int = 8) -> tuple[Outcomes, int]:
+    """`clients` agents calling back to back for `seconds` (weights None: every tenant once, the
+    warm-up). Returns the outcomes and how many sessions were opened."""
     out = Outcomes()
-    if weights is None:
-        queue = list(tenants)
-
-        async def drain() -> None:
-            while queue:
-                t = queue.pop()
-                await one_call(url, t, tokens[t.user], out)
-
-        await asyncio.gather(*[drain() for _ in range(clients)])
-        return out
+    agents = [Agent(url, tokens, keep if weights is not None else 1) for _ in range(clients)]
+    queue = list(tenants)
     stop_at = time.monotonic() + seconds
 
-    async def agent(i: int) -> None:
-        rng = random.Random(seed * 1000 + i)
-        while time.monotonic() < stop_at:
-            [t] = rng.choices(tenants, weights)
-            await one_call(url, t, tokens[t.user], out)
+    async def run(i: int) -> None:
+        agent, rng = agents[i], random.Random(seed * 1000 + i)
+        try:
+            while queue if weights is None else time.monotonic() < stop_at:
+                t = queue.pop() if weights is None else rng.choices(tenants, weights)[0]
+                await agent.call(t, out)
+        finally:
+            await agent.close()
 
-    await asyncio.gather(*[agent(i) for i in range(clients)])
-    return out
+    await asyncio.gather(*[run(i) for i in range(clients)])
+    return out, sum(a.opened for a in agents)
 
 
 async def announce_forgets(redis_url: str, tenants: list[Tenant], weights: list[float], per_second: float,
@@ -264,7 +300,7 @@ class ReadConfig:
 
 
 def run_config(cfg: ReadConfig, data: Path, work: Path, tenants: list[Tenant], clients: int, seconds: float,
-               zipf_s: float) -> dict:
+               zipf_s: float, keep: int) -> dict:
     from shared.redis_server import EmbeddedRedis
 
     port = free_port()
@@ -285,7 +321,7 @@ def run_config(cfg: ReadConfig, data: Path, work: Path, tenants: list[Tenant], c
         wait_healthy(proc, f"http://127.0.0.1:{port}/healthz", 120)
         server = psutil.Process(proc.pid)
         load0 = os.getloadavg()[0]
-        warm = asyncio.run(load(url, tenants, tokens, clients, 0, None, 0))  # every tenant answers once
+        warm, _ = asyncio.run(load(url, tenants, tokens, clients, 0, None, 0))  # every tenant answers once
         time.sleep(1.0)
         before = ProcessSample.of(server)
         metrics0 = httpx.get(f"http://127.0.0.1:{port}/metrics").text
@@ -300,15 +336,15 @@ def run_config(cfg: ReadConfig, data: Path, work: Path, tenants: list[Tenant], c
         sampler.start()
         cpu0 = sum(server.cpu_times()[:2])
 
-        async def measured() -> tuple[Outcomes, int]:
-            jobs = [load(url, tenants, tokens, clients, seconds, weights, 1)]
+        async def measured() -> tuple[tuple[Outcomes, int], int]:
+            jobs = [load(url, tenants, tokens, clients, seconds, weights, 1, keep)]
             if redis_server:
                 jobs.append(announce_forgets(redis_server.url, tenants, weights, cfg.forgets_per_s, seconds))
             done = await asyncio.gather(*jobs)
             return done[0], (done[1] if len(done) > 1 else 0)
 
         t0 = time.perf_counter()
-        out, forgets = asyncio.run(measured())
+        (out, sessions), forgets = asyncio.run(measured())
         wall = time.perf_counter() - t0
         time.sleep(2.0)
         sampling = False
@@ -331,7 +367,7 @@ def run_config(cfg: ReadConfig, data: Path, work: Path, tenants: list[Tenant], c
     return {"name": cfg.name, "warm": warm, "out": out, "before": before, "after": after,
             "peak": max(peak, key=lambda s: s.rss_mb), "peak_fds": max(s.fds for s in peak),
             "peak_threads": max(s.threads for s in peak), "evictions": evictions, "forgets": forgets, "cpu": cpu,
-            "wall": wall, "load": (load0, load1), "server_ms": server_ms[len(warm.latencies):], "alive": alive, "server_errors": server_errors[:5],
+            "wall": wall, "load": (load0, load1), "sessions": sessions, "server_ms": server_ms[len(warm.latencies):], "alive": alive, "server_errors": server_errors[:5],
             "tenants_called": len(out.per_tenant), "top10_share": sum(hot[:10]) / max(1, sum(hot))}
 
 
@@ -351,48 +387,52 @@ def configs() -> list[ReadConfig]:
     ]
 
 
-def read_phase(work: Path, n_tenants: int, conversations: int, clients: int, seconds: float, zipf_s: float) -> tuple[str, list[dict]]:
+def read_phase(work: Path, n_tenants: int, conversations: int, clients: int, seconds: float, zipf_s: float,
+               keep: int = 8) -> tuple[str, list[dict]]:
     data = work / "read-data"
     tenants, build_s = build_tenants(data, n_tenants, conversations)
     results = []
     for cfg in configs():
-        r = run_config(cfg, data, work, tenants, clients, seconds, zipf_s)
+        r = run_config(cfg, data, work, tenants, clients, seconds, zipf_s, keep)
         results.append(r)
         o = r["out"]
         print(f"[{cfg.name}] calls {o.calls} {o.counts} warm {r['warm'].counts} samples {o.samples + r['warm'].samples}"
               f" server errors {r['server_errors']}", flush=True)
-    rows = []
+    answers, resources = [], []
     for r in results:
         o, w = r["out"], r["warm"]
-        rows.append([
-            r["name"], o.calls, o.errors + w.errors, o.counts["unavailable"] + o.counts["no_memory"] + w.counts["unavailable"]
-            + w.counts["no_memory"], o.counts["busy"], o.counts["found"],
-            o.counts["nothing"] + o.counts["missed"], o.counts["leak"] + w.counts["leak"],
-            ms(pct(o.latencies, 0.5)), ms(pct(o.latencies, 0.95)), ms(pct(o.latencies, 0.99)), ms(max(o.latencies)),
-            ms(pct(r["server_ms"], 0.5)), ms(pct(r["server_ms"], 0.99)), f"{o.calls / r['wall']:.1f}",
-            f"{r['cpu']:.0f}", f"{int(r['evictions'])}", r["forgets"],
+        false = sum(x.counts[k] for x in (o, w) for k in ("unavailable", "no_memory"))
+        answers.append([r["name"], o.calls, o.errors + w.errors, false, o.counts["busy"], o.counts["found"],
+                        o.counts["nothing"] + o.counts["missed"], o.counts["leak"] + w.counts["leak"], r["sessions"],
+                        r["tenants_called"], f"{r['top10_share']:.0%}", f"{w.calls} / {w.counts['found']}"])
+        resources.append([
+            r["name"], ms(pct(o.latencies, 0.5)), ms(pct(o.latencies, 0.95)), ms(pct(o.latencies, 0.99)),
+            ms(max(o.latencies)), ms(pct(r["server_ms"], 0.5)), ms(pct(r["server_ms"], 0.99)),
+            f"{o.calls / r['wall']:.1f}", f"{r['cpu']:.0f}", f"{int(r['evictions'])}", r["forgets"],
             f"{r['before'].rss_mb:.0f} → {r['after'].rss_mb:.0f} (peak {r['peak'].rss_mb:.0f})",
             f"{r['before'].fds} → {r['after'].fds} (peak {r['peak_fds']})",
             f"{r['before'].threads} → {r['after'].threads} (peak {r['peak_threads']})",
             f"{r['load'][0]:.1f} / {r['load'][1]:.1f}"])
-    first = results[0]
     body = (
         f"Read side: {n_tenants} tenants, each with its own memory ({conversations} conversations, one holding a fact only "
         f"it has; indexed by the real engine and default embedder in {build_s:.0f} s before the load), "
         f"a real `recall serve` (embedded engine, default admission: 4 searches at once, queue 32, wait 1 s, "
-        f"timeout 10 s), {clients} concurrent MCP clients over streamable HTTP for {seconds:g} s, each call a new "
-        f"session with the tenant's real JWT asking for its fact. Traffic is Zipf-like (weight 1/rank^{zipf_s:g}): "
-        f"{first['tenants_called']} tenants were called, the 10 hottest took {first['top10_share']:.0%} of the calls. "
-        "Before the load every tenant is called once (warm-up; its errors and false answers count too). "
-        "False \"unavailable\" = \"unavailable\" or \"no memory\" answers (every tenant has a memory holding the "
-        "fact); errors = MCP errors + HTTP errors + client exceptions; leak = an answer holding another tenant's fact. "
-        "Latency is the tool call as the client sees it (session open excluded; the clients share the 2 cores "
-        "with the server, so it includes their own queueing); server p50/p99 are the service's own durations per "
-        "recall (admission wait included, from its log). RSS/fds/threads of the recall process: after the "
-        "warm-up → 2 s after the load (peak during it). Load = the 1-minute load average at the start / end "
-        "(2 cores, shared with other jobs).\n\n"
-        + table(["configuration", "calls", "errors", "false unavailable", "busy", "found the fact", "fact missed",
-                 "leaks", "p50 (ms)", "p95 (ms)", "p99 (ms)", "max (ms)", "server p50 (ms)", "server p99 (ms)", "calls/s",
-                 "server CPU (s)", "reader evictions",
-                 "forget drops", "RSS MB", "fds", "threads", "load avg"], rows))
+        f"timeout 10 s), {clients} concurrent MCP clients over streamable HTTP for {seconds:g} s, each asking for "
+        f"the fact of a tenant drawn Zipf-like (weight 1/rank^{zipf_s:g}: a few hot tenants, a long cold tail) "
+        f"with that tenant's real JWT; a client keeps its {keep} most recent sessions open and opens a new one for "
+        "any other tenant. Before the load every tenant is called once on a new session (warm-up; its errors, "
+        "false answers and leaks count in the table too). False \"unavailable\" = \"unavailable\" or \"no "
+        "memory\" answers (every tenant has a memory holding its fact); errors = MCP errors + HTTP errors + "
+        "client exceptions; leak = an answer holding another tenant's fact.\n\n"
+        + table(["configuration", "calls", "errors", "false unavailable", "busy (soft)", "found the fact",
+                 "fact missed", "leaks", "sessions opened", "tenants called", "10 hottest tenants' share",
+                 "warm-up calls / found"], answers)
+        + "\n\nLatency is the tool call as the client sees it (session open excluded; the clients share the 2 "
+        "cores with the server, so it includes their own queueing); server p50/p99 are the service's own "
+        "duration per recall (admission wait included, from its log). RSS/fds/threads of the recall process: "
+        "after the warm-up → 2 s after the load (peak during it). Load avg = the 1-minute load average at the "
+        "start / end (2 cores, shared with other jobs).\n\n"
+        + table(["configuration", "p50 (ms)", "p95 (ms)", "p99 (ms)", "max (ms)", "server p50 (ms)",
+                 "server p99 (ms)", "calls/s", "server CPU (s)", "reader evictions", "forget drops", "RSS MB", "fds",
+                 "threads", "load avg"], resources))
     return body, results
