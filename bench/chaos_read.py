@@ -16,9 +16,11 @@ ask for the fact, close. Since every tenant has a memory holding the fact:
 - an answer holding another tenant's locker code is a leak (must be 0).
 
 Configurations (same tenants, a fresh server each): the default reader cache (256 readers, so
-300 tenants already evict cold ones), and a cache of RECALL_READER_CACHE_BYTES=1 MiB (a
-few readers: nearly every cold call evicts one another search may hold) with forget
-announcements on Redis dropping hot tenants' readers while their searches run. The recall
+300 tenants already evict cold ones); a cache of RECALL_READER_CACHE_BYTES=1 MiB (a few
+readers: nearly every cold call evicts one another search may hold) with forget announcements
+on Redis dropping hot tenants' readers while their searches run; and the same small cache while
+index runs add and forget conversations of (mostly hot) tenants, each forget announced, so
+readers catch up, map new snapshots and get dropped under the searches. The recall
 process's RSS, fds and threads are sampled after a warm-up pass over every tenant (before),
 during the load (peak) and 2 s after it (after).
 """
@@ -273,6 +275,46 @@ async def announce_forgets(redis_url: str, tenants: list[Tenant], weights: list[
     return sent
 
 
+def write_churn(data: Path, tenants: list[Tenant], weights: list[float], redis_url: str, per_second: float,
+                seconds: float, counts: dict[str, int]) -> None:
+    """What indexers do meanwhile, through the same engine calls: a new conversation indexed, or
+    one forgotten (file removed, purging index run, then the announcement recall drops readers
+    on). The fact conversations are never touched, so every answer must still hold the fact."""
+    from datetime import datetime, timezone
+
+    import redis
+
+    from bench.corpus import Conversation, conversation_lines
+    from shared.engine.embedder import shared_embedder
+    from shared.engine.index_run import index_tree
+    from shared.stream_schema import FORGET_CHANNEL
+
+    rng, embedder = random.Random(9), shared_embedder()
+    client = redis.Redis.from_url(redis_url)
+    stop_at, n = time.monotonic() + seconds, 0
+    try:
+        while time.monotonic() < stop_at:
+            t = rng.choices(tenants, weights)[0]
+            paths = TenantPaths.for_user(data, t.user)
+            extra = sorted(paths.src.glob("extra-*.funes.jsonl"))
+            if extra and rng.random() < 0.5:
+                rng.choice(extra).unlink()
+                index_tree(paths.root, paths.src, embedder, lock_wait_s=10, purge=True)
+                client.publish(FORGET_CHANNEL, json.dumps({"user_hash": user_hash(t.user)}))
+                counts["forgets"] += 1
+            else:
+                conv = Conversation(f"extra-{n}", datetime(2026, 11, 1, tzinfo=timezone.utc), [
+                    f"Shift note {n}: conveyor C-{n % 50} restarted after the belt check.",
+                    f"Noted: C-{n % 50} is back up, next check on Monday."])
+                (paths.src / f"extra-{n}.funes.jsonl").write_text(conversation_lines(conv))
+                index_tree(paths.root, paths.src, embedder, lock_wait_s=10)
+                counts["index runs"] += 1
+            n += 1
+            time.sleep(1.0 / per_second)
+    finally:
+        client.close()
+
+
 def metric(text: str, name: str, labels: str = "") -> float:
     """One sample of a Prometheus text exposition (`labels` exactly as exposed, e.g. '{reason="lru"}')."""
     for line in text.splitlines():
@@ -297,6 +339,7 @@ class ReadConfig:
     name: str
     env: dict[str, str]
     forgets_per_s: float = 0.0  # forget announcements on Redis while the load runs
+    writes_per_s: float = 0.0  # index runs (a new conversation, or a forgotten one) on mostly hot tenants
 
 
 def run_config(cfg: ReadConfig, data: Path, work: Path, tenants: list[Tenant], clients: int, seconds: float,
@@ -304,7 +347,7 @@ def run_config(cfg: ReadConfig, data: Path, work: Path, tenants: list[Tenant], c
     from shared.redis_server import EmbeddedRedis
 
     port = free_port()
-    redis_server = EmbeddedRedis(work / f"redis-{port}") if cfg.forgets_per_s else None
+    redis_server = EmbeddedRedis(work / f"redis-{port}") if cfg.forgets_per_s or cfg.writes_per_s else None
     if redis_server:
         redis_server.start()
     env = {**os.environ, "RECALL_DATA_DIR": str(data), "RECALL_JWT_SECRET": SECRET, "RECALL_RECALL_PORT": str(port),
@@ -338,11 +381,15 @@ def run_config(cfg: ReadConfig, data: Path, work: Path, tenants: list[Tenant], c
 
         async def measured() -> tuple[tuple[Outcomes, int], int]:
             jobs = [load(url, tenants, tokens, clients, seconds, weights, 1, keep)]
-            if redis_server:
+            if cfg.forgets_per_s:
                 jobs.append(announce_forgets(redis_server.url, tenants, weights, cfg.forgets_per_s, seconds))
+            if cfg.writes_per_s:
+                jobs.append(asyncio.to_thread(write_churn, data, tenants, weights, redis_server.url, cfg.writes_per_s,
+                                              seconds, writes))
             done = await asyncio.gather(*jobs)
-            return done[0], (done[1] if len(done) > 1 else 0)
+            return done[0], (done[1] if cfg.forgets_per_s else 0)
 
+        writes = {"index runs": 0, "forgets": 0}
         t0 = time.perf_counter()
         (out, sessions), forgets = asyncio.run(measured())
         wall = time.perf_counter() - t0
@@ -366,7 +413,8 @@ def run_config(cfg: ReadConfig, data: Path, work: Path, tenants: list[Tenant], c
     hot = sorted(out.per_tenant.values(), reverse=True)
     return {"name": cfg.name, "warm": warm, "out": out, "before": before, "after": after,
             "peak": max(peak, key=lambda s: s.rss_mb), "peak_fds": max(s.fds for s in peak),
-            "peak_threads": max(s.threads for s in peak), "evictions": evictions, "forgets": forgets, "cpu": cpu,
+            "peak_threads": max(s.threads for s in peak), "evictions": evictions, "forgets": forgets + writes["forgets"],
+            "index_runs": writes["index runs"], "cpu": cpu,
             "wall": wall, "load": (load0, load1), "sessions": sessions, "server_ms": server_ms[len(warm.latencies):], "alive": alive, "server_errors": server_errors[:5],
             "tenants_called": len(out.per_tenant), "top10_share": sum(hot[:10]) / max(1, sum(hot))}
 
@@ -384,6 +432,8 @@ def configs() -> list[ReadConfig]:
     return [
         ReadConfig("default cache (256 readers, 4 GiB)", {}),
         ReadConfig("1 MiB cache + forget drops 5/s", {"RECALL_READER_CACHE_BYTES": str(2**20)}, forgets_per_s=5.0),
+        ReadConfig("1 MiB cache + index runs and forgets 2/s", {"RECALL_READER_CACHE_BYTES": str(2**20)},
+                   writes_per_s=2.0),
     ]
 
 
@@ -408,7 +458,7 @@ def read_phase(work: Path, n_tenants: int, conversations: int, clients: int, sec
         resources.append([
             r["name"], ms(pct(o.latencies, 0.5)), ms(pct(o.latencies, 0.95)), ms(pct(o.latencies, 0.99)),
             ms(max(o.latencies)), ms(pct(r["server_ms"], 0.5)), ms(pct(r["server_ms"], 0.99)),
-            f"{o.calls / r['wall']:.1f}", f"{r['cpu']:.0f}", f"{int(r['evictions'])}", r["forgets"],
+            f"{o.calls / r['wall']:.1f}", f"{r['cpu']:.0f}", f"{int(r['evictions'])}", r["index_runs"], r["forgets"],
             f"{r['before'].rss_mb:.0f} → {r['after'].rss_mb:.0f} (peak {r['peak'].rss_mb:.0f})",
             f"{r['before'].fds} → {r['after'].fds} (peak {r['peak_fds']})",
             f"{r['before'].threads} → {r['after'].threads} (peak {r['peak_threads']})",
@@ -433,6 +483,6 @@ def read_phase(work: Path, n_tenants: int, conversations: int, clients: int, sec
         "after the warm-up → 2 s after the load (peak during it). Load avg = the 1-minute load average at the "
         "start / end (2 cores, shared with other jobs).\n\n"
         + table(["configuration", "p50 (ms)", "p95 (ms)", "p99 (ms)", "max (ms)", "server p50 (ms)",
-                 "server p99 (ms)", "calls/s", "server CPU (s)", "reader evictions", "forget drops", "RSS MB", "fds",
+                 "server p99 (ms)", "calls/s", "server CPU (s)", "reader evictions", "index runs", "forget drops", "RSS MB", "fds",
                  "threads", "load avg"], resources))
     return body, results
