@@ -9,17 +9,20 @@ import asyncio
 import json
 import random
 import shutil
+import subprocess
+import tempfile
 from pathlib import Path
 
 import httpx
 import pytest
 import redis
 
+from shared.child_process import stop, wait_healthy
 from shared.engine.index_run import index_tree
 from shared.recall_answer_format import BUSY, NO_MEMORY, UNAVAILABLE
 from shared.stream_schema import FORGET_CHANNEL
 from shared.tenant_paths import TenantPaths, user_hash
-from tests.conftest import call_recall, mint, recall_url, write_conversation
+from tests.conftest import BIN, call_recall, mint, recall_url, write_conversation
 
 TENANTS = 25
 CALLS_PER_TENANT = 6
@@ -84,3 +87,37 @@ async def test_tenants_racing_a_small_reader_cache_and_forget_drops_never_get_a_
     assert metric_value(metrics, 'recall_pool_evictions_total{reason="lru"}') > TENANTS, "the cache was contended"
     assert metric_value(metrics, "recall_pool_processes") <= 2
     assert sent > 0
+
+
+@pytest.mark.parametrize("soft, hard", [(200, 4096), (300, 300)], ids=["soft-limit-below-hard", "low-hard-limit"])
+async def test_more_tenants_than_the_open_file_limit_holds_readers_for_never_get_a_false_unavailable(
+        template_home, service_env, soft, hard):
+    """Each open memory holds 4 file descriptors; the default cache (256) outgrows a 1024 limit.
+    Past the limit the next memory could not be opened ("unavailable") and connections were
+    refused. The service raises its soft limit to the hard one and keeps the cache within it."""
+    data = Path(service_env["RECALL_DATA_DIR"])
+    users = [f"many-{i:02d}" for i in range(80)]  # 80 readers need 320 descriptors
+    for user in users:
+        shutil.copytree(template_home / "memory", TenantPaths.for_user(data, user).memory)
+    log = tempfile.NamedTemporaryFile(prefix="recall-serve-", suffix=".log", delete=False)
+    proc = subprocess.Popen(["prlimit", f"--nofile={soft}:{hard}", str(BIN / "recall"), "serve"],
+                            env={**service_env, "RECALL_ENGINE": "embedded"}, stdout=log, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL)
+    try:
+        wait_healthy(proc, f"{recall_url(service_env)}/healthz", 60)
+        gate = asyncio.Semaphore(8)
+
+        async def ask(user: str) -> str:
+            async with gate:
+                return await call_recall(service_env, mint(user), "MT-4402 gland leak")
+
+        answers = await asyncio.gather(*[ask(u) for u in users], return_exceptions=True)
+        output = Path(log.name).read_text(errors="replace")
+        errors = [a for a in answers if isinstance(a, BaseException)]
+        assert not errors, f"MCP/HTTP errors: {errors[:3]!r}\n{output[-2000:]}"
+        false = [a for a in answers if a in (UNAVAILABLE, NO_MEMORY)]
+        assert not false, f"{len(false)} of {len(answers)} calls answered a false {false[0]!r}\n{output[-2000:]}"
+        assert all("MT-4402" in a for a in answers)
+        assert ("recall.reader_cache_capped" in output) == (hard < 1024), "a cap is logged exactly when the limit forces one"
+    finally:
+        stop(proc)
