@@ -16,10 +16,10 @@ ask for the fact, close. Since every tenant has a memory holding the fact:
 - an answer holding another tenant's locker code is a leak (must be 0).
 
 Configurations (same tenants, a fresh server each): the default reader cache (256 readers, so
-300 tenants already evict cold ones); a cache of RECALL_READER_CACHE_BYTES=1 MiB (a few
-readers: nearly every cold call evicts one another search may hold) with forget announcements
-on Redis dropping hot tenants' readers while their searches run; and the same small cache while
-index runs add and forget conversations of (mostly hot) tenants, each forget announced, so
+300 tenants already evict cold ones); RECALL_READER_CACHE=8 (nearly every call evicts a reader
+another search may hold) with forget announcements on Redis dropping hot tenants' readers
+while their searches run; and RECALL_READER_CACHE_BYTES=1 MiB (about 100 of these small
+memories) while index runs add and forget conversations of (mostly hot) tenants, each forget announced, so
 readers catch up, map new snapshots and get dropped under the searches. The recall
 process's RSS, fds and threads are sampled after a warm-up pass over every tenant (before),
 during the load (peak) and 2 s after it (after).
@@ -434,7 +434,7 @@ def server_latencies(log_lines: list[str]) -> list[float]:
 def configs() -> list[ReadConfig]:
     return [
         ReadConfig("default cache (256 readers, 4 GiB)", {}),
-        ReadConfig("1 MiB cache + forget drops 5/s", {"RECALL_READER_CACHE_BYTES": str(2**20)}, forgets_per_s=5.0),
+        ReadConfig("8 readers + forget drops 5/s", {"RECALL_READER_CACHE": "8"}, forgets_per_s=5.0),
         ReadConfig("1 MiB cache + index runs and forgets 2/s", {"RECALL_READER_CACHE_BYTES": str(2**20)},
                    writes_per_s=2.0),
     ]
