@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import resource
 import shutil
 import subprocess
 import tempfile
@@ -100,9 +101,9 @@ async def test_more_tenants_than_the_open_file_limit_holds_readers_for_never_get
     for user in users:
         shutil.copytree(template_home / "memory", TenantPaths.for_user(data, user).memory)
     log = tempfile.NamedTemporaryFile(prefix="recall-serve-", suffix=".log", delete=False)
-    proc = subprocess.Popen(["prlimit", f"--nofile={soft}:{hard}", str(BIN / "recall"), "serve"],
-                            env={**service_env, "RECALL_ENGINE": "embedded"}, stdout=log, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen([str(BIN / "recall"), "serve"], env={**service_env, "RECALL_ENGINE": "embedded"},
+                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard)))
     try:
         wait_healthy(proc, f"{recall_url(service_env)}/healthz", 60)
         gate = asyncio.Semaphore(8)
