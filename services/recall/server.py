@@ -26,7 +26,7 @@ from services.recall.artifacts.artifact_search import ArtifactSearch
 from services.recall.artifacts.artifact_store import ArtifactStore
 from services.recall.artifacts.service import ArtifactService
 from services.recall.artifacts.surface import register_realm_surface
-from services.recall.backend import BackendUnavailable, RecallBackend
+from services.recall.backend import BackendOverloaded, BackendUnavailable, RecallBackend
 from services.recall.embedded_backend import EmbeddedBackend
 from services.recall.fd_budget import raise_open_file_limit, readers_within
 from services.recall.metrics import RECALL_BUSY, RECALL_CONCURRENCY_LIMIT, RECALL_IN_FLIGHT, RECALL_LATENCY
@@ -108,9 +108,11 @@ class RecallService:
         search.add_done_callback(_consume_outcome)
         try:
             raw = await asyncio.wait_for(asyncio.shield(search), self.caller_wait_s)
-        except asyncio.TimeoutError:
-            log.warning("recall.unavailable", user_hash=paths.uhash, error="the search overran its deadline")
-            return "unavailable", UNAVAILABLE
+        except (asyncio.TimeoutError, BackendOverloaded):
+            # The search ran out of time on a loaded replica; the memory itself is fine.
+            RECALL_BUSY.labels("search_deadline").inc()
+            log.warning("recall.busy", user_hash=paths.uhash, reason="search_deadline")
+            return "busy", BUSY
         except NoIndex:
             return "no_memory", NO_MEMORY
         except BackendUnavailable as exc:
