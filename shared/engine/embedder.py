@@ -143,6 +143,7 @@ class OnnxEmbedder:
         # A second session (same weights, ~the model's size again) when queries use fewer threads.
         self._query_session = self._batch_session if threads.query == threads.batch else ort.InferenceSession(
             str(spec.onnx_path), ort_session_options(threads.query), providers=["CPUExecutionProvider"])
+        self._threads = threads
         self._inputs = {i.name for i in self._batch_session.get_inputs()}
         if spec.tokenizer_path.suffix == ".json":
             self._tok = Tokenizer.from_file(str(spec.tokenizer_path))
@@ -153,19 +154,32 @@ class OnnxEmbedder:
         self.dim = int(self.embed(["dimension probe"]).shape[1])
 
     def embed_query(self, text: str) -> np.ndarray:
-        return self._embed([text], 1, self._query_session)[0]
+        return self._run(*self._feeds([text], 1)[0], self._query_session)[0]
 
     def embed(self, texts: list[str], batch_size: int = 32) -> np.ndarray:
-        return self._embed(texts, batch_size, self._batch_session)
-
-    def _embed(self, texts: list[str], batch_size: int, session) -> np.ndarray:
-        """Batches group similar lengths to cut padding."""
+        """Batches group similar lengths to cut padding. Several batches run side by side on the
+        one-thread session when there is one (`_parallel_batches`); a single batch (one
+        conversation) gets the multi-thread session. The batches are the same either way, and
+        with them every number (the int8 graph quantises activations per batch)."""
         if not texts:
             return np.zeros((0, getattr(self, "dim", 0)), dtype=np.float32)
+        batches = self._feeds(texts, batch_size)
+        single = self._query_session if self._threads.query == 1 else None
+        if len(batches) > 1 and self._threads.batch > 1 and single is not None:
+            pooled = _parallel_batches(lambda b: self._run(*b, single), batches, self._threads.batch)
+        else:
+            pooled = [self._run(*b, self._batch_session) for b in batches]
+        out = np.zeros((len(texts), pooled[0].shape[1]), dtype=np.float32)
+        for (idx, _, _), vecs in zip(batches, pooled):
+            out[idx] = vecs
+        return out
+
+    def _feeds(self, texts: list[str], batch_size: int) -> list[tuple[list[int], np.ndarray, np.ndarray]]:
+        """(positions in `texts`, input ids, attention mask) per batch, shortest texts first."""
         with self._tok_lock:
             encodings = self._tok.encode_batch(list(texts))
         order = sorted(range(len(texts)), key=lambda i: len(encodings[i].ids))
-        out: np.ndarray | None = None
+        batches = []
         for start in range(0, len(order), batch_size):
             idx = order[start : start + batch_size]
             width = max(len(encodings[i].ids) for i in idx)
@@ -175,21 +189,20 @@ class OnnxEmbedder:
                 n = len(encodings[i].ids)
                 ids[row, :n] = encodings[i].ids
                 mask[row, :n] = 1
-            feeds = {"input_ids": ids, "attention_mask": mask}
-            if "token_type_ids" in self._inputs:
-                feeds["token_type_ids"] = np.zeros_like(ids)
-            hidden = session.run(None, feeds)[0]
-            if self.spec.pooling == "cls":
-                pooled = hidden[:, 0, :]
-            else:
-                m = mask[:, :, None].astype(np.float32)
-                pooled = (hidden * m).sum(axis=1) / np.maximum(m.sum(axis=1), 1e-9)
-            pooled = pooled / np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
-            if out is None:
-                out = np.zeros((len(texts), pooled.shape[1]), dtype=np.float32)
-            out[idx] = pooled
-        assert out is not None
-        return out
+            batches.append((idx, ids, mask))
+        return batches
+
+    def _run(self, idx: list[int], ids: np.ndarray, mask: np.ndarray, session) -> np.ndarray:
+        feeds = {"input_ids": ids, "attention_mask": mask}
+        if "token_type_ids" in self._inputs:
+            feeds["token_type_ids"] = np.zeros_like(ids)
+        hidden = session.run(None, feeds)[0]
+        if self.spec.pooling == "cls":
+            pooled = hidden[:, 0, :]
+        else:
+            m = mask[:, :, None].astype(np.float32)
+            pooled = (hidden * m).sum(axis=1) / np.maximum(m.sum(axis=1), 1e-9)
+        return (pooled / np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)).astype(np.float32)
 
 
 def _cpu_flags() -> set[str]:
@@ -240,12 +253,34 @@ class E5Embedder:
         return self._model.query(text)
 
     def embed(self, texts: list[str], batch_size: int = 32) -> np.ndarray:
-        """The engine batches across texts (one OpenMP thread each) and windows long ones."""
+        """Batches run side by side, one OpenMP thread each (`_parallel_batches`); a single
+        batch (one conversation) gets the whole team instead. Each text's vector depends on its
+        own tokens only (the engine quantises activations per token), so the split changes no
+        number."""
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
-        self._set_threads(self._threads.batch)
-        return np.concatenate([self._model.passage(list(texts[i : i + batch_size]))
-                               for i in range(0, len(texts), batch_size)])
+        batches = [list(texts[i : i + batch_size]) for i in range(0, len(texts), batch_size)]
+        if len(batches) == 1 or self._threads.batch == 1:
+            self._set_threads(self._threads.batch)
+            return np.concatenate([self._model.passage(b) for b in batches])
+
+        def one(batch: list[str]) -> np.ndarray:
+            self._set_threads(1)  # per calling thread in libgomp
+            return self._model.passage(batch)
+
+        return np.concatenate(_parallel_batches(one, batches, self._threads.batch))
+
+
+def _parallel_batches(run: Callable[[list], np.ndarray], batches: list[list], workers: int) -> list[np.ndarray]:
+    """Independent batches on `workers` threads, results in input order. Both engines release
+    the GIL while they compute. Why not one batch on a team of threads: a team meets at a barrier
+    after every layer's matmul (hundreds per batch), and on a shared machine one descheduled
+    member stalls the rest; independent batches never wait for each other (docs/benchmarks.md,
+    hardware floor section). The pool lives for one call, so an idle process keeps no threads."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=min(workers, len(batches)), thread_name_prefix="embed") as pool:
+        return list(pool.map(run, batches))
 
 
 def load_embedder(settings: EmbedderSettings | None = None) -> Embedder:
