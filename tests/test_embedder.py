@@ -12,6 +12,7 @@ from shared.engine.embedder import (
     E5Embedder,
     EmbedderSettings,
     OnnxEmbedder,
+    Threads,
     e5_unsupported_reason,
     minilm_spec,
 )
@@ -104,3 +105,18 @@ def test_an_idle_engine_process_spends_no_cpu_even_when_the_environment_asks_ope
     assert spinning > 0.02, f"the control burnt only {spinning:.3f}s: this machine cannot show a spinning pool"
     idle = idle_cpu_after_embedding("engine")
     assert idle < 0.01, f"{idle:.3f}s of CPU in one idle second (control: {spinning:.3f}s): a thread pool spins"
+
+
+def test_e5_batches_run_side_by_side_give_each_text_the_vector_it_gets_alone(e5):
+    texts = [f"the pump P-{i:03d} at the North site leaks {'badly ' * (i % 5)}since Monday" for i in range(13)]
+    side_by_side = E5Embedder(Threads(query=1, batch=2)).embed(texts, batch_size=3)  # five batches, two threads
+    alone = np.stack([e5.embed([t])[0] for t in texts])
+    assert np.array_equal(side_by_side, alone)
+
+
+def test_minilm_batches_run_side_by_side_equal_the_same_batches_run_one_after_another(minilm):
+    texts = [f"we moved the cable shipment {'and the spare parts ' * (i % 4)}to Friday, ticket {i}" for i in range(11)]
+    sequential = OnnxEmbedder(minilm.spec, Threads(query=1, batch=1)).embed(texts, batch_size=3)
+    side_by_side = OnnxEmbedder(minilm.spec, Threads(query=1, batch=2)).embed(texts, batch_size=3)
+    assert np.array_equal(side_by_side, sequential)
+    assert np.allclose(np.linalg.norm(side_by_side, axis=1), 1, atol=1e-5)
