@@ -120,3 +120,21 @@ def test_minilm_batches_run_side_by_side_equal_the_same_batches_run_one_after_an
     side_by_side = OnnxEmbedder(minilm.spec, Threads(query=1, batch=2)).embed(texts, batch_size=3)
     assert np.array_equal(side_by_side, sequential)
     assert np.allclose(np.linalg.norm(side_by_side, axis=1), 1, atol=1e-5)
+
+
+def test_a_repeated_query_is_answered_from_the_cache_without_running_the_model():
+    model = E5Embedder(Threads(query=1, batch=1, query_cache=2))
+    first = model.embed_query("pump leak at North")
+    again = model.embed_query("pump leak at North")
+    assert again is first and not again.flags.writeable  # shared between callers: nobody may change it
+    assert (model.query_cache.hits, model.query_cache.misses) == (1, 1)
+    model.embed_query("boiler pressure drop")
+    model.embed_query("conveyor belt slip")  # the cache holds two: the first query is evicted
+    assert model.embed_query("pump leak at North") is not first and model.query_cache.misses == 4
+    assert np.array_equal(model.embed_query("boiler pressure drop"), E5Embedder().embed_query("boiler pressure drop"))
+
+
+def test_the_query_cache_is_off_unless_configured(monkeypatch):
+    assert EmbedderSettings().query_cache == 0
+    monkeypatch.setenv("RECALL_QUERY_CACHE", "500")
+    assert EmbedderSettings().threads.query_cache == 500
