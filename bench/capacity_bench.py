@@ -1,10 +1,13 @@
 """Capacity figures per replica (docs/capacity.md), in process CPU time and resident memory.
 
-    .venv/bin/python -m bench.capacity_bench [--sizes 1000 10000] [--tenants 8] [--no-doc]
+    .venv/bin/python -m bench.capacity_bench [--sizes 1000 10000] [--tenants 8] [--reuse-above 1000] [--no-doc]
 
 The machine's 2 cores are shared with other work, so throughput is derived from CPU seconds
 consumed (all threads of the measured process), not wall time:
 - indexer: CPU seconds to index N six-turn conversations from scratch -> conversations per core-second;
+  sizes above --reuse-above are built with recall_cpu_bench's ReusingEmbedder (3,000 real
+  vectors reused by text hash: real text, BM25 and rows, hours of embedding saved) and give no
+  indexer row, only a tenant to read;
 - recall: RSS of a fresh process after loading the model (the baseline, same run), then after
   opening 1..T tenants of 1,000 conversations and one of the largest size, and the CPU time of
   warm recalls on the largest tenant -> calls per core-second;
@@ -40,12 +43,15 @@ def cpu_seconds() -> float:
     return t.user + t.system
 
 
-def index_cpu(src: Path, home: Path) -> float:
+def index_cpu(src: Path, home: Path, reuse: bool = False) -> float:
+    from bench.recall_cpu_bench import ReusingEmbedder
     from shared.engine.embedder import shared_embedder
     from shared.engine.index_run import index_tree
 
     embedder = shared_embedder()
     embedder.embed(["warm up"])
+    if reuse:
+        embedder = ReusingEmbedder(embedder)
     before = cpu_seconds()
     index_tree(home, src, embedder)
     return cpu_seconds() - before
@@ -144,6 +150,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000])
     ap.add_argument("--tenants", type=int, default=8)
+    ap.add_argument("--reuse-above", type=int, default=None,
+                    help="build tenants larger than this with reused embeddings (no indexer row for them)")
     ap.add_argument("--no-doc", action="store_true")
     args = ap.parse_args()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
@@ -153,12 +161,14 @@ def main() -> None:
         for n in args.sizes:
             conversations, questions = generate(n)
             write_tree(base / f"src-{n}", conversations)
-            cpu = index_cpu(base / f"src-{n}", base / f"home-{n}")
+            reuse = args.reuse_above is not None and n > args.reuse_above
+            cpu = index_cpu(base / f"src-{n}", base / f"home-{n}", reuse)
             from shared.engine.index_run import memory_dir
 
             memories[n] = memory_dir(base / f"home-{n}")
             disk = sum(p.stat().st_size for p in memories[n].rglob("*") if p.is_file()) / 2**20
-            index_rows.append([n, f"{cpu:.1f}", f"{n / cpu:.1f}", f"{disk:.1f}"])
+            index_rows.append([n, "(reused embeddings)" if reuse else f"{cpu:.1f}",
+                               "" if reuse else f"{n / cpu:.1f}", f"{disk:.1f}"])
         small = []
         for i in range(args.tenants):
             copy = base / f"tenant-{i}" / "memory"

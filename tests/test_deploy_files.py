@@ -130,13 +130,10 @@ def test_images_come_from_the_overlays_registry_pinned_by_digest(overlay):
     base = render(DEPLOY / "k8s" / "base") if KUBECTL else []
     assert all(c["image"].startswith("registry.invalid/recall/") for s in pod_specs(base).values() for c in s["containers"]
                if "recall" in c["name"] or c["name"] in ("ingest", "indexer"))
-    for spec in pod_specs(overlay).values():
-        for c in spec["containers"]:
-            assert "registry.invalid" not in c["image"]
-            assert not c["image"].endswith(":latest") and ":" in c["image"], c["image"]
-    ours = [c["image"] for n, s in pod_specs(overlay).items() if n in ("recall", "recall-ingest", "recall-indexer")
-            for c in s["containers"]]
-    assert ours and all(re.search(r"@sha256:[0-9a-f]{64}$", i) for i in ours), ours
+    images = [c["image"] for s in pod_specs(overlay).values() for c in s["containers"] + s.get("initContainers", [])]
+    assert images and not [i for i in images if "registry.invalid" in i or ":latest" in i], images
+    # Every image, ours and third-party (Redis, its exporter, PostgreSQL), is pinned by digest.
+    assert not [i for i in images if not re.search(r"@sha256:[0-9a-f]{64}$", i)], images
 
 
 def test_artifacts_run_on_postgresql_and_several_replicas_refuse_sqlite(overlay):
@@ -224,13 +221,29 @@ def test_prometheus_rule_object_carries_exactly_the_alert_file():
 def test_dockerfile_pins_its_base_by_digest_installs_from_the_hash_lock_and_runs_as_non_root():
     text = (DEPLOY / "Dockerfile").read_text()
     assert {"ingest", "indexer", "recall"} <= dockerfile_targets()
-    assert re.search(r"^ARG PYTHON_IMAGE=python:3\.11-slim-bookworm@sha256:[0-9a-f]{64}$", text, re.M)
+    base = re.search(r"^ARG PYTHON_IMAGE=python:3\.11-slim-bookworm@sha256:([0-9a-f]{64})$", text, re.M)
+    assert base and len(set(base[1])) > 1, "a real digest, not a placeholder that fails every build"
     assert "FROM ${PYTHON_IMAGE} AS base" in text and ":latest" not in text
     assert "pip install --require-hashes --no-deps -r requirements.lock" in text
     assert "USER 10001" in text and "HF_HUB_OFFLINE=1" in text
     assert re.search(r"ADD --checksum=sha256:\$\{FUNES_SHA256\} --chmod=0755", text)
     for stage in ("ingest", "indexer", "recall"):
         assert re.search(rf'FROM runtime AS {stage}\n(.*\n)*?CMD \["recall", "(ingest|indexer|serve)"\]', text)
+
+
+def test_dockerfile_bakes_funes_models_from_pinned_revisions_and_fails_if_funes_would_download():
+    text = (DEPLOY / "Dockerfile").read_text()
+    revisions = dict(re.findall(r"^ARG (BGE_\w+_REVISION)=([0-9a-f]{40})$", text, re.M))
+    assert set(revisions) == {"BGE_EMBED_REVISION", "BGE_RERANK_REVISION"}
+    urls = re.findall(r"https://huggingface\.co/BAAI/(\S+)/resolve/\$\{(\w+)\}/(\S+) \\\n\s+(\S+)", text)
+    # funes-contract.md 2.2: funes takes any snapshot dir under $HF_HOME/hub holding these two files.
+    assert {(repo, f) for repo, _, f, _ in urls} == {(r, f) for r in ("bge-small-en-v1.5", "bge-reranker-base")
+                                                      for f in ("model.safetensors", "tokenizer.json")}
+    for repo, rev, name, dest in urls:
+        assert dest == f"/opt/hf/hub/models--BAAI--{repo}/snapshots/${{{rev}}}/{name}", dest
+    warm = text[text.index("RUN mkdir -p /tmp/warm/src"):text.index("ENV RECALL_ENGINE=funes")]
+    assert warm.count("HF_ENDPOINT=http://127.0.0.1:9 FUNES_HOME") == 2, "index and recall cannot reach the hub"
+    assert all(f'snapshots)" = "${{{rev}}}"' in warm for rev in revisions), "no snapshot other than the pinned one"
 
 
 def test_lock_file_pins_every_dependency_at_pyprojects_version_with_hashes():
@@ -275,6 +288,9 @@ def test_compose_config_is_valid_and_builds_only_dockerfile_targets():
         unknown = {k for k in svc["environment"] if k not in setting_names(cls) and k not in FOREIGN_ENV}
         assert not unknown, f"{name} sets {unknown}, which no setting reads"
         assert re.fullmatch(rf"redis://{name}:[^@]+@redis:6379/0", svc["environment"]["RECALL_REDIS_URL"])
+    third_party = [svc["image"] for svc in services.values() if not svc["image"].startswith("localhost/")]
+    assert third_party and not [i for i in third_party if not re.search(r":[\w.-]+@sha256:[0-9a-f]{64}$", i)], \
+        "third-party images pinned by tag and digest"
     for name in ("prometheus", "grafana", "recall-lb", "redis", "alertmanager"):
         for mount in services[name].get("volumes", []):
             if mount["type"] == "bind":
