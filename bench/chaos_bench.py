@@ -1,6 +1,7 @@
 """Load and fault suite (issue 11): the write path under kill -9 and a forget storm.
 
     .venv/bin/python -m bench.chaos_bench [--users 120] [--rate 4] [--seconds 45] [--storm-users 100] [--storm-seconds 12]
+        [--tenants 300] [--clients 16] [--read-seconds 60] [--sessions 8] [--only write|read]
 
 1. Steady ingest with faults (users post in shuffled rounds, so every user posts). One ingest process and two indexers on an embedded redis-server
    (AOF, `appendfsync everysec`, as `recall up` runs it). `users` users post new two-turn
@@ -16,6 +17,12 @@
    marker accepted before the DELETE was sent; marker bytes anywhere = such markers found in
    any file under the data dir or Redis's directory (AOF included).
 
+3. The read side (bench/chaos_read.py): `tenants` tenants with skewed traffic, `clients`
+   concurrent MCP clients over HTTP against a real recall service, a reader cache smaller than
+   the tenant count, forget drops racing searches; errors, false "unavailable", busy answers,
+   latency, and the service's RSS, fds and threads before and after. `--only read` runs (and
+   rewrites the doc section of) this part alone, `--only write` parts 1 and 2.
+
 Baseline in the same run: the unfaulted steady phase's ingest→searchable numbers are reported
 beside the faulted ones (both from the indexers' histogram).
 """
@@ -26,6 +33,7 @@ import argparse
 import asyncio
 import random
 import secrets
+import shutil
 import sqlite3
 import sys
 import tempfile
@@ -35,8 +43,9 @@ from pathlib import Path
 import httpx
 import redis
 
+from bench.chaos_read import read_phase
 from bench.ingest_bench import histogram_quantile, scrape_buckets
-from bench.report import table, write_section
+from bench.report import DOC, table, write_section
 from bench.stack_processes import start, stop_all
 from shared.child_process import free_port
 from shared.redis_server import EmbeddedRedis
@@ -310,6 +319,14 @@ def json_status(r: redis.Redis, receipt: str) -> str:
     return json.loads(raw)["status"] if raw else "missing"
 
 
+def _current_block(name: str) -> str:
+    """The block between a benchmark's markers as docs/benchmarks.md holds it now, markers included."""
+    import re
+
+    found = re.search(rf"<!-- {name}:start -->.*?<!-- {name}:end -->", DOC.read_text(), flags=re.S) if DOC.exists() else None
+    return found.group(0) if found else ""
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--users", type=int, default=120)
@@ -317,9 +334,33 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=45)
     ap.add_argument("--storm-users", type=int, default=100)
     ap.add_argument("--storm-seconds", type=float, default=12)
+    ap.add_argument("--tenants", type=int, default=300, help="read side: tenants, each with its own memory")
+    ap.add_argument("--conversations", type=int, default=4, help="read side: conversations per tenant")
+    ap.add_argument("--clients", type=int, default=16, help="read side: concurrent MCP clients")
+    ap.add_argument("--read-seconds", type=float, default=60, help="read side: load per configuration")
+    ap.add_argument("--sessions", type=int, default=8, help="read side: open sessions each client keeps (LRU)")
+    ap.add_argument("--zipf", type=float, default=1.1, help="read side: tenant i is called with weight 1/(i+1)^zipf")
+    ap.add_argument("--only", choices=["write", "read"], help="run one side (its part of the doc section is rewritten)")
     ap.add_argument("--no-doc", action="store_true")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="recall-chaos-bench-"))
+    try:
+        run(args, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def run(args: argparse.Namespace, work: Path) -> None:
+    command = "python -m bench.chaos_bench " + " ".join(sys.argv[1:])
+    read_body = ""
+    if args.only != "write":
+        read_body, _ = read_phase(work, args.tenants, args.conversations, args.clients, args.read_seconds, args.zipf,
+                                  args.sessions)
+        print(read_body)
+        if args.only == "read":
+            if not args.no_doc:
+                write_section("chaos-read-bench", command, read_body)
+            return
     t0 = time.perf_counter()
     steady = [steady_phase(work, args.users, args.rate, args.seconds, faults) for faults in (False, True)]
     storm = storm_phase(work, args.storm_users, args.storm_seconds)
@@ -340,10 +381,15 @@ def main() -> None:
             "The load generator retries 503s and connection errors like the gateway.\n\n" + fault_table +
             f"\n\nForget storm: {args.storm_users} users, each sending a new snapshot every 0.5-1.5 s for "
             f"{args.storm_seconds:g} s with a DELETE of the conversation in the middle.\n\n" + storm_table +
-            f"\n\nWhole run: {total:.0f} s. Not covered here: the read side under load (≥300 tenants, 16 MCP clients).")
+            f"\n\nWhole run of the write side: {total:.0f} s.")
     print(body)
     if not args.no_doc:
-        write_section("chaos-bench", "python -m bench.chaos_bench " + " ".join(sys.argv[1:]), body)
+        # The read side keeps its own markers inside this section, so `--only read` rewrites it alone
+        # and `--only write` keeps it.
+        read_block = (f"<!-- chaos-read-bench:start -->\n{read_body}\n<!-- chaos-read-bench:end -->" if read_body
+                      else _current_block("chaos-read-bench"))
+        body += f"\n\n{read_block}" if read_block else ""
+        write_section("chaos-bench", command, body)
 
 
 if __name__ == "__main__":

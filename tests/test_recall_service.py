@@ -190,7 +190,7 @@ async def test_a_saturated_replica_answers_busy_softly_and_counts_it(services, s
 
 
 async def test_a_timed_out_embedded_search_stops_instead_of_running_on(tmp_path, embedder):
-    from services.recall.backend import BackendUnavailable
+    from services.recall.backend import BackendOverloaded
     from services.recall.embedded_backend import EmbeddedBackend
     from shared.engine.index_run import index_tree
     from shared.tenant_paths import TenantPaths
@@ -215,12 +215,43 @@ async def test_a_timed_out_embedded_search_stops_instead_of_running_on(tmp_path,
         await asyncio.sleep(0.8)  # the queued search's deadline passes meanwhile
     finally:
         reader._refresh_lock.release()
-    with pytest.raises(BackendUnavailable, match="timed out"):
+    with pytest.raises(BackendOverloaded, match="timed out"):
         await call
     await asyncio.sleep(0.5)  # time for a search that ignored its deadline to run on
     assert searched == [], "the timed-out search gave its worker back instead of searching"
     assert await found()
     assert len(searched) == 1
+
+
+async def test_an_embedded_search_past_its_deadline_answers_busy_not_unavailable(tmp_path, embedder):
+    """A loaded replica that runs out of time has a healthy memory: 'unavailable' would be false."""
+    from prometheus_client import REGISTRY
+
+    from services.recall.embedded_backend import EmbeddedBackend
+    from services.recall.server import RecallService
+    from services.recall.settings import RecallSettings
+    from shared.engine.index_run import index_tree
+    from shared.tenant_paths import TenantPaths
+    from tests.conftest import JWT_SECRET, write_conversation
+
+    paths = TenantPaths.for_user(tmp_path, "alice")
+    write_conversation(paths.src, "a1", ALICE)
+    index_tree(paths.root, paths.src, embedder)
+    settings = RecallSettings(data_dir=tmp_path, jwt_secret=JWT_SECRET, timeout_s=0.3)
+    service = RecallService(settings, EmbeddedBackend(reader_cache=4, timeout_s=settings.timeout_s))
+    assert "MT-4471" in await service.recall_for("alice", "MT-4471")
+    counted = lambda: REGISTRY.get_sample_value("recall_busy_total", {"reason": "search_deadline"})  # noqa: E731
+    before = counted()
+    reader = service.backend.engine.reader(paths.memory)
+    reader._refresh_lock.acquire()  # a long catch-up of the same memory holds the search past its deadline
+    try:
+        call = asyncio.create_task(service.recall_for("alice", "MT-4471"))
+        await asyncio.sleep(0.8)
+    finally:
+        reader._refresh_lock.release()
+    assert await call == BUSY
+    assert counted() == before + 1
+    assert "MT-4471" in await service.recall_for("alice", "MT-4471")
 
 
 @pytest.mark.parametrize("stack", ["embedded"], indirect=True)

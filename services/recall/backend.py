@@ -10,7 +10,12 @@ from shared.tenant_paths import TenantPaths
 
 
 class BackendUnavailable(Exception):
-    """The engine could not answer (crash, timeout, corrupt memory); the tool degrades softly."""
+    """The engine could not answer (crash, hung child, corrupt memory); the tool degrades softly."""
+
+
+class BackendOverloaded(Exception):
+    """A healthy engine ran out of time: the search stopped at its deadline because the replica is
+    loaded. The memory is fine, so the agent is told "busy, try again", not "unavailable"."""
 
 
 class RecallBackend(Protocol):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from services.recall.backend import BackendUnavailable
+from services.recall.backend import BackendOverloaded, BackendUnavailable
 from services.recall.metrics import POOL_EVICTIONS, POOL_SIZE, READER_CACHE_BYTES
 from services.recall.tool_output import AgentHit, hits_from_engine
 from shared.engine.api import Engine, MemoryState, NoIndex, memory_state
@@ -34,7 +34,7 @@ class EmbeddedBackend:
             hits = await asyncio.to_thread(self.engine.search, paths.memory, query, params, deadline=deadline)
             return hits_from_engine(hits)
         except DeadlineExceeded:
-            raise BackendUnavailable("recall timed out") from None
+            raise BackendOverloaded("recall timed out") from None
         except NoIndex:
             raise
         except Exception as exc:

@@ -26,8 +26,9 @@ from services.recall.artifacts.artifact_search import ArtifactSearch
 from services.recall.artifacts.artifact_store import ArtifactStore
 from services.recall.artifacts.service import ArtifactService
 from services.recall.artifacts.surface import register_realm_surface
-from services.recall.backend import BackendUnavailable, RecallBackend
+from services.recall.backend import BackendOverloaded, BackendUnavailable, RecallBackend
 from services.recall.embedded_backend import EmbeddedBackend
+from services.recall.fd_budget import raise_open_file_limit, readers_within
 from services.recall.metrics import RECALL_BUSY, RECALL_CONCURRENCY_LIMIT, RECALL_IN_FLIGHT, RECALL_LATENCY
 from services.recall.process_pool import ProcessPool
 from services.recall.settings import RecallSettings
@@ -46,12 +47,20 @@ TIME_WINDOW_POOL = 4  # passages asked of the engine per returned one when the q
 # An embedded search stops at its first stage boundary past the deadline; the caller waits this
 # much longer for that, then answers without it (the search keeps its slot until it stops).
 CALLER_GRACE_S = 1.0
+ARTIFACT_READERS = 64  # the artifact search's own reader cache
 
 
-def make_backend(s: RecallSettings) -> RecallBackend:
+def make_backend(s: RecallSettings, open_file_limit: int | None = None) -> RecallBackend:
     if s.engine == "funes":
         return ProcessPool(s.funes_bin, s.pool_max_processes, s.pool_idle_s, s.timeout_s, s.pool_start_timeout_s)
-    return EmbeddedBackend(s.reader_cache, s.timeout_s, s.reader_cache_bytes)
+    readers = s.reader_cache
+    if open_file_limit is not None:
+        readers = readers_within(open_file_limit, s.reader_cache, ARTIFACT_READERS)
+        if readers < s.reader_cache:
+            log.warning("recall.reader_cache_capped", setting="RECALL_READER_CACHE", wanted=s.reader_cache,
+                        readers=readers, open_file_limit=open_file_limit,
+                        hint="raise the hard limit on open files (ulimit -Hn, LimitNOFILE) to keep more memories open")
+    return EmbeddedBackend(readers, s.timeout_s, s.reader_cache_bytes)
 
 
 def caller_user() -> str:
@@ -99,9 +108,11 @@ class RecallService:
         search.add_done_callback(_consume_outcome)
         try:
             raw = await asyncio.wait_for(asyncio.shield(search), self.caller_wait_s)
-        except asyncio.TimeoutError:
-            log.warning("recall.unavailable", user_hash=paths.uhash, error="the search overran its deadline")
-            return "unavailable", UNAVAILABLE
+        except (asyncio.TimeoutError, BackendOverloaded):
+            # The search ran out of time on a loaded replica; the memory itself is fine.
+            RECALL_BUSY.labels("search_deadline").inc()
+            log.warning("recall.busy", user_hash=paths.uhash, reason="search_deadline")
+            return "busy", BUSY
         except NoIndex:
             return "no_memory", NO_MEMORY
         except BackendUnavailable as exc:
@@ -156,12 +167,12 @@ async def _drop_forgotten(s: RecallSettings, backend: RecallBackend) -> None:
 def build_artifact_service(s: RecallSettings) -> ArtifactService:
     url = s.artifacts_db_url or f"sqlite:///{(s.data_dir / 'artifacts.sqlite3').resolve()}"
     # Artifact search has its own engine handle (its own reader cache), sharing the loaded model.
-    return ArtifactService(ArtifactStore(url), ArtifactSearch(s.data_dir, Engine(max_readers=64)), s.data_dir)
+    return ArtifactService(ArtifactStore(url), ArtifactSearch(s.data_dir, Engine(max_readers=ARTIFACT_READERS)), s.data_dir)
 
 
 def build_app(settings: RecallSettings | None = None):
     s = settings or RecallSettings()
-    backend = make_backend(s)
+    backend = make_backend(s, raise_open_file_limit())
     service = RecallService(s, backend)
     mcp = FastMCP("recall", auth=build_verifier(s), mask_error_details=True,
                   instructions="Memory of this user's earlier conversations. If the user refers to earlier work, "
