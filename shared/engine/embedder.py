@@ -193,7 +193,7 @@ class OnnxEmbedder:
         self.dim = int(self.embed(["dimension probe"]).shape[1])
 
     def embed_query(self, text: str) -> np.ndarray:
-        return self.query_cache.get(text, lambda t: self._run(*self._feeds([t], 1)[0], self._query_session)[0])
+        return self.query_cache.get(text, lambda t: self._run(*self._feeds([t], 1)[0][1:], self._query_session)[0])
 
     def embed(self, texts: list[str], batch_size: int = 32) -> np.ndarray:
         """Batches group similar lengths to cut padding. Several batches run side by side on the
@@ -205,9 +205,9 @@ class OnnxEmbedder:
         batches = self._feeds(texts, batch_size)
         single = self._query_session if self._threads.query == 1 else None
         if len(batches) > 1 and self._threads.batch > 1 and single is not None:
-            pooled = _parallel_batches(lambda b: self._run(*b, single), batches, self._threads.batch)
+            pooled = _parallel_batches(lambda b: self._run(b[1], b[2], single), batches, self._threads.batch)
         else:
-            pooled = [self._run(*b, self._batch_session) for b in batches]
+            pooled = [self._run(ids, mask, self._batch_session) for _, ids, mask in batches]
         out = np.zeros((len(texts), pooled[0].shape[1]), dtype=np.float32)
         for (idx, _, _), vecs in zip(batches, pooled):
             out[idx] = vecs
@@ -231,7 +231,7 @@ class OnnxEmbedder:
             batches.append((idx, ids, mask))
         return batches
 
-    def _run(self, idx: list[int], ids: np.ndarray, mask: np.ndarray, session) -> np.ndarray:
+    def _run(self, ids: np.ndarray, mask: np.ndarray, session) -> np.ndarray:
         feeds = {"input_ids": ids, "attention_mask": mask}
         if "token_type_ids" in self._inputs:
             feeds["token_type_ids"] = np.zeros_like(ids)
