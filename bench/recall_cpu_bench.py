@@ -1,19 +1,22 @@
 """Recall CPU benchmark (issue 15): CPU per call, calls/s, cold open and RSS as tenants grow,
-today's code against main's engine in the same run.
+and indexing CPU and wall time per conversation, against older engines in the same run.
 
-    .venv/bin/python -m bench.recall_cpu_bench [--sizes 1000 10000 40000] [--calls 160] [--baseline-ref 477ac4d]
+    .venv/bin/python -m bench.recall_cpu_bench [--sizes 1000 10000] [--calls 160] [--baseline-ref 477ac4d]
+        [--before-ref 746882f] [--index-conversations 1000] [--mcp-calls 100]
 
-- Both codes search with the same model, the one the baseline shipped (all-MiniLM-L6-v2,
-  stamp `…@int8-onnx`): this tree answers a memory with the model of its stamp. What the
-  configured embedder costs per call is not measured here (its own benchmark); its indexing
-  CPU is, as a third row.
-- Tenants of 1k, 10k and 40k conversations (6 turns each; seed 000's corpus, bench/corpus.py)
-  are indexed once by this tree's engine. Embedding 240k turns takes hours on 2 shared cores,
-  so the read-path tenants reuse embeddings: the first 3,000 distinct chunk texts are embedded
-  with the real model, every later chunk gets the real vector of one of those 3,000 chosen by a
-  hash of its text. Text, BM25 and SQLite rows are real; vectors are real model outputs, so the
-  dense scan does exactly the work it does in production (its ranking is not what is measured
-  here; bench/engine_bench.py measures quality).
+- Tenants of 1k and 10k conversations (6 turns each; seed 000's corpus, bench/corpus.py) are
+  built once per model by this tree's engine: MiniLM as the baseline shipped it (stamp
+  `…@int8-onnx`, the only model `--baseline-ref` can read), so the first two rows of each size
+  compare read paths on the same model; then `minilm` (int8 compute) and `e5` (the default),
+  each searched with its own model, so those rows include what the model costs per query.
+- Embedding 60k turns with e5 takes a quarter of an hour on 2 shared cores, so the read-path
+  tenants reuse embeddings: the first 3,000 distinct chunk texts are embedded with the real
+  model, every later chunk gets the real vector of one of those 3,000 chosen by a hash of its
+  text. Text, BM25 and SQLite rows are real; vectors are real model outputs, so the dense scan
+  does exactly the work it does in production (its ranking is not what is measured here;
+  bench/engine_bench.py measures quality). Queries are always embedded by the real model.
+- Every call asks a different question (never a repeat within one process), so no per-process
+  cache of query vectors can answer any of them: each call pays for its query embedding.
 - Each measurement runs in a fresh child process: `ours` imports this tree's `shared/`,
   `baseline` imports `shared/` of `--baseline-ref` exported by `git archive` into a temp dir
   (both read the same memory; the baseline ignores `vectors.i8`).
@@ -21,20 +24,27 @@ today's code against main's engine in the same run.
   loaded), RSS after it minus before, and the peak during it (VmHWM reset first); then RSS
   after all the calls, split into anonymous memory and file-backed pages (the mapped snapshot:
   page cache, shared by every process reading the memory, reclaimable).
-- Warm calls: `Engine.recall` with k=3, candidates=8 (the service's defaults) on real queries,
-  1, 4 and 8 client threads; CPU ms per call = process CPU time / calls (all threads,
-  query embedding included; the service's HTTP/MCP layer adds ~1.5-2 ms, not measured here).
-- Indexing CPU per conversation: a 1,000-conversation tenant indexed from scratch with the
-  real model (no reuse), process CPU / 1,000.
+- Warm calls: `Engine.recall` with k=3, candidates=8 (the service's defaults), 1, 4 and 8
+  client threads; CPU ms per call = process CPU time / calls (all threads, query embedding
+  included; the service's HTTP/MCP layer adds ~1.5-2 ms, not measured here).
+- Through MCP (issue 10's speed row): a `recall-engine mcp` child on the same tenant, k=8 like
+  bench/engine_bench.py, one client, `--mcp-calls` distinct questions; wall p50/p95 at the
+  client and the child's CPU per call (from /proc).
+- Indexing: `--index-conversations` conversations indexed from scratch with the real model
+  (no reuse) by this tree, by `--before-ref` (the engine before this round's indexing work)
+  and by the baseline; process CPU and wall time per conversation. The embedder uses its
+  default threads (`RECALL_EMBED_BATCH_THREADS`: up to 2).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import hashlib
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -44,7 +54,8 @@ from pathlib import Path
 import numpy as np
 
 from bench.corpus import conversation_lines, generate
-from bench.report import table, write_section
+from bench.report import pct, table, write_section
+from shared.engine.embedder import E5_MODEL_ID, MINILM_MODEL_ID, MINILM_SHIPPED_MODEL_ID
 
 REPO = Path(__file__).resolve().parents[1]
 DISTINCT_EMBEDDINGS = 3000
@@ -78,9 +89,11 @@ def embedder_of(model_id):
 if args["mode"] == "index":
     from shared.engine.index_run import index_tree
     emb = embedder_of(args["model_id"])
-    c0 = time.process_time()
+    emb.embed(["warm up the model"])
+    w0, c0 = time.perf_counter(), time.process_time()
     index_tree(Path(args["home"]), Path(args["src"]), emb)
-    print(json.dumps({"index_cpu_s": time.process_time() - c0}))
+    print(json.dumps({"index_cpu_s": time.process_time() - c0, "index_wall_s": time.perf_counter() - w0,
+                      "load": os.getloadavg()[0]}))
     sys.exit(0)
 import sqlite3
 memory = Path(args["memory"])
@@ -101,18 +114,23 @@ result = {"cold_wall_s": cold_wall, "cold_cpu_s": cold_cpu, "rss_delta": after["
 params = RecallParams(k=3, candidates=8)
 for q in queries[:10]:
     engine.recall(memory, q, params)
+next_query = 10  # every call asks a question not asked before in this process
 for clients in args["clients"]:
     calls = args["calls"]
     per = calls // clients
+    first = next_query
+    next_query += per * clients
+    assert next_query <= len(queries), "too few distinct questions for the calls asked"
     def work(i):
         for j in range(per):
-            engine.recall(memory, queries[(i * 7919 + j) % len(queries)], params)
+            engine.recall(memory, queries[first + i * per + j], params)
     threads = [threading.Thread(target=work, args=(i,)) for i in range(clients)]
     w0, c0 = time.perf_counter(), time.process_time()
     for t in threads: t.start()
     for t in threads: t.join()
     wall, cpu = time.perf_counter() - w0, time.process_time() - c0
-    result["runs"][str(clients)] = {"cpu_ms": 1000 * cpu / (per * clients), "calls_s": per * clients / wall}
+    result["runs"][str(clients)] = {"cpu_ms": 1000 * cpu / (per * clients), "calls_s": per * clients / wall,
+                                    "load": os.getloadavg()[0]}
 end = status()
 result["threads"] = int(end["Threads"])
 result["anon_after_calls"] = end["RssAnon"] - before["RssAnon"]
@@ -145,24 +163,25 @@ class ReusingEmbedder:
 
 
 def write_src(src: Path, n: int) -> list[str]:
+    """Write the corpus; return its distinct questions (short and long forms), shuffled."""
     conversations, questions = generate(n)
     src.mkdir(parents=True, exist_ok=True)
     for conv in conversations:
         (src / f"{conv.conversation_id}.funes.jsonl").write_text(conversation_lines(conv))
-    rng = random.Random(n)
-    sample = rng.sample(questions, min(100, len(questions)))
-    return [q.short for q in sample[:50]] + [q.long for q in sample[50:]]
+    texts = list(dict.fromkeys(text for q in questions for text in (q.short, q.long)))
+    random.Random(n).shuffle(texts)
+    return texts
 
 
-def export_baseline(ref: str, into: Path) -> Path:
+def export_code(ref: str, into: Path) -> Path:
     archive = subprocess.run(["git", "-C", str(REPO), "archive", ref, "shared"], check=True, capture_output=True).stdout
     into.mkdir(parents=True)
     subprocess.run(["tar", "x", "-C", str(into)], input=archive, check=True)
     return into
 
 
-def run_worker(code_dir: Path, args: dict) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(code_dir)}
+def run_worker(code_dir: Path, args: dict, env: dict[str, str] | None = None) -> dict:
+    env = {**os.environ, **(env or {}), "PYTHONPATH": str(code_dir)}
     done = subprocess.run([sys.executable, "-c", WORKER, json.dumps(args)], cwd=code_dir, env=env,
                           capture_output=True, text=True, timeout=3600)
     if done.returncode != 0:
@@ -170,70 +189,135 @@ def run_worker(code_dir: Path, args: dict) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def child_cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def mcp_latency(memory: Path, queries: list[str], env: dict[str, str]) -> dict:
+    """Warm recall through a long-lived `recall-engine mcp` child, as bench/engine_bench.py."""
+    from shared.mcp_stdio_client import StdioMCPChild
+
+    engine_bin = str(Path(sys.executable).parent / "recall-engine")
+    child = await StdioMCPChild([engine_bin, "mcp", str(memory)], env={**os.environ, **env}).start()
+    try:
+        for q in queries[:10]:
+            await child.call_tool("recall", {"query": q, "k": 8}, 60)
+        lat = []
+        assert child.pid is not None
+        c0 = child_cpu_s(child.pid)
+        for q in queries[10:]:
+            t0 = time.perf_counter()
+            await child.call_tool("recall", {"query": q, "k": 8}, 60)
+            lat.append(time.perf_counter() - t0)
+        cpu = child_cpu_s(child.pid) - c0
+    finally:
+        await child.close()
+    return {"p50_ms": 1000 * pct(lat, 0.5), "p95_ms": 1000 * pct(lat, 0.95), "cpu_ms": 1000 * cpu / len(lat),
+            "load": os.getloadavg()[0]}
+
+
+# The tenants: how each is embedded, and which codes search it.
+TENANTS = {
+    "MiniLM as shipped": (MINILM_SHIPPED_MODEL_ID, "minilm", ("baseline", "ours")),
+    "minilm (int8)": (MINILM_MODEL_ID, "minilm", ("ours",)),
+    "e5 (default)": (E5_MODEL_ID, "e5", ("ours",)),
+}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000, 40000])
+    ap.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000])
     ap.add_argument("--calls", type=int, default=160)
     ap.add_argument("--clients", type=int, nargs="+", default=[1, 4, 8])
     ap.add_argument("--baseline-ref", default="477ac4d", help="the engine before issue 15's work")
+    ap.add_argument("--before-ref", default="746882f", help="the engine before this round's indexing work")
     ap.add_argument("--index-conversations", type=int, default=1000)
+    ap.add_argument("--mcp-calls", type=int, default=100)
     ap.add_argument("--no-doc", action="store_true")
     args = ap.parse_args()
-    from shared.engine.embedder import MINILM_SHIPPED_MODEL_ID, embedder_for_stamp, shared_embedder
+    from shared.engine.embedder import embedder_for_stamp
     from shared.engine.index_run import index_tree, memory_dir
 
     work = Path(tempfile.mkdtemp(prefix="recall-cpu-bench-"))
-    codes = {"ours": REPO, "baseline": export_baseline(args.baseline_ref, work / "baseline-code")}
-    # The baseline can only read memories of its own model; this tree answers a memory with the
-    # model of its stamp, so both search with the same model and the tables compare read paths.
-    reuse = ReusingEmbedder(embedder_for_stamp(MINILM_SHIPPED_MODEL_ID))
-    results: dict[tuple[int, str], dict] = {}
+    codes = {"ours": REPO, "baseline": export_code(args.baseline_ref, work / "baseline-code"),
+             "before": export_code(args.before_ref, work / "before-code")}
+    results: dict[tuple[int, str, str], dict] = {}
+    mcp: dict[tuple[int, str], dict] = {}
     for n in args.sizes:
-        src, home = work / f"src-{n}", work / f"home-{n}"
+        src = work / f"src-{n}"
         queries = write_src(src, n)
-        t0 = time.perf_counter()
-        index_tree(home, src, reuse)
-        print(f"built {n} conversations in {time.perf_counter() - t0:.0f}s", file=sys.stderr)
-        for name, code in codes.items():
-            results[(n, name)] = run_worker(code, {"mode": "search", "memory": str(memory_dir(home)), "queries": queries,
-                                                   "clients": args.clients, "calls": args.calls})
-            print(n, name, json.dumps(results[(n, name)]), file=sys.stderr)
-    index_cpu = {}
+        for tenant, (model_id, name, searchers) in TENANTS.items():
+            home = work / f"home-{n}-{name}-{len(results)}"
+            t0 = time.perf_counter()
+            real = embedder_for_stamp(model_id)
+            assert real is not None, model_id
+            index_tree(home, src, ReusingEmbedder(real))
+            print(f"built {n} conversations ({tenant}) in {time.perf_counter() - t0:.0f}s", file=sys.stderr)
+            for code in searchers:
+                results[(n, tenant, code)] = run_worker(
+                    codes[code], {"mode": "search", "memory": str(memory_dir(home)),
+                                  "queries": queries[: 10 + len(args.clients) * args.calls],
+                                  "clients": args.clients, "calls": args.calls}, {"RECALL_EMBEDDER": name})
+                print(n, tenant, code, json.dumps(results[(n, tenant, code)]), file=sys.stderr)
+            variants = {} if tenant == "MiniLM as shipped" else {tenant: {"RECALL_EMBEDDER": name}}
+            if name == "e5":  # a query on a team of two: lower latency for more CPU per call
+                variants[f"{tenant}, RECALL_EMBED_THREADS=2"] = {"RECALL_EMBEDDER": name, "RECALL_EMBED_THREADS": "2"}
+            for label, env in variants.items():
+                mcp[(n, label)] = asyncio.run(mcp_latency(memory_dir(home), queries[-(args.mcp_calls + 10):], env))
+                print(n, label, "mcp", json.dumps(mcp[(n, label)]), file=sys.stderr)
+            shutil.rmtree(home)
+    index: dict[str, dict] = {}
     isrc = work / "src-index"
     write_src(isrc, args.index_conversations)
-    runs = {**{name: (code, MINILM_SHIPPED_MODEL_ID) for name, code in codes.items()},
-            f"ours, configured model ({shared_embedder().spec.model_id})": (codes["ours"], "")}
-    for name, (code, model_id) in runs.items():
-        out = run_worker(code, {"mode": "index", "home": str(work / f"index-{len(index_cpu)}"), "src": str(isrc),
-                                "model_id": model_id})
-        index_cpu[name] = 1000 * out["index_cpu_s"] / args.index_conversations
-    body = render(args, results, index_cpu)
+    runs = {"baseline, MiniLM as shipped": ("baseline", MINILM_SHIPPED_MODEL_ID, "minilm"),
+            "before, minilm (int8)": ("before", MINILM_MODEL_ID, "minilm"),
+            "ours, minilm (int8)": ("ours", MINILM_MODEL_ID, "minilm"),
+            "before, e5 (default)": ("before", E5_MODEL_ID, "e5"),
+            "ours, e5 (default)": ("ours", E5_MODEL_ID, "e5")}
+    for label, (code, model_id, name) in runs.items():
+        out = run_worker(codes[code], {"mode": "index", "home": str(work / f"index-{len(index)}"), "src": str(isrc),
+                                       "model_id": model_id if code != "baseline" else ""}, {"RECALL_EMBEDDER": name})
+        index[label] = out
+        print(label, json.dumps(out), file=sys.stderr)
+    body = render(args, results, mcp, index)
     print(body)
     if not args.no_doc:
         write_section("recall-cpu-bench", "python -m bench.recall_cpu_bench " + " ".join(sys.argv[1:]), body)
+    shutil.rmtree(work, ignore_errors=True)
 
 
-def render(args, results: dict[tuple[int, str], dict], index_cpu: dict[str, float]) -> str:
+def render(args, results: dict[tuple[int, str, str], dict], mcp: dict[tuple[int, str], dict],
+           index: dict[str, dict]) -> str:
     mib = 2**20
-    rows = []
-    for n in args.sizes:
-        for name in ("baseline", "ours"):
-            r = results[(n, name)]
-            rows.append([n, name, *[f"{r['runs'][str(c)]['cpu_ms']:.1f}" for c in args.clients],
-                         *[f"{r['runs'][str(c)]['calls_s']:.0f}" for c in args.clients]])
-    perf = table(["conversations", "code", *[f"CPU ms/call, {c} client(s)" for c in args.clients],
-                  *[f"calls/s, {c} client(s)" for c in args.clients]], rows)
-    cold = table(["conversations", "code", "cold open wall (s)", "cold open CPU (s)", "RSS after open (MiB)",
+    keys = [(n, tenant, code) for n in args.sizes for tenant, (_, _, codes) in TENANTS.items() for code in codes]
+    loads = [r["runs"][str(c)]["load"] for r in results.values() for c in args.clients]
+    perf = table(["conversations", "model", "code", *[f"CPU ms/call, {c} client(s)" for c in args.clients],
+                  *[f"calls/s, {c} client(s)" for c in args.clients]],
+                 [[n, t, code, *[f"{results[(n, t, code)]['runs'][str(c)]['cpu_ms']:.1f}" for c in args.clients],
+                   *[f"{results[(n, t, code)]['runs'][str(c)]['calls_s']:.0f}" for c in args.clients]]
+                  for n, t, code in keys])
+    cold = table(["conversations", "model", "code", "cold open wall (s)", "cold open CPU (s)", "RSS after open (MiB)",
                   "peak RSS during open (MiB)", "RSS after the calls: anon + file-backed (MiB)", "OS threads after the calls"],
-                 [[n, name, f"{results[(n, name)]['cold_wall_s']:.3f}", f"{results[(n, name)]['cold_cpu_s']:.3f}",
-                   f"{results[(n, name)]['rss_delta'] / mib:.0f}", f"{results[(n, name)]['peak_delta'] / mib:.0f}",
-                   f"{results[(n, name)]['anon_after_calls'] / mib:.0f} + {results[(n, name)]['file_after_calls'] / mib:.0f}",
-                   results[(n, name)]["threads"]] for n in args.sizes for name in ("baseline", "ours")])
-    index = table(["code", f"indexing CPU per conversation (ms, {args.index_conversations} conversations, real model)"],
-                  [[name, f"{v:.1f}"] for name, v in index_cpu.items()])
-    return (f"Baseline: `{args.baseline_ref}`'s `shared/` (git archive) in the same run; {args.calls} calls per row; "
-            "k=3, candidates=8; engine level (no HTTP). Tenants reuse 3,000 real embeddings (module docstring).\n\n"
-            f"{perf}\n\n{cold}\n\n{index}")
+                 [[n, t, code, f"{r['cold_wall_s']:.3f}", f"{r['cold_cpu_s']:.3f}", f"{r['rss_delta'] / mib:.0f}",
+                   f"{r['peak_delta'] / mib:.0f}", f"{r['anon_after_calls'] / mib:.0f} + {r['file_after_calls'] / mib:.0f}",
+                   r["threads"]] for n, t, code in keys for r in [results[(n, t, code)]]])
+    mcp_table = table(["conversations", "model", "warm p50 (ms)", "p95 (ms)", "child CPU per call (ms)", "load average"],
+                      [[n, t, f"{r['p50_ms']:.1f}", f"{r['p95_ms']:.1f}", f"{r['cpu_ms']:.1f}", f"{r['load']:.1f}"]
+                       for (n, t), r in mcp.items()])
+    nconv = args.index_conversations
+    index_table = table(["code, model", "CPU per conversation (ms)", "wall per conversation (ms)",
+                         f"wall for {nconv} (s)", "10k projected from it (min)", "load average at the end"],
+                        [[label, f"{1000 * r['index_cpu_s'] / nconv:.1f}", f"{1000 * r['index_wall_s'] / nconv:.1f}",
+                          f"{r['index_wall_s']:.0f}", f"{r['index_wall_s'] * 10000 / nconv / 60:.1f}", f"{r['load']:.1f}"]
+                         for label, r in index.items()])
+    return (f"Baseline: `{args.baseline_ref}`'s `shared/` (git archive) in the same run; before: `{args.before_ref}`'s; "
+            f"{args.calls} calls per row, each a different question; k=3, candidates=8; engine level (no HTTP). "
+            f"Tenants reuse 3,000 real embeddings (module docstring). Load average during the calls: "
+            f"{min(loads):.1f}-{max(loads):.1f} on 2 cores.\n\n"
+            f"{perf}\n\n{cold}\n\nWarm recall through `recall-engine mcp` ({args.mcp_calls} distinct questions, k=8, "
+            f"one client):\n\n{mcp_table}\n\nIndexing {nconv} conversations from scratch with the real model "
+            f"(no reuse):\n\n{index_table}")
 
 
 if __name__ == "__main__":

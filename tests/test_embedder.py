@@ -12,6 +12,7 @@ from shared.engine.embedder import (
     E5Embedder,
     EmbedderSettings,
     OnnxEmbedder,
+    Threads,
     e5_unsupported_reason,
     minilm_spec,
 )
@@ -104,3 +105,36 @@ def test_an_idle_engine_process_spends_no_cpu_even_when_the_environment_asks_ope
     assert spinning > 0.02, f"the control burnt only {spinning:.3f}s: this machine cannot show a spinning pool"
     idle = idle_cpu_after_embedding("engine")
     assert idle < 0.01, f"{idle:.3f}s of CPU in one idle second (control: {spinning:.3f}s): a thread pool spins"
+
+
+def test_e5_batches_run_side_by_side_give_each_text_the_vector_it_gets_alone(e5):
+    texts = [f"the pump P-{i:03d} at the North site leaks {'badly ' * (i % 5)}since Monday" for i in range(13)]
+    side_by_side = E5Embedder(Threads(query=1, batch=2)).embed(texts, batch_size=3)  # five batches, two threads
+    alone = np.stack([e5.embed([t])[0] for t in texts])
+    assert np.array_equal(side_by_side, alone)
+
+
+def test_minilm_batches_run_side_by_side_equal_the_same_batches_run_one_after_another(minilm):
+    texts = [f"we moved the cable shipment {'and the spare parts ' * (i % 4)}to Friday, ticket {i}" for i in range(11)]
+    sequential = OnnxEmbedder(minilm.spec, Threads(query=1, batch=1)).embed(texts, batch_size=3)
+    side_by_side = OnnxEmbedder(minilm.spec, Threads(query=1, batch=2)).embed(texts, batch_size=3)
+    assert np.array_equal(side_by_side, sequential)
+    assert np.allclose(np.linalg.norm(side_by_side, axis=1), 1, atol=1e-5)
+
+
+def test_a_repeated_query_is_answered_from_the_cache_without_running_the_model():
+    model = E5Embedder(Threads(query=1, batch=1, query_cache=2))
+    first = model.embed_query("pump leak at North")
+    again = model.embed_query("pump leak at North")
+    assert again is first and not again.flags.writeable  # shared between callers: nobody may change it
+    assert (model.query_cache.hits, model.query_cache.misses) == (1, 1)
+    model.embed_query("boiler pressure drop")
+    model.embed_query("conveyor belt slip")  # the cache holds two: the first query is evicted
+    assert model.embed_query("pump leak at North") is not first and model.query_cache.misses == 4
+    assert np.array_equal(model.embed_query("boiler pressure drop"), E5Embedder().embed_query("boiler pressure drop"))
+
+
+def test_the_query_cache_is_off_unless_configured(monkeypatch):
+    assert EmbedderSettings().query_cache == 0
+    monkeypatch.setenv("RECALL_QUERY_CACHE", "500")
+    assert EmbedderSettings().threads.query_cache == 500

