@@ -182,7 +182,8 @@ def test_cache_is_bounded_by_bytes_and_flat_under_tenant_churn(template_home, tm
         assert engine.cached_bytes <= 4 * one_reader and engine.open_readers <= 4
     (rss1, fds1, threads1), (rss5, fds5, threads5) = samples[0], samples[-1]
     assert engine.evictions >= 4 * 60 - 4, "the byte bound, not the count, evicted"
-    # A leak grows by a reader's threads and fds per tenant (60 per pass); the worker process's
-    # own pools (asyncio's executor, native runtimes) come and go by a few threads.
-    assert fds5 <= fds1 + 2 and threads5 <= max(t for _, _, t in samples[:2]) + 4, (samples, "fds and threads stay flat")
+    # A leak grows by a reader's threads and fds per tenant (60 per pass, 240 over the last four);
+    # the process's own pools (asyncio's executor, the embedder's OpenMP team and batch threads)
+    # come and go by up to ~10 threads between samples on a loaded machine.
+    assert fds5 <= fds1 + 2 and threads5 <= max(t for _, _, t in samples[:2]) + 20, (samples, "fds and threads stay flat")
     assert rss5 - rss1 < 24 * 2**20, (samples, "RSS stays flat over 4 more passes of 60 tenants")

@@ -118,7 +118,12 @@ class StreamConsumer:
         record = {"entry_id": entry_id, "reason": reason, "deliveries": str(deliveries),
                   "user_hash": str(fields.get("user_hash", "")), "conversation_id": str(fields.get("conversation_id", "")),
                   "fields": json.dumps({k: v for k, v in fields.items()}, default=str)}
-        await self.client.xadd(dead_letter_stream(self.s.stream), record, maxlen=self.s.dead_letter_maxlen, approximate=True)
-        await self.ack(entry_id)
+        # One transaction: the entry is never dead-lettered and still pending at once (a crash in
+        # between would deliver it again and dead-letter it twice).
+        pipe = self.client.pipeline(transaction=True)
+        pipe.xadd(dead_letter_stream(self.s.stream), record, maxlen=self.s.dead_letter_maxlen, approximate=True)
+        pipe.xack(self.s.stream, self.s.group, entry_id)
+        pipe.xdel(self.s.stream, entry_id)
+        await pipe.execute()
         log.error("message.dead_lettered", entry_id=entry_id, reason=reason, deliveries=deliveries,
                   user_hash=fields.get("user_hash"))
