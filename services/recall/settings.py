@@ -24,7 +24,7 @@ class RecallSettings(CommonSettings):
     max_concurrency: int = Field(4, ge=1, description="Searches running at once per replica.")
     queue_max: int = Field(32, ge=0, description="Recalls that may wait for a free slot; past it the agent is told 'busy, try again'.")
     queue_wait_s: float = Field(1.0, gt=0, description="Longest wait for a free slot before the answer is 'busy, try again'.")
-    timeout_s: float = Field(10.0, gt=0, description="A search slower than this stops at its next stage and answers 'unavailable'.")
+    timeout_s: float = Field(10.0, gt=0, description="A search slower than this stops at its next stage and answers 'busy, try again' (a funes child past it is killed: 'unavailable').")
     reader_cache: int = Field(256, ge=1, description="Embedded engine: tenant memories kept open (LRU); kept within the open-file limit (4 descriptors each).")
     reader_cache_bytes: int = Field(4 * 2**30, ge=2**20, description="Embedded engine: bytes of vectors and BM25 indexes the open memories may hold (LRU; a memory in use is closed when its search ends).")
     pool_max_processes: int = Field(16, ge=1, description="Funes engine: most `funes mcp` children alive at once.")
