@@ -103,8 +103,13 @@ class StreamConsumer:
         if result is WriteResult.WRITTEN:
             await mark_dirty(self.client, event.user_hash, event.received_at, self.s.index_debounce_s)
 
-    async def ack(self, entry_id: str) -> None:
+    async def ack(self, entry_id: str, dead_letter: dict | None = None) -> None:
+        """Acknowledge and delete the entry; with `dead_letter`, add that record to the dead
+        letters in the same transaction, so the entry is never dead-lettered and still pending
+        at once (a crash in between would deliver it again and dead-letter it twice)."""
         pipe = self.client.pipeline(transaction=True)
+        if dead_letter is not None:
+            pipe.xadd(dead_letter_stream(self.s.stream), dead_letter, maxlen=self.s.dead_letter_maxlen, approximate=True)
         pipe.xack(self.s.stream, self.s.group, entry_id)
         pipe.xdel(self.s.stream, entry_id)
         await pipe.execute()
@@ -117,13 +122,7 @@ class StreamConsumer:
         # The ids as plain fields too, so a forget finds the record without parsing it.
         record = {"entry_id": entry_id, "reason": reason, "deliveries": str(deliveries),
                   "user_hash": str(fields.get("user_hash", "")), "conversation_id": str(fields.get("conversation_id", "")),
-                  "fields": json.dumps({k: v for k, v in fields.items()}, default=str)}
-        # One transaction: the entry is never dead-lettered and still pending at once (a crash in
-        # between would deliver it again and dead-letter it twice).
-        pipe = self.client.pipeline(transaction=True)
-        pipe.xadd(dead_letter_stream(self.s.stream), record, maxlen=self.s.dead_letter_maxlen, approximate=True)
-        pipe.xack(self.s.stream, self.s.group, entry_id)
-        pipe.xdel(self.s.stream, entry_id)
-        await pipe.execute()
+                  "fields": json.dumps(fields, default=str)}
+        await self.ack(entry_id, dead_letter=record)
         log.error("message.dead_lettered", entry_id=entry_id, reason=reason, deliveries=deliveries,
                   user_hash=fields.get("user_hash"))

@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 from pydantic import BaseModel, ConfigDict
 
 from services.recall.time_window import TimeWindow
-from shared.engine.agent_format import HEADER, HINT, NEIGHBOUR, NO_RESULTS
+from shared.engine.agent_format import parse_recall
 from shared.engine.hybrid_search import NEIGHBOUR_PREVIEW_CHARS, Hit
 from shared.engine.transcript import parse_ts
 from shared.recall_answer_format import CITE_LINE, DATE_HEADER, NEIGHBOUR_PREFIX, NOTHING, SEPARATOR
@@ -51,45 +51,10 @@ def hits_from_engine(hits: list[Hit]) -> list[AgentHit]:
 
 
 def hits_from_funes_text(output: str) -> list[AgentHit]:
-    """funes' agent format (see shared/engine/agent_format.py) parsed by header lines, never by
-    `---` (chunk text may hold it). Lines are split on "\n" only, so text keeps any "\r";
-    lines after a neighbour line continue that neighbour's preview (previews are cut at 160
-    code points, newlines included)."""
-    if output.strip() == NO_RESULTS:
-        return []
-    blocks: list[tuple[str, list[str], dict[str, str]]] = []
-    for line in output.split("\n"):
-        m = HEADER.match(line)
-        if m:
-            blocks.append((m["ts"], [], {}))
-            continue
-        if not blocks:
-            continue
-        hint = HINT.match(line) if not blocks[-1][1] and not blocks[-1][2] else None
-        if hint:  # the line right after the header names the passage's session and turn
-            blocks[-1][2].update(session_id=hint["session_id"], turn_uuid=hint["turn_uuid"])
-        else:
-            blocks[-1][1].append(line)
-    return [_hit_from_block(ts, lines, where) for ts, lines, where in blocks]
-
-
-def _hit_from_block(ts: str, lines: list[str], where: dict[str, str]) -> AgentHit:
-    while lines and lines[-1] == "":
-        lines.pop()
-    if lines and lines[-1] == SEPARATOR:
-        lines.pop()  # the line closing the hit
-    text: list[str] = []
-    neighbours: list[tuple[str, list[str]]] = []
-    for line in lines:
-        n = NEIGHBOUR.match(line)
-        if n:
-            neighbours.append((n["role"], [n["text"]]))
-        elif neighbours:
-            neighbours[-1][1].append(line)
-        else:
-            text.append(line)
-    return AgentHit(ts=ts, **where, text="\n".join(text).strip(),
-                    neighbours=tuple(Neighbour(role=role, preview="\n".join(p)) for role, p in neighbours))
+    """funes' agent format, parsed by the engine's own parser (`agent_format.parse_recall`)."""
+    return [AgentHit(ts=h.ts, session_id=h.session_id, turn_uuid=h.turn_uuid, text=h.text,
+                     neighbours=tuple(Neighbour(role=role, preview=preview) for role, _, preview in h.neighbours))
+            for h in parse_recall(output)]
 
 
 TOOL_DESCRIPTION = (

@@ -92,33 +92,50 @@ class ParsedHit:
 
 
 def parse_recall(output: str) -> list[ParsedHit]:
-    """Split on header lines (never on `---`, which chunk text may contain)."""
+    """Split on header lines, never on `---` (chunk text may contain it). Lines are split on
+    "\n" only, so text keeps any "\r"; the hint is the line right after a header (an explain
+    line may follow it); lines after a neighbour line continue that neighbour's preview
+    (previews are cut at 160 code points, newlines included)."""
     if output.strip() == NO_RESULTS:
         return []
     hits: list[ParsedHit] = []
-    after_hint = False  # an explain line follows the hint line directly
-    for line in output.splitlines():
+    lines_of: list[list[str]] = []
+    after_hint = False
+    for line in output.split("\n"):
         m = HEADER.match(line)
         if m:
             hits.append(ParsedHit(m["ts"], m["harness"], m["block_type"]))
+            lines_of.append([])
             continue
-        hint = HINT.match(line)
-        if hits and hint and not hits[-1].text_lines:
+        if not hits:
+            continue
+        hint = HINT.match(line) if not lines_of[-1] and not hits[-1].session_id else None
+        if hint:
             hits[-1].session_id, hits[-1].turn_uuid = hint["session_id"], hint["turn_uuid"]
             after_hint = True
-            continue
-        if not hits or hint:
             continue
         if after_hint and line.startswith("  " + EXPLAIN_MARK):
             after_hint = False
             continue
         after_hint = False
+        lines_of[-1].append(line)
+    for hit, lines in zip(hits, lines_of):
+        _fill(hit, lines)
+    return hits
+
+
+def _fill(hit: ParsedHit, lines: list[str]) -> None:
+    """A hit's lines after its hint: the text, then its neighbours, then the closing `---`."""
+    while lines and lines[-1] == "":
+        lines.pop()
+    if lines and lines[-1] == "---":
+        lines.pop()
+    for line in lines:
         n = NEIGHBOUR.match(line)
         if n:
-            hits[-1].neighbours.append((n["role"], int(n["seq"]), n["text"]))
+            hit.neighbours.append((n["role"], int(n["seq"]), n["text"]))
+        elif hit.neighbours:
+            role, seq, preview = hit.neighbours[-1]
+            hit.neighbours[-1] = (role, seq, f"{preview}\n{line}")
         else:
-            hits[-1].text_lines.append(line)
-    for h in hits:  # the `---` closing each hit is not part of its text
-        while h.text_lines and h.text_lines[-1] in ("---", ""):
-            h.text_lines.pop()
-    return hits
+            hit.text_lines.append(line)
