@@ -142,14 +142,10 @@ def bm25_leg(reader: MemoryReader, text: str, limit: int, mask: Mask) -> list[tu
         query = reader.store.fts.parse_query(text, ["text"])
     except ValueError:
         return []
-    out: list[tuple[int, float]] = []
     # Ask for more than needed: dead or filtered-out docs are dropped after the search.
-    for row_id, score in reader.store.bm25(query, limit * 2 + 10):
-        if reader.passes(row_id, mask):
-            out.append((row_id, score))
-            if len(out) == limit:
-                break
-    return out
+    found = reader.store.bm25(query, limit * 2 + 10)
+    keep = reader.passing([row_id for row_id, _ in found], mask)
+    return [hit for hit, ok in zip(found, keep) if ok][:limit]
 
 
 def dense_weight_for(model_id: str) -> float:
@@ -182,7 +178,7 @@ def _recency(epoch: float | None, now: float, half_life_days: float) -> float:
 
 def search_legs(reader: MemoryReader, qvec: np.ndarray, query: str, candidates: int, mask: Mask) -> Legs:
     """Both legs, each its top `candidates` with raw scores (call inside `reader.fresh()`)."""
-    analyzer = reader.store.fts_analyzer()
+    analyzer = reader.fts_analyzer
     return Legs(reader.nearest_scored(qvec, candidates, mask),
                 bm25_leg(reader, bm25_query_text(query, analyzer), candidates, mask))
 
@@ -241,12 +237,10 @@ def recall(
                 hit.explain = Explain(d[0], d[1], b[0], b[1], plain.get(rid, 0.0), fused[rid] - plain.get(rid, 0.0),
                                       boost.get(rid, 0.0), recency[rid], reranked.get(rid), dense_weight)
         if params.neighbors > 0:
-            for hit in hits:
-                r = hit.row
-                hit.neighbours = [
-                    n for n in reader.store.session_rows(r.session_id, r.seq - params.neighbors, r.seq + params.neighbors)
-                    if n.turn_uuid != r.turn_uuid
-                ]
+            windows = reader.store.sessions_rows(
+                [(h.row.session_id, h.row.seq - params.neighbors, h.row.seq + params.neighbors) for h in hits])
+            for hit, window in zip(hits, windows):
+                hit.neighbours = [n for n in window if n.turn_uuid != hit.row.turn_uuid]
         return hits
 
 

@@ -3,8 +3,9 @@
 A reader maps `vectors.i8` (the snapshot an index run published; see vector_file.py) and
 reads from SQLite only what was committed after it: rows above the snapshot's highest row id
 and the tombstones of the newer generations, inside one read transaction, so the view always
-equals one committed state. Each call first asks SQLite for the generation (microseconds);
-a newer snapshot file is picked up on the next call.
+equals one committed state. Each call first asks SQLite whether any other connection
+committed since (`PRAGMA data_version`, one statement without a transaction); only then does
+it read the generation. A newer snapshot file is picked up on the next call.
 
 The state is an immutable `ReaderView` swapped in one assignment, so any number of searches
 run on it at once without a lock; only catching up is serialised. Readers never take the
@@ -27,11 +28,16 @@ from pathlib import Path
 
 import numpy as np
 
-from shared.engine.store import FTS_DIR, MemoryStore
+from shared.engine.store import FTS_DIR, MemoryStore, journal_mode
 from shared.engine.vector_file import VectorFile, approximate_scores, current_inode, open_vector_file
 
 RESCORE_MIN = 64
 RESCORE_FACTOR = 4
+# The reader's SQLite file is read through a memory map (WAL mode only: a map on a network
+# volume, where RECALL_SQLITE_JOURNAL_MODE=delete is used, turns an I/O error into a signal):
+# the re-score, hydration and neighbour statements then copy no page through read(2). This
+# is address space, not memory: the pages are the page cache.
+SQLITE_MMAP_BYTES = 1 << 34
 
 
 @dataclass(frozen=True)
@@ -98,10 +104,15 @@ class MemoryReader:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.store = MemoryStore.open(path)
+        if journal_mode() == "wal":
+            with self.store.lock:
+                self.store.conn.execute(f"PRAGMA mmap_size={SQLITE_MMAP_BYTES}")
         meta = self.store.meta()
         self.model_id = meta["model_id"]
         self.dim = int(meta["dim"])
+        self.fts_analyzer = meta.get("fts_analyzer", "")  # as of the last refresh
         self._refresh_lock = threading.Lock()
+        self._seen = None  # (data_version, total_changes) when the view was last known current
         self._view = _empty_view(self.dim)
         self._fts_bytes = _dir_bytes(path / FTS_DIR)
 
@@ -119,7 +130,7 @@ class MemoryReader:
     def resident_bytes(self) -> int:
         """What this reader keeps in memory: owned arrays, the mapped snapshot, the BM25 index."""
         view = self._view
-        mapped = 0 if view.base is None else view.base.mapped_bytes
+        mapped = 0 if view.base is None else view.base.mapped_bytes + view.base.scanner.packed_bytes
         return view.ram_bytes() + mapped + self._fts_bytes
 
     # ---- refresh -------------------------------------------------------------------------
@@ -134,17 +145,24 @@ class MemoryReader:
         with self._refresh_lock:
             view = self._view
             inode = current_inode(self.path)
+            store = self.store
+            with store.lock:
+                # Read before the transaction below: a commit in between is seen next time.
+                seen = (store.conn.execute("PRAGMA data_version").fetchone()[0], store.conn.total_changes)
+            if seen == self._seen and (inode is None or (view.base is not None and view.base.inode == inode)):
+                return False  # nobody committed since the last look, and the snapshot is the same
             # Opened before the read transaction, so the snapshot is never ahead of what it sees.
             new_base = None
             if inode is not None and (view.base is None or view.base.inode != inode):
                 new_base = open_vector_file(self.path, self.dim)
-            store = self.store
             with store.lock:
                 store.conn.execute("BEGIN")
                 try:
                     meta = store.meta()
+                    self.fts_analyzer = meta.get("fts_analyzer", "")
                     generation, floor = int(meta["generation"]), int(meta["tombstone_floor"])
                     if new_base is None and generation == view.generation:
+                        self._seen = seen
                         return False
                     if new_base is not None and new_base.memory_id != meta.get("memory_id", ""):
                         new_base = None  # another memory's snapshot (the directory was swapped): SQLite alone
@@ -158,6 +176,7 @@ class MemoryReader:
                 finally:
                     store.conn.execute("COMMIT")
             self._view = _advance(view, generation, dead, ids, vecs, facets)
+            self._seen = seen
             self._fts_bytes = _dir_bytes(self.path / FTS_DIR)
             store.reload_fts()
             return True
@@ -177,6 +196,15 @@ class MemoryReader:
     def passes(self, row_id: int, mask: Mask) -> bool:
         pos = mask.view.position(row_id)
         return pos is not None and bool(mask.bits[pos])
+
+    def passing(self, row_ids: list[int], mask: Mask) -> list[bool]:
+        """`passes` for many rows at once (one search of the id array)."""
+        ids, n = mask.view.ids, mask.view.n
+        if not row_ids or not n:
+            return [False] * len(row_ids)
+        wanted = np.asarray(row_ids, np.int64)
+        pos = np.minimum(np.searchsorted(ids, wanted), n - 1)
+        return ((ids[pos] == wanted) & mask.bits[pos]).tolist()
 
     def nearest(self, qvec: np.ndarray, limit: int, mask: Mask) -> list[int]:
         return [row_id for row_id, _ in self.nearest_scored(qvec, limit, mask)]

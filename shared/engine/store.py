@@ -258,6 +258,19 @@ class MemoryStore:
                 " ORDER BY seq, turn_uuid, block_idx, split_idx", (session_id, seq_lo, seq_hi)).fetchall()
         return [Row(*r) for r in found]
 
+    def sessions_rows(self, windows: Sequence[tuple[str, int, int]]) -> list[list[Row]]:
+        """`session_rows` of several (session_id, seq_lo, seq_hi) windows in one statement."""
+        if not windows:
+            return []
+        select = f"SELECT ? AS window, {ROW_COLUMNS} FROM chunks WHERE session_id=? AND seq BETWEEN ? AND ?"
+        sql = " UNION ALL ".join([select] * len(windows)) + " ORDER BY window, seq, turn_uuid, block_idx, split_idx"
+        with self.lock:
+            found = self.conn.execute(sql, [v for i, w in enumerate(windows) for v in (i, *w)]).fetchall()
+        out: list[list[Row]] = [[] for _ in windows]
+        for r in found:
+            out[r[0]].append(Row(*r[1:]))
+        return out
+
     def turn_rows(self, session_id: str, turn_uuid: str) -> list[Row]:
         with self.lock:
             found = self.conn.execute(
