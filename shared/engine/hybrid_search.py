@@ -143,9 +143,7 @@ def bm25_leg(reader: MemoryReader, text: str, limit: int, mask: Mask) -> list[tu
     except ValueError:
         return []
     # Ask for more than needed: dead or filtered-out docs are dropped after the search.
-    found = reader.store.bm25(query, limit * 2 + 10)
-    keep = reader.passing([row_id for row_id, _ in found], mask)
-    return [hit for hit, ok in zip(found, keep) if ok][:limit]
+    return reader.bm25(query, limit * 2 + 10, limit, mask)
 
 
 def dense_weight_for(model_id: str) -> float:

@@ -206,6 +206,21 @@ class MemoryReader:
         pos = np.minimum(np.searchsorted(ids, wanted), n - 1)
         return ((ids[pos] == wanted) & mask.bits[pos]).tolist()
 
+    def bm25(self, query, depth: int, limit: int, mask: Mask) -> list[tuple[int, float]]:
+        """The best `limit` of tantivy's top `depth` hits that `mask` lets through, in its order.
+        A hit's row id is read from the document store (the costly part of a BM25 search), so
+        only as many documents are read as the answer needs."""
+        searcher = self.store.fts.searcher()
+        hits = searcher.search(query, depth).hits
+        out: list[tuple[int, float]] = []
+        at = 0
+        while len(out) < limit and at < len(hits):
+            batch = hits[at : at + limit - len(out)]
+            at += len(batch)
+            ids = [int(searcher.doc(addr)["row_id"][0]) for _, addr in batch]
+            out += [(row_id, float(score)) for (score, _), row_id, ok in zip(batch, ids, self.passing(ids, mask)) if ok]
+        return out
+
     def nearest(self, qvec: np.ndarray, limit: int, mask: Mask) -> list[int]:
         return [row_id for row_id, _ in self.nearest_scored(qvec, limit, mask)]
 

@@ -297,15 +297,6 @@ class MemoryStore:
         with self.lock:
             return [r[0] for r in self.conn.execute("SELECT row_id FROM tombstones WHERE generation > ?", (generation,))]
 
-    def bm25(self, query: tantivy.Query, limit: int) -> list[tuple[int, float]]:
-        searcher = self.fts.searcher()
-        hits = searcher.search(query, limit).hits
-        out = []
-        for score, addr in hits:
-            doc = searcher.doc(addr)
-            out.append((int(doc["row_id"][0]), float(score)))
-        return out
-
     def reload_fts(self) -> None:
         self.fts.reload()
 
