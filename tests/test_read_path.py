@@ -1,0 +1,145 @@
+"""The cheaper read path answers exactly what the plain one did: the packed scan gives the same
+integer scores, BM25 reads fewer documents for the same hits, neighbours come from one statement,
+and a refresh that skips its transaction still sees every commit."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from shared.engine import agent_format, vector_file
+from shared.engine.api import Engine
+from shared.engine.hybrid_search import RecallParams, bm25_query_text, recall
+from shared.engine.index_run import index_tree, memory_dir
+from shared.engine.memory_reader import MemoryReader
+from shared.engine.store import MemoryStore
+from shared.engine.vector_file import open_vector_file, quantise_query
+from tests.conftest import write_conversation
+
+UNITS = ["pump P-101", "mixer X-038", "boiler B-011", "press M-016", "compressor K-047", "conveyor C-220"]
+SITES = ["Bay", "Lake", "Summit", "Harbor"]
+PEOPLE = ["Aiko", "Ravi", "Lena", "Tom"]
+QUESTIONS = [
+    "Who owns the lubrication round for the press M-016?", "K-047 vibration alarm", "which work order covers the gland leak",
+    "what did Lena decide about the boiler at Summit", "thanks", "seal weeping fluid on the mixer",
+    "MT-4471", "conveyor C-220 belt slip at Harbor", "Aiko", "decision on the ageing pump",
+]
+NOW = 1.8e9
+
+
+@pytest.fixture(scope="module")
+def memory(tmp_path_factory, embedder):
+    """Template-alike chats (many near-ties) with repeated lines (exact ties), 48 conversations."""
+    root = tmp_path_factory.mktemp("read-path")
+    src = root / "src"
+    for i in range(48):
+        unit, site, person = UNITS[i % 6], SITES[i % 4], PEOPLE[(i // 4) % 4]
+        write_conversation(src, f"c{i:02d}", [
+            f"The {unit} at {site} has a gland leak again.",
+            f"I opened work order MT-{4400 + i} for it; {person} will pick it up.",
+            "thanks!",
+            f"{person} owns the lubrication round for the {unit}, due Tuesday.",
+            f"We need a call on the ageing {unit} at {site}.",
+            "ok",
+        ], day=f"2026-10-{1 + i % 28:02d}")
+    index_tree(root / "home", src, embedder)
+    return memory_dir(root / "home")
+
+
+def _answers(reader: MemoryReader, embedder, params: RecallParams) -> list[str]:
+    return [agent_format.render_recall(recall(reader, embedder, q, params, now=NOW), "m") for q in QUESTIONS]
+
+
+def test_a_packed_scan_gives_the_same_integer_scores_as_the_shared_one(memory):
+    vf = open_vector_file(memory, 384)
+    assert vf is not None and vf.n > 200
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        q, _ = quantise_query(rng.standard_normal(384).astype(np.float32))
+        shared = vector_file._scan_session().run(None, {"A": q, "B": vf.matrix_t})[0][0]
+        packed = vf.scanner._pack(vf) if vf.scanner.packed is None else vf.scanner.packed
+        vf.scanner.packed = packed
+        assert np.array_equal(packed.run(None, {"A": q})[0][0], shared)
+    assert vf.scanner.packed_bytes == vf.n * vf.dim
+
+
+def test_a_hot_memory_packs_its_scan_once_and_answers_the_same(memory, embedder, monkeypatch):
+    params = RecallParams(k=3, candidates=8, explain=True)
+    monkeypatch.setattr(vector_file, "PACK_AFTER_SCANS", 10**9)
+    cold = MemoryReader(memory)
+    plain = _answers(cold, embedder, params)
+    assert cold.view.base.scanner.packed is None, "below the threshold nothing is packed"
+    monkeypatch.setattr(vector_file, "PACK_AFTER_SCANS", 1)
+    hot = MemoryReader(memory)
+    hot.refresh()
+    before = hot.resident_bytes()
+    packed = _answers(hot, embedder, params)
+    assert hot.view.base.scanner.packed is not None
+    assert hot.resident_bytes() > before, "the packed copy counts against the reader cache"
+    assert packed == plain
+    assert any("MT-44" in a or "M-016" in a for a in plain), "the questions find something"
+    cold.close()
+    hot.close()
+
+
+def test_bm25_reads_only_the_documents_it_needs_and_keeps_the_same_hits(memory):
+    reader = MemoryReader(memory)
+    reader.refresh()
+    store = reader.store
+    for block_type in (None, "text", "no-such-type"):
+        mask = reader.filter_mask(block_type, None)
+        for question in QUESTIONS:
+            text = bm25_query_text(question, reader.fts_analyzer)
+            if not text:
+                continue
+            query = store.fts.parse_query(text, ["text"])
+            for depth, limit in ((70, 30), (26, 8), (5, 8)):
+                searcher = store.fts.searcher()
+                every = [(int(searcher.doc(a)["row_id"][0]), float(s)) for s, a in searcher.search(query, depth).hits]
+                expected = [hit for hit in every if reader.passes(hit[0], mask)][:limit]
+                assert reader.bm25(query, depth, limit, mask) == expected
+    reader.close()
+
+
+def test_passing_agrees_with_passes_for_any_row_id(memory):
+    reader = MemoryReader(memory)
+    reader.refresh()
+    mask = reader.filter_mask("text", None)
+    mask.bits[::3] = False  # as if every third row were forgotten
+    ids = [-5, 0, *range(1, reader.n + 5), 10**12]
+    assert reader.passing(ids, mask) == [reader.passes(i, mask) for i in ids]
+    assert reader.passing([], mask) == []
+    reader.close()
+
+
+def test_neighbours_of_all_hits_in_one_statement_equal_each_window_alone(memory):
+    store = MemoryStore.open(memory)
+    windows = [("c03", 0, 2), ("c03", 4, 9), ("c47", -1, 1), ("nobody", 0, 5), ("c10", 2, 2), ("c03", 0, 2)]
+    assert store.sessions_rows(windows) == [store.session_rows(*w) for w in windows]
+    assert store.sessions_rows([]) == []
+    store.close()
+
+
+def test_a_warm_recall_asks_sqlite_four_statements_and_still_sees_every_commit(tmp_path, embedder):
+    src = tmp_path / "src"
+    write_conversation(src, "a", ["The N-11 upgrade is approved.", "ok"])
+    index_tree(tmp_path / "home", src, embedder)
+    memory = memory_dir(tmp_path / "home")
+    engine = Engine(embedder=embedder)
+    params = RecallParams(k=3, candidates=8)
+    engine.recall(memory, "N-11 upgrade", params)
+    statements: list[str] = []
+    with engine.lease(memory) as reader:
+        reader.store.conn.set_trace_callback(statements.append)
+        engine.recall(memory, "N-11 upgrade", params)
+        assert [s.split()[0] for s in statements] == ["PRAGMA", "SELECT", "SELECT", "SELECT"], statements
+        statements.clear()
+        # A commit that does not move the generation (another connection) is still noticed.
+        other = MemoryStore.open(memory)
+        other.conn.execute("UPDATE meta SET value='' WHERE key='fts_analyzer'")
+        other.close()
+        assert reader.refresh() is False and reader.fts_analyzer == ""
+        reader.store.conn.set_trace_callback(None)
+    write_conversation(src, "b", ["Ticket MT-9001 covers the conveyor belt slip.", "ok"])
+    index_tree(tmp_path / "home", src, embedder)
+    assert "MT-9001" in engine.recall(memory, "MT-9001 conveyor", params), "a new generation is picked up"
