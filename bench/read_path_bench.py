@@ -145,7 +145,8 @@ def main() -> None:
                 t0 = time.perf_counter()
                 index_tree(home, src, ReusingEmbedder(embedder_for_stamp(MODELS[model])))
                 print(f"built {n} conversations ({model}) in {time.perf_counter() - t0:.0f}s", file=sys.stderr)
-                job = {"memory": str(memory_dir(home)), "queries": queries, "warm_up": WARM_UP, "calls": args.calls,
+                job = {"memory": str(memory_dir(home)), "queries": queries[: WARM_UP + len(args.clients) * args.calls],
+                       "warm_up": WARM_UP, "calls": args.calls,
                        "clients": args.clients, "identity": IDENTITY_QUESTIONS}
                 for r in range(args.rounds):
                     for code in (("ref", "ours") if r % 2 == 0 else ("ours", "ref")):

@@ -82,6 +82,23 @@ def test_a_hot_memory_packs_its_scan_once_and_answers_the_same(memory, embedder,
     hot.close()
 
 
+def test_a_scan_that_cannot_be_packed_keeps_answering_the_same_and_stops_trying(memory, embedder, monkeypatch):
+    params = RecallParams(k=3, candidates=8)
+    plain = _answers(MemoryReader(memory), embedder, params)
+    attempts = []
+
+    def no_room(self, vf):
+        attempts.append(vf.n)
+        raise MemoryError("no room for the packed copy")
+
+    monkeypatch.setattr(vector_file.Scanner, "_pack", no_room)
+    monkeypatch.setattr(vector_file, "PACK_AFTER_SCANS", 1)
+    reader = MemoryReader(memory)
+    assert _answers(reader, embedder, params) == plain
+    assert len(attempts) == 1 and reader.view.base.scanner.packed is None
+    reader.close()
+
+
 def test_bm25_reads_only_the_documents_it_needs_and_keeps_the_same_hits(memory):
     reader = MemoryReader(memory)
     reader.refresh()

@@ -21,6 +21,7 @@ so a reader never sees a half-written file and a snapshot is never ahead of SQLi
 from __future__ import annotations
 
 import json
+import logging
 import mmap
 import os
 import sqlite3
@@ -261,6 +262,7 @@ def _scan_session():
 # RAM per 1,000 conversations, so only a memory searched repeatedly pays it; the mapped pages
 # it no longer reads stay reclaimable page cache.
 PACK_AFTER_SCANS = 16
+_log = logging.getLogger("recall.engine.scan")
 
 
 class Scanner:
@@ -270,6 +272,7 @@ class Scanner:
         self.scans = 0
         self.packed = None  # onnxruntime session with this snapshot's matrix packed
         self.packed_bytes = 0
+        self.failed = False
         self._packing = threading.Lock()
 
     def raw_scores(self, vf: VectorFile, q: np.ndarray) -> np.ndarray:
@@ -277,13 +280,17 @@ class Scanner:
         if packed is not None:
             return packed.run(None, {"A": q})[0][0]
         self.scans += 1  # racy on purpose: an approximate count is enough
-        if self.scans >= PACK_AFTER_SCANS and self._packing.acquire(blocking=False):
+        if self.scans >= PACK_AFTER_SCANS and not self.failed and self._packing.acquire(blocking=False):
             try:  # one caller packs; the others keep scanning the shared way meanwhile
                 if self.packed is None:
                     self.packed = self._pack(vf)
+            except Exception as exc:  # no RAM for the copy, say: the shared scan gives the same scores
+                self.failed = True
+                _log.warning("int8 scan not packed (%s): %s", type(exc).__name__, exc)
             finally:
                 self._packing.release()
-            return self.packed.run(None, {"A": q})[0][0]
+            if self.packed is not None:
+                return self.packed.run(None, {"A": q})[0][0]
         return _scan_session().run(None, {"A": q, "B": vf.matrix_t})[0][0]
 
     def _pack(self, vf: VectorFile):
