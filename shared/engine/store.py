@@ -31,6 +31,7 @@ import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import tantivy
@@ -64,8 +65,10 @@ class ModelMismatch(MemoryUnusable):
     pass
 
 
-@dataclass(frozen=True)
-class Row:
+class Row(NamedTuple):
+    """One stored chunk. A tuple, not a frozen dataclass: a recall builds ~70 of them, and a
+    frozen dataclass pays a guarded setattr per field (0.14 vs 0.01 ms per 60 rows)."""
+
     row_id: int
     chunk_key: str
     session_id: str
