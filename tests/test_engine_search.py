@@ -192,6 +192,27 @@ def test_hits_carry_neighbouring_turns_and_dates(tmp_path, embedder):
     assert [(role, seq) for role, seq, _ in hit.neighbours] == [("user", 0), ("user", 2)]
 
 
+def test_neighbour_previews_never_repeat_a_turn_already_on_screen(tmp_path, embedder):
+    """Two adjacent turns both hit: the plain seq window would preview each inside the other's
+    neighbours. Those slots go to the next unseen turns out instead, and no hit gets more
+    neighbours than its window holds."""
+    src = tmp_path / "src"
+    write_conversation(src, "c", ["morning all", "Feed F-204 had a gap in the night run.",
+                                  "The F-204 gap came from the upstream export.", "Priya will rerun it by Friday.",
+                                  "ok", "see you"])
+    index_tree(tmp_path / "home", src, embedder)
+    hits = parse_recall(Engine(embedder=embedder).recall(memory_dir(tmp_path / "home"), "F-204 gap", RecallParams(k=2)))
+    assert len(hits) == 2 and all("F-204" in h.text for h in hits)
+    shown = [seq for h in hits for _, seq, _ in h.neighbours]
+    own = {1 if "night run" in h.text else 2 for h in hits}
+    assert own == {1, 2}
+    assert len(shown) == len(set(shown)) and not own & set(shown), f"a turn previewed twice: {shown}"
+    assert all(len(h.neighbours) <= 2 for h in hits)
+    # whichever of the two ranks first, its slot taken by the other hit goes one turn further out
+    assert sorted(seq for _, seq, _ in hits[0].neighbours) == [0, 3]
+    assert "Priya will rerun" in "\n".join(t for h in hits for _, _, t in h.neighbours)
+
+
 def test_filters_by_block_type_and_harness(tmp_path, embedder):
     memory = _memory(tmp_path, embedder)
     engine = Engine(embedder=embedder)
