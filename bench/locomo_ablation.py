@@ -37,7 +37,7 @@ def plain_window(reader, hits, window) -> None:
 VARIANTS: list[tuple[str, dict[str, object]]] = [
     ("shipped", {}),
     ("neighbours: the plain seq window (funes; turns on screen previewed again)", {"_attach_neighbours": plain_window}),
-    ("neighbours: turns on screen not previewed again, no slot moves out", {"NEIGHBOUR_REACH": 1}),
+    ("neighbours: turns read above not previewed again, no preview moves out", {"NEIGHBOUR_REACH": 1}),
     ("neighbours: freed slots up to 3 windows out", {"NEIGHBOUR_REACH": 3}),
     ("legs only C deep (no minimum depth)", {"MIN_LEG_DEPTH": 0}),
     ("legs at least 50 deep", {"MIN_LEG_DEPTH": 50}),
