@@ -100,10 +100,10 @@ def _run(args: argparse.Namespace) -> int:
         print(f"forgot session {args.session_id}: {removed} chunks removed")
         return 0
     if args.command == "index":
-        from shared.engine.embedder import shared_embedder
+        from shared.engine.embedder import LazyEmbedder
         from shared.engine.index_run import index_tree
 
-        report = index_tree(funes_home(), Path(args.src).resolve(), shared_embedder(), lock_wait_s=args.wait)
+        report = index_tree(funes_home(), Path(args.src).resolve(), LazyEmbedder(), lock_wait_s=args.wait)
         if report.malformed_lines:
             print(f"skipped {report.malformed_lines} malformed line(s)", file=sys.stderr)
         print(report.summary_line())

@@ -321,6 +321,14 @@ def shared_embedder() -> Embedder:
         return _shared[_configured]
 
 
+class LazyEmbedder:
+    """The process's shared embedder, loaded on first use. Loading e5 takes seconds; an index run
+    that finds its memory busy answers at once instead of after loading a model it won't use."""
+
+    def __getattr__(self, name: str):
+        return getattr(shared_embedder(), name)
+
+
 def embedder_for_stamp(model_id: str) -> Embedder | None:
     """The built-in embedder whose vectors a memory stamped `model_id` holds, so a memory not
     yet re-embedded after a model change keeps answering with its own model. None for an
