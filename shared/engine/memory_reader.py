@@ -24,6 +24,7 @@ import math
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from itertools import islice
 from pathlib import Path
 
 import numpy as np
@@ -207,18 +208,16 @@ class MemoryReader:
         return ((ids[pos] == wanted) & mask.bits[pos]).tolist()
 
     def bm25(self, query, depth: int, limit: int, mask: Mask) -> list[tuple[int, float]]:
-        """The best `limit` of tantivy's top `depth` hits that `mask` lets through, in its order.
-        A hit's row id is read from the document store (the costly part of a BM25 search), so
-        only as many documents are read as the answer needs."""
-        searcher = self.store.fts.searcher()
-        hits = searcher.search(query, depth).hits
+        """The best `limit` of the store's top `depth` BM25 hits that `mask` lets through, in
+        order; hits are read in batches of what is still missing, so only as many documents are
+        read as the answer needs."""
+        hits = self.store.bm25(query, depth)
         out: list[tuple[int, float]] = []
-        at = 0
-        while len(out) < limit and at < len(hits):
-            batch = hits[at : at + limit - len(out)]
-            at += len(batch)
-            ids = [int(searcher.doc(addr)["row_id"][0]) for _, addr in batch]
-            out += [(row_id, float(score)) for (score, _), row_id, ok in zip(batch, ids, self.passing(ids, mask)) if ok]
+        while len(out) < limit:
+            batch = list(islice(hits, limit - len(out)))
+            if not batch:
+                break
+            out += [hit for hit, ok in zip(batch, self.passing([rid for rid, _ in batch], mask)) if ok]
         return out
 
     def nearest(self, qvec: np.ndarray, limit: int, mask: Mask) -> list[int]:

@@ -28,7 +28,7 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -299,6 +299,13 @@ class MemoryStore:
     def tombstones_since(self, generation: int) -> list[int]:
         with self.lock:
             return [r[0] for r in self.conn.execute("SELECT row_id FROM tombstones WHERE generation > ?", (generation,))]
+
+    def bm25(self, query: tantivy.Query, depth: int) -> Iterator[tuple[int, float]]:
+        """tantivy's top `depth` hits as (row_id, score), best first. Lazy: a hit's row id is read
+        from the document store (the costly part of a BM25 search) only when it is asked for."""
+        searcher = self.fts.searcher()
+        for score, addr in searcher.search(query, depth).hits:
+            yield int(searcher.doc(addr)["row_id"][0]), float(score)
 
     def reload_fts(self) -> None:
         self.fts.reload()

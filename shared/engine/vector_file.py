@@ -276,22 +276,26 @@ class Scanner:
         self._packing = threading.Lock()
 
     def raw_scores(self, vf: VectorFile, q: np.ndarray) -> np.ndarray:
+        if self.packed is None:
+            self.scans += 1  # racy on purpose: an approximate count is enough
+            if self.scans >= PACK_AFTER_SCANS and not self.failed:
+                self._try_pack(vf)
         packed = self.packed
         if packed is not None:
             return packed.run(None, {"A": q})[0][0]
-        self.scans += 1  # racy on purpose: an approximate count is enough
-        if self.scans >= PACK_AFTER_SCANS and not self.failed and self._packing.acquire(blocking=False):
-            try:  # one caller packs; the others keep scanning the shared way meanwhile
-                if self.packed is None:
-                    self.packed = self._pack(vf)
-            except Exception as exc:  # no RAM for the copy, say: the shared scan gives the same scores
-                self.failed = True
-                _log.warning("int8 scan not packed (%s): %s", type(exc).__name__, exc)
-            finally:
-                self._packing.release()
-            if self.packed is not None:
-                return self.packed.run(None, {"A": q})[0][0]
         return _scan_session().run(None, {"A": q, "B": vf.matrix_t})[0][0]
+
+    def _try_pack(self, vf: VectorFile) -> None:
+        if not self._packing.acquire(blocking=False):
+            return  # one caller packs; the others keep scanning the shared way meanwhile
+        try:
+            if self.packed is None:
+                self.packed = self._pack(vf)
+        except Exception as exc:  # no RAM for the copy, say: the shared scan gives the same scores
+            self.failed = True
+            _log.warning("int8 scan not packed (%s): %s", type(exc).__name__, exc)
+        finally:
+            self._packing.release()
 
     def _pack(self, vf: VectorFile):
         import onnxruntime as ort
