@@ -47,6 +47,12 @@ VARIANTS: list[tuple[str, dict[str, object]]] = [
     # The dense weight is per model (DENSE_WEIGHTS); emptying the table gives every model DENSE_WEIGHT.
     ("dense weight 0.3", {"DENSE_WEIGHTS": {}, "DENSE_WEIGHT": 0.3}),
     ("dense weight 0.5", {"DENSE_WEIGHTS": {}, "DENSE_WEIGHT": 0.5}),
+    ("no conversation evidence", {"CONVERSATION_WEIGHT": 0.0}),
+    ("conversation evidence 0.2", {"CONVERSATION_WEIGHT": 0.2}),
+    ("conversation evidence 0.4", {"CONVERSATION_WEIGHT": 0.4}),
+    ("conversation evidence 0.6", {"CONVERSATION_WEIGHT": 0.6}),
+    ("conversation evidence 0.8", {"CONVERSATION_WEIGHT": 0.8}),
+    ("conversation evidence 1.2", {"CONVERSATION_WEIGHT": 1.2}),
 ]
 
 

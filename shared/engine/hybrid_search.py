@@ -9,6 +9,7 @@ the weight is per embedding model (like the relevance floor): 0.3 for MiniLM, 0.
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ from shared.engine.identifiers import count_identifiers, identifier_pattern, que
 from shared.engine.memory_reader import Mask, MemoryReader
 from shared.engine.relevance_floor import floor_for
 from shared.engine.reranker import Reranker
-from shared.engine.store import Row
+from shared.engine.store import Row, fts_text
 from shared.engine.text_analysis import ANALYZER, STEMMED_ANALYZERS, phrase, query_clauses, query_terms
 
 RRF_K = 60  # only the benchmarks' plain-RRF baseline uses it
@@ -50,6 +51,27 @@ MIN_LEG_DEPTH = 30
 # already visible as a neighbour, and pseudo-relevance feedback on the BM25 leg measured flat
 # or worse and are not used.
 SESSION_WEIGHT = 0.2
+# Conversation-level evidence (a document score beside the passage score): a question without
+# an identifier often names a machine and a site that one turn of the right conversation holds
+# and a person that another turn holds, so no single turn matches best. Each turn therefore gains
+# CONVERSATION_WEIGHT times the share of the query's information (idf of its BM25 clauses that
+# occur in the memory) held by the turn together with its conversation's best CONVERSATION_TURNS
+# turns among the query's top CONVERSATION_DEPTH BM25 hits (judged for the CONVERSATION_SESSIONS
+# conversations whose such turns score most); the best turn of the CONVERSATION_POOL
+# conversations holding the most joins the pool even when neither leg's top list had it.
+# Measured (e5; docs/benchmarks.md "Conversation-level evidence"): weight 0 / 0.4 / 0.6 / 0.8 /
+# 1.2 give LoCoMo R@3 0.762 / 0.781 / 0.779 / 0.780 / 0.765 and R@8 0.884 / 0.888 / 0.883 /
+# 0.883 / 0.874 (0.8: every sample's R@3 equal or better, R@8 equal but one question on one
+# sample); synthetic bare hit@3 at 1k 0.840 / 0.885 / 0.895 / 0.910, at 10k 0.367 / 0.482 / 0.525
+# / 0.576 / 0.640, long unchanged (0.931 -> 0.934 at 1k, 0.926 -> 0.923 at 10k). A turn-sum of
+# BM25 scores per conversation instead of the clause share lifted synthetic bare less at 10k
+# (0.504 at 0.8) and cost long questions 3 points. Costs one BM25 search 300 deep instead of 30
+# and reading ~90 more rows.
+CONVERSATION_DEPTH = 300
+CONVERSATION_TURNS = 3
+CONVERSATION_SESSIONS = 30
+CONVERSATION_WEIGHT = 0.8
+CONVERSATION_POOL = 3
 RERANK_POOL_FACTOR = 4
 # Neighbour previews show the agent turns it has not read yet, reading the answer top down. The
 # answer holds as many previews as funes' seq window would give its hits, but never a turn read
@@ -96,6 +118,7 @@ class Explain:
     bm25_score: float | None = None
     fused: float = 0.0
     session_lift: float = 0.0
+    conversation: float = 0.0
     identifier_boost: float = 0.0
     recency: float = 1.0
     reranked: float | None = None
@@ -107,6 +130,7 @@ class Explain:
 
         parts = [leg("dense", self.dense_rank, self.dense_score), leg("bm25", self.bm25_rank, self.bm25_score),
                  f"fused {self.fused:.3f} (dense weight {self.dense_weight})", f"session +{self.session_lift:.3f}",
+                 f"conversation +{self.conversation:.3f}",
                  f"identifier +{self.identifier_boost:.2f}"]
         if self.reranked is not None:
             parts.append(f"cross-encoder {self.reranked:.3f}")
@@ -126,6 +150,7 @@ class Hit:
 class Legs:
     dense: list[tuple[int, float]]
     bm25: list[tuple[int, float]]
+    bm25_deep: list[tuple[int, float]] = field(default_factory=list)  # for conversation evidence
 
 
 _QUOTE_STRIP = re.compile(r'["\\]')
@@ -184,11 +209,64 @@ def _recency(epoch: float | None, now: float, half_life_days: float) -> float:
     return 1.0 - RECENCY_SHARE + RECENCY_SHARE * 0.5 ** (age_days / half_life_days)
 
 
-def search_legs(reader: MemoryReader, qvec: np.ndarray, query: str, candidates: int, mask: Mask) -> Legs:
-    """Both legs, each its top `candidates` with raw scores (call inside `reader.fresh()`)."""
+def search_legs(reader: MemoryReader, qvec: np.ndarray, query: str, candidates: int, mask: Mask,
+                bm25_depth: int = 0) -> Legs:
+    """Both legs, each its top `candidates` with raw scores (call inside `reader.fresh()`), and
+    the BM25 leg's top `bm25_depth` when that is deeper (one search)."""
     analyzer = reader.fts_analyzer
-    return Legs(reader.nearest_scored(qvec, candidates, mask),
-                bm25_leg(reader, bm25_query_text(query, analyzer), candidates, mask))
+    bm25 = bm25_leg(reader, bm25_query_text(query, analyzer), max(candidates, bm25_depth), mask)
+    return Legs(reader.nearest_scored(qvec, candidates, mask), bm25[:candidates],
+                bm25 if bm25_depth > candidates else [])
+
+
+@dataclass(frozen=True)
+class QueryClauses:
+    """The query's BM25 clauses (stems; a phrase for a joined word with a number) and the
+    information each carries (BM25's idf in this memory)."""
+
+    clauses: list[tuple[str, ...]]
+    idf: list[float]
+
+    @classmethod
+    def of(cls, reader: MemoryReader, query: str) -> "QueryClauses":
+        clauses = [tuple(c.split()) for c in query_clauses(query)]
+        terms = sorted({t for c in clauses for t in c})
+        n, freqs = reader.store.doc_freqs(terms)
+        df = dict(zip(terms, freqs))
+        # A clause no turn holds weighs nothing: it cannot tell one conversation from another.
+        idf = [math.log(1 + (n - m + 0.5) / (m + 0.5)) if m else 0.0 for m in (min(df[t] for t in c) for c in clauses)]
+        return cls(clauses, idf)
+
+    def covered(self, text: str, ts: str) -> frozenset[int]:
+        """Which clauses a turn holds, as BM25 sees it (its stems and its date in words)."""
+        stems = set(fts_text(text, ts).split())
+        return frozenset(i for i, c in enumerate(self.clauses) if all(t in stems for t in c))
+
+    def share(self, covered: frozenset[int]) -> float:
+        total = sum(self.idf)
+        return sum(self.idf[i] for i in covered) / total if total > 0 else 0.0
+
+
+@dataclass
+class ConversationEvidence:
+    """Per conversation (session code) the turns it is judged by: its best CONVERSATION_TURNS
+    turns among the query's top CONVERSATION_DEPTH BM25 hits, for the CONVERSATION_SESSIONS
+    conversations whose such turns score most."""
+
+    turns: dict[int, list[int]]
+    order: list[int]  # the conversations by their turns' summed BM25 score, best first
+
+
+def conversation_candidates(reader: MemoryReader, deep: list[tuple[int, float]], mask: Mask) -> ConversationEvidence:
+    codes = reader.sessions_of([rid for rid, _ in deep], mask).tolist()
+    turns: dict[int, list[int]] = {}
+    totals: dict[int, float] = {}
+    for (rid, score), code in zip(deep, codes):  # best first, so the first turns seen are the best
+        if code and len(turns.setdefault(code, [])) < CONVERSATION_TURNS:
+            turns[code].append(rid)
+            totals[code] = totals.get(code, 0.0) + score
+    order = sorted(totals, key=totals.__getitem__, reverse=True)[:CONVERSATION_SESSIONS]
+    return ConversationEvidence({code: turns[code] for code in order}, order)
 
 
 def recall(
@@ -209,14 +287,26 @@ def recall(
         check_deadline(deadline)
         mask = reader.filter_mask(params.block_type, params.harness)
         c = params.candidates
-        legs = search_legs(reader, qvec, query, max(c, MIN_LEG_DEPTH), mask)
+        legs = search_legs(reader, qvec, query, max(c, MIN_LEG_DEPTH), mask,
+                           CONVERSATION_DEPTH if CONVERSATION_WEIGHT > 0 else 0)
         idents = query_identifiers(query)
         # Turns holding the query's identifiers join the pool even when both legs missed them.
         ident_leg = bm25_leg(reader, " ".join(f'"{phrase(i)}"' for i in idents), c, mask) if idents else []
-        rows = reader.store.rows(list({rid for leg in (legs.dense, legs.bm25, ident_leg) for rid, _ in leg}))
+        evidence = conversation_candidates(reader, legs.bm25_deep, mask) if legs.bm25_deep else None
+        judged = [rid for code in evidence.order for rid in evidence.turns[code]] if evidence else []
+        rows = reader.store.rows(list({rid for leg in (legs.dense, legs.bm25, ident_leg) for rid, _ in leg} | set(judged)))
         dense_weight = dense_weight_for(embedder.spec.model_id)
         plain = {rid: s for rid, s in fuse(legs, dense_weight).items() if rid in rows}
+        conv_lift: dict[int, float] = {}
+        if evidence:
+            conv_lift, best_turns = _conversation_lift(reader, query, rows, evidence, mask.view.sessions)
+            for rid in best_turns:
+                plain.setdefault(rid, 0.0)
+            for rid in set(judged) - plain.keys() - {rid for rid, _ in ident_leg}:
+                del rows[rid]  # read only to judge its conversation
         fused = _session_lift(plain, rows)
+        for rid in fused:
+            fused[rid] += conv_lift.get(rid, 0.0)
         for rid, _ in ident_leg:
             fused.setdefault(rid, 0.0)
         patterns = [identifier_pattern(i) for i in idents]
@@ -242,8 +332,9 @@ def recall(
             for hit in hits:
                 rid = hit.row.row_id
                 d, b = dense_rank.get(rid, (None, None)), bm25_rank.get(rid, (None, None))
-                hit.explain = Explain(d[0], d[1], b[0], b[1], plain.get(rid, 0.0), fused[rid] - plain.get(rid, 0.0),
-                                      boost.get(rid, 0.0), recency[rid], reranked.get(rid), dense_weight)
+                lift = conv_lift.get(rid, 0.0)
+                hit.explain = Explain(d[0], d[1], b[0], b[1], plain.get(rid, 0.0), fused[rid] - plain.get(rid, 0.0) - lift,
+                                      lift, boost.get(rid, 0.0), recency[rid], reranked.get(rid), dense_weight)
         if params.neighbors > 0:
             _attach_neighbours(reader, hits, params.neighbors)
         return hits
@@ -285,6 +376,22 @@ def _session_lift(fused: dict[int, float], rows: dict[int, Row]) -> dict[int, fl
     for rid, score in fused.items():
         by_session[rows[rid].session_id] = by_session.get(rows[rid].session_id, 0.0) + score
     return {rid: score + SESSION_WEIGHT * (by_session[rows[rid].session_id] - score) for rid, score in fused.items()}
+
+
+def _conversation_lift(reader: MemoryReader, query: str, rows: dict[int, Row], evidence: ConversationEvidence,
+                       sessions: dict[str, int]) -> tuple[dict[int, float], list[int]]:
+    """Each row's lift from its conversation: CONVERSATION_WEIGHT times the share of the query's
+    information (idf) that the row and its conversation's judged turns hold between them; and
+    the best turn of the CONVERSATION_POOL conversations holding the most."""
+    clauses = QueryClauses.of(reader, query)
+    covered = {rid: clauses.covered(r.text, r.ts) for rid, r in rows.items()}
+    held = {code: frozenset().union(*(covered[rid] for rid in turns if rid in covered))
+            for code, turns in evidence.turns.items()}
+    lift = {rid: CONVERSATION_WEIGHT * clauses.share(covered[rid] | held.get(sessions.get(r.session_id, 0), frozenset()))
+            for rid, r in rows.items()}
+    ranked = sorted(evidence.order, key=lambda code: clauses.share(held[code]), reverse=True)  # stable: BM25 order on ties
+    best = [evidence.turns[code][0] for code in ranked[:CONVERSATION_POOL] if evidence.turns[code][0] in rows]
+    return lift, best
 
 
 def _select_hits(ranked: list[int], rows: dict[int, Row], k: int) -> list[int]:

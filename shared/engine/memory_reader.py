@@ -54,8 +54,12 @@ class ReaderView:
     harness: np.ndarray
     epoch: np.ndarray
     delta_vecs: np.ndarray  # float32 rows after the snapshot
+    # Each row's conversation (session) as a code, for conversation-level evidence; code 0 is
+    # "none" (a snapshot row deleted before the view was built).
+    session: np.ndarray
     block_types: dict[str, int] = field(default_factory=dict)
     harnesses: dict[str, int] = field(default_factory=dict)
+    sessions: dict[str, int] = field(default_factory=dict)
 
     @property
     def n(self) -> int:
@@ -71,7 +75,7 @@ class ReaderView:
 
     def ram_bytes(self) -> int:
         """Bytes this view owns (views on the mapped snapshot own none)."""
-        arrays = (self.ids, self.alive, self.block, self.harness, self.epoch, self.delta_vecs)
+        arrays = (self.ids, self.alive, self.block, self.harness, self.epoch, self.delta_vecs, self.session)
         return sum(a.nbytes for a in arrays if a.flags.owndata)
 
 
@@ -86,15 +90,24 @@ class Mask:
 def _empty_view(dim: int) -> ReaderView:
     return ReaderView(generation=-1, max_row_id=0, base=None, ids=np.zeros(0, np.int64), alive=np.zeros(0, bool),
                       block=np.zeros(0, np.int32), harness=np.zeros(0, np.int32), epoch=np.zeros(0, np.float64),
-                      delta_vecs=np.zeros((0, dim), np.float32))
+                      delta_vecs=np.zeros((0, dim), np.float32), session=np.zeros(0, np.int32))
 
 
-def _base_view(vf: VectorFile, dim: int) -> ReaderView:
+def _base_view(vf: VectorFile, dim: int, store: MemoryStore) -> ReaderView:
+    """The snapshot's rows; their sessions are read from SQLite (the file does not hold them)."""
+    row_ids, session_ids = store.sessions_upto(vf.max_row_id)
+    sessions: dict[str, int] = {}
+    codes = np.fromiter((sessions.setdefault(s, len(sessions) + 1) for s in session_ids), np.int32, len(session_ids))
+    session = np.zeros(vf.n, np.int32)
+    if vf.n and len(row_ids):
+        pos = np.minimum(np.searchsorted(vf.ids, row_ids), vf.n - 1)
+        found = vf.ids[pos] == row_ids
+        session[pos[found]] = codes[found]
     return ReaderView(generation=vf.generation, max_row_id=vf.max_row_id, base=vf, ids=vf.ids,
                       alive=np.ones(vf.n, bool), block=vf.block, harness=vf.harness, epoch=vf.epoch,
-                      delta_vecs=np.zeros((0, dim), np.float32),
+                      delta_vecs=np.zeros((0, dim), np.float32), session=session,
                       block_types={name: i for i, name in enumerate(vf.block_types)},
-                      harnesses={name: i for i, name in enumerate(vf.harnesses)})
+                      harnesses={name: i for i, name in enumerate(vf.harnesses)}, sessions=sessions)
 
 
 def _dir_bytes(path: Path) -> int:
@@ -168,10 +181,10 @@ class MemoryReader:
                     if new_base is not None and new_base.memory_id != meta.get("memory_id", ""):
                         new_base = None  # another memory's snapshot (the directory was swapped): SQLite alone
                     if new_base is not None and new_base.generation >= floor:
-                        view = _base_view(new_base, self.dim)
+                        view = _base_view(new_base, self.dim, store)
                     elif view.generation < 0 or view.generation < floor:  # too far behind for tombstones
                         base = view.base if view.base is not None and view.base.generation >= floor else None
-                        view = _empty_view(self.dim) if base is None else _base_view(base, self.dim)
+                        view = _empty_view(self.dim) if base is None else _base_view(base, self.dim, store)
                     dead = store.tombstones_since(view.generation) if view.generation >= 0 else []
                     ids, vecs, facets = store.vectors_since(view.max_row_id)
                 finally:
@@ -253,6 +266,15 @@ class MemoryReader:
         found.sort(key=lambda pair: (-pair[1], pair[0]))
         return found[:limit]
 
+    def sessions_of(self, row_ids: list[int], mask: Mask) -> np.ndarray:
+        """The session code of each row (0 for a row the view does not hold)."""
+        view = mask.view
+        if not row_ids or not view.n:
+            return np.zeros(len(row_ids), np.int32)
+        wanted = np.asarray(row_ids, np.int64)
+        pos = np.minimum(np.searchsorted(view.ids, wanted), view.n - 1)
+        return np.where(view.ids[pos] == wanted, view.session[pos], 0).astype(np.int32)
+
     def epoch_of(self, row_id: int) -> float | None:
         view = self._view
         pos = view.position(row_id)
@@ -277,14 +299,16 @@ def _advance(view: ReaderView, generation: int, dead: list[int], ids: np.ndarray
             alive[positions] = False
     if not len(ids):
         return ReaderView(generation, view.max_row_id, view.base, view.ids, alive, view.block, view.harness, view.epoch,
-                          view.delta_vecs, view.block_types, view.harnesses)
-    block_types, harnesses = dict(view.block_types), dict(view.harnesses)
+                          view.delta_vecs, view.session, view.block_types, view.harnesses, view.sessions)
+    block_types, harnesses, sessions = dict(view.block_types), dict(view.harnesses), dict(view.sessions)
     block = np.array([block_types.setdefault(f[0], len(block_types)) for f in facets], np.int32)
     harness = np.array([harnesses.setdefault(f[1], len(harnesses)) for f in facets], np.int32)
     epoch = np.array([math.nan if f[2] is None else f[2] for f in facets], np.float64)
+    session = np.array([sessions.setdefault(f[3], len(sessions) + 1) for f in facets], np.int32)
     return ReaderView(
         generation=generation, max_row_id=int(ids[-1]), base=view.base,
         ids=np.concatenate([view.ids, ids]), alive=np.concatenate([alive, np.ones(len(ids), bool)]),
         block=np.concatenate([view.block, block]), harness=np.concatenate([view.harness, harness]),
         epoch=np.concatenate([view.epoch, epoch]), delta_vecs=np.concatenate([view.delta_vecs, vecs]),
-        block_types=block_types, harnesses=harnesses)
+        session=np.concatenate([view.session, session]), block_types=block_types, harnesses=harnesses,
+        sessions=sessions)
