@@ -1,0 +1,62 @@
+"""Conversation-level evidence: a question whose words are split over two turns of one
+conversation finds that conversation, ahead of a look-alike turn elsewhere that holds more of
+the question's words on its own (hybrid_search.CONVERSATION_WEIGHT)."""
+
+from __future__ import annotations
+
+import pytest
+
+from shared.engine import hybrid_search
+from shared.engine.agent_format import parse_recall
+from shared.engine.api import Engine
+from shared.engine.hybrid_search import RecallParams
+from shared.engine.index_run import index_tree, memory_dir
+from tests.conftest import write_conversation
+
+# The right conversation names the machine and the site in its request and the person in its
+# fact; the look-alike holds machine and person in one short turn, so the turn-level ranking
+# prefers it. Sites and the ticket wording recur in other conversations, as in a real history.
+RIGHT = ["The boiler at Summit has a gland leak again.", "I opened work order MT-1234 for it; Aiko will pick it up.",
+         "Thanks."]
+LOOK_ALIKE = ["Any news on the boiler?", "Aiko owns the lubrication round for the boiler, MT-5678, due Tuesday.", "Ok."]
+QUESTION = "Which ticket did we raise about the boiler at Summit for Aiko?"
+
+
+@pytest.fixture(scope="module")
+def memory(tmp_path_factory, embedder):
+    root = tmp_path_factory.mktemp("conversation-evidence")
+    src = root / "src"
+    write_conversation(src, "right", RIGHT)
+    write_conversation(src, "look-alike", LOOK_ALIKE)
+    for i, (site, person) in enumerate([("Summit", "Priya"), ("Summit", "Omar"), ("Lake", "Greta"), ("Lake", "Sven")]):
+        write_conversation(src, f"other{i}", [f"The press at {site} is slow today.",
+                                              f"{person} raised ticket MT-90{i}0 for the press; the ticket is raised.",
+                                              "Noted."])
+    index_tree(root / "home", src, embedder)
+    return memory_dir(root / "home")
+
+
+def _first_hit(engine: Engine, memory) -> str:
+    out = engine.recall(memory, QUESTION, RecallParams(k=3, neighbors=1, explain=True))
+    hit = parse_recall(out)[0]
+    return hit.text + " | " + " | ".join(t for _, _, t in hit.neighbours) + "\n" + out
+
+
+def test_a_question_split_over_two_turns_finds_that_conversation_first(memory, embedder):
+    first = _first_hit(Engine(embedder=embedder), memory)
+    assert "MT-1234" in first.split("\n")[0] and "Summit" in first.split("\n")[0], first
+
+
+def test_without_conversation_evidence_the_look_alike_turn_wins(memory, embedder, monkeypatch):
+    # The contrast that shows the lift above is what decides: the turn-level ranking alone
+    # prefers the turn holding most of the question's words.
+    monkeypatch.setattr(hybrid_search, "CONVERSATION_WEIGHT", 0.0)
+    first = _first_hit(Engine(embedder=embedder), memory)
+    assert "MT-5678" in first.split("\n")[0], first
+
+
+def test_explain_shows_the_conversation_lift(memory, embedder):
+    out = Engine(embedder=embedder).recall(memory, QUESTION, RecallParams(k=3, explain=True))
+    lines = [line for line in out.splitlines() if line.startswith("  ? ")]
+    assert lines and all("conversation +" in line for line in lines), out
+    assert float(lines[0].split("conversation +")[1].split()[0]) > 0, lines[0]
