@@ -11,6 +11,8 @@ from shared.engine.agent_format import parse_recall
 from shared.engine.api import Engine
 from shared.engine.hybrid_search import RecallParams
 from shared.engine.index_run import index_tree, memory_dir
+from shared.engine.memory_reader import MemoryReader
+from shared.engine.store import MemoryStore
 from tests.conftest import write_conversation
 
 # The right conversation names the machine and the site in its request and the person in its
@@ -60,3 +62,28 @@ def test_explain_shows_the_conversation_lift(memory, embedder):
     lines = [line for line in out.splitlines() if line.startswith("  ? ")]
     assert lines and all("conversation +" in line for line in lines), out
     assert float(lines[0].split("conversation +")[1].split()[0]) > 0, lines[0]
+
+
+def test_every_row_knows_its_conversation_in_the_snapshot_and_after_it(tmp_path, embedder):
+    """Conversation codes come from SQLite for the int8 snapshot's rows (the file does not hold
+    them) and from the catch-up read for rows written after it."""
+    src, home = tmp_path / "src", tmp_path / "home"
+    for i in range(3):
+        write_conversation(src, f"c{i}", [f"turn one of c{i}", f"turn two of c{i}"])
+    index_tree(home, src, embedder)
+    store = MemoryStore.open(memory_dir(home))
+    store.publish_vectors(force=True)
+    store.close()
+    write_conversation(src, "late", ["written after the snapshot", "second turn"])
+    index_tree(home, src, embedder)
+    reader = MemoryReader(memory_dir(home))
+    reader.refresh()
+    view = reader.view
+    assert view.base is not None and view.n > view.n_base > 0
+    names = {code: session for session, code in view.sessions.items()}
+    rows = reader.store.rows(view.ids.tolist())
+    mask = reader.filter_mask(None, None)
+    codes = reader.sessions_of(view.ids.tolist(), mask).tolist()
+    assert [names[c] for c in codes] == [rows[int(rid)].session_id for rid in view.ids]
+    assert reader.sessions_of([10**9], mask).tolist() == [0]
+    reader.close()
