@@ -53,6 +53,9 @@ VARIANTS: list[tuple[str, dict[str, object]]] = [
     ("conversation evidence 0.6", {"CONVERSATION_WEIGHT": 0.6}),
     ("conversation evidence 0.8", {"CONVERSATION_WEIGHT": 0.8}),
     ("conversation evidence 1.2", {"CONVERSATION_WEIGHT": 1.2}),
+    ("conversation evidence: 10 conversations judged", {"CONVERSATION_SESSIONS": 10}),
+    ("conversation evidence: 30 conversations judged", {"CONVERSATION_SESSIONS": 30}),
+    ("conversation evidence: best 2 turns", {"CONVERSATION_TURNS": 2}),
 ]
 
 

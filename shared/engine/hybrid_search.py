@@ -13,6 +13,7 @@ import math
 import re
 import time
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 
@@ -21,8 +22,9 @@ from shared.engine.identifiers import count_identifiers, identifier_pattern, que
 from shared.engine.memory_reader import Mask, MemoryReader
 from shared.engine.relevance_floor import floor_for
 from shared.engine.reranker import Reranker
-from shared.engine.store import Row, fts_text
-from shared.engine.text_analysis import ANALYZER, STEMMED_ANALYZERS, phrase, query_clauses, query_terms
+from shared.engine.store import Row
+from shared.engine.text_analysis import (ANALYZER, STEMMED_ANALYZERS, date_words, phrase, query_clauses, query_terms,
+                                        stem, words)
 
 RRF_K = 60  # only the benchmarks' plain-RRF baseline uses it
 # Share of the dense leg in the fused score, per embedding model (docs/benchmarks.md, "Engine v2
@@ -239,12 +241,17 @@ class QueryClauses:
 
     def covered(self, text: str, ts: str) -> frozenset[int]:
         """Which clauses a turn holds, as BM25 sees it (its stems and its date in words)."""
-        stems = set(fts_text(text, ts).split())
+        stems = set(map(stem, set(words(text)))) | _date_stems(ts)
         return frozenset(i for i, c in enumerate(self.clauses) if all(t in stems for t in c))
 
     def share(self, covered: frozenset[int]) -> float:
         total = sum(self.idf)
         return sum(self.idf[i] for i in covered) / total if total > 0 else 0.0
+
+
+@lru_cache(maxsize=4096)
+def _date_stems(ts: str) -> frozenset[str]:
+    return frozenset(map(stem, words(date_words(ts)))) if ts else frozenset()
 
 
 @dataclass
@@ -258,15 +265,24 @@ class ConversationEvidence:
 
 
 def conversation_candidates(reader: MemoryReader, deep: list[tuple[int, float]], mask: Mask) -> ConversationEvidence:
-    codes = reader.sessions_of([rid for rid, _ in deep], mask).tolist()
-    turns: dict[int, list[int]] = {}
-    totals: dict[int, float] = {}
-    for (rid, score), code in zip(deep, codes):  # best first, so the first turns seen are the best
-        if code and len(turns.setdefault(code, [])) < CONVERSATION_TURNS:
-            turns[code].append(rid)
-            totals[code] = totals.get(code, 0.0) + score
-    order = sorted(totals, key=totals.__getitem__, reverse=True)[:CONVERSATION_SESSIONS]
-    return ConversationEvidence({code: turns[code] for code in order}, order)
+    codes = reader.sessions_of([rid for rid, _ in deep], mask)
+    # Hits come best first; a stable sort by conversation keeps each one's turns best first.
+    by_code = np.argsort(codes, kind="stable")
+    sorted_codes = codes[by_code]
+    first = np.searchsorted(sorted_codes, sorted_codes)  # where each hit's conversation starts
+    keep = by_code[(np.arange(len(by_code)) - first < CONVERSATION_TURNS) & (sorted_codes > 0)]
+    keep.sort()
+    scores = np.fromiter((score for _, score in deep), np.float64, len(deep))
+    totals = np.bincount(codes[keep], weights=scores[keep])
+    seen_at = np.full(len(totals), len(deep))  # ties: the conversation whose best turn ranks higher first
+    np.minimum.at(seen_at, codes[keep], keep)
+    order = [int(c) for c in np.lexsort((seen_at, -totals))[:CONVERSATION_SESSIONS] if totals[c] > 0]
+    turns: dict[int, list[int]] = {code: [] for code in order}
+    for i in keep.tolist():
+        code = int(codes[i])
+        if code in turns:
+            turns[code].append(deep[i][0])
+    return ConversationEvidence(turns, order)
 
 
 def recall(

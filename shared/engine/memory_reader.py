@@ -24,7 +24,7 @@ import math
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from itertools import islice
+from itertools import compress, islice
 from pathlib import Path
 
 import numpy as np
@@ -221,17 +221,9 @@ class MemoryReader:
         return ((ids[pos] == wanted) & mask.bits[pos]).tolist()
 
     def bm25(self, query, depth: int, limit: int, mask: Mask) -> list[tuple[int, float]]:
-        """The best `limit` of the store's top `depth` BM25 hits that `mask` lets through, in
-        order; hits are read in batches of what is still missing, so only as many documents are
-        read as the answer needs."""
-        hits = self.store.bm25(query, depth)
-        out: list[tuple[int, float]] = []
-        while len(out) < limit:
-            batch = list(islice(hits, limit - len(out)))
-            if not batch:
-                break
-            out += [hit for hit, ok in zip(batch, self.passing([rid for rid, _ in batch], mask)) if ok]
-        return out
+        """The best `limit` of the store's top `depth` BM25 hits that `mask` lets through, in order."""
+        ids, scores = self.store.bm25(query, depth)
+        return list(islice(compress(zip(ids, scores), self.passing(ids, mask)), limit))
 
     def nearest(self, qvec: np.ndarray, limit: int, mask: Mask) -> list[int]:
         return [row_id for row_id, _ in self.nearest_scored(qvec, limit, mask)]
