@@ -30,7 +30,7 @@ def memory(tmp_path_factory, embedder):
     src = root / "src"
     write_conversation(src, "right", RIGHT)
     write_conversation(src, "look-alike", LOOK_ALIKE)
-    for i, (site, person) in enumerate([("Summit", "Priya"), ("Summit", "Omar"), ("Lake", "Greta"), ("Lake", "Sven")]):
+    for i, (site, person) in enumerate([("Summit", "Priya"), ("Lake", "Omar"), ("Lake", "Greta"), ("Bay", "Sven")]):
         write_conversation(src, f"other{i}", [f"The press at {site} is slow today.",
                                               f"{person} raised ticket MT-90{i}0 for the press; the ticket is raised.",
                                               "Noted."])

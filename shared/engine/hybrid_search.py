@@ -61,18 +61,20 @@ SESSION_WEIGHT = 0.2
 # turns among the query's top CONVERSATION_DEPTH BM25 hits (judged for the CONVERSATION_SESSIONS
 # conversations whose such turns score most); the best turn of the CONVERSATION_POOL
 # conversations holding the most joins the pool even when neither leg's top list had it.
-# Measured (e5; docs/benchmarks.md "Conversation-level evidence"): weight 0 / 0.4 / 0.6 / 0.8 /
-# 1.2 give LoCoMo R@3 0.762 / 0.781 / 0.779 / 0.780 / 0.765 and R@8 0.884 / 0.888 / 0.883 /
-# 0.883 / 0.874 (0.8: every sample's R@3 equal or better, R@8 equal but one question on one
-# sample); synthetic bare hit@3 at 1k 0.840 / 0.885 / 0.895 / 0.910, at 10k 0.367 / 0.482 / 0.525
-# / 0.576 / 0.640, long unchanged (0.931 -> 0.934 at 1k, 0.926 -> 0.923 at 10k). A turn-sum of
-# BM25 scores per conversation instead of the clause share lifted synthetic bare less at 10k
-# (0.504 at 0.8) and cost long questions 3 points. Costs one BM25 search 300 deep instead of 30
-# and reading ~90 more rows.
+# Measured (e5; docs/benchmarks.md "Fourth pass: conversation-level evidence"): weight 0 / 0.2 /
+# 0.4 / 0.6 / 0.8 / 1.2 give LoCoMo R@3 0.762 / 0.772 / 0.781 / 0.779 / 0.780 / 0.765 and R@8
+# 0.884 / 0.883 / 0.888 / 0.883 / 0.883 / 0.874; at 0.4 every sample's R@3 gains or holds and
+# R@8 holds but one question on one sample (multi-hop R@8 0.823 -> 0.809, single-hop 0.923 ->
+# 0.938); 0.8 costs multi-hop 0.787 (answers spread over sessions). Synthetic bare hit@3 at 0 /
+# 0.4 / 0.8: 1k 0.840 / 0.885 / 0.910, 10k 0.367 / 0.482 / 0.576; long unchanged. Judging 10
+# conversations instead of 30 lost 2 LoCoMo questions of R@8 (at weight 0.8), counting 2 turns
+# instead of 3 lost R@3 (0.767 vs 0.780). A BM25 turn-sum per conversation instead of the clause share cost
+# synthetic long questions 2-5 points at 10k. CPU: ~2.5 ms more per warm call at 10k (one BM25
+# search 300 deep instead of 30, ~90 more rows read and their stems).
 CONVERSATION_DEPTH = 300
 CONVERSATION_TURNS = 3
 CONVERSATION_SESSIONS = 30
-CONVERSATION_WEIGHT = 0.8
+CONVERSATION_WEIGHT = 0.4
 CONVERSATION_POOL = 3
 RERANK_POOL_FACTOR = 4
 # Neighbour previews show the agent turns it has not read yet, reading the answer top down. The
