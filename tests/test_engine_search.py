@@ -9,7 +9,7 @@ from shared.engine.identifiers import query_identifiers
 from shared.engine.index_run import index_tree, memory_dir
 from shared.engine.memory_reader import MemoryReader
 from shared.engine.store import MemoryStore
-from shared.engine.text_analysis import ANALYZER, query_clauses, query_terms, words
+from shared.engine.text_analysis import ANALYZER, query_clauses, query_terms, scripts, words
 from tests.conftest import write_conversation
 
 # Planted once each, among template-alike decoys (other units, digit look-alikes).
@@ -132,6 +132,25 @@ def test_gibberish_and_off_topic_queries_say_no_results(tmp_path, embedder):
         assert engine.recall(memory, q, RecallParams(floor=True)) == NO_RESULTS, q
         assert engine.recall(memory, q, RecallParams()) != NO_RESULTS, "without the floor it answers"
     assert "vibration alarm" in engine.recall(memory, "compressor vibration alarm", RecallParams(k=1, floor=True))
+
+
+def test_a_russian_question_over_english_chats_clears_the_floor_and_cyrillic_gibberish_does_not(tmp_path, embedder):
+    src = tmp_path / "src"
+    write_conversation(src, "en", ["status check please", "The pump seal was replaced on Monday.", "thanks"])
+    write_conversation(src, "ja", ["進捗はどうですか", "来週の金曜日に東京タワーの点検を予定しています。", "了解です"])
+    index_tree(tmp_path / "home", src, embedder)
+    memory, engine = memory_dir(tmp_path / "home"), Engine(embedder=embedder)
+    # No word can be shared across scripts, so the question faces the bar of questions that share one.
+    answer = engine.recall(memory, "когда заменили уплотнение насоса в понедельник", RecallParams(k=1, floor=True))
+    assert "The pump seal was replaced on Monday." in answer
+    for mashing in ["фывапролдж", "йцукен шщзх", "ъъъ ыыы ььь"]:  # as close by cosine, but no language
+        assert engine.recall(memory, mashing, RecallParams(floor=True)) == NO_RESULTS, mashing
+    assert embedder.text_log_prob("когда заменили насос") > -4.0 > embedder.text_log_prob("фывапролдж")
+
+
+def test_scripts_are_told_apart_per_word():
+    assert scripts("Насос MT-4471 東京 pump") == {"cyrillic", "latin", "cjk"}
+    assert scripts("4471 — 12") == {"other"} and scripts("") == set()
 
 
 def test_explain_shows_how_each_hit_was_scored_and_only_on_request(tmp_path, embedder, run_engine):

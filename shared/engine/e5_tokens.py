@@ -72,6 +72,14 @@ class E5TokenIds:
         text = re.sub(" {2,}", " ", text.translate(self._table)).replace(" ", METASPACE)
         return text if text.startswith(METASPACE) else METASPACE + text
 
+    def log_prob_per_char(self, text: str) -> float:
+        """The Unigram model's log-probability of the text's best split, per character: words of
+        a language split into few likely pieces (questions in English or Russian: -3.3 or more),
+        keyboard mashing into many rare ones (-3.5 to -8 for Latin or Cyrillic gibberish)."""
+        normalised = self._normalise(text)
+        ids = self._tokenizer.encode(normalised, num_threads=1)
+        return sum(map(self._tokenizer.GetScore, ids)) / max(len(normalised), 1)
+
     def ids(self, texts: list[str], query: bool) -> list[list[int]]:
         prefix = QUERY_PREFIX if query else PASSAGE_PREFIX
         # One thread: a batch is one conversation's turns, and a pool per call would cost more than it saves.

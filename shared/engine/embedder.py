@@ -127,6 +127,11 @@ class Embedder(Protocol):
         """One search query: an L2-normalised float32 vector comparable with `embed`'s rows."""
         ...
 
+    def text_log_prob(self, text: str) -> float | None:
+        """How much `text` reads as language to the model's tokenizer: the mean log-probability
+        per character of its best split, or None for a tokenizer without piece scores."""
+        ...
+
 
 @dataclass(frozen=True)
 class EmbedModelSpec:
@@ -173,6 +178,9 @@ class TokenIds(Protocol):
         """Token ids of each text, specials included; `query` for a search query."""
         ...
 
+    def log_prob_per_char(self, text: str) -> float | None:
+        ...
+
 
 class HubTokenIds:
     """A Hugging Face tokenizer file (tokenizer.json) or a WordPiece vocab.txt; no prefixes."""
@@ -190,6 +198,9 @@ class HubTokenIds:
 
     def ids(self, texts: list[str], query: bool) -> list[list[int]]:
         return [e.ids for e in self._tok.encode_batch(list(texts))]
+
+    def log_prob_per_char(self, text: str) -> float | None:
+        return None  # WordPiece has no piece scores
 
 
 class OnnxEmbedder:
@@ -225,6 +236,10 @@ class OnnxEmbedder:
 
     def embed_query(self, text: str) -> np.ndarray:
         return self.query_cache.get(text, self._query_vector)
+
+    def text_log_prob(self, text: str) -> float | None:
+        with self._tok_lock:
+            return self._tokens.log_prob_per_char(text)
 
     def _query_vector(self, text: str) -> np.ndarray:
         return self._run(*self._feeds([text], 1, query=True)[0][1:], self._query_session)[0]

@@ -69,6 +69,15 @@ STOP_WORDS = ENGLISH_STOP | RUSSIAN_STOP
 _STEMMERS = {"en": Stemmer.Stemmer("english"), "ru": Stemmer.Stemmer("russian")}
 
 
+def scripts(text: str) -> set[str]:
+    """The writing systems of a text's words, as BM25 can match them: latin, cyrillic, cjk, other."""
+    found = set()
+    for word in _WORD.findall(text.lower()):
+        found.add("cjk" if _CJK_RUN.match(word) else "cyrillic" if _CYRILLIC.search(word)
+                  else "latin" if _LATIN.search(word) else "other")
+    return found - {"other"} or found
+
+
 def words(text: str) -> list[str]:
     out: list[str] = []
     for word in _WORD.findall(text.lower().replace("ё", "е")):
