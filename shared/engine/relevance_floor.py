@@ -49,7 +49,8 @@ class RelevanceFloor:
             return best >= self.without_words
         if score < self.language_log_prob:
             return False
-        across = not scripts(query) & set().union(*map(scripts, nearest()))
+        asked = scripts(query) - {"other"}  # digits alone are no script to be asked across
+        across = bool(asked) and not asked & set().union(*map(scripts, nearest()))
         return best >= (self.with_words if across else self.without_words)
 
 
