@@ -44,12 +44,14 @@ class RelevanceFloor:
         best = legs.dense[0][1] if legs.dense else -1.0
         if legs.bm25:
             return best >= self.with_words
-        score = log_prob(query) if self.language_log_prob is not None else None
+        asked = scripts(query) - {"other"}  # digits alone are no script to be asked across
+        # A CJK character carries a word's worth of information: real Chinese, Japanese or Korean
+        # questions score -5 to -7.7 per character, as low as CJK mashing; they keep the cosine bars.
+        score = log_prob(query) if self.language_log_prob is not None and "cjk" not in asked else None
         if score is None:
             return best >= self.without_words
         if score < self.language_log_prob:
             return False
-        asked = scripts(query) - {"other"}  # digits alone are no script to be asked across
         across = bool(asked) and not asked & set().union(*map(scripts, nearest()))
         return best >= (self.with_words if across else self.without_words)
 
