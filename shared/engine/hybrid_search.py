@@ -330,8 +330,8 @@ def recall(
         patterns = [identifier_pattern(i) for i in idents]
         boost = {rid: IDENTIFIER_BOOST * count_identifiers(rows[rid].text, patterns) / len(patterns)
                  for rid in rows} if patterns else {}
-        if params.floor and not any(boost.values()) and not (
-                query_terms(query) and floor_for(embedder.spec.model_id).passes(legs)):
+        if params.floor and not any(boost.values()) and not (query_terms(query) and floor_for(embedder.spec.model_id).admits(
+                query, legs, lambda: [rows[rid].text for rid, _ in legs.dense[:c] if rid in rows], embedder.text_log_prob)):
             return []  # nothing close enough, or a query without a single word
         pool = sorted(rows, key=lambda rid: fused[rid] + boost.get(rid, 0.0), reverse=True)[:c]
 

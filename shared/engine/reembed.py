@@ -65,6 +65,9 @@ class _ReportingEmbedder:
     def embed_query(self, text: str) -> np.ndarray:
         return self._embedder.embed_query(text)
 
+    def text_log_prob(self, text: str) -> float | None:
+        return self._embedder.text_log_prob(text)
+
     def embed(self, texts: list[str], batch_size: int = 32) -> np.ndarray:
         self._progress(self._done, self._total)
         out = self._embedder.embed(texts, batch_size)
