@@ -317,7 +317,7 @@ def recall(
         plain = {rid: s for rid, s in fuse(legs, dense_weight).items() if rid in rows}
         conv_lift: dict[int, float] = {}
         if evidence:
-            conv_lift, best_turns = _conversation_lift(reader, query, rows, evidence, mask.view.sessions)
+            conv_lift, best_turns = _conversation_lift(reader, query, rows, evidence, mask)
             for rid in best_turns:
                 plain.setdefault(rid, 0.0)
             for rid in set(judged) - plain.keys() - {rid for rid, _ in ident_leg}:
@@ -397,7 +397,7 @@ def _session_lift(fused: dict[int, float], rows: dict[int, Row]) -> dict[int, fl
 
 
 def _conversation_lift(reader: MemoryReader, query: str, rows: dict[int, Row], evidence: ConversationEvidence,
-                       sessions: dict[str, int]) -> tuple[dict[int, float], list[int]]:
+                       mask: Mask) -> tuple[dict[int, float], list[int]]:
     """Each row's lift from its conversation: CONVERSATION_WEIGHT times the share of the query's
     information (idf) that the row and its conversation's judged turns hold between them; and
     the best turn of the CONVERSATION_POOL conversations holding the most."""
@@ -405,8 +405,9 @@ def _conversation_lift(reader: MemoryReader, query: str, rows: dict[int, Row], e
     covered = {rid: clauses.covered(r.text, r.ts) for rid, r in rows.items()}
     held = {code: frozenset().union(*(covered[rid] for rid in turns if rid in covered))
             for code, turns in evidence.turns.items()}
-    lift = {rid: CONVERSATION_WEIGHT * clauses.share(covered[rid] | held.get(sessions.get(r.session_id, 0), frozenset()))
-            for rid, r in rows.items()}
+    codes = reader.sessions_of(list(rows), mask).tolist()
+    lift = {rid: CONVERSATION_WEIGHT * clauses.share(covered[rid] | held.get(code, frozenset()))
+            for rid, code in zip(rows, codes)}
     ranked = sorted(evidence.order, key=lambda code: clauses.share(held[code]), reverse=True)  # stable: BM25 order on ties
     best = [evidence.turns[code][0] for code in ranked[:CONVERSATION_POOL] if evidence.turns[code][0] in rows]
     return lift, best

@@ -54,12 +54,12 @@ class ReaderView:
     harness: np.ndarray
     epoch: np.ndarray
     delta_vecs: np.ndarray  # float32 rows after the snapshot
-    # Each row's conversation (session) as a code, for conversation-level evidence; code 0 is
-    # "none" (a snapshot row deleted before the view was built).
-    session: np.ndarray
+    delta_sessions: tuple[str, ...] = ()  # the session of each row after the snapshot
     block_types: dict[str, int] = field(default_factory=dict)
     harnesses: dict[str, int] = field(default_factory=dict)
-    sessions: dict[str, int] = field(default_factory=dict)
+    # Each row's conversation as a code (`session_codes`), computed on first use: only a recall
+    # with conversation evidence needs it, so opening a memory does not pay for it.
+    _codes: list = field(default_factory=list, compare=False, repr=False)
 
     @property
     def n(self) -> int:
@@ -75,7 +75,7 @@ class ReaderView:
 
     def ram_bytes(self) -> int:
         """Bytes this view owns (views on the mapped snapshot own none)."""
-        arrays = (self.ids, self.alive, self.block, self.harness, self.epoch, self.delta_vecs, self.session)
+        arrays = (self.ids, self.alive, self.block, self.harness, self.epoch, self.delta_vecs, *self._codes)
         return sum(a.nbytes for a in arrays if a.flags.owndata)
 
 
@@ -90,24 +90,30 @@ class Mask:
 def _empty_view(dim: int) -> ReaderView:
     return ReaderView(generation=-1, max_row_id=0, base=None, ids=np.zeros(0, np.int64), alive=np.zeros(0, bool),
                       block=np.zeros(0, np.int32), harness=np.zeros(0, np.int32), epoch=np.zeros(0, np.float64),
-                      delta_vecs=np.zeros((0, dim), np.float32), session=np.zeros(0, np.int32))
+                      delta_vecs=np.zeros((0, dim), np.float32))
 
 
-def _base_view(vf: VectorFile, dim: int, store: MemoryStore) -> ReaderView:
-    """The snapshot's rows; their sessions are read from SQLite (the file does not hold them)."""
+def _base_view(vf: VectorFile, dim: int) -> ReaderView:
+    return ReaderView(generation=vf.generation, max_row_id=vf.max_row_id, base=vf, ids=vf.ids,
+                      alive=np.ones(vf.n, bool), block=vf.block, harness=vf.harness, epoch=vf.epoch,
+                      delta_vecs=np.zeros((0, dim), np.float32),
+                      block_types={name: i for i, name in enumerate(vf.block_types)},
+                      harnesses={name: i for i, name in enumerate(vf.harnesses)})
+
+
+def _snapshot_sessions(vf: VectorFile, store: MemoryStore) -> tuple[np.ndarray, dict[str, int]]:
+    """The snapshot rows' session codes (0: deleted since) and the code of each session, read
+    from SQLite's (session_id, seq) index (the file does not hold sessions): ~55-75 ms of CPU for
+    60,000 rows, once per snapshot, on the first recall that needs them."""
     row_ids, session_ids = store.sessions_upto(vf.max_row_id)
-    sessions: dict[str, int] = {}
-    codes = np.fromiter((sessions.setdefault(s, len(sessions) + 1) for s in session_ids), np.int32, len(session_ids))
+    names: dict[str, int] = {}
+    codes = np.fromiter((names.setdefault(s, len(names) + 1) for s in session_ids), np.int32, len(session_ids))
     session = np.zeros(vf.n, np.int32)
     if vf.n and len(row_ids):
         pos = np.minimum(np.searchsorted(vf.ids, row_ids), vf.n - 1)
         found = vf.ids[pos] == row_ids
         session[pos[found]] = codes[found]
-    return ReaderView(generation=vf.generation, max_row_id=vf.max_row_id, base=vf, ids=vf.ids,
-                      alive=np.ones(vf.n, bool), block=vf.block, harness=vf.harness, epoch=vf.epoch,
-                      delta_vecs=np.zeros((0, dim), np.float32), session=session,
-                      block_types={name: i for i, name in enumerate(vf.block_types)},
-                      harnesses={name: i for i, name in enumerate(vf.harnesses)}, sessions=sessions)
+    return session, names
 
 
 def _dir_bytes(path: Path) -> int:
@@ -181,10 +187,10 @@ class MemoryReader:
                     if new_base is not None and new_base.memory_id != meta.get("memory_id", ""):
                         new_base = None  # another memory's snapshot (the directory was swapped): SQLite alone
                     if new_base is not None and new_base.generation >= floor:
-                        view = _base_view(new_base, self.dim, store)
+                        view = _base_view(new_base, self.dim)
                     elif view.generation < 0 or view.generation < floor:  # too far behind for tombstones
                         base = view.base if view.base is not None and view.base.generation >= floor else None
-                        view = _empty_view(self.dim) if base is None else _base_view(base, self.dim, store)
+                        view = _empty_view(self.dim) if base is None else _base_view(base, self.dim)
                     dead = store.tombstones_since(view.generation) if view.generation >= 0 else []
                     ids, vecs, facets = store.vectors_since(view.max_row_id)
                 finally:
@@ -258,6 +264,27 @@ class MemoryReader:
         found.sort(key=lambda pair: (-pair[1], pair[0]))
         return found[:limit]
 
+    def session_codes(self, view: ReaderView) -> np.ndarray:
+        """Each row's conversation as a code (equal codes = one session; 0 = unknown), made on
+        first use per view; the snapshot's part once per snapshot. Racing callers compute the
+        same arrays, so no lock."""
+        if view._codes:
+            return view._codes[0]
+        base = view.base
+        if base is None:
+            names: dict[str, int] = {}
+            base_codes = np.zeros(0, np.int32)
+        else:
+            if not base.sessions:
+                base.sessions.append(_snapshot_sessions(base, self.store))
+            base_codes, names = base.sessions[0]
+            names = dict(names) if view.delta_sessions else names
+        delta = np.fromiter((names.setdefault(s, len(names) + 1) for s in view.delta_sessions), np.int32,
+                            len(view.delta_sessions))
+        codes = np.concatenate([base_codes, delta])
+        view._codes[:] = [codes]
+        return codes
+
     def sessions_of(self, row_ids: list[int], mask: Mask) -> np.ndarray:
         """The session code of each row (0 for a row the view does not hold)."""
         view = mask.view
@@ -265,7 +292,7 @@ class MemoryReader:
             return np.zeros(len(row_ids), np.int32)
         wanted = np.asarray(row_ids, np.int64)
         pos = np.minimum(np.searchsorted(view.ids, wanted), view.n - 1)
-        return np.where(view.ids[pos] == wanted, view.session[pos], 0).astype(np.int32)
+        return np.where(view.ids[pos] == wanted, self.session_codes(view)[pos], 0).astype(np.int32)
 
     def epoch_of(self, row_id: int) -> float | None:
         view = self._view
@@ -291,16 +318,15 @@ def _advance(view: ReaderView, generation: int, dead: list[int], ids: np.ndarray
             alive[positions] = False
     if not len(ids):
         return ReaderView(generation, view.max_row_id, view.base, view.ids, alive, view.block, view.harness, view.epoch,
-                          view.delta_vecs, view.session, view.block_types, view.harnesses, view.sessions)
-    block_types, harnesses, sessions = dict(view.block_types), dict(view.harnesses), dict(view.sessions)
+                          view.delta_vecs, view.delta_sessions, view.block_types, view.harnesses)
+    block_types, harnesses = dict(view.block_types), dict(view.harnesses)
     block = np.array([block_types.setdefault(f[0], len(block_types)) for f in facets], np.int32)
     harness = np.array([harnesses.setdefault(f[1], len(harnesses)) for f in facets], np.int32)
     epoch = np.array([math.nan if f[2] is None else f[2] for f in facets], np.float64)
-    session = np.array([sessions.setdefault(f[3], len(sessions) + 1) for f in facets], np.int32)
     return ReaderView(
         generation=generation, max_row_id=int(ids[-1]), base=view.base,
         ids=np.concatenate([view.ids, ids]), alive=np.concatenate([alive, np.ones(len(ids), bool)]),
         block=np.concatenate([view.block, block]), harness=np.concatenate([view.harness, harness]),
         epoch=np.concatenate([view.epoch, epoch]), delta_vecs=np.concatenate([view.delta_vecs, vecs]),
-        session=np.concatenate([view.session, session]), block_types=block_types, harnesses=harnesses,
-        sessions=sessions)
+        delta_sessions=view.delta_sessions + tuple(f[3] for f in facets), block_types=block_types,
+        harnesses=harnesses)

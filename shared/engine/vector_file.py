@@ -64,6 +64,8 @@ class VectorFile:
     mapped_bytes: int
     _map: mmap.mmap
     scanner: "Scanner" = field(default_factory=lambda: Scanner(), compare=False, repr=False)
+    # (session code per row, code per session id), read from SQLite on first use (memory_reader)
+    sessions: list = field(default_factory=list, compare=False, repr=False)
 
     @property
     def n(self) -> int:
