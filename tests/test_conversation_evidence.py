@@ -13,6 +13,7 @@ from shared.engine.hybrid_search import RecallParams
 from shared.engine.index_run import index_tree, memory_dir
 from shared.engine.memory_reader import MemoryReader
 from shared.engine.store import MemoryStore
+from shared.engine.text_analysis import distinct_stems, index_text
 from tests.conftest import write_conversation
 
 # The right conversation names the machine and the site in its request and the person in its
@@ -91,3 +92,9 @@ def test_every_row_knows_its_conversation_in_the_snapshot_and_after_it(tmp_path,
     assert len({c for cs in code_of.values() for c in cs}) == 4
     assert reader.sessions_of([10**9], mask).tolist() == [0]
     reader.close()
+
+
+def test_a_turn_is_judged_by_the_stems_bm25_indexed_for_it():
+    for text in ["The boiler at Summit has a gland leak again, MT-1234.", "Насос Н-012 опять течёт, ёлка",
+                 "MT-4471の件で東京に行きます", "mixed 東京 tokyo", ""]:
+        assert distinct_stems(text) == set(index_text(text).split()), text

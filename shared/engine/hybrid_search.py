@@ -23,8 +23,8 @@ from shared.engine.memory_reader import Mask, MemoryReader
 from shared.engine.relevance_floor import floor_for
 from shared.engine.reranker import Reranker
 from shared.engine.store import Row
-from shared.engine.text_analysis import (ANALYZER, STEMMED_ANALYZERS, date_words, phrase, query_clauses, query_terms,
-                                        stem, words)
+from shared.engine.text_analysis import (ANALYZER, STEMMED_ANALYZERS, date_words, distinct_stems, phrase, query_clauses,
+                                        query_terms, stem, words)
 
 RRF_K = 60  # only the benchmarks' plain-RRF baseline uses it
 # Share of the dense leg in the fused score, per embedding model (docs/benchmarks.md, "Engine v2
@@ -69,8 +69,8 @@ SESSION_WEIGHT = 0.2
 # 0.4 / 0.8: 1k 0.840 / 0.885 / 0.910, 10k 0.367 / 0.482 / 0.576; long unchanged. Judging 10
 # conversations instead of 30 lost 2 LoCoMo questions of R@8 (at weight 0.8), counting 2 turns
 # instead of 3 lost R@3 (0.767 vs 0.780). A BM25 turn-sum per conversation instead of the clause share cost
-# synthetic long questions 2-5 points at 10k. CPU: ~2.5 ms more per warm call at 10k (one BM25
-# search 300 deep instead of 30, ~90 more rows read and their stems).
+# synthetic long questions 2-5 points at 10k. CPU: +2.3-2.5 ms per warm call at 10k (ranking
+# 3.1 -> 5.5 ms: one BM25 search 300 deep instead of 30, ~90 more rows read, ~130 turns stemmed).
 CONVERSATION_DEPTH = 300
 CONVERSATION_TURNS = 3
 CONVERSATION_SESSIONS = 30
@@ -243,7 +243,7 @@ class QueryClauses:
 
     def covered(self, text: str, ts: str) -> frozenset[int]:
         """Which clauses a turn holds, as BM25 sees it (its stems and its date in words)."""
-        stems = set(map(stem, set(words(text)))) | _date_stems(ts)
+        stems = distinct_stems(text) | _date_stems(ts)
         return frozenset(i for i, c in enumerate(self.clauses) if all(t in stems for t in c))
 
     def share(self, covered: frozenset[int]) -> float:

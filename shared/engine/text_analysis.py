@@ -99,6 +99,14 @@ def stem(word: str) -> str:
     return word
 
 
+def distinct_stems(text: str) -> set[str]:
+    """The distinct stems of `index_text(text)`; a text without CJK characters skips `words`'
+    per-word split (conversation evidence stems ~130 turns per recall)."""
+    if _CJK_RUN.search(text):
+        return set(map(stem, words(text)))
+    return set(map(stem, set(_WORD.findall(text.lower().replace("ё", "е")))))
+
+
 def index_text(text: str) -> str:
     """The text as BM25 indexes it: stems separated by spaces, every word kept (phrases work)."""
     return " ".join(stem(w) for w in words(text))
