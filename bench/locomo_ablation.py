@@ -71,6 +71,9 @@ class CachedQueries:
             self._vectors[text] = self._embedder.embed_query(text)
         return self._vectors[text]
 
+    def text_log_prob(self, text: str):
+        return self._embedder.text_log_prob(text)
+
 
 def main() -> None:
     ap = argparse.ArgumentParser()

@@ -66,6 +66,8 @@ class Embedded:
     spec, dim = real.spec, real.dim
     def embed_query(self, text):
         return vectors[text]
+    def text_log_prob(self, text):
+        return real.text_log_prob(text)
 
 params = RecallParams(k=3, candidates=8)
 engine = Engine(embedder=real)

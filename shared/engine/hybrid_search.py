@@ -243,8 +243,8 @@ class QueryClauses:
 
     def covered(self, text: str, ts: str) -> frozenset[int]:
         """Which clauses a turn holds, as BM25 sees it (its stems and its date in words)."""
-        stems = distinct_stems(text) | _date_stems(ts)
-        return frozenset(i for i, c in enumerate(self.clauses) if all(t in stems for t in c))
+        stems = distinct_stems(text) | _date_stems(ts[:10])  # the date words depend on the day alone
+        return frozenset(i for i, c in enumerate(self.clauses) if stems.issuperset(c))
 
     def share(self, covered: frozenset[int]) -> float:
         total = sum(self.idf)
@@ -331,7 +331,8 @@ def recall(
         boost = {rid: IDENTIFIER_BOOST * count_identifiers(rows[rid].text, patterns) / len(patterns)
                  for rid in rows} if patterns else {}
         if params.floor and not any(boost.values()) and not (query_terms(query) and floor_for(embedder.spec.model_id).admits(
-                query, legs, lambda: [rows[rid].text for rid, _ in legs.dense[:c] if rid in rows], embedder.text_log_prob)):
+                query, legs, lambda: [rows[rid].text for rid, _ in legs.dense[:c] if rid in rows],
+                lambda text: embedder.text_log_prob(text))):
             return []  # nothing close enough, or a query without a single word
         pool = sorted(rows, key=lambda rid: fused[rid] + boost.get(rid, 0.0), reverse=True)[:c]
 
