@@ -13,7 +13,6 @@ import math
 import re
 import time
 from dataclasses import dataclass, field
-from functools import lru_cache
 
 import numpy as np
 
@@ -23,8 +22,8 @@ from shared.engine.memory_reader import Mask, MemoryReader
 from shared.engine.relevance_floor import floor_for
 from shared.engine.reranker import Reranker
 from shared.engine.store import Row
-from shared.engine.text_analysis import (ANALYZER, STEMMED_ANALYZERS, date_words, distinct_stems, phrase, query_clauses,
-                                        query_terms, stem, words)
+from shared.engine.text_analysis import (ANALYZER, STEMMED_ANALYZERS, indexed_stems, phrase, query_clauses,
+                                        query_terms)
 
 RRF_K = 60  # only the benchmarks' plain-RRF baseline uses it
 # Share of the dense leg in the fused score, per embedding model (docs/benchmarks.md, "Engine v2
@@ -230,6 +229,7 @@ class QueryClauses:
 
     clauses: list[tuple[str, ...]]
     idf: list[float]
+    total: float  # sum of idf
 
     @classmethod
     def of(cls, reader: MemoryReader, query: str) -> "QueryClauses":
@@ -239,21 +239,15 @@ class QueryClauses:
         df = dict(zip(terms, freqs))
         # A clause no turn holds weighs nothing: it cannot tell one conversation from another.
         idf = [math.log(1 + (n - m + 0.5) / (m + 0.5)) if m else 0.0 for m in (min(df[t] for t in c) for c in clauses)]
-        return cls(clauses, idf)
+        return cls(clauses, idf, sum(idf))
 
     def covered(self, text: str, ts: str) -> frozenset[int]:
         """Which clauses a turn holds, as BM25 sees it (its stems and its date in words)."""
-        stems = distinct_stems(text) | _date_stems(ts[:10])  # the date words depend on the day alone
+        stems = indexed_stems(text, ts)
         return frozenset(i for i, c in enumerate(self.clauses) if stems.issuperset(c))
 
     def share(self, covered: frozenset[int]) -> float:
-        total = sum(self.idf)
-        return sum(self.idf[i] for i in covered) / total if total > 0 else 0.0
-
-
-@lru_cache(maxsize=4096)
-def _date_stems(ts: str) -> frozenset[str]:
-    return frozenset(map(stem, words(date_words(ts)))) if ts else frozenset()
+        return sum(self.idf[i] for i in covered) / self.total if self.total > 0 else 0.0
 
 
 @dataclass
@@ -330,9 +324,7 @@ def recall(
         patterns = [identifier_pattern(i) for i in idents]
         boost = {rid: IDENTIFIER_BOOST * count_identifiers(rows[rid].text, patterns) / len(patterns)
                  for rid in rows} if patterns else {}
-        if params.floor and not any(boost.values()) and not (query_terms(query) and floor_for(embedder.spec.model_id).admits(
-                query, legs, lambda: [rows[rid].text for rid, _ in legs.dense[:c] if rid in rows],
-                lambda text: embedder.text_log_prob(text))):
+        if params.floor and not any(boost.values()) and not _clears_floor(embedder, query, legs, rows, c):
             return []  # nothing close enough, or a query without a single word
         pool = sorted(rows, key=lambda rid: fused[rid] + boost.get(rid, 0.0), reverse=True)[:c]
 
@@ -357,6 +349,14 @@ def recall(
         if params.neighbors > 0:
             _attach_neighbours(reader, hits, params.neighbors)
         return hits
+
+
+def _clears_floor(embedder: Embedder, query: str, legs: Legs, rows: dict[int, Row], c: int) -> bool:
+    """The relevance floor of the embedder's model; a query without a single word never clears it."""
+    def nearest() -> list[str]:  # read only for a query that shares no word with the memory
+        return [rows[rid].text for rid, _ in legs.dense[:c] if rid in rows]
+
+    return bool(query_terms(query)) and floor_for(embedder.spec.model_id).admits(query, legs, nearest, embedder.text_log_prob)
 
 
 def _attach_neighbours(reader: MemoryReader, hits: list[Hit], window: int) -> None:

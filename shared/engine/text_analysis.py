@@ -109,6 +109,16 @@ def distinct_stems(text: str) -> frozenset[str]:
     return frozenset(map(stem, set(_WORD.findall(text.lower().replace("ё", "е")))))
 
 
+def indexed_stems(text: str, ts: str) -> frozenset[str]:
+    """The distinct stems BM25 holds for a turn (store.fts_text): its text's and its date's."""
+    return distinct_stems(text) | _date_stems(ts[:10])  # the date words depend on the day alone
+
+
+@lru_cache(maxsize=4096)
+def _date_stems(day: str) -> frozenset[str]:
+    return frozenset(map(stem, words(date_words(day)))) if day else frozenset()
+
+
 def index_text(text: str) -> str:
     """The text as BM25 indexes it: stems separated by spaces, every word kept (phrases work)."""
     return " ".join(stem(w) for w in words(text))

@@ -32,6 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
+from shared.engine.native_threads import ort_session_options
+
 VECTOR_FILE = "vectors.i8"
 MAGIC = b"RECALLV1"
 _ALIGN = 64
@@ -232,15 +234,9 @@ def _matmul_integer_model(packed: tuple[int, int] | None = None) -> bytes:
     return _pb_field(1, 8) + _pb_field(8, opset) + _pb_field(7, graph)
 
 
-def _session_options():
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
+def _scan_options():
     # The scan is memory-bound: a second thread halves wall time but adds CPU per call.
-    opts.intra_op_num_threads = 1
-    opts.inter_op_num_threads = 1
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return opts
+    return ort_session_options(1)
 
 
 _session = None
@@ -253,7 +249,7 @@ def _scan_session():
         if _session is None:
             import onnxruntime as ort
 
-            _session = ort.InferenceSession(_matmul_integer_model(), _session_options(), providers=["CPUExecutionProvider"])
+            _session = ort.InferenceSession(_matmul_integer_model(), _scan_options(), providers=["CPUExecutionProvider"])
         return _session
 
 
@@ -302,7 +298,7 @@ class Scanner:
     def _pack(self, vf: VectorFile):
         import onnxruntime as ort
 
-        opts = _session_options()
+        opts = _scan_options()
         # Keeps a reference to the mapped matrix: the session reads it while packing.
         opts.add_external_initializers(["B"], [ort.OrtValue.ortvalue_from_numpy(vf.matrix_t)])
         session = ort.InferenceSession(_matmul_integer_model((vf.dim, vf.n)), opts, providers=["CPUExecutionProvider"])
