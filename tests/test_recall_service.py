@@ -435,3 +435,41 @@ async def test_both_backends_give_the_agent_byte_identical_answers(services, ser
     threads = re.search(r"^process_threads (\d+)", metrics, re.M)
     fds = re.search(r"^process_open_fds (\d+)", metrics, re.M)
     assert threads and int(threads[1]) > 1 and fds and int(fds[1]) > 3, "threads and fds are exported"
+
+
+def cpu_seconds(proc: psutil.Process) -> float:
+    """CPU time of a process and of its live children (a funes pool's engine children)."""
+    total = 0.0
+    for p in [proc, *proc.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            continue  # exited while we looked
+    return total
+
+
+@pytest.mark.parametrize("engine", ["embedded", "funes"])
+async def test_an_idle_recall_service_spends_no_cpu_even_with_a_query_thread_team(services, service_env, engine):
+    """Between real calls the service and its engine children sleep: no BLAS, OpenMP or
+    onnxruntime pool spins and no housekeeping loop (pool sweeper, forget listener, Redis
+    reconnects) polls, even with two threads per query and OpenMP told to spin, as an
+    operator's environment might say. (tests/test_embedder.py shows a spinning pool beside it.)"""
+    spin = {"RECALL_ENGINE": engine, "RECALL_FUNES_BIN": engine_cli(), "RECALL_EMBED_THREADS": "2",
+            "OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": "infinite"}
+    services("indexer")
+    services("ingest")
+    server = services("serve", **spin)
+    post_conversation(service_env, "alice", "a1", ALICE)
+    assert wait_until(lambda: indexed_chunks(service_env, "alice") == 3, 30)
+    proc = psutil.Process(server.proc.pid)
+    idle = []
+    for query in ("N-11 upgrade", "what did we decide about the K-2 machine", "xyzzy plugh"):
+        await call_recall(service_env, mint("alice"), query)
+        # Measured right after each call: a spinning pool burns CPU in the gaps between calls
+        # before it gives up and sleeps (onnxruntime's and OpenBLAS's do, for a while). The
+        # least of three windows, so one stray tick of housekeeping cannot fail the test.
+        before = cpu_seconds(proc)
+        time.sleep(1.0)
+        idle.append(cpu_seconds(proc) - before)
+    assert min(idle) < 0.02, f"{idle} s of CPU in the idle second after each call ({engine}): a thread pool spins"
