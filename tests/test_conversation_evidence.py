@@ -98,3 +98,25 @@ def test_a_turn_is_judged_by_the_stems_bm25_indexed_for_it():
     for text in ["The boiler at Summit has a gland leak again, MT-1234.", "Насос Н-012 опять течёт, ёлка",
                  "MT-4471の件で東京に行きます", "mixed 東京 tokyo", ""]:
         assert distinct_stems(text) == set(index_text(text).split()), text
+
+
+def test_a_judged_turn_forgotten_before_it_is_read_does_not_fail_the_recall(memory, embedder):
+    # A forget can delete rows between the search and the SQLite read of its hits: the press
+    # turns are judged for their conversations (they hold "ticket" and "raised") and vanish.
+    engine = Engine(embedder=embedder)
+    store = engine.reader(memory).store
+    rows = store.rows
+    store.rows = lambda ids: {rid: r for rid, r in rows(ids).items() if "press" not in r.text}
+    try:
+        first = parse_recall(engine.recall(memory, QUESTION, RecallParams(k=3)))[0]
+    finally:
+        del store.rows
+    assert first.text in RIGHT, first.text
+
+
+def test_a_forget_leaves_no_turn_text_in_the_search_caches(memory, embedder):
+    engine = Engine(embedder=embedder)
+    engine.recall(memory, QUESTION, RecallParams(k=3))
+    assert distinct_stems.cache_info().currsize > 0  # conversation evidence read the turns
+    engine.forget(memory)
+    assert distinct_stems.cache_info().currsize == 0 and engine.open_readers == 0

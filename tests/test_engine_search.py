@@ -148,6 +148,14 @@ def test_a_russian_question_over_english_chats_clears_the_floor_and_cyrillic_gib
     assert embedder.text_log_prob("когда заменили насос") > -4.0 > embedder.text_log_prob("фывапролдж")
 
 
+def test_characters_the_model_cannot_read_never_read_as_language(embedder):
+    # sentencepiece scores its one unknown piece 0, the likeliest score there is: left so,
+    # text in a script e5 lacks would pass the floor's language test better than English.
+    for unreadable in ["ꙮꙮꙮ", "ᚠᚢᚦ ᚨᚱ"]:
+        assert embedder.text_log_prob(unreadable) < -4.0 < embedder.text_log_prob("what did we decide"), unreadable
+    assert embedder.text_log_prob("what did we decide about the pump 🦄") > -4.0  # one odd character is not a verdict
+
+
 def test_scripts_are_told_apart_per_word():
     assert scripts("Насос MT-4471 東京 pump") == {"cyrillic", "latin", "cjk"}
     assert scripts("4471 — 12") == {"other"} and scripts("") == set()

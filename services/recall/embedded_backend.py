@@ -49,7 +49,7 @@ class EmbeddedBackend:
         return memory_state(paths.memory)
 
     async def forget_tenant(self, paths: TenantPaths) -> None:
-        self.engine.drop(paths.memory)
+        self.engine.forget(paths.memory)
         POOL_SIZE.set(self.engine.open_readers)
 
     def ready(self) -> bool:

@@ -22,6 +22,7 @@ from shared.engine.hybrid_search import Hit, RecallParams, check_deadline, recal
 from shared.engine.memory_reader import MemoryReader
 from shared.engine.reranker import Reranker, configured_reranker, reranker_status
 from shared.engine.store import DB_NAME, MemoryStore
+from shared.engine.text_analysis import forget_cached_texts
 
 NO_INDEX = "no index yet — run `recall-engine index --yes <src>` (or `funes index`), then recall your own history"
 
@@ -157,6 +158,12 @@ class Engine:
     def _retire(entry: _Entry) -> bool:
         entry.retired = True
         return entry.users == 0
+
+    def forget(self, memory: Path) -> None:
+        """Something was deleted from a memory: drop its reader and every turn text cached from
+        searches (the cache is keyed by text, not by memory, so all of it goes)."""
+        self.drop(memory)
+        forget_cached_texts()
 
     def drop(self, memory: Path) -> None:
         """Forget a memory's reader (its files were changed or removed); a search still

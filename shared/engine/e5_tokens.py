@@ -72,13 +72,25 @@ class E5TokenIds:
         text = re.sub(" {2,}", " ", text.translate(self._table)).replace(" ", METASPACE)
         return text if text.startswith(METASPACE) else METASPACE + text
 
+    @cached_property
+    def _rarest_score(self) -> float:
+        sp = self._tokenizer
+        return min(map(sp.GetScore, range(sp.GetPieceSize())))
+
     def log_prob_per_char(self, text: str) -> float:
         """The Unigram model's log-probability of the text's best split, per character: words of
         a language split into few likely pieces (questions in English or Russian: -3.3 or more),
-        keyboard mashing into many rare ones (-3.5 to -8 for Latin or Cyrillic gibberish)."""
+        keyboard mashing into many rare ones (Latin or Cyrillic gibberish mostly -4 to -8).
+        Characters the vocabulary lacks (one unknown piece, scored 0 by the model) count as its
+        rarest piece each: the model cannot read them."""
+        sp = self._tokenizer
         normalised = self._normalise(text)
-        ids = self._tokenizer.encode(normalised, num_threads=1)
-        return sum(map(self._tokenizer.GetScore, ids)) / max(len(normalised), 1)
+        unk = sp.unk_id()
+        total = 0.0
+        for piece in sp.encode(normalised, out_type=str, num_threads=1):
+            i = sp.PieceToId(piece)
+            total += self._rarest_score * len(piece) if i == unk else sp.GetScore(i)
+        return total / max(len(normalised), 1)
 
     def ids(self, texts: list[str], query: bool) -> list[list[int]]:
         prefix = QUERY_PREFIX if query else PASSAGE_PREFIX

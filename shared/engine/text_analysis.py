@@ -109,6 +109,12 @@ def distinct_stems(text: str) -> frozenset[str]:
     return frozenset(map(stem, set(_WORD.findall(text.lower().replace("ё", "е")))))
 
 
+def forget_cached_texts() -> None:
+    """Empty the per-text caches (they hold verbatim turn texts of every tenant this process
+    searched): called when a memory is dropped, so a forget leaves no copy here."""
+    distinct_stems.cache_clear()
+
+
 def held_stems(text: str, ts: str, stems: frozenset[str]) -> frozenset[str]:
     """Which of `stems` BM25 holds for a turn (store.fts_text): in its text or its date. Asked
     for a query's few stems of ~70 turns per recall, so no union of the turn's stems is built."""
