@@ -20,6 +20,7 @@ query sharing no word) is the baseline, computed in the same run from the same l
 from __future__ import annotations
 
 import argparse
+import shutil
 import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
@@ -30,6 +31,7 @@ from bench.engine_bench import write_tree
 from bench.locomo_bench import DEFAULT_DATA, load, write_sample
 from bench.report import table, write_section
 from shared.engine import relevance_floor
+from shared.engine.agent_format import NO_RESULTS
 from shared.engine.api import Engine
 from shared.engine.embedder import shared_embedder
 from shared.engine.hybrid_search import RecallParams
@@ -59,7 +61,7 @@ def ask(engine: Engine, memory: Path, questions: list[str], facts: list[str] | N
     answered = hits = 0
     for i, q in enumerate(questions):
         out = engine.recall(memory, q, RecallParams(k=3, floor=True))
-        if out.strip() != "no results":
+        if out.strip() != NO_RESULTS:
             answered += 1
             hits += facts is not None and facts[i] in out
     return answered / len(questions), (hits / len(questions) if facts is not None else None)
@@ -95,6 +97,8 @@ def main() -> None:
     print(body)
     if not args.no_doc:
         write_section("floor-scripts", "python -m bench.floor_scripts_bench", body)
+    if not args.workdir:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
