@@ -101,6 +101,15 @@ def _base_view(vf: VectorFile, dim: int) -> ReaderView:
                       harnesses={name: i for i, name in enumerate(vf.harnesses)})
 
 
+def _locate(sorted_ids: np.ndarray, wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where each of `wanted` would sit in the ascending `sorted_ids` (clamped to a valid index),
+    and whether it is there."""
+    if not len(sorted_ids):
+        return np.zeros(len(wanted), np.intp), np.zeros(len(wanted), bool)
+    pos = np.minimum(np.searchsorted(sorted_ids, wanted), len(sorted_ids) - 1)
+    return pos, sorted_ids[pos] == wanted
+
+
 def _snapshot_sessions(vf: VectorFile, store: MemoryStore) -> tuple[np.ndarray, dict[str, int]]:
     """The snapshot rows' session codes (0: deleted since) and the code of each session, read
     from SQLite's (session_id, seq) index (the file does not hold sessions): ~55-75 ms of CPU for
@@ -109,10 +118,8 @@ def _snapshot_sessions(vf: VectorFile, store: MemoryStore) -> tuple[np.ndarray, 
     names: dict[str, int] = {}
     codes = np.fromiter((names.setdefault(s, len(names) + 1) for s in session_ids), np.int32, len(session_ids))
     session = np.zeros(vf.n, np.int32)
-    if vf.n and len(row_ids):
-        pos = np.minimum(np.searchsorted(vf.ids, row_ids), vf.n - 1)
-        found = vf.ids[pos] == row_ids
-        session[pos[found]] = codes[found]
+    pos, found = _locate(vf.ids, row_ids)
+    session[pos[found]] = codes[found]
     return session, names
 
 
@@ -222,9 +229,8 @@ class MemoryReader:
         ids, n = mask.view.ids, mask.view.n
         if not row_ids or not n:
             return [False] * len(row_ids)
-        wanted = np.asarray(row_ids, np.int64)
-        pos = np.minimum(np.searchsorted(ids, wanted), n - 1)
-        return ((ids[pos] == wanted) & mask.bits[pos]).tolist()
+        pos, found = _locate(ids, np.asarray(row_ids, np.int64))
+        return (found & mask.bits[pos]).tolist()
 
     def bm25(self, query, depth: int, limit: int, mask: Mask) -> list[tuple[int, float]]:
         """The best `limit` of the store's top `depth` BM25 hits that `mask` lets through, in order."""
@@ -290,9 +296,8 @@ class MemoryReader:
         view = mask.view
         if not row_ids or not view.n:
             return np.zeros(len(row_ids), np.int32)
-        wanted = np.asarray(row_ids, np.int64)
-        pos = np.minimum(np.searchsorted(view.ids, wanted), view.n - 1)
-        return np.where(view.ids[pos] == wanted, self.session_codes(view)[pos], 0).astype(np.int32)
+        pos, found = _locate(view.ids, np.asarray(row_ids, np.int64))
+        return np.where(found, self.session_codes(view)[pos], 0).astype(np.int32)
 
     def epoch_of(self, row_id: int) -> float | None:
         view = self._view
@@ -308,11 +313,8 @@ def _advance(view: ReaderView, generation: int, dead: list[int], ids: np.ndarray
     """A new view: `dead` rows masked out, rows `ids` appended (copy-on-write)."""
     alive = view.alive
     if dead:
-        dead_ids = np.asarray(dead, np.int64)
-        positions = np.searchsorted(view.ids, dead_ids)
-        inside = positions < view.n
-        positions, dead_ids = positions[inside], dead_ids[inside]
-        positions = positions[view.ids[positions] == dead_ids]
+        positions, found = _locate(view.ids, np.asarray(dead, np.int64))
+        positions = positions[found]
         if len(positions):
             alive = alive.copy()
             alive[positions] = False
