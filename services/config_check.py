@@ -47,12 +47,18 @@ def load_settings(cls: type[S]) -> S:
 
 
 def _error_line(cls: type[BaseSettings], err: dict) -> str:
-    name = str(err["loc"][0]) if err.get("loc") else "?"
+    msg = err["msg"].removeprefix("Value error, ")  # a validator's own message is already the reason
+    if not err.get("loc"):
+        # A rule across several variables: its message names them. Its input is every setting
+        # read (secrets included), so it is never shown.
+        return msg
+    name = str(err["loc"][0])
     field = cls.model_fields.get(name)
     secret = field is not None and _is_secret(field)
     shown = "(hidden)" if secret else repr(err.get("input"))
-    msg = err["msg"].removeprefix("Value error, ")  # a validator's own message is already the reason
-    allowed = msg[0].lower() + msg[1:]
+    # pydantic's own messages start with a capital ("Input should be…"); a validator's may
+    # start with a variable's name, which keeps its case.
+    allowed = msg if msg.startswith(PREFIX) else msg[0].lower() + msg[1:]
     about = f" ({field.description.rstrip('.')})" if field is not None and field.description else ""
     return f"{variable(name)}={shown} is not allowed: {allowed}{about}"
 
