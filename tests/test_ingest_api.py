@@ -105,6 +105,24 @@ def test_limits_are_413_naming_what_is_too_large(ingest, r):
     assert r.xlen("recall:turns") == 0
 
 
+def test_a_full_redis_is_503_naming_redis_not_500(ingest, r):
+    """Deployed Redis runs with maxmemory and noeviction: at the limit it refuses XADD with an
+    OOM error, which ingest answered with a bare 500."""
+    before = r.config_get("maxmemory-policy")["maxmemory-policy"], r.config_get("maxmemory")["maxmemory"]
+    r.config_set("maxmemory-policy", "noeviction")
+    r.config_set("maxmemory", "1")
+    try:
+        resp = post(ingest, conversation_payload("alice", "c", ["hi"]))
+    finally:
+        r.config_set("maxmemory", before[1])
+        r.config_set("maxmemory-policy", before[0])
+    assert resp.status_code == 503, resp.text
+    [problem] = resp.json()["fields"]
+    assert problem["field"] == "redis" and "full" in problem["message"], problem
+    assert r.xlen("recall:turns") == 0
+    assert post(ingest, conversation_payload("alice", "c", ["hi"])).status_code == 202, "accepted again once there is room"
+
+
 def test_a_rejected_request_loses_nothing_already_stored(ingest, r):
     assert post(ingest, conversation_payload("alice", "keep", ["first"])).status_code == 202
     bad = conversation_payload("alice", "keep", ["first", "second"])
