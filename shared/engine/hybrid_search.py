@@ -13,6 +13,8 @@ import math
 import re
 import time
 from dataclasses import dataclass, field
+from functools import cache, reduce
+from operator import or_
 
 import numpy as np
 
@@ -22,7 +24,7 @@ from shared.engine.memory_reader import Mask, MemoryReader
 from shared.engine.relevance_floor import floor_for
 from shared.engine.reranker import Reranker
 from shared.engine.store import Row
-from shared.engine.text_analysis import (ANALYZER, STEMMED_ANALYZERS, indexed_stems, phrase, query_clauses,
+from shared.engine.text_analysis import (ANALYZER, STEMMED_ANALYZERS, held_stems, phrase, query_clauses,
                                         query_terms)
 
 RRF_K = 60  # only the benchmarks' plain-RRF baseline uses it
@@ -230,6 +232,7 @@ class QueryClauses:
     clauses: list[tuple[str, ...]]
     idf: list[float]
     total: float  # sum of idf
+    stems: frozenset[str]  # every stem of every clause
 
     @classmethod
     def of(cls, reader: MemoryReader, query: str) -> "QueryClauses":
@@ -239,15 +242,16 @@ class QueryClauses:
         df = dict(zip(terms, freqs))
         # A clause no turn holds weighs nothing: it cannot tell one conversation from another.
         idf = [math.log(1 + (n - m + 0.5) / (m + 0.5)) if m else 0.0 for m in (min(df[t] for t in c) for c in clauses)]
-        return cls(clauses, idf, sum(idf))
+        return cls(clauses, idf, sum(idf), frozenset(terms))
 
-    def covered(self, text: str, ts: str) -> frozenset[int]:
-        """Which clauses a turn holds, as BM25 sees it (its stems and its date in words)."""
-        stems = indexed_stems(text, ts)
-        return frozenset(i for i, c in enumerate(self.clauses) if stems.issuperset(c))
+    def covered(self, text: str, ts: str) -> int:
+        """Which clauses a turn holds, as BM25 sees it (its stems and its date in words): bit i
+        set for clause i, so a conversation's clauses are its turns' OR."""
+        held = held_stems(text, ts, self.stems)
+        return sum(1 << i for i, c in enumerate(self.clauses) if held.issuperset(c)) if held else 0
 
-    def share(self, covered: frozenset[int]) -> float:
-        return sum(self.idf[i] for i in covered) / self.total if self.total > 0 else 0.0
+    def share(self, covered: int) -> float:
+        return sum(w for i, w in enumerate(self.idf) if covered >> i & 1) / self.total if self.total > 0 else 0.0
 
 
 @dataclass
@@ -261,24 +265,21 @@ class ConversationEvidence:
 
 
 def conversation_candidates(reader: MemoryReader, deep: list[tuple[int, float]], mask: Mask) -> ConversationEvidence:
-    codes = reader.sessions_of([rid for rid, _ in deep], mask)
-    # Hits come best first; a stable sort by conversation keeps each one's turns best first.
-    by_code = np.argsort(codes, kind="stable")
-    sorted_codes = codes[by_code]
-    first = np.searchsorted(sorted_codes, sorted_codes)  # where each hit's conversation starts
-    keep = by_code[(np.arange(len(by_code)) - first < CONVERSATION_TURNS) & (sorted_codes > 0)]
-    keep.sort()
-    scores = np.fromiter((score for _, score in deep), np.float64, len(deep))
-    totals = np.bincount(codes[keep], weights=scores[keep])
-    seen_at = np.full(len(totals), len(deep))  # ties: the conversation whose best turn ranks higher first
-    np.minimum.at(seen_at, codes[keep], keep)
-    order = [int(c) for c in np.lexsort((seen_at, -totals))[:CONVERSATION_SESSIONS] if totals[c] > 0]
-    turns: dict[int, list[int]] = {code: [] for code in order}
-    for i in keep.tolist():
-        code = int(codes[i])
-        if code in turns:
-            turns[code].append(deep[i][0])
-    return ConversationEvidence(turns, order)
+    codes = reader.sessions_of([rid for rid, _ in deep], mask).tolist()
+    # Hits come best first, so each conversation's turns are listed best first, and conversations
+    # in the order their best turn ranks (dicts keep insertion order; the sort below is stable).
+    turns: dict[int, list[int]] = {}
+    totals: dict[int, float] = {}
+    for (rid, score), code in zip(deep, codes):
+        if code <= 0:
+            continue
+        judged = turns.setdefault(code, [])
+        if len(judged) < CONVERSATION_TURNS:
+            judged.append(rid)
+            totals[code] = totals.get(code, 0.0) + score
+    order = [code for code in sorted(totals, key=totals.__getitem__, reverse=True)[:CONVERSATION_SESSIONS]
+             if totals[code] > 0]
+    return ConversationEvidence({code: turns[code] for code in order}, order)
 
 
 def recall(
@@ -404,12 +405,11 @@ def _conversation_lift(reader: MemoryReader, query: str, rows: dict[int, Row], e
     the best turn of the CONVERSATION_POOL conversations holding the most."""
     clauses = QueryClauses.of(reader, query)
     covered = {rid: clauses.covered(r.text, r.ts) for rid, r in rows.items()}
-    held = {code: frozenset().union(*(covered[rid] for rid in turns if rid in covered))
-            for code, turns in evidence.turns.items()}
+    held = {code: reduce(or_, (covered.get(rid, 0) for rid in turns), 0) for code, turns in evidence.turns.items()}
     codes = reader.sessions_of(list(rows), mask).tolist()
-    lift = {rid: CONVERSATION_WEIGHT * clauses.share(covered[rid] | held.get(code, frozenset()))
-            for rid, code in zip(rows, codes)}
-    ranked = sorted(evidence.order, key=lambda code: clauses.share(held[code]), reverse=True)  # stable: BM25 order on ties
+    share = cache(clauses.share)  # few distinct sets of clauses per query, ~70 rows
+    lift = {rid: CONVERSATION_WEIGHT * share(covered[rid] | held.get(code, 0)) for rid, code in zip(rows, codes)}
+    ranked = sorted(evidence.order, key=lambda code: share(held[code]), reverse=True)  # stable: BM25 order on ties
     best = [evidence.turns[code][0] for code in ranked[:CONVERSATION_POOL] if evidence.turns[code][0] in rows]
     return lift, best
 
