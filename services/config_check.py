@@ -9,6 +9,7 @@ so the documented variables and defaults cannot drift from what is read.
 from __future__ import annotations
 
 import os
+import shutil
 import textwrap
 from pathlib import Path
 from typing import TypeVar
@@ -79,6 +80,14 @@ def check_writable_dir(path: Path, var: str = "RECALL_DATA_DIR") -> Path:
         raise ConfigProblem(f"{var}={str(path)!r} is not allowed: {absolute} is not writable ({exc.strerror}); "
                             "choose a directory this user can write") from None
     return absolute
+
+
+def engine_problems(engine: str, funes_bin: str) -> list[str]:
+    """RECALL_ENGINE=funes runs RECALL_FUNES_BIN for every index job and search: it must exist."""
+    if engine == "funes" and shutil.which(funes_bin) is None:
+        return [f"RECALL_FUNES_BIN={funes_bin!r} is not allowed: no executable of that name or path "
+                "(RECALL_ENGINE=funes runs it); install it, or set RECALL_ENGINE=embedded"]
+    return []
 
 
 def auth_problems(jwt_secret: str, jwks_url: str | None) -> list[str]:

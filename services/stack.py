@@ -25,7 +25,14 @@ from pydantic import Field
 
 from services.banner import TOKEN_TTL_S, banner
 from services.cli_problem import ConfigProblem, Problem
-from services.config_check import ENGINE_VARIABLES, auth_problems, check_writable_dir, load_settings, variables_help
+from services.config_check import (
+    ENGINE_VARIABLES,
+    auth_problems,
+    check_writable_dir,
+    engine_problems,
+    load_settings,
+    variables_help,
+)
 from services.dev_secrets import export_defaults
 from services.indexer.settings import IndexerSettings
 from services.ingest.settings import IngestSettings
@@ -70,7 +77,7 @@ def check_config() -> tuple[StackSettings, Path]:
               ("RECALL_RECALL_PORT", s.recall_host, s.recall_port)]
     if not s.redis_url and s.embedded_redis_port is not None:
         wanted.append(("RECALL_EMBEDDED_REDIS_PORT", "127.0.0.1", s.embedded_redis_port))
-    problems = port_problems(wanted) + (redis_url_problems(s.redis_url) if s.redis_url else [])
+    problems = port_problems(wanted) + engine_problems(s.engine, s.funes_bin) + (redis_url_problems(s.redis_url) if s.redis_url else [])
     if problems:
         raise ConfigProblem(*problems)
     export_defaults(data_dir, create=True)

@@ -92,6 +92,31 @@ def test_an_unknown_database_or_jwks_url_is_refused_before_anything_starts(tmp_p
     assert not (tmp_path / "data" / "redis").exists()
 
 
+@pytest.mark.parametrize("env, named", [
+    ({"RECALL_LOG_LEVEL": "LOUD"}, "RECALL_LOG_LEVEL='LOUD' is not allowed: must be one of DEBUG, INFO"),
+    ({"RECALL_STREAM": ""}, "RECALL_STREAM='' is not allowed"),
+    ({"RECALL_ENGINE": "funes", "RECALL_FUNES_BIN": "/nonexistent/funes"},
+     "RECALL_FUNES_BIN='/nonexistent/funes' is not allowed: no executable"),
+    ({"RECALL_INGEST_HOST": "999.1.1.1"}, "RECALL_INGEST_HOST='999.1.1.1' is not allowed: cannot listen on 999.1.1.1:"),
+])
+def test_settings_a_child_would_die_or_hang_on_are_one_line_before_anything_starts(tmp_path, env, named):
+    """Each used to pass the check: the children then died with `KeyError: 'level loud'`, the
+    stack waited two minutes for a funes that does not exist, or a bad address was 'in use'."""
+    started = time.monotonic()
+    result = recall("up", cwd=tmp_path, timeout=60, **env, **free_ports())
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert named in one_line(result), one_line(result)
+    assert "already in use" not in one_line(result)
+    assert not (tmp_path / "data" / "redis").exists() and time.monotonic() - started < 30
+
+
+def test_service_commands_refuse_a_missing_funes_binary_too(tmp_path):
+    for command, port in (("indexer", "RECALL_INDEXER_PORT"), ("serve", "RECALL_RECALL_PORT")):
+        result = recall(command, cwd=tmp_path, RECALL_ENGINE="funes", RECALL_FUNES_BIN="no-such-funes-here",
+                        RECALL_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0", RECALL_JWT_SECRET=JWT, **{port: str(free_port())})
+        assert result.returncode == 2 and "RECALL_FUNES_BIN='no-such-funes-here'" in one_line(result), result.stderr
+
+
 def test_a_service_that_dies_at_start_stops_recall_up_with_its_reason(tmp_path):
     """A child that exits before it listens (here: its artifacts database cannot be created)
     used to leave `recall up` waiting for it for ever."""
