@@ -141,7 +141,8 @@ def run_stack() -> int:
             env["RECALL_REDIS_URL"] = redis_server.url
         info = StackInfo(pid=os.getpid(), data_dir=str(data_dir), redis_url=env["RECALL_REDIS_URL"],
                          embedded_redis=redis_server is not None, ingest_url=local_url(s.ingest_host, s.ingest_port),
-                         indexer_url=local_url(s.indexer_host, s.indexer_port), recall_url=local_url(s.recall_host, s.recall_port))
+                         indexer_url=local_url(s.indexer_host, s.indexer_port), recall_url=local_url(s.recall_host, s.recall_port),
+                         dev_tokens=not s.jwks_url)
         for name in ("indexer", "ingest", "serve"):
             children.append((name, _start_child(name, env)))
         deadline = time.monotonic() + READY_TIMEOUT_S
@@ -218,10 +219,10 @@ def _start_child(command: str, env: dict[str, str]) -> subprocess.Popen:
                             process_group=0, preexec_fn=die_with_parent)
 
 
-def _dev_token(s: RecallSettings) -> str:
+def _dev_token(s: RecallSettings) -> str | None:
     from services.recall.tokens import mint_dev_token
 
-    return mint_dev_token(s, "demo-user", ttl_s=TOKEN_TTL_S)
+    return None if s.jwks_url else mint_dev_token(s, "demo-user", ttl_s=TOKEN_TTL_S)
 
 
 def settings_groups() -> list[tuple[str, type]]:

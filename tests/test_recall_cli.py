@@ -330,3 +330,28 @@ def test_a_killed_embedded_redis_is_started_again_and_the_stack_carries_on(tmp_p
     os.killpg(up.pid, signal.SIGINT)
     assert up.wait(90) == 0 and "recall up: stopped" in output()
     assert not psutil.pid_exists(again.pid) or psutil.Process(again.pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_stack_that_verifies_jwks_tokens_prints_no_dev_token_that_it_would_refuse(tmp_path):
+    """With RECALL_JWKS_URL the recall service verifies RS256 only: the banner's HS256 dev token
+    was refused (401) and `recall demo` failed with 'MCPError: Server returned an error response'."""
+    ports = free_ports()
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("RECALL_")}
+    jwks = {"RECALL_JWKS_URL": f"https://127.0.0.1:{free_port()}/jwks.json"}
+    log_path = tmp_path / "up.log"
+    with open(log_path, "wb") as log:
+        up = subprocess.Popen([str(BIN / "recall"), "up"], cwd=tmp_path, env={**clean, **ports, **jwks}, stdout=log,
+                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    output = lambda: log_path.read_text(errors="replace")  # noqa: E731
+    try:
+        assert wait_until(lambda: "Ctrl-C stops everything." in output() or up.poll() is not None, 240, 0.2), output()
+        banner = output()[output().index("recall is up"):]
+        assert "dev token for" not in banner and "eyJ" not in banner and "RS256 from your issuer" in banner, banner
+        for env in ({}, jwks):  # from another terminal, with or without the variable
+            demo = recall("demo", cwd=tmp_path, **env)
+            assert demo.returncode == 1 and "RECALL_JWKS_URL" in one_line(demo), demo.stdout + demo.stderr
+        status = recall("status", cwd=tmp_path)
+        assert "eyJ" not in status.stdout and "RS256 from your issuer" in status.stdout, status.stdout
+    finally:
+        os.killpg(up.pid, signal.SIGINT)
+        up.wait(90)
