@@ -33,20 +33,22 @@ def _with_data_dir(command: str, data_dir: Path) -> str:
     return command if found_from_here else f"RECALL_DATA_DIR={shlex.quote(str(data_dir))} {command}"
 
 
-def banner(info: StackInfo, ingest_key: str, token: str) -> str:
+def banner(info: StackInfo, ingest_key: str, token: str | None) -> str:
+    """`token` is None when the stack verifies RS256 tokens from RECALL_JWKS_URL (no dev token works)."""
     data_dir = Path(info.data_dir)
     recall = recall_command(data_dir)
     redis = f"{info.redis_url} (embedded, AOF in {data_dir / 'redis'})" if info.embedded_redis else info.redis_url
+    tokens = (f"dev token for demo-user (7 days):\n  {token}" if token else
+              "tokens: RS256 from your issuer (RECALL_JWKS_URL is set; dev tokens and `recall demo` need it unset)")
+    demo = f"\n  {recall} demo          # posts example conversations and shows what recall answers" if token else ""
     return f"""recall is up (data in {data_dir})
   redis        {redis}
   ingest API   {info.ingest_url}/turns        (header x-ingest-key: {ingest_key})
   MCP          {info.recall_url}/mcp   (tool recall_my_conversations; header Authorization: Bearer <token>)
   metrics      {info.ingest_url}/metrics  {info.indexer_url}/metrics  {info.recall_url}/metrics
 
-dev token for demo-user (7 days):
-  {token}
+{tokens}
 
 try:
-  curl -s -X POST {info.ingest_url}/turns -H 'content-type: application/json' -H 'x-ingest-key: {ingest_key}' -d '{HELLO}'
-  {recall} demo          # posts example conversations and shows what recall answers
+  curl -s -X POST {info.ingest_url}/turns -H 'content-type: application/json' -H 'x-ingest-key: {ingest_key}' -d '{HELLO}'{demo}
   {recall} status        # this summary again, with the health of each service and the stream backlog"""

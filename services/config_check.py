@@ -9,6 +9,7 @@ so the documented variables and defaults cannot drift from what is read.
 from __future__ import annotations
 
 import os
+import shutil
 import textwrap
 from pathlib import Path
 from typing import TypeVar
@@ -47,12 +48,18 @@ def load_settings(cls: type[S]) -> S:
 
 
 def _error_line(cls: type[BaseSettings], err: dict) -> str:
-    name = str(err["loc"][0]) if err.get("loc") else "?"
+    msg = err["msg"].removeprefix("Value error, ")  # a validator's own message is already the reason
+    if not err.get("loc"):
+        # A rule across several variables: its message names them. Its input is every setting
+        # read (secrets included), so it is never shown.
+        return msg
+    name = str(err["loc"][0])
     field = cls.model_fields.get(name)
     secret = field is not None and _is_secret(field)
     shown = "(hidden)" if secret else repr(err.get("input"))
-    msg = err["msg"].removeprefix("Value error, ")  # a validator's own message is already the reason
-    allowed = msg[0].lower() + msg[1:]
+    # pydantic's own messages start with a capital ("Input should be…"); a validator's may
+    # start with a variable's name, which keeps its case.
+    allowed = msg if msg.startswith(PREFIX) else msg[0].lower() + msg[1:]
     about = f" ({field.description.rstrip('.')})" if field is not None and field.description else ""
     return f"{variable(name)}={shown} is not allowed: {allowed}{about}"
 
@@ -73,6 +80,14 @@ def check_writable_dir(path: Path, var: str = "RECALL_DATA_DIR") -> Path:
         raise ConfigProblem(f"{var}={str(path)!r} is not allowed: {absolute} is not writable ({exc.strerror}); "
                             "choose a directory this user can write") from None
     return absolute
+
+
+def engine_problems(engine: str, funes_bin: str) -> list[str]:
+    """RECALL_ENGINE=funes runs RECALL_FUNES_BIN for every index job and search: it must exist."""
+    if engine == "funes" and shutil.which(funes_bin) is None:
+        return [f"RECALL_FUNES_BIN={funes_bin!r} is not allowed: no executable of that name or path "
+                "(RECALL_ENGINE=funes runs it); install it, or set RECALL_ENGINE=embedded"]
+    return []
 
 
 def auth_problems(jwt_secret: str, jwks_url: str | None) -> list[str]:

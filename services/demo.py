@@ -47,6 +47,9 @@ def run_demo(user: str) -> int:
     require(data_dir, "demo", "RECALL_INGEST_KEY", "RECALL_JWT_SECRET")
     s = load_settings(StackSettings)
     info = read_info(data_dir)
+    if (info is not None and not info.dev_tokens) or s.jwks_url:
+        raise Problem("recall demo: this stack verifies RS256 tokens from RECALL_JWKS_URL, and demo can only mint HS256 "
+                      "dev tokens; unset RECALL_JWKS_URL for a dev stack")
     ingest = info.ingest_url if info else local_url(s.ingest_host, s.ingest_port)
     recall = info.recall_url if info else local_url(s.recall_host, s.recall_port)
     for url, var in ((ingest, "RECALL_INGEST_PORT"), (recall, "RECALL_RECALL_PORT")):

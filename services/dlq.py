@@ -12,7 +12,8 @@ itself, at its ORIGINAL entry id, through the indexer's own code paths:
   files, index rows, older stream entries, receipt).
 
 Run it where the indexers run (same DATA_DIR and Redis credentials), e.g.
-`kubectl exec deploy/recall-indexer -- recall dlq list`. Output names entries, kinds, tenant
+`kubectl exec deploy/recall-indexer -- recall dlq list`; beside `make run` (RECALL_REDIS_URL
+unset) it uses that stack's embedded Redis. Output names entries, kinds, tenant
 hashes and reasons, never message text.
 """
 
@@ -22,6 +23,7 @@ import argparse
 import asyncio
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from shared.stream_schema import ForgetEvent, StreamEvent, dead_letter_stream, decode_fields, parse_event
@@ -154,6 +156,17 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
 
 
 def main(args: argparse.Namespace) -> int:
+    from services.cli_problem import Problem
+    from services.config_check import load_settings
     from services.indexer.settings import IndexerSettings
+    from services.stack_state import read_info
 
-    return asyncio.run(_run(args, IndexerSettings()))
+    settings = load_settings(IndexerSettings)
+    if not settings.redis_url:
+        # Beside `make run` (what `recall status` reports dead letters of): that stack's own Redis.
+        stack = read_info(settings.data_dir.resolve())
+        if stack is None:
+            raise Problem(f"recall dlq: RECALL_REDIS_URL is not set and no recall up is running for "
+                          f"{settings.data_dir.resolve()}; set RECALL_REDIS_URL (and RECALL_DATA_DIR) to the indexers' own")
+        settings = settings.model_copy(update={"redis_url": stack.redis_url, "data_dir": Path(stack.data_dir)})
+    return asyncio.run(_run(args, settings))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from services.cli_problem import ConfigProblem
-from services.config_check import ENGINE_VARIABLES, auth_problems, load_settings, variables_help
+from services.config_check import ENGINE_VARIABLES, auth_problems, engine_problems, load_settings, variables_help
 from services.indexer.settings import IndexerSettings
 from services.ingest.settings import IngestSettings
 from services.recall.settings import RecallSettings
@@ -52,6 +52,9 @@ def _indexer(args: argparse.Namespace) -> int:
     from shared.logging_setup import configure_logging
 
     s = load_settings(IndexerSettings)
+    problems = engine_problems(s.engine, s.funes_bin)
+    if problems:
+        raise ConfigProblem(*problems)
     configure_logging(s.log_level)
     asyncio.run(run_worker(s))
     return 0
@@ -60,7 +63,7 @@ def _indexer(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from services.recall.server import serve
     s = load_settings(RecallSettings)
-    problems = auth_problems(s.jwt_secret.get_secret_value(), s.jwks_url)
+    problems = engine_problems(s.engine, s.funes_bin) + auth_problems(s.jwt_secret.get_secret_value(), s.jwks_url)
     if problems:
         raise ConfigProblem(*problems)
     serve()

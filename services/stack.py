@@ -5,7 +5,9 @@ nothing is started); then starts an embedded redis-server (AOF in DATA_DIR/redis
 port unless RECALL_EMBEDDED_REDIS_PORT is set, verified to be our own) unless RECALL_REDIS_URL
 is set, and the ingest API, one indexer and the recall MCP service as child processes sharing
 every RECALL_* setting. When all of them are ready it prints the URLs, a dev token and a ready
-curl line, last; it stops everything on Ctrl-C or SIGTERM, and stops everything if any part dies.
+curl line, last; it stops everything on Ctrl-C or SIGTERM, and stops everything if any part dies,
+except the embedded Redis, which is started again (on its port and AOF) unless it dies again
+within REDIS_RESTART_WINDOW_S of being started again.
 """
 
 from __future__ import annotations
@@ -17,12 +19,20 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import Field
 
 from services.banner import TOKEN_TTL_S, banner
 from services.cli_problem import ConfigProblem, Problem
-from services.config_check import ENGINE_VARIABLES, auth_problems, check_writable_dir, load_settings, variables_help
+from services.config_check import (
+    ENGINE_VARIABLES,
+    auth_problems,
+    check_writable_dir,
+    engine_problems,
+    load_settings,
+    variables_help,
+)
 from services.dev_secrets import export_defaults
 from services.indexer.settings import IndexerSettings
 from services.ingest.settings import IngestSettings
@@ -32,8 +42,12 @@ from services.stack_state import DataDirLock, StackInfo, remove_info, write_info
 from shared.child_process import die_with_parent, ready, stop
 from shared.settings_base import CommonSettings
 
+if TYPE_CHECKING:
+    from shared.redis_server import EmbeddedRedis
+
 BIN = Path(sys.executable).parent
 READY_TIMEOUT_S = 120.0
+REDIS_RESTART_WINDOW_S = 30.0  # a Redis that dies again this soon is failing, not killed once
 
 
 class StackSettings(IngestSettings, IndexerSettings, RecallSettings):
@@ -63,7 +77,7 @@ def check_config() -> tuple[StackSettings, Path]:
               ("RECALL_RECALL_PORT", s.recall_host, s.recall_port)]
     if not s.redis_url and s.embedded_redis_port is not None:
         wanted.append(("RECALL_EMBEDDED_REDIS_PORT", "127.0.0.1", s.embedded_redis_port))
-    problems = port_problems(wanted) + (redis_url_problems(s.redis_url) if s.redis_url else [])
+    problems = port_problems(wanted) + engine_problems(s.engine, s.funes_bin) + (redis_url_problems(s.redis_url) if s.redis_url else [])
     if problems:
         raise ConfigProblem(*problems)
     export_defaults(data_dir, create=True)
@@ -127,15 +141,18 @@ def run_stack() -> int:
             env["RECALL_REDIS_URL"] = redis_server.url
         info = StackInfo(pid=os.getpid(), data_dir=str(data_dir), redis_url=env["RECALL_REDIS_URL"],
                          embedded_redis=redis_server is not None, ingest_url=local_url(s.ingest_host, s.ingest_port),
-                         indexer_url=local_url(s.indexer_host, s.indexer_port), recall_url=local_url(s.recall_host, s.recall_port))
+                         indexer_url=local_url(s.indexer_host, s.indexer_port), recall_url=local_url(s.recall_host, s.recall_port),
+                         dev_tokens=not s.jwks_url)
         for name in ("indexer", "ingest", "serve"):
             children.append((name, _start_child(name, env)))
         deadline = time.monotonic() + READY_TIMEOUT_S
         for (name, proc), url, port in zip(children, (info.indexer_url, info.ingest_url, info.recall_url),
                                            (s.indexer_port, s.ingest_port, s.recall_port)):
             # Ready only when our own child holds the port: a 200 from another program that took
-            # the port after the check must not print "recall is up".
-            while not stopping and not (listens_on(proc, port) and ready(proc, f"{url}/readyz", deadline)):
+            # the port after the check must not print "recall is up". `ready` runs first on every
+            # round: it raises when the child has exited (e.g. at its own settings check) or the
+            # deadline passed, which a child that never listens would otherwise hide for ever.
+            while not stopping and not (ready(proc, f"{url}/readyz", deadline) and listens_on(proc, port)):
                 time.sleep(0.1)
         if not stopping:
             write_info(info)
@@ -145,6 +162,8 @@ def run_stack() -> int:
                 if proc.poll() is not None and not stopping:
                     print(f"recall up: {name} exited with {proc.returncode}; stopping everything", file=sys.stderr)
                     stopping, code = True, 1
+            if redis_server is not None and not stopping and not keep_redis_running(redis_server):
+                stopping, code = True, 1
             time.sleep(0.2)
     except RuntimeError as exc:  # a child died or never became ready
         if not stopping:
@@ -159,6 +178,29 @@ def run_stack() -> int:
         lock.release()
     print("recall up: stopped", flush=True)
     return code
+
+
+def keep_redis_running(server: EmbeddedRedis) -> bool:
+    """A dead embedded Redis is started again on its port and AOF: the services reconnect by
+    themselves (ingest answers 503 meanwhile), and nothing acknowledged is lost beyond AOF's
+    last second. False, after one line saying why, when it cannot be started again."""
+    from shared.redis_server import RedisStartError
+
+    died = server.exit_code()
+    if died is None:
+        return True
+    if server.restarts and time.monotonic() - server.started_at < REDIS_RESTART_WINDOW_S:
+        print(f"recall up: the embedded redis-server exited with {died} again within {REDIS_RESTART_WINDOW_S:.0f} s: "
+              f"{server.last_words()}; stopping everything", file=sys.stderr)
+        return False
+    print(f"recall up: the embedded redis-server exited with {died}; starting it again on port {server.port}",
+          file=sys.stderr, flush=True)
+    try:
+        server.restart()
+    except RedisStartError as exc:
+        print(f"recall up: the embedded redis-server did not start again: {exc}; stopping everything", file=sys.stderr)
+        return False
+    return True
 
 
 def listens_on(proc: subprocess.Popen, port: int) -> bool:
@@ -177,10 +219,10 @@ def _start_child(command: str, env: dict[str, str]) -> subprocess.Popen:
                             process_group=0, preexec_fn=die_with_parent)
 
 
-def _dev_token(s: RecallSettings) -> str:
+def _dev_token(s: RecallSettings) -> str | None:
     from services.recall.tokens import mint_dev_token
 
-    return mint_dev_token(s, "demo-user", ttl_s=TOKEN_TTL_S)
+    return None if s.jwks_url else mint_dev_token(s, "demo-user", ttl_s=TOKEN_TTL_S)
 
 
 def settings_groups() -> list[tuple[str, type]]:

@@ -29,6 +29,9 @@ class StackInfo(BaseModel):
     ingest_url: str
     indexer_url: str
     recall_url: str
+    # False when the stack verifies RS256 tokens from RECALL_JWKS_URL: an HS256 dev token
+    # (banner, `recall demo`) would be refused there.
+    dev_tokens: bool = True
 
 
 class DataDirLock:

@@ -32,7 +32,8 @@ def run_status() -> int:
                       "RECALL_DATA_DIR to the data dir of the one you mean")
     require(data_dir, "status", "RECALL_INGEST_KEY", "RECALL_JWT_SECRET")
     s = load_settings(StackSettings)
-    print(banner(info, s.ingest_key.get_secret_value(), mint_dev_token(s, "demo-user", ttl_s=TOKEN_TTL_S)))
+    token = mint_dev_token(s, "demo-user", ttl_s=TOKEN_TTL_S) if info.dev_tokens else None
+    print(banner(info, s.ingest_key.get_secret_value(), token))
     print("\nhealth:")
     ok = True
     for name, url in (("ingest", info.ingest_url), ("indexer", info.indexer_url), ("recall", info.recall_url)):

@@ -51,6 +51,8 @@ class EmbeddedRedis:
         # last, and Redis dies with the thread that started it if that process is killed outright.
         self.own_session = own_session
         self.proc: subprocess.Popen | None = None
+        self.started_at = 0.0  # time.monotonic() of the last successful start
+        self.restarts = 0
 
     @property
     def url(self) -> str:
@@ -90,6 +92,7 @@ class EmbeddedRedis:
                     continue
                 if server_pid != self.proc.pid:
                     self._fail(f"port {self.port} is answered by another redis-server (pid {server_pid}), not ours")
+                self.started_at = time.monotonic()
                 return
         finally:
             client.close()
@@ -108,6 +111,16 @@ class EmbeddedRedis:
             if lines:
                 return f"{lines[-1]} (from {path})"
         return "redis-server wrote nothing"
+
+    def exit_code(self) -> int | None:
+        """The server's exit status once it has died (reaping it), None while it runs."""
+        return self.proc.poll() if self.proc is not None else None
+
+    def restart(self, timeout: float = 10.0) -> None:
+        """Start a dead server again on the same port and AOF (verified to be ours, as at start)."""
+        self.stop()
+        self.restarts += 1
+        self.start(timeout)
 
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM: Redis fsyncs the AOF before it exits."""

@@ -3,9 +3,10 @@ this one; all read `RECALL_*` environment variables (and an optional `.env`)."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -14,12 +15,21 @@ class CommonSettings(BaseSettings):
 
     data_dir: Path = Field(Path("data"), description="Root of every tenant's files (shared volume in production).")
     redis_url: str | None = Field(None, description="Redis URL; unset under `recall up` starts an embedded redis-server.")
-    stream: str = Field("recall:turns", description="The Redis stream carrying ingest events.")
-    group: str = Field("indexers", description="Consumer group of the indexer workers.")
+    stream: str = Field("recall:turns", min_length=1, description="The Redis stream carrying ingest events.")
+    group: str = Field("indexers", min_length=1, description="Consumer group of the indexer workers.")
     log_level: str = Field("INFO", description="Log level of the JSON logs.")
     debug: bool = Field(False, description="Debug logging (the only mode in which query text may be logged).")
     engine: str = Field("embedded", pattern="^(embedded|funes)$", description="embedded: the project's engine in-process; funes: drive a funes-compatible binary.")
     funes_bin: str = Field("funes", description="The funes-compatible binary used when engine=funes.")
+
+    @field_validator("log_level")
+    @classmethod
+    def _known_level(cls, v: str) -> str:
+        # Each service configures logging only once it runs: an unknown level must stop
+        # `recall up` at its settings check, not kill the children it already started.
+        if not isinstance(logging.getLevelName(v.upper()), int):
+            raise ValueError("must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL")
+        return v
 
     @property
     def redis(self) -> str:

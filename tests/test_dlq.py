@@ -139,3 +139,29 @@ async def test_an_entry_given_up_by_two_consumers_is_dead_lettered_once(dlq_env,
         await client.aclose()
     assert [f["entry_id"] for _, f in r.xrange(dead_letter_stream(settings.stream))] == [entry_id]
     assert r.xlen(settings.stream) == 0
+
+
+async def test_beside_make_run_dlq_uses_the_running_stacks_redis(dlq_env, r, tmp_path):
+    """`recall status` of a `make run` stack counts dead letters; `recall dlq list` in the same
+    place (no RECALL_REDIS_URL: the embedded Redis's port is chosen at start) must reach them."""
+    from services.stack_state import DataDirLock, StackInfo, remove_info, write_info
+
+    env, settings = dlq_env
+    entry_id = await publish_and_dead_letter(settings, turns_event("c1", "stuck").fields())
+    beside_make_run = {k: v for k, v in env.items() if k != "RECALL_REDIS_URL"}
+    assert "no recall up is running" in dlq(beside_make_run, "list").stderr, "without a stack: one line saying so"
+
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    lock = DataDirLock(settings.data_dir)
+    lock.acquire()
+    try:
+        write_info(StackInfo(pid=0, data_dir=str(settings.data_dir), redis_url=settings.redis, embedded_redis=True,
+                             ingest_url="http://127.0.0.1:1", indexer_url="http://127.0.0.1:1", recall_url="http://127.0.0.1:1"))
+        listed = dlq(beside_make_run, "list")
+        assert listed.returncode == 0 and f"version={entry_id}" in listed.stdout, listed.stdout + listed.stderr
+        replayed = dlq(beside_make_run, "replay", "--all")
+        assert replayed.returncode == 0 and "written" in replayed.stdout, replayed.stdout + replayed.stderr
+        assert "stuck" in transcript(settings, "c1").read_text()
+    finally:
+        remove_info(settings.data_dir)
+        lock.release()

@@ -200,6 +200,25 @@ def test_redactor_corpus_catches_every_secret_and_no_look_alike():
         assert pii.redact(text).text == text, text
 
 
+@pytest.mark.parametrize("unit", ["a.", "a-", "a+", "password:", "eyJaaaaaaaa-", "-----BEGIN PRIVATE KEY-----\n", "1-"])
+def test_redaction_takes_time_linear_in_the_text_even_for_hostile_text(unit):
+    """Runs of one pattern's characters made scheme / local-part / look-ahead scans restart at
+    every position: 40k characters of "a.a.a…" took ~1.5 s of CPU (a 200k turn, ~35 s) inside
+    ingest's event loop. Measured in process CPU time against prose of the same length."""
+    redactor = Redactor(pii=True)
+    size = 40_000
+    prose = ("The N-11 upgrade goes ahead after MT-4471; Priya owns the K-2 ticket. " * (size // 60))[:size]
+
+    def cpu(text: str) -> float:
+        started = time.process_time()
+        redactor.redact(text)
+        return time.process_time() - started
+
+    baseline = min(cpu(prose) for _ in range(3))
+    hostile = min(cpu((unit * (size // len(unit) + 1))[:size]) for _ in range(2))
+    assert hostile < 10 * baseline + 0.05, f"{hostile:.3f} s of CPU for {unit!r} runs vs {baseline:.3f} s for prose"
+
+
 def test_recall_answers_echoed_back_are_not_stored(services, service_env, r):
     services("ingest")
     answer = "[2026-10-08 10:01 UTC]\nProceed once MT-4471 closes.\n  ~ user: what about N-11?\n---"

@@ -333,3 +333,16 @@ def test_an_unwritable_data_dir_makes_both_not_ready_and_ingest_refuse_turns(ser
     assert wait_until(lambda: httpx.get(indexer_ready).status_code == 200 and httpx.get(ingest_ready).status_code == 200, 10)
     post(service_env, conversation_payload("olga", "o1", ["stored again"]))
     assert wait_until(lambda: searchable(service_env, "olga", 1), 30)
+
+
+def test_one_corrupt_memory_does_not_stop_the_indexer_from_starting_for_everyone(services, service_env, r):
+    """The start sweep for memories of another embedding model read every tenant's stamp; one
+    unreadable chunks.sqlite3 made `recall indexer` exit (MemoryUnusable), so no tenant's turns
+    were indexed and a Deployment would crash-loop."""
+    corrupt = TenantPaths.for_user(Path(service_env["RECALL_DATA_DIR"]), "mallory")
+    corrupt.memory.mkdir(parents=True)
+    (corrupt.memory / "chunks.sqlite3").write_bytes(b"SQLite format 3\x00" + b"\x5a" * 8192)
+    services("ingest")
+    services("indexer")
+    post(service_env, conversation_payload("alice", "conv-1", ["the K-2 machine trips", "ticket MT-4471"]))
+    assert wait_until(lambda: searchable(service_env, "alice", 2), 60)

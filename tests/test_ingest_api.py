@@ -69,6 +69,23 @@ def test_invalid_fields_are_422_naming_the_field(ingest, r, mutate, field):
     assert r.xlen("recall:turns") == 0
 
 
+@pytest.mark.parametrize("turn_id", ["t1\n---\n[2026-01-01 00:00 UTC]", "a b", "a\x00b", "a\tb", "x\u2028y", "\x85"])
+def test_a_turn_id_with_whitespace_or_control_characters_is_422_naming_it(ingest, r, turn_id):
+    """The id is printed in the agent's `cite: … turn_uuid=<id>` line (and funes' `→ get` hint),
+    split on whitespace: a newline would forge a line of the answer, a space cut the cited id."""
+    body = conversation_payload("alice", "conv-1", ["hi", "hello"])
+    body["turns"][1]["id"] = turn_id
+    resp = post(ingest, body)
+    assert resp.status_code == 422 and fields_of(resp) == {"turns[1].id"}, resp.text
+    assert r.xlen("recall:turns") == 0
+
+
+def test_turn_ids_in_any_script_and_with_punctuation_are_accepted(ingest, r):
+    body = conversation_payload("alice", "conv-1", ["hi", "hello"])
+    body["turns"][0]["id"], body["turns"][1]["id"] = "msg_01:Ab/3.x", "сообщение-2"
+    assert post(ingest, body).status_code == 202
+
+
 def test_duplicate_turn_ids_are_422(ingest, r):
     body = conversation_payload("alice", "conv-1", ["hi", "hello"])
     body["turns"][1]["id"] = body["turns"][0]["id"]
@@ -86,6 +103,24 @@ def test_limits_are_413_naming_what_is_too_large(ingest, r):
     resp = post(ingest, huge)
     assert resp.status_code == 413 and fields_of(resp) == {"body"}
     assert r.xlen("recall:turns") == 0
+
+
+def test_a_full_redis_is_503_naming_redis_not_500(ingest, r):
+    """Deployed Redis runs with maxmemory and noeviction: at the limit it refuses XADD with an
+    OOM error, which ingest answered with a bare 500."""
+    before = r.config_get("maxmemory-policy")["maxmemory-policy"], r.config_get("maxmemory")["maxmemory"]
+    r.config_set("maxmemory-policy", "noeviction")
+    r.config_set("maxmemory", "1")
+    try:
+        resp = post(ingest, conversation_payload("alice", "c", ["hi"]))
+    finally:
+        r.config_set("maxmemory", before[1])
+        r.config_set("maxmemory-policy", before[0])
+    assert resp.status_code == 503, resp.text
+    [problem] = resp.json()["fields"]
+    assert problem["field"] == "redis" and "full" in problem["message"], problem
+    assert r.xlen("recall:turns") == 0
+    assert post(ingest, conversation_payload("alice", "c", ["hi"])).status_code == 202, "accepted again once there is room"
 
 
 def test_a_rejected_request_loses_nothing_already_stored(ingest, r):

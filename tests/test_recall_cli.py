@@ -7,6 +7,7 @@ import json
 import os
 import re
 import secrets
+import signal
 import socket
 import subprocess
 import sys
@@ -19,7 +20,8 @@ from services.config_check import ENGINE_VARIABLES
 from services.stack import StackSettings
 from shared.engine.embedder import EmbedderSettings
 from shared.redis_server import EmbeddedRedis, RedisStartError
-from tests.conftest import BIN, REPO, free_port
+from shared.tenant_paths import user_hash
+from tests.conftest import BIN, REPO, free_port, wait_until
 
 JWT = secrets.token_urlsafe(32)
 INGEST_KEY = secrets.token_urlsafe(24)
@@ -61,6 +63,70 @@ def test_several_mistakes_are_all_reported_at_once(tmp_path):
 def test_the_embedding_model_settings_are_checked_too(tmp_path):
     result = recall("up", cwd=tmp_path, RECALL_EMBEDDER="bert", **free_ports())
     assert result.returncode == 2 and "RECALL_EMBEDDER='bert'" in one_line(result) and "'e5' or 'minilm'" in one_line(result)
+
+
+def test_a_rule_across_variables_is_one_line_that_shows_no_setting_value(tmp_path):
+    """A model-level rule's input is every setting read: printing it printed the secrets."""
+    result = recall("up", cwd=tmp_path, RECALL_REPLICAS="3", RECALL_JWT_SECRET=JWT, RECALL_INGEST_KEY=INGEST_KEY, **free_ports())
+    assert result.returncode == 2
+    line = one_line(result)
+    assert line.startswith("recall up: RECALL_REPLICAS=3 needs RECALL_ARTIFACTS_DB_URL=postgresql://"), line
+    assert JWT not in line and INGEST_KEY not in line and "RECALL_?" not in line and "{" not in line, line
+
+
+def test_a_validators_message_keeps_the_variable_name_it_starts_with(tmp_path):
+    result = recall("up", cwd=tmp_path, RECALL_JWT_SECRET="too-short", **free_ports())
+    line = one_line(result)
+    assert "not allowed: RECALL_JWT_SECRET must be at least 32 characters" in line, line
+
+
+@pytest.mark.parametrize("variable, value, named", [
+    ("RECALL_ARTIFACTS_DB_URL", "mysql://db/recall", "sqlite:///<path> or postgresql://"),
+    ("RECALL_JWKS_URL", "issuer.example/jwks.json", "https:// URL"),
+])
+def test_an_unknown_database_or_jwks_url_is_refused_before_anything_starts(tmp_path, variable, value, named):
+    result = recall("up", cwd=tmp_path, **{variable: value}, **free_ports())
+    assert result.returncode == 2
+    line = one_line(result)
+    assert f"{variable}='{value}' is not allowed" in line and named in line, line
+    assert not (tmp_path / "data" / "redis").exists()
+
+
+@pytest.mark.parametrize("env, named", [
+    ({"RECALL_LOG_LEVEL": "LOUD"}, "RECALL_LOG_LEVEL='LOUD' is not allowed: must be one of DEBUG, INFO"),
+    ({"RECALL_STREAM": ""}, "RECALL_STREAM='' is not allowed"),
+    ({"RECALL_ENGINE": "funes", "RECALL_FUNES_BIN": "/nonexistent/funes"},
+     "RECALL_FUNES_BIN='/nonexistent/funes' is not allowed: no executable"),
+    ({"RECALL_INGEST_HOST": "999.1.1.1"}, "RECALL_INGEST_HOST='999.1.1.1' is not allowed: cannot listen on 999.1.1.1:"),
+])
+def test_settings_a_child_would_die_or_hang_on_are_one_line_before_anything_starts(tmp_path, env, named):
+    """Each used to pass the check: the children then died with `KeyError: 'level loud'`, the
+    stack waited two minutes for a funes that does not exist, or a bad address was 'in use'."""
+    started = time.monotonic()
+    result = recall("up", cwd=tmp_path, timeout=60, **env, **free_ports())
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert named in one_line(result), one_line(result)
+    assert "already in use" not in one_line(result)
+    assert not (tmp_path / "data" / "redis").exists() and time.monotonic() - started < 30
+
+
+def test_service_commands_refuse_a_missing_funes_binary_too(tmp_path):
+    for command, port in (("indexer", "RECALL_INDEXER_PORT"), ("serve", "RECALL_RECALL_PORT")):
+        result = recall(command, cwd=tmp_path, RECALL_ENGINE="funes", RECALL_FUNES_BIN="no-such-funes-here",
+                        RECALL_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0", RECALL_JWT_SECRET=JWT, **{port: str(free_port())})
+        assert result.returncode == 2 and "RECALL_FUNES_BIN='no-such-funes-here'" in one_line(result), result.stderr
+
+
+def test_a_service_that_dies_at_start_stops_recall_up_with_its_reason(tmp_path):
+    """A child that exits before it listens (here: its artifacts database cannot be created)
+    used to leave `recall up` waiting for it for ever."""
+    (tmp_path / "a-file").write_text("")
+    started = time.monotonic()
+    result = recall("up", cwd=tmp_path, timeout=90, RECALL_ARTIFACTS_DB_URL=f"sqlite:///{tmp_path / 'a-file' / 'x.sqlite3'}",
+                    **free_ports())
+    assert result.returncode == 1 and time.monotonic() - started < 60, result.stderr[-2000:]
+    assert re.search(r"recall up: .*serve.* exited with 1; stopping everything", result.stderr), result.stderr[-2000:]
+    assert "recall up: stopped" in result.stdout
 
 
 def test_debug_shows_the_traceback(tmp_path):
@@ -222,3 +288,70 @@ def test_embedded_redis_works_with_a_relative_data_dir(tmp_path, monkeypatch):
 def test_cli_is_importable_without_starting_anything():
     result = subprocess.run([sys.executable, "-c", "import services.cli as c; c.build_parser()"], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_a_killed_embedded_redis_is_started_again_and_the_stack_carries_on(tmp_path):
+    """kill -9 of the embedded redis-server used to leave a zombie and a stack whose ingest
+    answered 503 for ever. `recall up` now starts it again on its port and AOF: what was accepted
+    before is still there, ingest accepts again, and Ctrl-C still stops everything."""
+    import httpx
+    import psutil
+
+    ports = free_ports()
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("RECALL_")}
+    log_path = tmp_path / "up.log"
+    with open(log_path, "wb") as log:
+        up = subprocess.Popen([str(BIN / "recall"), "up"], cwd=tmp_path, env={**clean, **ports}, stdout=log,
+                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    output = lambda: log_path.read_text(errors="replace")  # noqa: E731
+    try:
+        assert wait_until(lambda: "Ctrl-C stops everything." in output() or up.poll() is not None, 240, 0.2), output()
+        assert up.poll() is None, output()[-3000:]
+        key = json.loads((tmp_path / "data" / "dev-secrets.json").read_text())["RECALL_INGEST_KEY"]
+        turns = f"http://127.0.0.1:{ports['RECALL_INGEST_PORT']}/turns"
+        post = lambda cid: httpx.post(turns, headers={"x-ingest-key": key}, timeout=10, json={  # noqa: E731
+            "user": "alice", "conversation_id": cid, "turns": [{"role": "user", "text": f"{cid} text", "ts": "2026-10-08T10:00:00Z"}]})
+        assert post("before").status_code == 202
+        [redis] = [p for p in psutil.Process(up.pid).children() if "redis-server" in p.name()]
+        redis_port = next(c.laddr.port for c in redis.net_connections("tcp") if c.status == psutil.CONN_LISTEN)
+        redis.kill()
+
+        assert wait_until(lambda: "starting it again" in output(), 30, 0.1), output()[-3000:]
+        assert wait_until(lambda: post("after").status_code == 202, 30, 0.5), "ingest never accepted again"
+        [again] = [p for p in psutil.Process(up.pid).children() if "redis-server" in p.name()]
+        assert again.pid != redis.pid and again.status() != psutil.STATUS_ZOMBIE
+        assert any(c.laddr.port == redis_port for c in again.net_connections("tcp") if c.status == psutil.CONN_LISTEN)
+        src = tmp_path / "data" / user_hash("alice") / "src"
+        assert wait_until(lambda: {p.name for p in src.glob("*.funes.jsonl")} == {"before.funes.jsonl", "after.funes.jsonl"}, 30)
+        assert up.poll() is None
+    except BaseException:
+        os.killpg(up.pid, signal.SIGKILL)
+        raise
+    os.killpg(up.pid, signal.SIGINT)
+    assert up.wait(90) == 0 and "recall up: stopped" in output()
+    assert not psutil.pid_exists(again.pid) or psutil.Process(again.pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_stack_that_verifies_jwks_tokens_prints_no_dev_token_that_it_would_refuse(tmp_path):
+    """With RECALL_JWKS_URL the recall service verifies RS256 only: the banner's HS256 dev token
+    was refused (401) and `recall demo` failed with 'MCPError: Server returned an error response'."""
+    ports = free_ports()
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("RECALL_")}
+    jwks = {"RECALL_JWKS_URL": f"https://127.0.0.1:{free_port()}/jwks.json"}
+    log_path = tmp_path / "up.log"
+    with open(log_path, "wb") as log:
+        up = subprocess.Popen([str(BIN / "recall"), "up"], cwd=tmp_path, env={**clean, **ports, **jwks}, stdout=log,
+                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    output = lambda: log_path.read_text(errors="replace")  # noqa: E731
+    try:
+        assert wait_until(lambda: "Ctrl-C stops everything." in output() or up.poll() is not None, 240, 0.2), output()
+        banner = output()[output().index("recall is up"):]
+        assert "dev token for" not in banner and "eyJ" not in banner and "RS256 from your issuer" in banner, banner
+        for env in ({}, jwks):  # from another terminal, with or without the variable
+            demo = recall("demo", cwd=tmp_path, **env)
+            assert demo.returncode == 1 and "RECALL_JWKS_URL" in one_line(demo), demo.stdout + demo.stderr
+        status = recall("status", cwd=tmp_path)
+        assert "eyJ" not in status.stdout and "RS256 from your issuer" in status.stdout, status.stdout
+    finally:
+        os.killpg(up.pid, signal.SIGINT)
+        up.wait(90)

@@ -45,8 +45,17 @@ def reembed_if_stale(paths: TenantPaths, embedder: Embedder, checkpoint: Checkpo
 def stale_tenants(data_dir: Path, embedder: Embedder) -> list[str]:
     if not data_dir.is_dir():
         return []
-    return [d.name for d in sorted(data_dir.iterdir())
-            if USER_HASH.fullmatch(d.name) and needs_reembed(d, embedder)]
+    return [d.name for d in sorted(data_dir.iterdir()) if USER_HASH.fullmatch(d.name) and _stale(d, embedder)]
+
+
+def _stale(tenant: Path, embedder: Embedder) -> bool:
+    # One unreadable memory (a corrupt SQLite file) must not stop the indexer from starting for
+    # every other tenant: it is left to its own index runs, which fail and are counted there.
+    try:
+        return needs_reembed(tenant, embedder)
+    except Exception as exc:
+        log.warning("reembed.memory_unreadable", user_hash=tenant.name, error=f"{type(exc).__name__}: {str(exc)[:200]}")
+        return False
 
 
 async def schedule_stale_tenants(client: aioredis.Redis, data_dir: Path, embedder: Embedder) -> int:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-
+import unicodedata
 from datetime import datetime, timezone
 from typing import Annotated, Any, Literal
 
@@ -27,9 +27,23 @@ def _encodable(value: str) -> str:
 Text = Annotated[str, AfterValidator(_encodable)]
 
 
+def _one_token(value: str) -> str:
+    # A turn id is printed inside the agent's `cite:` line and funes' `→ get <session> <turn>`
+    # hint, both split on whitespace: a space, newline or other control character would cut
+    # the id there (the agent cites a wrong turn) or start a line of its own in the answer.
+    if any(ch.isspace() or unicodedata.category(ch) == "Cc" for ch in value):
+        raise ValueError("must not contain whitespace or control characters")
+    return value
+
+
+TurnId = Annotated[Text, AfterValidator(_one_token)]
+TURN_ID_PATTERN = r"^[^\s\x00-\x1f\x7f-\x9f]+$"  # the same rule, for the OpenAPI document
+
+
 class IngestTurn(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    id: Text | None = Field(None, min_length=1, max_length=128, description="Stable turn id; defaults to <conversation_id>-<index>.")
+    id: TurnId | None = Field(None, min_length=1, max_length=128, json_schema_extra={"pattern": TURN_ID_PATTERN},
+                              description="Stable turn id, without whitespace or control characters; defaults to <conversation_id>-<index>.")
     role: Literal["user", "assistant", "system", "tool"]
     text: Text
     ts: datetime = Field(description="ISO-8601 date-time of the turn (a string); without a zone it is taken as UTC.")

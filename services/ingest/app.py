@@ -22,6 +22,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.exceptions import OutOfMemoryError
 from pydantic import BaseModel, ValidationError
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -80,6 +81,14 @@ def _loc(loc: tuple) -> str:
     return _printable(out) or "body"
 
 
+def _redis_problem(exc: Exception) -> str:
+    if isinstance(exc, OutOfMemoryError):
+        return "full (maxmemory reached): the indexers' backlog must drain first"
+    if isinstance(exc, aioredis.ResponseError):
+        return f"refused the write ({type(exc).__name__})"
+    return "unreachable"
+
+
 def _is_json(content_type: str) -> bool:
     media = content_type.split(";", 1)[0].strip().lower()
     return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
@@ -116,10 +125,13 @@ class IngestAPI:
                 status, body = await handler(request)
             except HTTPProblem as p:
                 status, body = p.status, {"error": p.error, "fields": [{"field": f, "message": m} for f, m in p.fields]}
-            except (aioredis.ConnectionError, aioredis.TimeoutError, OSError) as exc:
+            except (aioredis.RedisError, OSError) as exc:
+                # Unreachable, or reachable but refusing the write: full (maxmemory with
+                # noeviction, as deployed), a read-only replica, a missing ACL permission.
+                # Nothing was stored either way; the gateway retries a 503.
                 log.warning("ingest.redis_unavailable", error=type(exc).__name__)
                 status, body = 503, {"error": "memory store unavailable, retry later",
-                                     "fields": [{"field": "redis", "message": "unreachable"}]}
+                                     "fields": [{"field": "redis", "message": _redis_problem(exc)}]}
             INGEST_REQUESTS.labels(path, str(status)).inc()
             INGEST_LATENCY.labels(path).observe(time.perf_counter() - started)
             return JSONResponse(body, status_code=status)

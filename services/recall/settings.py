@@ -40,6 +40,22 @@ class RecallSettings(CommonSettings):
             check_secret("RECALL_JWT_SECRET", v.get_secret_value(), min_length=32)
         return v
 
+    @field_validator("artifacts_db_url")
+    @classmethod
+    def _known_database(cls, v: str | None) -> str | None:
+        # Checked here, not first when the artifact store opens: `recall up` must refuse it
+        # before anything starts (the service would otherwise die after its siblings started).
+        if v and not v.startswith(("sqlite:///", "postgresql://", "postgres://")):
+            raise ValueError("must be sqlite:///<path> or postgresql://…")
+        return v
+
+    @field_validator("jwks_url")
+    @classmethod
+    def _http_url(cls, v: str | None) -> str | None:
+        if v and not v.startswith(("https://", "http://")):
+            raise ValueError("must be an https:// URL of the issuer's JSON Web Key Set")
+        return v
+
     @model_validator(mode="after")
     def _no_shared_sqlite(self) -> "RecallSettings":
         if self.replicas > 1 and not (self.artifacts_db_url or "").startswith(("postgresql://", "postgres://")):
