@@ -178,11 +178,26 @@ def services(service_env):
     started: list[ServiceProcess] = []
 
     def start(command: str, **overrides: str) -> ServiceProcess:
-        env = {**service_env, **overrides}
+        from services.stack import listens_on
+
         port_var = {"ingest": "RECALL_INGEST_PORT", "indexer": "RECALL_INDEXER_PORT", "serve": "RECALL_RECALL_PORT"}[command]
-        proc = ServiceProcess(command, env, f"http://127.0.0.1:{env[port_var]}/healthz")
-        started.append(proc)
-        return proc.wait_healthy()
+        for _ in range(3):
+            env = {**service_env, **overrides}
+            port = int(env[port_var])
+            proc = ServiceProcess(command, env, f"http://127.0.0.1:{port}/healthz")
+            started.append(proc)
+            try:
+                # Healthy only when our child holds the port: between free_port() and the bind,
+                # another worker's service may take it and answer /healthz for ours.
+                proc.wait_healthy()
+                if wait_until(lambda: listens_on(proc.proc, port), 10):
+                    return proc
+            except RuntimeError:
+                if "in use" not in proc.output():
+                    raise
+            proc.kill()
+            service_env[port_var] = str(free_port())  # taken meanwhile: this test's later calls follow the new one
+        raise RuntimeError(f"recall {command}: {port_var} was taken three times in a row")
 
     yield start
     for proc in started:
