@@ -120,3 +120,74 @@ def test_a_forget_leaves_no_turn_text_in_the_search_caches(memory, embedder):
     assert distinct_stems.cache_info().currsize > 0  # conversation evidence read the turns
     engine.forget(memory)
     assert distinct_stems.cache_info().currsize == 0 and engine.open_readers == 0
+
+
+def _three_conversations(tmp_path, embedder):
+    src, home = tmp_path / "src", tmp_path / "home"
+    for i in range(3):
+        write_conversation(src, f"c{i}", [f"turn one of c{i}", f"turn two of c{i}"])
+    index_tree(home, src, embedder)
+    return src, memory_dir(home)
+
+
+def _codes_by_session(reader: MemoryReader) -> dict[str, set[int]]:
+    view = reader.view
+    rows = reader.store.rows(view.ids.tolist())
+    out: dict[str, set[int]] = {}
+    for rid, code in zip(view.ids.tolist(), reader.sessions_of(view.ids.tolist(), reader.filter_mask(None, None)).tolist()):
+        out.setdefault(rows[rid].session_id, set()).add(code)
+    return out
+
+
+def test_the_snapshot_maps_each_rows_conversation_so_a_first_recall_reads_no_session_ids(tmp_path, embedder, monkeypatch):
+    _, memory = _three_conversations(tmp_path, embedder)
+    store = MemoryStore.open(memory)
+    store.publish_vectors(force=True)
+    store.close()
+    reader = MemoryReader(memory)
+    reader.refresh()
+    try:
+        # A 40k-conversation memory took ~0.3 s here, holding the reader's SQLite connection.
+        monkeypatch.setattr(reader.store, "sessions_upto", lambda *_: pytest.fail("read session ids from SQLite"))
+        codes = _codes_by_session(reader)
+        assert reader.view.base is not None and reader.view.n_base == reader.view.n
+        assert all(len(c) == 1 and 0 not in c for c in codes.values()) and len({*map(min, codes.values())}) == 3
+    finally:
+        reader.close()
+
+
+def test_a_snapshot_written_before_conversation_codes_still_reads_and_is_rewritten_with_them(tmp_path, embedder):
+    import json
+    import struct
+
+    from shared.engine.vector_file import VECTOR_FILE
+
+    _, memory = _three_conversations(tmp_path, embedder)
+    store = MemoryStore.open(memory)
+    store.publish_vectors(force=True)
+    store.close()
+    # The file as the previous release wrote it: its header names no conversation section.
+    raw = bytearray((memory / VECTOR_FILE).read_bytes())
+    (hlen,) = struct.unpack("<I", raw[8:12])
+    header = json.loads(raw[12 : 12 + hlen])
+    del header["offsets"]["conversation"]
+    blob = json.dumps(header).encode()
+    raw[8:12], raw[12 : 12 + hlen] = struct.pack("<I", len(blob)), blob.ljust(hlen)
+    (memory / VECTOR_FILE).write_bytes(bytes(raw))
+    reader = MemoryReader(memory)
+    reader.refresh()
+    try:
+        assert reader.view.base is not None and reader.view.base.conversation is None
+        from_sqlite = _codes_by_session(reader)
+    finally:
+        reader.close()
+    store = MemoryStore.open(memory)
+    store.publish_vectors()  # not forced: the missing codes alone make it rewrite
+    store.close()
+    reader = MemoryReader(memory)
+    reader.refresh()
+    try:
+        assert reader.view.base.conversation is not None
+        assert _codes_by_session(reader) == from_sqlite
+    finally:
+        reader.close()

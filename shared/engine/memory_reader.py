@@ -30,7 +30,8 @@ from pathlib import Path
 import numpy as np
 
 from shared.engine.store import FTS_DIR, MemoryStore, journal_mode
-from shared.engine.vector_file import VectorFile, approximate_scores, current_inode, open_vector_file
+from shared.engine.vector_file import (VectorFile, approximate_scores, conversation_code, current_inode,
+                                       open_vector_file)
 
 RESCORE_MIN = 64
 RESCORE_FACTOR = 4
@@ -57,7 +58,7 @@ class ReaderView:
     delta_sessions: tuple[str, ...] = ()  # the session of each row after the snapshot
     block_types: dict[str, int] = field(default_factory=dict)
     harnesses: dict[str, int] = field(default_factory=dict)
-    # Each row's conversation as a code (`session_codes`), computed on first use: only a recall
+    # Each row's conversation as a code (`conversation_codes`), made on first use: only a recall
     # with conversation evidence needs it, so opening a memory does not pay for it.
     _codes: list = field(default_factory=list, compare=False, repr=False)
 
@@ -110,17 +111,15 @@ def _locate(sorted_ids: np.ndarray, wanted: np.ndarray) -> tuple[np.ndarray, np.
     return pos, sorted_ids[pos] == wanted
 
 
-def _snapshot_sessions(vf: VectorFile, store: MemoryStore) -> tuple[np.ndarray, dict[str, int]]:
-    """The snapshot rows' session codes (0: deleted since) and the code of each session, read
-    from SQLite's (session_id, seq) index (the file does not hold sessions): ~55-75 ms of CPU for
-    60,000 rows, once per snapshot, on the first recall that needs them."""
+def _snapshot_conversations(vf: VectorFile, store: MemoryStore) -> np.ndarray:
+    """The conversation code of each snapshot row (0: deleted since), for a file written before
+    it held them: read from SQLite's (session_id, seq) index (~75 ms of CPU for 60,000 rows)."""
     row_ids, session_ids = store.sessions_upto(vf.max_row_id)
-    names: dict[str, int] = {}
-    codes = np.fromiter((names.setdefault(s, len(names) + 1) for s in session_ids), np.int32, len(session_ids))
-    session = np.zeros(vf.n, np.int32)
+    codes = np.fromiter(map(conversation_code, session_ids), np.int64, len(session_ids))
+    out = np.zeros(vf.n, np.int64)
     pos, found = _locate(vf.ids, row_ids)
-    session[pos[found]] = codes[found]
-    return session, names
+    out[pos[found]] = codes[found]
+    return out
 
 
 def _dir_bytes(path: Path) -> int:
@@ -270,24 +269,21 @@ class MemoryReader:
         found.sort(key=lambda pair: (-pair[1], pair[0]))
         return found[:limit]
 
-    def session_codes(self, view: ReaderView) -> np.ndarray:
-        """Each row's conversation as a code (equal codes = one session; 0 = unknown), made on
-        first use per view; the snapshot's part once per snapshot. Racing callers compute the
-        same arrays, so no lock."""
+    def conversation_codes(self, view: ReaderView) -> np.ndarray:
+        """Each row's `conversation_code` (0 = unknown): the snapshot's are mapped from its file,
+        later rows' hashed from their session ids, once per view on the first call that needs
+        them. Racing callers compute the same array, so no lock."""
         if view._codes:
             return view._codes[0]
         base = view.base
         if base is None:
-            names: dict[str, int] = {}
-            base_codes = np.zeros(0, np.int32)
-        else:
-            if not base.sessions:
-                base.sessions.append(_snapshot_sessions(base, self.store))
-            base_codes, names = base.sessions[0]
-            names = dict(names) if view.delta_sessions else names
-        delta = np.fromiter((names.setdefault(s, len(names) + 1) for s in view.delta_sessions), np.int32,
-                            len(view.delta_sessions))
-        codes = np.concatenate([base_codes, delta])
+            base_codes = np.zeros(0, np.int64)
+        elif base.conversation is not None:
+            base_codes = base.conversation
+        else:  # a snapshot written before it held the codes: its next rewrite will
+            base_codes = _snapshot_conversations(base, self.store)
+        delta = np.fromiter(map(conversation_code, view.delta_sessions), np.int64, len(view.delta_sessions))
+        codes = np.concatenate([base_codes, delta]) if len(delta) else base_codes
         view._codes[:] = [codes]
         return codes
 
@@ -295,9 +291,9 @@ class MemoryReader:
         """The session code of each row (0 for a row the view does not hold)."""
         view = mask.view
         if not row_ids or not view.n:
-            return np.zeros(len(row_ids), np.int32)
+            return np.zeros(len(row_ids), np.int64)
         pos, found = _locate(view.ids, np.asarray(row_ids, np.int64))
-        return np.where(found, self.session_codes(view)[pos], 0).astype(np.int32)
+        return np.where(found, self.conversation_codes(view)[pos], 0)
 
     def epoch_of(self, row_id: int) -> float | None:
         view = self._view

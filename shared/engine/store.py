@@ -430,7 +430,8 @@ class MemoryStore:
                 self.conn.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('memory_id', ?)", (uuid.uuid4().hex,))
         meta = self.meta()
         snapshot = None if force else open_vector_file(self.path, self.dim)
-        if snapshot is not None and snapshot.memory_id == meta["memory_id"]:
+        # A snapshot written before files held conversation codes is rewritten at the next run.
+        if snapshot is not None and snapshot.memory_id == meta["memory_id"] and snapshot.conversation is not None:
             lag_rows = int(meta["max_row_id"]) - snapshot.max_row_id
             lag_generations = int(meta["generation"]) - snapshot.generation
             with self.lock:

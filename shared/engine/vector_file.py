@@ -5,7 +5,11 @@ derived from `chunks.sqlite3` (which keeps the float32 vectors and stays the tru
 
     "RECALLV1" | u32 header length | JSON header (generation, max_row_id, n, dim, facet names,
     section offsets) | row ids int64[n] (ascending) | scale float32[n] | bias int32[n] |
-    block code int32[n] | harness code int32[n] | ts_epoch float64[n] | int8 matrix [dim, n]
+    block code int32[n] | harness code int32[n] | ts_epoch float64[n] | int8 matrix [dim, n] |
+    conversation code int64[n] (`conversation_code` of the row's session id)
+
+A file written before the conversation codes has no such section (`VectorFile.conversation`
+is None) and stays readable: the reader then reads the session ids from SQLite.
 
 Each row is quantised to int8 with its own scale (max |x| / 127); the matrix is stored
 transposed so one onnxruntime `MatMulInteger` scans it without a copy. The scan's scores only
@@ -20,6 +24,7 @@ so a reader never sees a half-written file and a snapshot is never ahead of SQLi
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import mmap
@@ -63,20 +68,28 @@ class VectorFile:
     harness: np.ndarray
     epoch: np.ndarray
     matrix_t: np.ndarray  # int8 [dim, n]
+    conversation: np.ndarray | None  # int64 [n]; None in a file written before it
     mapped_bytes: int
     _map: mmap.mmap
     scanner: "Scanner" = field(default_factory=lambda: Scanner(), compare=False, repr=False)
-    # (session code per row, code per session id), read from SQLite on first use (memory_reader)
-    sessions: list = field(default_factory=list, compare=False, repr=False)
 
     @property
     def n(self) -> int:
         return len(self.ids)
 
 
+def conversation_code(session_id: str) -> int:
+    """A conversation's number: the same in every process and file, never 0 (0 = unknown),
+    positive in int64; 62 bits of BLAKE2b, so two conversations of one memory never share one
+    in practice (a clash would only merge their conversation-level evidence)."""
+    digest = hashlib.blake2b(session_id.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 62) - 1) | 1
+
+
 def _sections(n: int, dim: int) -> list[tuple[str, str, tuple[int, ...]]]:
     return [("ids", "<i8", (n,)), ("scale", "<f4", (n,)), ("bias", "<i4", (n,)), ("block", "<i4", (n,)),
-            ("harness", "<i4", (n,)), ("epoch", "<f8", (n,)), ("matrix_t", "i1", (dim, n))]
+            ("harness", "<i4", (n,)), ("epoch", "<f8", (n,)), ("matrix_t", "i1", (dim, n)),
+            ("conversation", "<i8", (n,))]
 
 
 def _layout(n: int, dim: int, header_room: int) -> tuple[dict[str, int], int]:
@@ -109,7 +122,8 @@ def open_vector_file(memory: Path, dim: int) -> VectorFile | None:
     n = int(header["n"])
     if int(header["dim"]) != dim:
         return None
-    arrays = {name: np.ndarray(shape, dtype=np.dtype(dtype), buffer=mapping, offset=header["offsets"][name])
+    offsets = header["offsets"]
+    arrays = {name: np.ndarray(shape, dtype=np.dtype(dtype), buffer=mapping, offset=offsets[name]) if name in offsets else None
               for name, dtype, shape in _sections(n, dim)}
     return VectorFile(path=path, inode=st.st_ino, memory_id=header.get("memory_id", ""), generation=int(header["generation"]),
                       max_row_id=int(header["max_row_id"]), dim=dim, block_types=header["block_types"],
@@ -152,7 +166,7 @@ def write_vector_file(memory: Path, conn: sqlite3.Connection, dim: int) -> bool:
         out = np.memmap(tmp, dtype=np.uint8, mode="r+", shape=(size,))
         arrays = {name: np.ndarray(shape, dtype=np.dtype(dtype), buffer=out, offset=offsets[name])
                   for name, dtype, shape in _sections(n, dim)}
-        cur = conn.execute("SELECT row_id, vector, block_type, harness, ts_epoch FROM chunks ORDER BY row_id")
+        cur = conn.execute("SELECT row_id, vector, block_type, harness, ts_epoch, session_id FROM chunks ORDER BY row_id")
         at = 0
         while rows := cur.fetchmany(_BATCH):
             sl = slice(at, at + len(rows))
@@ -165,6 +179,7 @@ def write_vector_file(memory: Path, conn: sqlite3.Connection, dim: int) -> bool:
             arrays["harness"][sl] = [harnesses.setdefault(r[3], len(harnesses)) for r in rows]
             arrays["epoch"][sl] = [np.nan if r[4] is None else r[4] for r in rows]
             arrays["matrix_t"][:, sl] = q.T
+            arrays["conversation"][sl] = [conversation_code(r[5]) for r in rows]
             at += len(rows)
     finally:
         conn.execute("COMMIT")
