@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from services.cli_problem import Problem
+from services.cli_problem import ConfigProblem, Problem
 from services.config_check import load_settings
 from services.dev_secrets import require
 from services.recall.artifacts.models import REALM_ID, Role
@@ -24,6 +24,13 @@ def positive_seconds(text: str) -> int:
     return value
 
 
+def subject(text: str) -> str:
+    # The service refuses a token whose `sub` is empty or blank (docs/contracts.md): never mint one.
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty user is not allowed: the service refuses a token without a subject")
+    return text
+
+
 def realm_role(text: str) -> str:
     realm, role = text.split(":", 1) if ":" in text else (text, "member")  # as mint_dev_token splits it
     if role not in ROLES or not REALM_ID.fullmatch(realm):
@@ -34,7 +41,7 @@ def realm_role(text: str) -> str:
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("token", parents=[common], help="mint a dev token", description=__doc__)
-    p.add_argument("--user", required=True, help="the token's subject: whose conversations it recalls")
+    p.add_argument("--user", required=True, type=subject, help="the token's subject: whose conversations it recalls")
     p.add_argument("--ttl", type=positive_seconds, default=24 * 3600, help="seconds until it expires (default: 86400)")
     p.add_argument("--realm", action="append", type=realm_role, default=[],
                    help=f"REALM:ROLE claim for memory artifacts, ROLE one of {', '.join(ROLES)} "
@@ -49,6 +56,9 @@ def _token(args: argparse.Namespace) -> int:
     if s.jwks_url:
         raise Problem("recall token: this configuration verifies RS256 tokens from RECALL_JWKS_URL; recall token mints "
                       "only HS256 dev tokens (unset RECALL_JWKS_URL to use RECALL_JWT_SECRET)")
+    if args.ttl > s.max_token_lifetime_s:
+        raise ConfigProblem(f"recall token: --ttl {args.ttl} is not allowed: the service refuses tokens living longer than "
+                            f"RECALL_MAX_TOKEN_LIFETIME_S={s.max_token_lifetime_s} s")
     require(s.data_dir.resolve(), "token", "RECALL_JWT_SECRET")
     print(mint_dev_token(load_settings(RecallSettings), args.user, ttl_s=args.ttl, realms=args.realm))
     return 0

@@ -83,8 +83,10 @@ class DeletionReceipt(BaseModel):
 
 
 async def request_forget(client, stream: str, *, kind: str, user_hash: str, conversation_id: str | None,
-                         reason: str = "request", receipt_ttl_s: int = 30 * 86400, maxlen: int = 1_000_000) -> DeletionReceipt:
-    """Put a forget event on the stream together with its pending receipt (one transaction)."""
+                         reason: str = "request", receipt_ttl_s: int = 30 * 86400) -> DeletionReceipt:
+    """Put a forget event on the stream together with its pending receipt (one transaction).
+    Never with MAXLEN: trimming drops the oldest entries whether processed or not, which would
+    lose accepted snapshots and forget events (a receipt pending for ever)."""
     import secrets
     import time
 
@@ -95,7 +97,7 @@ async def request_forget(client, stream: str, *, kind: str, user_hash: str, conv
     pipe = client.pipeline(transaction=True)
     pipe.hset(deletion_key(event.receipt), mapping={"record": record.model_dump_json()})
     pipe.expire(deletion_key(event.receipt), receipt_ttl_s)
-    pipe.xadd(stream, event.fields(), maxlen=maxlen, approximate=True)
+    pipe.xadd(stream, event.fields())
     await pipe.execute()
     return record
 

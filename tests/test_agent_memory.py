@@ -129,6 +129,17 @@ async def test_http_refusals_name_the_rule_or_field(mcp_server):
     assert not {n for n in names if "agent_memory" in n} - {"search_agent_memory", "get_agent_memory"}, "agents only read"
 
 
+async def test_a_body_nested_too_deeply_or_too_large_is_4xx_naming_the_body_never_500(mcp_server):
+    """A deeply nested body raised RecursionError in the JSON parser (a bare 500), and any size
+    was read into memory before validation."""
+    alice = Person(mcp_server, "alice", "member")
+    nested = alice.post("/memory", content=b"[" * 100_000 + b"]" * 100_000, headers={"content-type": "application/json"})
+    assert nested.status_code == 422 and nested.json()["error"] == "body", nested.text
+    huge = alice.post("/memory", content=b'{"title": "' + b"a" * (2**20 + 1) + b'"}', headers={"content-type": "application/json"})
+    assert huge.status_code == 413 and huge.json()["error"] == "body_size", huge.text
+    assert alice.post("/memory", json=record(targets=[{"target_kind": "realm", "target_id": REALM}])).status_code == 201
+
+
 def test_operators_write_with_the_recall_memory_cli(tmp_path, service_env, artifacts_db_url):
     env = {**service_env, "RECALL_ARTIFACTS_DB_URL": artifacts_db_url}
     (tmp_path / "rec.json").write_text(json.dumps(record(targets=[{"target_kind": "realm", "target_id": REALM}])))

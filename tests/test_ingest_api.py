@@ -123,6 +123,29 @@ def test_a_full_redis_is_503_naming_redis_not_500(ingest, r):
     assert post(ingest, conversation_payload("alice", "c", ["hi"])).status_code == 202, "accepted again once there is room"
 
 
+def test_a_full_backlog_refuses_turns_with_503_and_never_trims_accepted_entries_or_forgets(services, service_env, r):
+    """XADD MAXLEN used to trim the oldest entries, processed or not: past the cap every 202
+    silently dropped an older accepted snapshot, or a forget request (its receipt pending for ever)."""
+    services("ingest", RECALL_STREAM_MAXLEN="1000")
+    url = ingest_url(service_env)
+    forget = httpx.delete(f"{url}/users/alice", headers={"x-ingest-key": INGEST_KEY}, timeout=10)
+    assert forget.status_code == 202
+    first = r.xrange("recall:turns")[0][0]
+    for i in range(999):  # a backlog the indexers have not caught up with
+        r.xadd("recall:turns", {"kind": "turns", "n": str(i)})
+
+    refused = post(url, conversation_payload("bob", "c", ["hi"]))
+    assert refused.status_code == 503 and fields_of(refused) == {"redis"}, refused.text
+    assert "RECALL_STREAM_MAXLEN" in refused.json()["fields"][0]["message"]
+    again = httpx.delete(f"{url}/users/carol", headers={"x-ingest-key": INGEST_KEY}, timeout=10)
+    assert again.status_code == 202, "forget requests are always accepted"
+    assert r.xlen("recall:turns") == 1001 and r.xrange("recall:turns", count=1)[0][0] == first, "nothing trimmed"
+
+    r.xdel("recall:turns", *[entry_id for entry_id, _ in r.xrange("recall:turns", count=10)][1:])  # indexers catch up
+    assert post(url, conversation_payload("bob", "c", ["hi"])).status_code == 202
+    assert r.xrange("recall:turns", count=1)[0][0] == first, "the forget request is still there"
+
+
 def test_a_rejected_request_loses_nothing_already_stored(ingest, r):
     assert post(ingest, conversation_payload("alice", "keep", ["first"])).status_code == 202
     bad = conversation_payload("alice", "keep", ["first", "second"])

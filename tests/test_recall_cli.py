@@ -211,6 +211,8 @@ def test_token_outside_a_data_dir_says_what_is_missing(tmp_path):
 
 
 @pytest.mark.parametrize("args, named", [(["--ttl", "-10"], "--ttl"), (["--ttl", "0"], "--ttl"),
+                                         (["--ttl", "99999999"], "RECALL_MAX_TOKEN_LIFETIME_S"),
+                                         (["--user", ""], "empty user"), (["--user", "  "], "empty user"),
                                          (["--realm", "x:admin"], "owner, member, reader")])
 def test_token_refuses_expired_ttls_and_unknown_roles(tmp_path, args, named):
     result = recall("token", "--user", "alice", *args, cwd=tmp_path, RECALL_JWT_SECRET=JWT)

@@ -189,7 +189,8 @@ class IngestAPI:
         event = TurnsEvent(user_hash=user_hash(req.user), conversation_id=req.conversation_id, turns=turns,
                            received_at=time.time())
         await self._refuse_if_storage_unwritable()
-        await self.redis.xadd(self.s.stream, event.fields(), maxlen=self.s.stream_maxlen, approximate=True)
+        await self._refuse_if_backlog_full()
+        await self.redis.xadd(self.s.stream, event.fields())
         INGEST_TURNS.inc(len(turns))
         log.info("ingest.accepted", user_hash=event.user_hash, conversation_id=req.conversation_id, turns=len(turns),
                  dropped_echoes=len(req.turns) - len(turns), redacted=redacted)
@@ -201,6 +202,15 @@ class IngestAPI:
             raise HTTPProblem(503, "memory store cannot write, retry later",
                               [("data_dir", f"not writable ({reason.decode(errors='replace')})")])
 
+    async def _refuse_if_backlog_full(self) -> None:
+        # The stream is never trimmed (MAXLEN would drop the oldest entries, processed or not:
+        # accepted turns and forget events). Past the cap new turns wait at the gateway instead;
+        # forget requests are always taken.
+        if await self.redis.xlen(self.s.stream) >= self.s.stream_maxlen:
+            raise HTTPProblem(503, "memory store backlog full, retry later",
+                              [("redis", f"{self.s.stream} holds RECALL_STREAM_MAXLEN={self.s.stream_maxlen} unprocessed "
+                                         "entries: the indexers must catch up")])
+
     @staticmethod
     def _is_recall_echo(turn: IngestTurn) -> bool:
         return turn.tool_name == RECALL_TOOL or looks_like_recall_answer(turn.text)
@@ -208,7 +218,7 @@ class IngestAPI:
     # ---- forgetting -------------------------------------------------------------------------------
     async def _forget(self, kind: str, user: str, conversation_id: str | None) -> tuple[int, dict]:
         record = await request_forget(self.redis, self.s.stream, kind=kind, user_hash=user_hash(user),
-                                      conversation_id=conversation_id, maxlen=self.s.stream_maxlen,
+                                      conversation_id=conversation_id,
                                       receipt_ttl_s=self.s.deletion_receipt_ttl_days * 86400)
         log.info("ingest.forget_requested", kind=kind, user_hash=user_hash(user), conversation_id=conversation_id,
                  receipt=record.receipt)

@@ -20,7 +20,7 @@ class IngestSettings(CommonSettings):
     redact_pii: bool = Field(False, description="Also redact e-mail addresses and phone numbers (secrets are always redacted).")
     drop_recall_echoes: bool = Field(True, description="Do not store turns that are recall_my_conversations output.")
     deletion_receipt_ttl_days: int = Field(30, ge=1, description="How long GET /deletions/{id} remembers a receipt.")
-    stream_maxlen: int = Field(1_000_000, ge=1000, description="Hard cap on stream length (a backlog guard, never reached normally).")
+    stream_maxlen: int = Field(1_000_000, ge=1000, description="Unprocessed stream entries past which new turns are refused with 503 (a backlog guard; nothing is ever trimmed, forget requests are always accepted).")
 
     @field_validator("ingest_key", "ingest_key_next")
     @classmethod

@@ -9,7 +9,8 @@ MCP (verified by the same verifier; the realm role comes from the token's `realm
     GET    /realms/{realm_id}/memory/{record_id}/audit    every change
 
 Errors are JSON `{"error": <rule or field>, "detail": …}`: 401 without a valid token, 403 for a
-realm or role refusal, 404 for an unknown record, 422 for invalid input (naming the field).
+realm or role refusal, 404 for an unknown record, 413 for a body over 1 MiB, 422 for invalid
+input (naming the field; a body nested too deeply to parse is `body`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from services.recall.artifacts.models import REALM_ID
 from services.recall.artifacts.rules import RuleBroken
 from services.recall.artifacts.service import Caller
 
-STATUS = {"realm_membership": 403, "realm_role": 403, "not_found": 404}
+STATUS = {"realm_membership": 403, "realm_role": 403, "not_found": 404, "body_size": 413}
+MAX_BODY_BYTES = 2**20  # a valid record is far smaller (content at most 20,000 characters)
 Handler = Callable[[Request, Caller, str], Awaitable[Any]]
 
 
@@ -39,10 +41,17 @@ def _error(status: int, error: str, detail: str) -> JSONResponse:
 
 
 async def _json(request: Request, model: type[BaseModel]) -> Any:
+    body = bytearray()
+    async for chunk in request.stream():  # read no further than a record can be
+        body += chunk
+        if len(body) > MAX_BODY_BYTES:
+            raise RuleBroken("body_size", f"the request body is over {MAX_BODY_BYTES} bytes")
     try:
-        raw = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError):
+        raw = json.loads(body)
+    except ValueError:  # malformed JSON or text that is not UTF-8
         raise RuleBroken("body", "the request body must be a JSON object") from None
+    except RecursionError:
+        raise RuleBroken("body", "the request body is nested too deeply") from None
     return model.model_validate(raw)
 
 
