@@ -286,3 +286,30 @@ def test_every_documented_operation_answers_as_its_schema_says(services, service
             conforms()
         except Unsatisfiable:  # the probes take no input, so there is nothing to make invalid
             assert mode == "negative" and operation.path in ("/healthz", "/readyz", "/metrics"), operation.path
+
+
+def test_a_large_snapshot_is_checked_and_redacted_while_the_api_keeps_answering(services, service_env, r):
+    """Validating and redacting a ~4 MiB snapshot costs seconds of CPU; on the event loop it
+    stalled every other request of the process (probes included) for all of it."""
+    import threading
+    import time
+
+    services("ingest")
+    url = ingest_url(service_env)
+    text = "we moved the pump work to Friday, see a.b.c.d and password: hunter2! " * 36  # ~2.5k characters
+    body = {"user": "alice", "conversation_id": "big",
+            "turns": [{"role": "user", "text": text, "ts": f"2026-10-08T{i // 3600:02d}:{i // 60 % 60:02d}:{i % 60:02d}Z"}
+                      for i in range(1500)]}
+    result: dict[str, httpx.Response] = {}
+    poster = threading.Thread(target=lambda: result.update(resp=httpx.post(
+        f"{url}/turns", headers={"x-ingest-key": INGEST_KEY}, json=body, timeout=120)))
+    poster.start()
+    time.sleep(0.2)  # the body is on its way
+    answered = 0
+    while poster.is_alive():
+        if httpx.get(f"{url}/healthz", timeout=30).status_code == 200 and poster.is_alive():
+            answered += 1
+        time.sleep(0.02)
+    poster.join()
+    assert result["resp"].status_code == 202, result["resp"].text[:500]
+    assert answered >= 3, f"only {answered} probe(s) answered while the snapshot was processed"

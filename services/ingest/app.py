@@ -14,6 +14,7 @@ dir is not writable (`STORAGE_UNWRITABLE` in Redis, refreshed by the indexers' p
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import re
@@ -171,6 +172,22 @@ class IngestAPI:
     # ---- POST /turns ------------------------------------------------------------------------------
     async def post_turns(self, request: Request) -> tuple[int, dict]:
         payload = await self._json(request)
+        # Checking and redacting is CPU work in proportion to the body (~2 s for 4 MiB): in a
+        # worker thread, the event loop goes on answering probes and other posts between turns.
+        req, turns, redacted = await asyncio.to_thread(self._clean_snapshot, payload)
+        event = TurnsEvent(user_hash=user_hash(req.user), conversation_id=req.conversation_id, turns=turns,
+                           received_at=time.time())
+        await self._refuse_if_storage_unwritable()
+        await self._refuse_if_backlog_full()
+        await self.redis.xadd(self.s.stream, event.fields())
+        INGEST_TURNS.inc(len(turns))
+        log.info("ingest.accepted", user_hash=event.user_hash, conversation_id=req.conversation_id, turns=len(turns),
+                 dropped_echoes=len(req.turns) - len(turns), redacted=redacted)
+        return 202, Accepted(stored=req.conversation_id, turns=len(turns), redacted=redacted).model_dump()
+
+    def _clean_snapshot(self, payload: dict) -> tuple[IngestRequest, list[StreamTurn], int]:
+        """The request validated, and its turns as they are stored: recall echoes dropped,
+        secrets (and PII if configured) redacted; with how many redactions were made."""
         if isinstance(payload.get("turns"), list) and len(payload["turns"]) > self.s.ingest_max_turns:
             raise HTTPProblem(413, "too many turns", [("turns", f"at most {self.s.ingest_max_turns} turns")])
         req: IngestRequest = _validate(IngestRequest, payload)
@@ -186,15 +203,7 @@ class IngestAPI:
             for kind, n in clean.kinds.items():
                 INGEST_REDACTIONS.labels(kind).inc(n)
             turns.append(StreamTurn(id=t.id or f"{req.conversation_id}-{i}", role=t.role, text=clean.text, ts=t.ts))
-        event = TurnsEvent(user_hash=user_hash(req.user), conversation_id=req.conversation_id, turns=turns,
-                           received_at=time.time())
-        await self._refuse_if_storage_unwritable()
-        await self._refuse_if_backlog_full()
-        await self.redis.xadd(self.s.stream, event.fields())
-        INGEST_TURNS.inc(len(turns))
-        log.info("ingest.accepted", user_hash=event.user_hash, conversation_id=req.conversation_id, turns=len(turns),
-                 dropped_echoes=len(req.turns) - len(turns), redacted=redacted)
-        return 202, Accepted(stored=req.conversation_id, turns=len(turns), redacted=redacted).model_dump()
+        return req, turns, redacted
 
     async def _refuse_if_storage_unwritable(self) -> None:
         reason = await self.redis.get(STORAGE_UNWRITABLE)
