@@ -11,7 +11,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
 class CommonSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="RECALL_", env_file=".env", extra="ignore")
+    # `inf` or `nan` for a timeout or an interval is a typo, never a setting (it would never expire).
+    model_config = SettingsConfigDict(env_prefix="RECALL_", env_file=".env", extra="ignore", allow_inf_nan=False)
 
     data_dir: Path = Field(Path("data"), description="Root of every tenant's files (shared volume in production).")
     redis_url: str | None = Field(None, description="Redis URL; unset under `recall up` starts an embedded redis-server.")

@@ -98,6 +98,7 @@ def test_an_unknown_database_or_jwks_url_is_refused_before_anything_starts(tmp_p
     ({"RECALL_ENGINE": "funes", "RECALL_FUNES_BIN": "/nonexistent/funes"},
      "RECALL_FUNES_BIN='/nonexistent/funes' is not allowed: no executable"),
     ({"RECALL_INGEST_HOST": "999.1.1.1"}, "RECALL_INGEST_HOST='999.1.1.1' is not allowed: cannot listen on 999.1.1.1:"),
+    ({"RECALL_TIMEOUT_S": "inf"}, "RECALL_TIMEOUT_S='inf' is not allowed: input should be a finite number"),
 ])
 def test_settings_a_child_would_die_or_hang_on_are_one_line_before_anything_starts(tmp_path, env, named):
     """Each used to pass the check: the children then died with `KeyError: 'level loud'`, the
