@@ -110,9 +110,10 @@ def distinct_stems(text: str) -> frozenset[str]:
 
 
 def forget_cached_texts() -> None:
-    """Empty the per-text caches (they hold verbatim turn texts of every tenant this process
-    searched): called when a memory is dropped, so a forget leaves no copy here."""
+    """Empty the caches keyed by what users wrote (turn texts of every tenant this process
+    searched, and their words): called on a forget, so it leaves no copy here."""
     distinct_stems.cache_clear()
+    stem.cache_clear()
 
 
 def held_stems(text: str, ts: str, stems: frozenset[str]) -> frozenset[str]:
