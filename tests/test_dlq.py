@@ -165,3 +165,20 @@ async def test_beside_make_run_dlq_uses_the_running_stacks_redis(dlq_env, r, tmp
     finally:
         remove_info(settings.data_dir)
         lock.release()
+
+
+async def test_a_dead_lettered_forget_survives_any_number_of_later_dead_letters(service_env, redis_url, r, monkeypatch):
+    """The dead-letter stream used to be capped (RECALL_DEAD_LETTER_MAXLEN, trimming the oldest):
+    a failed forget then vanished behind later failures, its receipt pending for ever."""
+    import redis
+
+    monkeypatch.setenv("RECALL_DEAD_LETTER_MAXLEN", "100")  # what an operator may have set: no cap applies
+    settings = IndexerSettings(data_dir=Path(service_env["RECALL_DATA_DIR"]), redis_url=redis_url)
+    ensure_group(redis.Redis.from_url(redis_url), settings.stream, settings.group)
+    forget = ForgetEvent(kind="forget_user", user_hash=UHASH, receipt="cd" * 12, received_at=time.time())
+    forget_id = await publish_and_dead_letter(settings, forget.fields())
+    for i in range(300):
+        await publish_and_dead_letter(settings, turns_event(f"c{i}", "a failing snapshot").fields())
+    dead = r.xrange(dead_letter_stream(settings.stream), count=1)
+    assert r.xlen(dead_letter_stream(settings.stream)) == 301
+    assert forget_id in " ".join(str(v) for _, fields in dead for v in fields.values()), dead

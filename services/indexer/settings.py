@@ -27,4 +27,3 @@ class IndexerSettings(CommonSettings):
     retry_backoff_s: float = Field(0.5, ge=0, description="Base of the exponential backoff between deliveries.")
     retention_days: int | None = Field(None, ge=1, le=MAX_RETENTION_DAYS, description="Forget conversations whose last turn is older (off when unset); PUT /users/{user}/retention overrides it per user.")
     retention_sweep_s: float = Field(3600.0, gt=0, description="Seconds between retention sweeps (one worker sweeps at a time).")
-    dead_letter_maxlen: int = Field(100_000, ge=100, description="Cap on the dead-letter stream.")

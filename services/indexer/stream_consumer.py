@@ -109,7 +109,9 @@ class StreamConsumer:
         at once (a crash in between would deliver it again and dead-letter it twice)."""
         pipe = self.client.pipeline(transaction=True)
         if dead_letter is not None:
-            pipe.xadd(dead_letter_stream(self.s.stream), dead_letter, maxlen=self.s.dead_letter_maxlen, approximate=True)
+            # Never trimmed: a cap drops the oldest dead letters, a failed forget among them.
+            # Growth is alerted from the first one (RecallDeadLetters) and bounded by Redis's memory alerts.
+            pipe.xadd(dead_letter_stream(self.s.stream), dead_letter)
         pipe.xack(self.s.stream, self.s.group, entry_id)
         pipe.xdel(self.s.stream, entry_id)
         await pipe.execute()
