@@ -35,7 +35,7 @@ def plain_window(reader, hits, window) -> None:
 
 
 VARIANTS: list[tuple[str, dict[str, object]]] = [
-    ("shipped", {}),
+    ("shipped", {}),  # conversation evidence 0.4, 30 conversations judged, best 3 turns
     ("neighbours: the plain seq window (funes; turns on screen previewed again)", {"_attach_neighbours": plain_window}),
     ("neighbours: turns read above not previewed again, no preview moves out", {"NEIGHBOUR_REACH": 1}),
     ("neighbours: freed slots up to 3 windows out", {"NEIGHBOUR_REACH": 3}),
@@ -49,12 +49,10 @@ VARIANTS: list[tuple[str, dict[str, object]]] = [
     ("dense weight 0.5", {"DENSE_WEIGHTS": {}, "DENSE_WEIGHT": 0.5}),
     ("no conversation evidence", {"CONVERSATION_WEIGHT": 0.0}),
     ("conversation evidence 0.2", {"CONVERSATION_WEIGHT": 0.2}),
-    ("conversation evidence 0.4", {"CONVERSATION_WEIGHT": 0.4}),
     ("conversation evidence 0.6", {"CONVERSATION_WEIGHT": 0.6}),
     ("conversation evidence 0.8", {"CONVERSATION_WEIGHT": 0.8}),
     ("conversation evidence 1.2", {"CONVERSATION_WEIGHT": 1.2}),
     ("conversation evidence: 10 conversations judged", {"CONVERSATION_SESSIONS": 10}),
-    ("conversation evidence: 30 conversations judged", {"CONVERSATION_SESSIONS": 30}),
     ("conversation evidence: best 2 turns", {"CONVERSATION_TURNS": 2}),
 ]
 

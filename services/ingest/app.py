@@ -36,6 +36,7 @@ from services.ingest.metrics import INGEST_LATENCY, INGEST_REDACTIONS, INGEST_RE
 from services.ingest.openapi import openapi_document
 from services.ingest.redaction import Redactor
 from services.ingest.settings import IngestSettings
+from shared.http_body import BodyTooLarge, read_body
 from shared.logging_setup import get_logger
 from shared.metrics_http import metrics_endpoint
 from shared.recall_answer_format import looks_like_recall_answer
@@ -147,14 +148,10 @@ class IngestAPI:
 
     async def _json(self, request: Request, required: bool = True) -> Any:
         limit = self.s.ingest_max_body_bytes
-        declared = request.headers.get("content-length")
-        if declared and declared.isdigit() and int(declared) > limit:
-            raise HTTPProblem(413, "request body too large", [("body", f"at most {limit} bytes")])
-        raw = bytearray()
-        async for chunk in request.stream():
-            raw += chunk
-            if len(raw) > limit:
-                raise HTTPProblem(413, "request body too large", [("body", f"at most {limit} bytes")])
+        try:
+            raw = await read_body(request, limit)
+        except BodyTooLarge:
+            raise HTTPProblem(413, "request body too large", [("body", f"at most {limit} bytes")]) from None
         if not raw and not required:
             return None
         if not _is_json(request.headers.get("content-type", "")):
@@ -177,8 +174,7 @@ class IngestAPI:
         req, turns, redacted = await asyncio.to_thread(self._clean_snapshot, payload)
         event = TurnsEvent(user_hash=user_hash(req.user), conversation_id=req.conversation_id, turns=turns,
                            received_at=time.time())
-        await self._refuse_if_storage_unwritable()
-        await self._refuse_if_backlog_full()
+        await self._refuse_if_unable_to_store()
         await self.redis.xadd(self.s.stream, event.fields())
         INGEST_TURNS.inc(len(turns))
         log.info("ingest.accepted", user_hash=event.user_hash, conversation_id=req.conversation_id, turns=len(turns),
@@ -205,17 +201,20 @@ class IngestAPI:
             turns.append(StreamTurn(id=t.id or f"{req.conversation_id}-{i}", role=t.role, text=clean.text, ts=t.ts))
         return req, turns, redacted
 
-    async def _refuse_if_storage_unwritable(self) -> None:
-        reason = await self.redis.get(STORAGE_UNWRITABLE)
+    async def _refuse_if_unable_to_store(self) -> None:
+        """503 when an indexer reports the data dir unwritable, or the backlog is full; both
+        asked in one round trip."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.get(STORAGE_UNWRITABLE)
+        pipe.xlen(self.s.stream)
+        reason, backlog = await pipe.execute()
         if reason is not None:
             raise HTTPProblem(503, "memory store cannot write, retry later",
                               [("data_dir", f"not writable ({reason.decode(errors='replace')})")])
-
-    async def _refuse_if_backlog_full(self) -> None:
         # The stream is never trimmed (MAXLEN would drop the oldest entries, processed or not:
         # accepted turns and forget events). Past the cap new turns wait at the gateway instead;
         # forget requests are always taken.
-        if await self.redis.xlen(self.s.stream) >= self.s.stream_maxlen:
+        if backlog >= self.s.stream_maxlen:
             raise HTTPProblem(503, "memory store backlog full, retry later",
                               [("redis", f"{self.s.stream} holds RECALL_STREAM_MAXLEN={self.s.stream_maxlen} unprocessed "
                                          "entries: the indexers must catch up")])

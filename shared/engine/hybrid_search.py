@@ -70,9 +70,10 @@ SESSION_WEIGHT = 0.2
 # 0.938); 0.8 costs multi-hop 0.787 (answers spread over sessions). Synthetic bare hit@3 at 0 /
 # 0.4 / 0.8: 1k 0.840 / 0.885 / 0.910, 10k 0.367 / 0.482 / 0.576; long unchanged. Judging 10
 # conversations instead of 30 lost 2 LoCoMo questions of R@8 (at weight 0.8), counting 2 turns
-# instead of 3 lost R@3 (0.767 vs 0.780). A BM25 turn-sum per conversation instead of the clause share cost
-# synthetic long questions 2-5 points at 10k. CPU: +2.3-2.5 ms per warm call at 10k (ranking
-# 3.1 -> 5.5 ms: one BM25 search 300 deep instead of 30, ~90 more rows read, ~130 turns stemmed).
+# instead of 3 lost R@3 (0.767 vs 0.780). A BM25 turn-sum per conversation instead of the
+# clause share cost synthetic long questions 2-5 points at 10k. CPU: ~1.2 ms per warm call at
+# 10k (bench/conversation_cpu.py, ranking 3.1 -> 4.3 ms on a quiet machine: one BM25 search
+# 300 deep instead of 30, ~60 more rows read, ~70 turns' stems intersected with the query's).
 CONVERSATION_DEPTH = 300
 CONVERSATION_TURNS = 3
 CONVERSATION_SESSIONS = 30

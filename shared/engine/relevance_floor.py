@@ -32,10 +32,10 @@ class RelevanceFloor:
     # When no query word occurs in the memory, whether the query reads as language at all (its
     # tokenizer's log-probability per character at least this) decides the rest: keyboard
     # mashing (and text in characters the model lacks) does not pass, however close e5's
-    # squeezed cosines put it; a question in a script
-    # none of its nearest passages is written in (Russian over English chats) cannot share a
-    # word with them, so BM25's silence says nothing and it faces the with-words bar. None: the
-    # model's tokenizer has no piece scores, and only the cosine bars apply.
+    # squeezed cosines put it; a question in a script none of its nearest passages is written
+    # in (Russian over English chats) cannot share a word with them, so BM25's silence says
+    # nothing and it faces the with-words bar. None: the model's tokenizer has no piece scores,
+    # and only the cosine bars apply.
     language_log_prob: float | None = None
 
     def admits(self, query: str, legs: "Legs", nearest: Callable[[], list[str]],

@@ -78,9 +78,13 @@ def scripts(text: str) -> set[str]:
     return found - {"other"} or found
 
 
+def _raw_words(text: str) -> list[str]:
+    return _WORD.findall(text.lower().replace("ё", "е"))
+
+
 def words(text: str) -> list[str]:
     out: list[str] = []
-    for word in _WORD.findall(text.lower().replace("ё", "е")):
+    for word in _raw_words(text):
         if len(word) > 2 and _CJK_RUN.match(word):
             out.extend(word[i : i + 2] for i in range(len(word) - 1))
         else:
@@ -106,7 +110,7 @@ def distinct_stems(text: str) -> frozenset[str]:
     memory's common words come back query after query: kept per text (8,192 texts, ~8 MB)."""
     if _CJK_RUN.search(text):
         return frozenset(map(stem, words(text)))
-    return frozenset(map(stem, set(_WORD.findall(text.lower().replace("ё", "е")))))
+    return frozenset(map(stem, set(_raw_words(text))))
 
 
 def forget_cached_texts() -> None:

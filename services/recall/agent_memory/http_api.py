@@ -30,6 +30,7 @@ from services.recall.agent_memory.service import AgentMemoryService
 from services.recall.artifacts.models import REALM_ID
 from services.recall.artifacts.rules import RuleBroken
 from services.recall.artifacts.service import Caller
+from shared.http_body import BodyTooLarge, read_body
 
 STATUS = {"realm_membership": 403, "realm_role": 403, "not_found": 404, "body_size": 413}
 MAX_BODY_BYTES = 2**20  # a valid record is far smaller (content at most 20,000 characters)
@@ -41,11 +42,10 @@ def _error(status: int, error: str, detail: str) -> JSONResponse:
 
 
 async def _json(request: Request, model: type[BaseModel]) -> Any:
-    body = bytearray()
-    async for chunk in request.stream():  # read no further than a record can be
-        body += chunk
-        if len(body) > MAX_BODY_BYTES:
-            raise RuleBroken("body_size", f"the request body is over {MAX_BODY_BYTES} bytes")
+    try:
+        body = await read_body(request, MAX_BODY_BYTES)  # read no further than a record can be
+    except BodyTooLarge:
+        raise RuleBroken("body_size", f"the request body is over {MAX_BODY_BYTES} bytes") from None
     try:
         raw = json.loads(body)
     except ValueError:  # malformed JSON or text that is not UTF-8
