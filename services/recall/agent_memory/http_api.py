@@ -10,7 +10,8 @@ MCP (verified by the same verifier; the realm role comes from the token's `realm
 
 Errors are JSON `{"error": <rule or field>, "detail": …}`: 401 without a valid token, 403 for a
 realm or role refusal, 404 for an unknown record, 413 for a body over 1 MiB, 422 for invalid
-input (naming the field; a body nested too deeply to parse is `body`).
+input (naming the field; a body nested too deeply to parse is `body`), 503 `database` while the
+artifacts database cannot be reached.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from starlette.responses import JSONResponse, Response
 
 from services.recall.agent_memory.models import MemoryType, Reality, RecordFields, RecordInput
 from services.recall.agent_memory.service import AgentMemoryService
+from services.recall.artifacts.artifact_store import StoreUnavailable
 from services.recall.artifacts.models import REALM_ID
 from services.recall.artifacts.rules import RuleBroken
 from services.recall.artifacts.service import Caller
@@ -76,6 +78,8 @@ def register_agent_memory_routes(mcp: FastMCP, service: AgentMemoryService) -> N
                     first = exc.errors(include_url=False)[0]
                     field = ".".join(str(p) for p in first["loc"]) or "body"
                     return _error(422, field, f"{field}: {first['msg']}")
+                except StoreUnavailable:
+                    return _error(503, "database", "the artifacts database is unavailable; retry later")
                 return JSONResponse(result, status_code=status)
 
             mcp.custom_route(path, methods=[method], name=f"{handler.__name__}")(endpoint)

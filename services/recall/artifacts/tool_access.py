@@ -17,9 +17,13 @@ from fastmcp.server.auth import AuthContext
 from fastmcp.server.dependencies import get_access_token
 from pydantic import ValidationError
 
+from services.recall.artifacts.artifact_store import StoreUnavailable
 from services.recall.artifacts.models import Role
 from services.recall.artifacts.rules import RuleBroken
 from services.recall.artifacts.service import Caller
+
+
+DATABASE_UNAVAILABLE = "database is unavailable: the realm's memory cannot be read or written right now"
 
 
 def _roles(ctx: AuthContext) -> set[Role]:
@@ -54,6 +58,8 @@ async def run(fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.to_thread(fn, caller(), *args)
     except RuleBroken as exc:
         raise ToolError(str(exc)) from None
+    except StoreUnavailable:
+        raise ToolError(f"{DATABASE_UNAVAILABLE}; retry in a moment") from None
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]
         raise ToolError(f"invalid {'.'.join(str(p) for p in first['loc']) or 'input'}: {first['msg']}") from None
