@@ -10,7 +10,8 @@ MCP (verified by the same verifier; the realm role comes from the token's `realm
 
 Errors are JSON `{"error": <rule or field>, "detail": …}`: 401 without a valid token, 403 for a
 realm or role refusal, 404 for an unknown record, 413 for a body over 1 MiB, 422 for invalid
-input (naming the field; a body nested too deeply to parse is `body`), 503 `database` while the
+input (naming the field; a body nested too deeply to parse is `body`; text holding a NUL
+character, which PostgreSQL cannot store, is refused on either database), 503 `database` while the
 artifacts database cannot be reached.
 """
 
@@ -30,6 +31,7 @@ from services.recall.agent_memory.models import MemoryType, Reality, RecordField
 from services.recall.agent_memory.service import AgentMemoryService
 from services.recall.artifacts.artifact_store import StoreUnavailable
 from services.recall.artifacts.models import REALM_ID
+from services.recall.artifacts.nul_text import NulText, refuse_nul
 from services.recall.artifacts.rules import RuleBroken
 from services.recall.artifacts.service import Caller
 from shared.http_body import BodyTooLarge, read_body
@@ -54,6 +56,7 @@ async def _json(request: Request, model: type[BaseModel]) -> Any:
         raise RuleBroken("body", "the request body must be a JSON object") from None
     except RecursionError:
         raise RuleBroken("body", "the request body is nested too deeply") from None
+    refuse_nul(raw)
     return model.model_validate(raw)
 
 
@@ -71,6 +74,7 @@ def register_agent_memory_routes(mcp: FastMCP, service: AgentMemoryService) -> N
                 if not REALM_ID.fullmatch(realm_id):
                     return _error(422, "realm_id", "not a realm id")
                 try:
+                    refuse_nul({**request.query_params, **request.path_params})
                     result = await handler(request, Caller.from_claims(token.claims), realm_id)
                 except RuleBroken as exc:
                     return _error(STATUS.get(exc.rule, 422), exc.rule, str(exc))
@@ -78,6 +82,8 @@ def register_agent_memory_routes(mcp: FastMCP, service: AgentMemoryService) -> N
                     first = exc.errors(include_url=False)[0]
                     field = ".".join(str(p) for p in first["loc"]) or "body"
                     return _error(422, field, f"{field}: {first['msg']}")
+                except NulText as exc:
+                    return _error(422, exc.field, str(exc))
                 except StoreUnavailable:
                     return _error(503, "database", "the artifacts database is unavailable; retry later")
                 return JSONResponse(result, status_code=status)
