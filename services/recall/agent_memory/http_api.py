@@ -17,7 +17,6 @@ artifacts database cannot be reached.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal
@@ -32,6 +31,7 @@ from services.recall.agent_memory.service import AgentMemoryService
 from services.recall.artifacts.artifact_store import StoreUnavailable
 from services.recall.artifacts.models import REALM_ID
 from services.recall.artifacts.nul_text import NulText, refuse_nul
+from services.recall.artifacts.realm_threads import in_realm_thread
 from services.recall.artifacts.rules import RuleBroken
 from services.recall.artifacts.service import Caller
 from shared.http_body import BodyTooLarge, read_body
@@ -96,33 +96,33 @@ def register_agent_memory_routes(mcp: FastMCP, service: AgentMemoryService) -> N
     @route(base, "POST", 201)
     async def create_memory(request: Request, caller: Caller, realm_id: str) -> Any:
         data = await _json(request, RecordInput)
-        return await asyncio.to_thread(service.create, caller, realm_id, data)
+        return await in_realm_thread(service.create, caller, realm_id, data)
 
     @route(base, "GET")
     async def search_memory(request: Request, caller: Caller, realm_id: str) -> Any:
         q = SearchQuery.model_validate(dict(request.query_params))
-        found = await asyncio.to_thread(lambda: service.search(
+        found = await in_realm_thread(lambda: service.search(
             caller, realm_id, memory_type=q.memory_type, reality=q.reality, tag=q.tag, target_kind=q.target_kind,
             target_id=q.target_id, query=q.q, valid_now=q.valid_now, limit=q.limit))
         return {"records": found}
 
     @route(base + "/{record_id}", "GET")
     async def read_memory(request: Request, caller: Caller, realm_id: str) -> Any:
-        return await asyncio.to_thread(service.get, caller, realm_id, request.path_params["record_id"])
+        return await in_realm_thread(service.get, caller, realm_id, request.path_params["record_id"])
 
     @route(base + "/{record_id}", "PATCH")
     async def change_memory(request: Request, caller: Caller, realm_id: str) -> Any:
         patch = await _json(request, RecordFields)
-        return await asyncio.to_thread(service.update, caller, realm_id, request.path_params["record_id"], patch)
+        return await in_realm_thread(service.update, caller, realm_id, request.path_params["record_id"], patch)
 
     @route(base + "/{record_id}", "DELETE")
     async def retire_memory(request: Request, caller: Caller, realm_id: str) -> Any:
-        return await asyncio.to_thread(service.retire, caller, realm_id, request.path_params["record_id"],
+        return await in_realm_thread(service.retire, caller, realm_id, request.path_params["record_id"],
                                        request.query_params.get("reason"))
 
     @route(base + "/{record_id}/audit", "GET")
     async def memory_audit(request: Request, caller: Caller, realm_id: str) -> Any:
-        return {"events": await asyncio.to_thread(service.audit, caller, realm_id, request.path_params["record_id"])}
+        return {"events": await in_realm_thread(service.audit, caller, realm_id, request.path_params["record_id"])}
 
 
 class SearchQuery(BaseModel):

@@ -8,7 +8,6 @@ checked on every call (a member of realm A is refused in realm B).
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +18,7 @@ from pydantic import ValidationError
 
 from services.recall.artifacts.artifact_store import StoreUnavailable
 from services.recall.artifacts.models import Role
+from services.recall.artifacts.realm_threads import in_realm_thread
 from services.recall.artifacts.rules import RuleBroken
 from services.recall.artifacts.service import Caller
 
@@ -52,10 +52,10 @@ def caller() -> Caller:
 
 
 async def run(fn: Callable[..., Any], *args: Any) -> Any:
-    """Run a blocking operation off the event loop as the token's caller; refusals become tool
+    """Run a blocking operation in the realm's threads as the token's caller; refusals become tool
     errors whose text names the broken rule (or the invalid field)."""
     try:
-        return await asyncio.to_thread(fn, caller(), *args)
+        return await in_realm_thread(fn, caller(), *args)
     except RuleBroken as exc:
         raise ToolError(str(exc)) from None
     except StoreUnavailable:
