@@ -128,6 +128,11 @@ class ProcessPool:
         async with self._lock:
             await self._drop(paths.uhash)
 
+    async def forget_all(self) -> None:
+        async with self._lock:
+            for uhash in list(self._slots):
+                await self._drop(uhash)
+
     # ---- internals -------------------------------------------------------------------------------
     async def _slot_for(self, paths: TenantPaths) -> _Slot:
         uhash = paths.uhash

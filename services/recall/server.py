@@ -144,12 +144,19 @@ def _consume_outcome(search: asyncio.Future) -> None:
 
 
 async def _drop_forgotten(s: RecallSettings, backend: RecallBackend) -> None:
-    """Indexers announce every deletion; drop that tenant's cached readers and engine children."""
+    """Indexers announce every deletion; drop that tenant's cached readers and engine children.
+    Pub/sub keeps nothing for an absent subscriber, so after the subscription was down every
+    cached handle goes: one of them may belong to a tenant forgotten meanwhile."""
+    missed = False
     while True:
         client = aioredis.Redis.from_url(s.redis)
         try:
             async with client.pubsub() as pubsub:
                 await pubsub.subscribe(FORGET_CHANNEL)
+                if missed:
+                    await backend.forget_all()
+                    log.info("recall.all_tenants_dropped", reason="forget announcements may have been missed")
+                    missed = False
                 async for message in pubsub.listen():
                     if message.get("type") == "message":
                         uhash = json.loads(message["data"])["user_hash"]
@@ -158,6 +165,7 @@ async def _drop_forgotten(s: RecallSettings, backend: RecallBackend) -> None:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # Redis away: recall keeps answering; retry the subscription
+            missed = True
             log.warning("recall.forget_listener_error", error=type(exc).__name__)
             await asyncio.sleep(2.0)
         finally:
