@@ -20,7 +20,9 @@ from fastmcp.client.auth import BearerAuth
 from fastmcp.exceptions import ToolError
 
 from shared.child_process import free_port
-from tests.conftest import _pg_bin, mint, recall_url
+from shared.engine.index_run import index_tree
+from shared.tenant_paths import TenantPaths
+from tests.conftest import _pg_bin, call_recall, mint, recall_url, write_conversation
 
 REALM = "acme-integrations"
 
@@ -111,6 +113,31 @@ async def test_database_outage_is_a_clear_503_and_the_service_recovers_when_post
         assert len(listed.json()["records"]) == 12
         assert len(await search_tool(env, token)) == 12
     assert http.post("/memory", json=record("after the outage")).status_code == 201
+
+
+async def test_recall_starts_and_answers_conversations_while_the_artifacts_database_is_down(
+        services, service_env, pg_cluster, embedder):
+    """The service created the artifact tables at start, so with PostgreSQL down (maintenance,
+    failover) a restarted replica died before listening: conversation recall, which needs no
+    artifacts database, was down with it. Now it starts, says so in one log line, answers
+    conversations, and the realm surface works once PostgreSQL is back (tables made then)."""
+    paths = TenantPaths.for_user(Path(service_env["RECALL_DATA_DIR"]), "alice")
+    write_conversation(paths.src, "vendor-call", ["The vendor confirmed the MT-4471 retry fix ships in 2.1.", "noted"])
+    index_tree(paths.root, paths.src, embedder)
+    pg_cluster.stop()
+    serve = services("serve", RECALL_ARTIFACTS_DB_URL=pg_cluster.url)
+    env = service_env
+    assert "recall.artifacts_db_unavailable" in serve.output()
+    assert "MT-4471" in await call_recall(env, mint("alice"), "MT-4471 retry fix")
+    token = mint("alice", realms={REALM: "member"})
+    http = httpx.Client(base_url=f"{recall_url(env)}/realms/{REALM}", timeout=30, headers={"authorization": f"Bearer {token}"})
+    assert http.get("/memory").status_code == 503
+    with pytest.raises(ToolError, match="database is unavailable"):
+        await search_tool(env, token)
+
+    pg_cluster.start()
+    assert http.post("/memory", json=record("after the database came up")).status_code == 201
+    assert await search_tool(env, token) == ["after the database came up"]
 
 
 def test_two_people_retiring_or_changing_one_record_at_once_never_both_win(pg_cluster, tmp_path, embedder):

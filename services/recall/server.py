@@ -23,7 +23,7 @@ from starlette.responses import JSONResponse, Response
 
 from services.recall.admission import Admission, Busy
 from services.recall.artifacts.artifact_search import ArtifactSearch
-from services.recall.artifacts.artifact_store import ArtifactStore
+from services.recall.artifacts.artifact_store import ArtifactStore, StoreUnavailable
 from services.recall.artifacts.service import ArtifactService
 from services.recall.artifacts.surface import register_realm_surface
 from services.recall.backend import BackendOverloaded, BackendUnavailable, RecallBackend
@@ -178,6 +178,17 @@ def build_artifact_service(s: RecallSettings) -> ArtifactService:
     return ArtifactService(ArtifactStore(url), ArtifactSearch(s.data_dir, Engine(max_readers=ARTIFACT_READERS)), s.data_dir)
 
 
+def check_artifacts_db(store: ArtifactStore) -> None:
+    """Make the artifact tables at start; a database that cannot be reached is one warning, and
+    the service starts anyway (conversation recall does not need it; the realm surface answers
+    "database is unavailable" until it is back)."""
+    try:
+        store.check()
+    except StoreUnavailable as exc:
+        log.warning("recall.artifacts_db_unavailable", error=str(exc).splitlines()[0][:300],
+                    hint="memory artifacts and AgentMemory answer 503 / 'database is unavailable' until it is reachable")
+
+
 def build_app(settings: RecallSettings | None = None):
     s = settings or RecallSettings()
     backend = make_backend(s, raise_open_file_limit())
@@ -191,7 +202,9 @@ def build_app(settings: RecallSettings | None = None):
             query: Annotated[str, Field(description="Short search words: identifiers, key nouns, optional time words.")]) -> str:
         return await service.recall_for(caller_user(), query)
 
-    register_realm_surface(mcp, build_artifact_service(s))
+    artifacts = build_artifact_service(s)
+    register_realm_surface(mcp, artifacts)
+    check_artifacts_db(artifacts.store)
 
     @mcp.custom_route("/healthz", methods=["GET"])
     async def healthz(request: Request) -> Response:

@@ -40,9 +40,7 @@ NAMES = [c.strip() for c in COLUMNS.split(",")]
 class MemoryStore:
     def __init__(self, store: ArtifactStore) -> None:
         self.db = store
-        with store.transaction() as tx:
-            for stmt in SCHEMA:
-                tx.q(stmt)
+        store.add_schema(SCHEMA)
 
     def transaction(self):
         return self.db.transaction()

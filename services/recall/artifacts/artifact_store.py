@@ -78,9 +78,29 @@ class ArtifactStore:
         if not self.pg and not url.startswith("sqlite:///"):
             raise ValueError("RECALL_ARTIFACTS_DB_URL must be sqlite:///<path> or postgresql://…")
         self._local = threading.local()
-        with self.transaction() as tx:
-            for stmt in SCHEMA:
-                tx.q(stmt)
+        # Tables are made by the first transaction, not here: a replica starting while
+        # PostgreSQL is down still serves conversation recall, and its realm surface comes up
+        # with the database.
+        self._schema = list(SCHEMA)
+        self._schema_ready = False
+        self._schema_lock = threading.Lock()
+
+    def add_schema(self, statements: list[str]) -> None:
+        """More tables of this database (AgentMemory's), made with the others."""
+        self._schema += statements
+        self._schema_ready = False
+
+    def check(self) -> None:
+        """Make the tables now (at start, so a mistake shows at once); StoreUnavailable if the
+        database cannot be reached."""
+        if self._schema_ready:
+            return
+        with self._schema_lock:
+            if not self._schema_ready:
+                with self._transaction() as tx:
+                    for stmt in self._schema:
+                        tx.q(stmt)
+                self._schema_ready = True
 
     # ---- connections and transactions ----------------------------------------------------------
     def _connection(self) -> Any:
@@ -108,6 +128,12 @@ class ArtifactStore:
         """Serialisable enough for our rules: SQLite takes the write lock up front (IMMEDIATE);
         PostgreSQL relies on the unique index and row locks (SELECT … FOR UPDATE).
         StoreUnavailable when PostgreSQL cannot be reached (the next transaction reconnects)."""
+        self.check()
+        with self._transaction() as tx:
+            yield tx
+
+    @contextmanager
+    def _transaction(self) -> Iterator[Tx]:
         conn, cur = self._begin()
         try:
             yield Tx(cur, self.pg)
