@@ -70,6 +70,7 @@ class Forgetter:
                 files = await self._forget_user(paths, entry_id)
                 stream_entries = await self._purge_stream(event, entry_id)
             dead_letters = await self._purge_dead_letters(event)
+        self.job.forget_cached_texts()
         await self.compaction.compact()
         await self.client.publish(FORGET_CHANNEL, json.dumps({"user_hash": event.user_hash,
                                                               "conversation_id": event.conversation_id}))
