@@ -19,9 +19,11 @@ In order, while holding the user's index lock (so no index run interleaves):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import shutil
 import time
+from collections.abc import AsyncIterator
 
 import redis.asyncio as aioredis
 
@@ -62,7 +64,7 @@ class Forgetter:
     async def forget(self, entry_id: str, event: ForgetEvent) -> None:
         paths = TenantPaths.for_hash(self.s.data_dir, event.user_hash)
         lock = RedisLock(self.client, keys.index_lock(event.user_hash), self.s.index_lock_ttl_s)
-        async with lock.held(wait_s=self.s.index_timeout_s, renew=True):
+        async with self._index_run_yielded(event.user_hash), lock.held(wait_s=self.s.index_timeout_s, renew=True):
             if event.kind == "forget_conversation":
                 files, chunks, stream_entries = await self._forget_conversation(paths, event, entry_id, lock)
             else:
@@ -79,6 +81,29 @@ class Forgetter:
         FORGOTTEN.labels(event.kind, event.reason).inc()
         log.info("forget.done", kind=event.kind, reason=event.reason, user_hash=event.user_hash,
                  conversation_id=event.conversation_id, **removed)
+
+    @contextlib.asynccontextmanager
+    async def _index_run_yielded(self, uhash: str) -> AsyncIterator[None]:
+        """While this forget waits for the user's index lock, a running index run gives it up
+        at its next checkpoint (and runs again later) instead of finishing first. The request
+        expires with its forget: a worker killed mid-forget blocks the user's indexing for one
+        lock TTL at most."""
+        waiting, ttl_ms = keys.forget_waiting(uhash), int(self.s.index_lock_ttl_s * 1000)
+        await self.client.set(waiting, 1, px=ttl_ms)
+
+        async def keep_asking() -> None:
+            while True:
+                await asyncio.sleep(self.s.index_lock_ttl_s / 3)
+                with contextlib.suppress(aioredis.RedisError):
+                    await self.client.set(waiting, 1, px=ttl_ms)
+
+        asking = asyncio.create_task(keep_asking())
+        try:
+            yield
+        finally:
+            asking.cancel()
+            with contextlib.suppress(aioredis.RedisError):  # it expires by itself
+                await self.client.delete(waiting)
 
     async def _forget_conversation(self, paths: TenantPaths, event: ForgetEvent, entry_id: str,
                                    lock: RedisLock) -> tuple[int, int, int]:
