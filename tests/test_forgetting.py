@@ -284,6 +284,24 @@ def test_a_forget_does_not_wait_for_a_long_index_run_of_the_user(services, servi
     assert wait_until(lambda: indexed_chunks(service_env, "yuki") == len(KEEP), 30)
 
 
+async def test_the_yield_request_stays_until_the_last_waiting_forget_of_the_user_is_done(tmp_path, redis_url, r):
+    from services.indexer import redis_keys as keys
+    from services.indexer.forgetting import Forgetter
+    from services.indexer.index_job import FunesIndexJob
+
+    client = aioredis.Redis.from_url(redis_url)
+    forgetter = Forgetter(client, IndexerSettings(data_dir=tmp_path, redis_url=redis_url), FunesIndexJob("/bin/false", 5))
+    waiting = keys.forget_waiting(user_hash("zoe"))
+    first, second = forgetter._index_run_yielded(user_hash("zoe")), forgetter._index_run_yielded(user_hash("zoe"))
+    await first.__aenter__()
+    await second.__aenter__()
+    await first.__aexit__(None, None, None)
+    assert r.exists(waiting), "the second forget still waits: index runs must keep yielding"
+    await second.__aexit__(None, None, None)
+    assert not r.exists(waiting), "no forget waits: the user's index runs go on"
+    await client.aclose()
+
+
 def _sample(name: str, **labels) -> float:
     from prometheus_client import REGISTRY
 

@@ -42,6 +42,12 @@ from shared.tenant_paths import TenantPaths
 log = get_logger("recall.indexer.forget")
 
 
+# The forget-waiting request of a user: a count of its waiting forgets, with an expiry.
+_JOIN_WAITING = "redis.call('INCR', KEYS[1]) return redis.call('PEXPIRE', KEYS[1], ARGV[1])"
+_STILL_WAITING = "if redis.call('EXISTS', KEYS[1]) == 0 then redis.call('SET', KEYS[1], 1) end return redis.call('PEXPIRE', KEYS[1], ARGV[1])"
+_LEAVE_WAITING = "if redis.call('DECR', KEYS[1]) <= 0 then redis.call('DEL', KEYS[1]) end return 1"
+
+
 def _original_fields(record: dict[str, str]) -> dict[str, str]:
     """The ids of a dead-letter record: plain fields, or (older records) inside its `fields` JSON."""
     if "user_hash" in record:
@@ -86,16 +92,16 @@ class Forgetter:
     async def _index_run_yielded(self, uhash: str) -> AsyncIterator[None]:
         """While this forget waits for the user's index lock, a running index run gives it up
         at its next checkpoint (and runs again later) instead of finishing first. The request
-        expires with its forget: a worker killed mid-forget blocks the user's indexing for one
-        lock TTL at most."""
+        counts the user's waiting forgets (the last one out removes it) and expires with them:
+        a worker killed mid-forget blocks the user's indexing for one lock TTL at most."""
         waiting, ttl_ms = keys.forget_waiting(uhash), int(self.s.index_lock_ttl_s * 1000)
-        await self.client.set(waiting, 1, px=ttl_ms)
+        await self.client.eval(_JOIN_WAITING, 1, waiting, ttl_ms)
 
         async def keep_asking() -> None:
             while True:
                 await asyncio.sleep(self.s.index_lock_ttl_s / 3)
                 with contextlib.suppress(aioredis.RedisError):
-                    await self.client.set(waiting, 1, px=ttl_ms)
+                    await self.client.eval(_STILL_WAITING, 1, waiting, ttl_ms)
 
         asking = asyncio.create_task(keep_asking())
         try:
@@ -103,7 +109,7 @@ class Forgetter:
         finally:
             asking.cancel()
             with contextlib.suppress(aioredis.RedisError):  # it expires by itself
-                await self.client.delete(waiting)
+                await self.client.eval(_LEAVE_WAITING, 1, waiting)
 
     async def _forget_conversation(self, paths: TenantPaths, event: ForgetEvent, entry_id: str,
                                    lock: RedisLock) -> tuple[int, int, int]:
