@@ -7,6 +7,10 @@ A holder that is still alive but lost the lock (a renewal found another owner or
 after a long pause or a Redis failover) must stop writing: `guard()` cancels the work and
 raises LockLost, and `fence()` gives a worker thread a check to call right before it commits
 (it re-confirms ownership in Redis and extends the expiry, or raises LockLost).
+
+A lock can be made to yield (`yields_to`): while a key of that name exists, its next renewal
+gives it up as if lost (`yielded` tells the two apart). A user's index run yields this way to
+a forget of that user, which would otherwise wait for the whole run (up to the index timeout).
 """
 
 from __future__ import annotations
@@ -32,13 +36,22 @@ class LockLost(Exception):
     """The lock expired or has another owner: whatever its holder was doing must not commit."""
 
 _RENEW = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) else return 0 end"
+# 2: still ours, but someone waiting for it asked us to yield (the lock is left to expire or be released).
+_RENEW_OR_YIELD = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+if redis.call('EXISTS', KEYS[2]) == 1 then return 2 end
+return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+"""
+YIELD_POLL_S = 0.5  # how soon a yielding lock notices the request
 _RELEASE = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) else return 0 end"
 
 
 class RedisLock:
-    def __init__(self, client: aioredis.Redis, key: str, ttl_s: float) -> None:
+    def __init__(self, client: aioredis.Redis, key: str, ttl_s: float, yields_to: str | None = None) -> None:
         self.client = client
         self.key = key
+        self.yields_to = yields_to
+        self.yielded = False
         self.ttl_ms = max(100, int(ttl_s * 1000))
         self.token = secrets.token_hex(16)
         self._renewer: asyncio.Task | None = None
@@ -58,11 +71,13 @@ class RedisLock:
         return True
 
     def keep_alive(self) -> None:
-        """Renew every third of the TTL until released; a failed renewal marks the lock lost."""
+        """Renew every third of the TTL (a yielding lock: every YIELD_POLL_S) until released; a
+        failed renewal marks the lock lost."""
+        period = min(self.ttl_ms / 3000, YIELD_POLL_S) if self.yields_to else self.ttl_ms / 3000
 
         async def renew() -> None:
             while True:
-                await asyncio.sleep(self.ttl_ms / 3000)
+                await asyncio.sleep(period)
                 try:
                     if not await self._renew():
                         self._mark_lost()
@@ -73,13 +88,22 @@ class RedisLock:
         self._renewer = asyncio.create_task(renew())
 
     async def _renew(self) -> bool:
-        return bool(await self.client.eval(_RENEW, 1, self.key, self.token, self.ttl_ms))
+        if self.yields_to is None:
+            return bool(await self.client.eval(_RENEW, 1, self.key, self.token, self.ttl_ms))
+        held = await self.client.eval(_RENEW_OR_YIELD, 2, self.key, self.yields_to, self.token, self.ttl_ms)
+        if held == 2:
+            self.yielded = True
+            return False
+        return bool(held)
 
     def _mark_lost(self) -> None:
         if not self.lost:
             self.lost = True
-            LOCKS_LOST.inc()
-            log.warning("lock.lost", key=self.key)
+            if self.yielded:
+                log.info("lock.yielded", key=self.key)
+            else:
+                LOCKS_LOST.inc()
+                log.warning("lock.lost", key=self.key)
         self._lost_event.set()
 
     async def guard(self, work: Awaitable[T]) -> T:

@@ -258,6 +258,50 @@ def test_a_long_forget_is_not_reclaimed_and_run_twice(services, service_env, tmp
     assert worker.output().count('"forget.done"') == 1
 
 
+FIRST_INDEX_RUN_TAKES_MINUTES = """#!/usr/bin/env bash
+# A funes stand-in whose first index run is a long import (killed with its process group).
+if [ "$1" = "index" ] && [ ! -e "{started}" ]; then touch "{started}"; sleep 120; fi
+exec "{engine}" "$@"
+"""
+
+
+def test_a_forget_does_not_wait_for_a_long_index_run_of_the_user(services, service_env, tmp_path):
+    started = tmp_path / "first-run-started"
+    slow = tmp_path / "funes"
+    slow.write_text(FIRST_INDEX_RUN_TAKES_MINUTES.format(started=started, engine=engine_cli()))
+    slow.chmod(0o755)
+    services("ingest")
+    worker = services("indexer", RECALL_ENGINE="funes", RECALL_FUNES_BIN=str(slow), RECALL_INDEX_DEBOUNCE_S="0.05")
+    post_conversation(service_env, "yuki", "secret-plan", SECRET_PLAN)
+    post_conversation(service_env, "yuki", "keep", KEEP)
+    assert wait_until(started.exists, 30)
+    time.sleep(0.5)
+    receipt = delete(service_env, "/conversations/secret-plan", user="yuki")
+    # The index run yields its lock at once; before, the forget waited out the whole run.
+    assert wait_until(lambda: receipt_done(service_env, receipt["receipt"]) is not None, 20)
+    assert '"outcome": "yielded"' in worker.output()
+    # The yielded run is run again, over what remains.
+    assert wait_until(lambda: indexed_chunks(service_env, "yuki") == len(KEEP), 30)
+
+
+async def test_the_yield_request_stays_until_the_last_waiting_forget_of_the_user_is_done(tmp_path, redis_url, r):
+    from services.indexer import redis_keys as keys
+    from services.indexer.forgetting import Forgetter
+    from services.indexer.index_job import FunesIndexJob
+
+    client = aioredis.Redis.from_url(redis_url)
+    forgetter = Forgetter(client, IndexerSettings(data_dir=tmp_path, redis_url=redis_url), FunesIndexJob("/bin/false", 5))
+    waiting = keys.forget_waiting(user_hash("zoe"))
+    first, second = forgetter._index_run_yielded(user_hash("zoe")), forgetter._index_run_yielded(user_hash("zoe"))
+    await first.__aenter__()
+    await second.__aenter__()
+    await first.__aexit__(None, None, None)
+    assert r.exists(waiting), "the second forget still waits: index runs must keep yielding"
+    await second.__aexit__(None, None, None)
+    assert not r.exists(waiting), "no forget waits: the user's index runs go on"
+    await client.aclose()
+
+
 def _sample(name: str, **labels) -> float:
     from prometheus_client import REGISTRY
 

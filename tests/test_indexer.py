@@ -19,7 +19,7 @@ from services.indexer.settings import IndexerSettings
 from services.indexer.snapshot_writer import version_file
 from services.indexer.stream_consumer import StreamConsumer
 from shared.redis_server import EmbeddedRedis
-from shared.stream_schema import StreamTurn, TurnsEvent, ensure_group
+from shared.stream_schema import ForgetEvent, StreamTurn, TurnsEvent, ensure_group
 from shared.tenant_paths import TenantPaths, user_hash
 from tests.conftest import INGEST_KEY, conversation_payload, engine_cli, free_port, ingest_url, wait_until
 
@@ -92,6 +92,25 @@ async def test_out_of_order_snapshots_never_regress_a_conversation(tmp_path, red
     assert paths.transcript("c").read_text().count("\n") == 4 + 8 % 3
     await consumer._store("3008-0", event(6))  # a redelivery of the newest rewrites it
     assert paths.transcript("c").read_text().count("\n") == 6
+    await client.aclose()
+
+
+async def test_a_forget_leaves_no_user_words_cached_in_the_indexer_process(tmp_path, redis_url, r):
+    from shared.engine.text_analysis import stem
+
+    settings = IndexerSettings(data_dir=tmp_path / "data", redis_url=redis_url)
+    import redis.asyncio as aioredis
+
+    client = aioredis.Redis.from_url(redis_url)
+    forgetter = Forgetter(client, settings, EmbeddedIndexJob(settings.index_timeout_s))
+    consumer = StreamConsumer(client, settings, forgetter)
+    uh = user_hash("erin")
+    turns = [StreamTurn(id="t0", role="user", text="my neighbour Zbigniewski keeps geese", ts="2026-10-08T10:00:00Z")]
+    await consumer._store("1000-0", TurnsEvent(user_hash=uh, conversation_id="c", received_at=time.time(), turns=turns))
+    await forgetter.job.run(TenantPaths.for_hash(settings.data_dir, uh))
+    assert stem.cache_info().currsize > 0  # indexing stemmed the turn's words in this process
+    await forgetter.forget("2000-0", ForgetEvent(kind="forget_user", user_hash=uh, receipt="rc", received_at=time.time()))
+    assert stem.cache_info().currsize == 0
     await client.aclose()
 
 

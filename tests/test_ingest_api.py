@@ -241,6 +241,15 @@ def test_an_absurd_retention_is_422_naming_days(ingest, r, days):
     assert r.hlen("recall:retention:days") == 0
 
 
+def test_delete_on_a_users_retention_clears_the_override_and_forgets_nobody(ingest, r):
+    headers = {"x-ingest-key": INGEST_KEY}
+    assert httpx.put(f"{ingest}/users/alice/retention", headers=headers, json={"days": 30}).status_code == 200
+    resp = httpx.delete(f"{ingest}/users/alice/retention", headers=headers)
+    assert resp.status_code == 200 and resp.json() == {"days": None}, resp.text
+    assert r.hlen("recall:retention:days") == 0
+    assert r.xlen("recall:turns") == 0, "no forget of a user named 'alice/retention'"
+
+
 NEXT_KEY = "Qx7pL2vR9mT4kW8zN3bY6cH1jD5fG0sA"  # random-looking, as the secret policy demands
 
 
@@ -272,7 +281,7 @@ def test_every_documented_operation_answers_as_its_schema_says(services, service
     services("ingest")  # default limits: generated bodies stay below them, so a 413 never masks a verdict
     schema = schemathesis.openapi.from_url(f"{ingest_url(service_env)}/openapi.json")
     operations = [result.ok() for result in schema.get_all_operations()]
-    assert len(operations) == 8
+    assert len(operations) == 9
     for operation in operations:
         @given(case=operation.as_strategy(GenerationMode(mode)))
         @settings(max_examples=100, deadline=None, database=None, suppress_health_check=list(HealthCheck))

@@ -19,9 +19,11 @@ In order, while holding the user's index lock (so no index run interleaves):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import shutil
 import time
+from collections.abc import AsyncIterator
 
 import redis.asyncio as aioredis
 
@@ -38,6 +40,12 @@ from shared.stream_schema import FORGET_CHANNEL, DeletionReceipt, ForgetEvent, d
 from shared.tenant_paths import TenantPaths
 
 log = get_logger("recall.indexer.forget")
+
+
+# The forget-waiting request of a user: a count of its waiting forgets, with an expiry.
+_JOIN_WAITING = "redis.call('INCR', KEYS[1]) return redis.call('PEXPIRE', KEYS[1], ARGV[1])"
+_STILL_WAITING = "if redis.call('EXISTS', KEYS[1]) == 0 then redis.call('SET', KEYS[1], 1) end return redis.call('PEXPIRE', KEYS[1], ARGV[1])"
+_LEAVE_WAITING = "if redis.call('DECR', KEYS[1]) <= 0 then redis.call('DEL', KEYS[1]) end return 1"
 
 
 def _original_fields(record: dict[str, str]) -> dict[str, str]:
@@ -62,7 +70,7 @@ class Forgetter:
     async def forget(self, entry_id: str, event: ForgetEvent) -> None:
         paths = TenantPaths.for_hash(self.s.data_dir, event.user_hash)
         lock = RedisLock(self.client, keys.index_lock(event.user_hash), self.s.index_lock_ttl_s)
-        async with lock.held(wait_s=self.s.index_timeout_s, renew=True):
+        async with self._index_run_yielded(event.user_hash), lock.held(wait_s=self.s.index_timeout_s, renew=True):
             if event.kind == "forget_conversation":
                 files, chunks, stream_entries = await self._forget_conversation(paths, event, entry_id, lock)
             else:
@@ -70,6 +78,7 @@ class Forgetter:
                 files = await self._forget_user(paths, entry_id)
                 stream_entries = await self._purge_stream(event, entry_id)
             dead_letters = await self._purge_dead_letters(event)
+        self.job.forget_cached_texts()
         await self.compaction.compact()
         await self.client.publish(FORGET_CHANNEL, json.dumps({"user_hash": event.user_hash,
                                                               "conversation_id": event.conversation_id}))
@@ -78,6 +87,29 @@ class Forgetter:
         FORGOTTEN.labels(event.kind, event.reason).inc()
         log.info("forget.done", kind=event.kind, reason=event.reason, user_hash=event.user_hash,
                  conversation_id=event.conversation_id, **removed)
+
+    @contextlib.asynccontextmanager
+    async def _index_run_yielded(self, uhash: str) -> AsyncIterator[None]:
+        """While this forget waits for the user's index lock, a running index run gives it up
+        at its next checkpoint (and runs again later) instead of finishing first. The request
+        counts the user's waiting forgets (the last one out removes it) and expires with them:
+        a worker killed mid-forget blocks the user's indexing for one lock TTL at most."""
+        waiting, ttl_ms = keys.forget_waiting(uhash), int(self.s.index_lock_ttl_s * 1000)
+        await self.client.eval(_JOIN_WAITING, 1, waiting, ttl_ms)
+
+        async def keep_asking() -> None:
+            while True:
+                await asyncio.sleep(self.s.index_lock_ttl_s / 3)
+                with contextlib.suppress(aioredis.RedisError):
+                    await self.client.eval(_STILL_WAITING, 1, waiting, ttl_ms)
+
+        asking = asyncio.create_task(keep_asking())
+        try:
+            yield
+        finally:
+            asking.cancel()
+            with contextlib.suppress(aioredis.RedisError):  # it expires by itself
+                await self.client.eval(_LEAVE_WAITING, 1, waiting)
 
     async def _forget_conversation(self, paths: TenantPaths, event: ForgetEvent, entry_id: str,
                                    lock: RedisLock) -> tuple[int, int, int]:

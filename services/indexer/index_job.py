@@ -32,6 +32,10 @@ class IndexJob(Protocol):
         """After sources were deleted: make sure no row of them stays searchable."""
         ...
 
+    def forget_cached_texts(self) -> None:
+        """After a forget: drop whatever this process cached of what users wrote."""
+        ...
+
 
 class EmbeddedIndexJob:
     """The project's engine in this process: the model is loaded once per worker.
@@ -74,6 +78,12 @@ class EmbeddedIndexJob:
         # purge scrubs their text from the index files too.
         await self.run(paths, purge=True, lock=lock)
 
+    def forget_cached_texts(self) -> None:
+        # Indexing stems every word it stores (a process-wide cache of user words, all tenants).
+        from shared.engine.text_analysis import forget_cached_texts
+
+        forget_cached_texts()
+
 
 class FunesIndexJob:
     """`<bin> index --yes <src>` with FUNES_HOME set, a cleaned environment and a timeout."""
@@ -86,6 +96,9 @@ class FunesIndexJob:
         # funes is append-only: a deletion is a rebuild of the memory from the remaining files.
         await asyncio.to_thread(shutil.rmtree, paths.memory, True)
         await self.run(paths, lock=lock)
+
+    def forget_cached_texts(self) -> None:
+        pass  # every funes run is a child process that exits: it leaves nothing cached here
 
     async def run(self, paths: TenantPaths, lock: RedisLock | None = None) -> None:
         # A lost lock kills the child (the cancellation path below) before it can commit more.

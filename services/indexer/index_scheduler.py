@@ -79,7 +79,9 @@ class IndexScheduler:
             uhash = raw.decode() if isinstance(raw, bytes) else raw
             if uhash in self.running:
                 continue
-            lock = RedisLock(self.client, keys.index_lock(uhash), self.lock_ttl_s)
+            if await self.client.exists(keys.forget_waiting(uhash)):
+                continue  # a forget of this user goes first; the user stays due
+            lock = RedisLock(self.client, keys.index_lock(uhash), self.lock_ttl_s, yields_to=keys.forget_waiting(uhash))
             if not await lock.acquire():
                 continue  # another replica runs this user now; it stays due
             self.running[uhash] = asyncio.create_task(self._run(uhash, lock))
@@ -110,8 +112,9 @@ class IndexScheduler:
             outcome = "busy"  # someone outside the scheduler holds the memory; stays due
             await self.client.zadd(keys.DUE, {uhash: time.time() + max(self.debounce_s, 0.5)})
         except LockLost:
-            # Another worker may own the user now; this run committed nothing. It stays due.
-            outcome = "lock_lost"
+            # Another worker may own the user now, or a forget asked for the lock; this run
+            # committed nothing. It stays due.
+            outcome = "yielded" if lock.yielded else "lock_lost"
             await self.client.zadd(keys.DUE, {uhash: time.time() + max(self.debounce_s, 0.5)})
         except asyncio.CancelledError:
             outcome = "cancelled"

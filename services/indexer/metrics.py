@@ -19,7 +19,7 @@ INDEX_RUNNING = Gauge("recall_index_jobs_running", "Index jobs running in this w
 # Series exist from the start (at 0), so dashboards and alerts see them before the first event.
 for _reason in ("invalid event", "max deliveries exceeded"):
     DEAD_LETTERS.labels(_reason)
-for _outcome in ("ok", "busy", "failed", "cancelled", "lock_lost"):
+for _outcome in ("ok", "busy", "failed", "cancelled", "lock_lost", "yielded"):
     INDEX_JOB_SECONDS.labels(_outcome)
 for _result in ("written", "stale"):
     SNAPSHOTS.labels(_result)

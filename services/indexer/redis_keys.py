@@ -17,6 +17,11 @@ def index_lock(uhash: str) -> str:
     return f"recall:lock:index:{uhash}"
 
 
+def forget_waiting(uhash: str) -> str:
+    """Set while a forget of the user waits for its index lock: a running index run yields it."""
+    return f"recall:forget-waiting:{uhash}"
+
+
 def conversation_lock(uhash: str, conversation_id: str) -> str:
     return f"recall:lock:conv:{uhash}:{conversation_id}"
 

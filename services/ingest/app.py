@@ -6,7 +6,7 @@ a bad request cannot damage what is stored, and it answers 202 only once Redis h
 - `DELETE /conversations/{id}` (user in the query or body) and `DELETE /users/{user}`: forget,
   through the same stream so the order against in-flight turns is exact; both return a receipt;
 - `GET /deletions/{receipt}`: pending or done, with what was removed;
-- `PUT /users/{user}/retention`: a per-user retention override.
+- `PUT /users/{user}/retention`: a per-user retention override (`DELETE` clears it).
 
 Turns are refused with 503 (not accepted and lost later) while an indexer reports that the data
 dir is not writable (`STORAGE_UNWRITABLE` in Redis, refreshed by the indexers' probe).
@@ -268,6 +268,13 @@ class IngestAPI:
             await self.redis.hset(RETENTION_OVERRIDES, uhash, override.days)
         return 200, {"days": override.days}
 
+    async def delete_retention(self, request: Request) -> tuple[int, dict]:
+        """Clear the override, as PUT with null does. Without this route a DELETE here was read
+        as forgetting a user named "<user>/retention": 202 and a receipt, override untouched."""
+        forget: ForgetUser = _validate(ForgetUser, {"user": request.path_params["user"]})
+        await self.redis.hdel(RETENTION_OVERRIDES, user_hash(forget.user))
+        return 200, {"days": None}
+
     # ---- probes ---------------------------------------------------------------------------------------
     async def readyz(self, request: Request) -> Response:
         try:
@@ -310,6 +317,7 @@ def create_app(settings: IngestSettings) -> Starlette:
             api.route("/turns", api.post_turns, ["POST"]),
             api.route("/conversations/{conversation_id}", api.delete_conversation, ["DELETE"], frozenset({"user"})),
             api.route("/users/{user:anytext}/retention", api.put_retention, ["PUT"]),
+            api.route("/users/{user:anytext}/retention", api.delete_retention, ["DELETE"]),
             api.route("/users/{user:anytext}", api.delete_user, ["DELETE"]),
             api.route("/deletions/{receipt}", api.get_deletion, ["GET"]),
             Route("/healthz", healthz), Route("/readyz", api.readyz),

@@ -76,6 +76,13 @@ def openapi_document() -> dict:
                               "413": err("Body too large"), "415": err("The body is not application/json"),
                               "422": err("Invalid days (1-36500 or null) or user"),
                               "503": err("Redis unreachable; retry")},
+            }, "delete": {
+                "summary": "Clear a user's retention override (the service default applies again)",
+                "security": [{"ingestKey": []}],
+                "parameters": [{"name": "user", "in": "path", "required": True, "schema": USER_PARAM}],
+                "responses": {"200": {"description": "Cleared", "content": {"application/json": {"schema": ref("RetentionOverride")}}},
+                              "401": err("Missing or wrong ingest key"), "422": err("Invalid user"),
+                              "503": err("Redis unreachable; retry")},
             }},
             "/deletions/{receipt}": {"get": {
                 "summary": "Status of a deletion: pending or done, with what was removed",
