@@ -190,6 +190,40 @@ def test_two_people_retiring_or_changing_one_record_at_once_never_both_win(pg_cl
     assert any(isinstance(o, RuleBroken) for o in outcomes) == (events == ["created", "retired"]), outcomes
 
 
+def test_postgresql_stopping_in_the_middle_of_a_change_is_a_clean_unavailable(pg_cluster, tmp_path, embedder):
+    """A change waiting inside its transaction when PostgreSQL shuts down (its backend is
+    terminated) ends as StoreUnavailable (503 / 'database is unavailable'), not a driver error."""
+    import psycopg
+
+    from services.recall.agent_memory.memory_store import MemoryStore
+    from services.recall.agent_memory.models import RecordInput
+    from services.recall.agent_memory.service import AgentMemoryService
+    from services.recall.artifacts.artifact_search import ArtifactSearch
+    from services.recall.artifacts.artifact_store import ArtifactStore, StoreUnavailable
+    from services.recall.artifacts.models import Role
+    from services.recall.artifacts.service import ArtifactService, Caller
+    from shared.engine.api import Engine
+
+    store = ArtifactStore(pg_cluster.url)
+    memory = AgentMemoryService(MemoryStore(store), ArtifactService(store, ArtifactSearch(tmp_path, Engine(embedder=embedder)),
+                                                                    tmp_path), tmp_path)
+    alice = Caller("alice", {REALM: Role.MEMBER})
+    rid = memory.create(alice, REALM, RecordInput.model_validate(record("retired as PostgreSQL stops")))["record_id"]
+    outcomes: list[object] = []
+    blocker = psycopg.connect(pg_cluster.url)
+    blocker.execute("SELECT 1 FROM agent_memory_records WHERE record_id = %s FOR UPDATE", (rid,))
+    waiting = threading.Thread(target=lambda: outcomes.append(_outcome(lambda r: memory.retire(alice, REALM, r, "x"), rid)))
+    waiting.start()
+    with psycopg.connect(pg_cluster.url, autocommit=True) as watch:
+        assert _wait_for_lock_waiters(watch, 1)
+    pg_cluster.stop()
+    waiting.join(30)
+    blocker.close()
+    assert isinstance(outcomes[0], StoreUnavailable), outcomes
+    pg_cluster.start()
+    assert memory.retire(alice, REALM, rid, "again")["status"] == "retired"
+
+
 def _outcome(op, rid: str) -> object:
     try:
         return op(rid)
