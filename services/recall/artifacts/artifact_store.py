@@ -150,6 +150,8 @@ class ArtifactStore:
             if isinstance(exc, self._unique_violation()):
                 raise Conflict(str(exc)) from exc
             raise
+        finally:
+            cur.close()
 
     def _begin(self) -> tuple[Any, Any]:
         """A connection and a cursor inside a new transaction. A PostgreSQL connection the server
