@@ -9,7 +9,6 @@ import shutil
 import subprocess
 import tempfile
 import threading
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
