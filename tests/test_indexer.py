@@ -188,8 +188,10 @@ def test_redis_restart_with_aof_loses_no_accepted_turn(services, service_env, tm
         server = EmbeddedRedis(tmp_path / "redis-aof", port=port)
         server.start()
         assert redis.Redis.from_url(server.url).xlen("recall:turns") == 5
+        # The first post after the restart finds ingest's pooled connection dead: still 202.
+        post(service_env, conversation_payload("gina", "g5", ["accepted turn 5 with code Q-5"]))
         services("indexer", **own)
-        assert wait_until(lambda: searchable(service_env, "gina", 5), 30)
+        assert wait_until(lambda: searchable(service_env, "gina", 6), 30)
     finally:
         server.stop()
 
