@@ -129,6 +129,28 @@ async def test_an_index_run_that_meets_redis_down_ends_without_an_error(tmp_path
     await dead.aclose()
 
 
+async def test_a_forget_redelivered_after_a_crash_keeps_the_counts_of_what_it_removed(tmp_path, redis_url, r):
+    from shared.stream_schema import DeletionReceipt, deletion_key
+
+    settings = IndexerSettings(data_dir=tmp_path / "data", redis_url=redis_url)
+    import redis.asyncio as aioredis
+
+    client = aioredis.Redis.from_url(redis_url)
+    forgetter = Forgetter(client, settings, EmbeddedIndexJob(settings.index_timeout_s))
+    uh = user_hash("fay")
+    turns = [StreamTurn(id=f"t{i}", role="user", text=f"plan step {i}", ts="2026-10-08T10:00:00Z") for i in range(2)]
+    await StreamConsumer(client, settings, forgetter)._store(
+        "1000-0", TurnsEvent(user_hash=uh, conversation_id="c", received_at=time.time(), turns=turns))
+    await forgetter.job.run(TenantPaths.for_hash(settings.data_dir, uh))
+    event = ForgetEvent(kind="forget_conversation", user_hash=uh, conversation_id="c", receipt="rf", received_at=time.time())
+    await forgetter.forget("2000-0", event)
+    # Killed before its ack: the entry is delivered again and finds everything already gone.
+    await forgetter.forget("2000-0", event)
+    receipt = DeletionReceipt.model_validate_json(r.hget(deletion_key("rf"), "record"))
+    assert receipt.status == "done" and receipt.removed["files"] == 1 and receipt.removed["chunks"] == 2, receipt.removed
+    await client.aclose()
+
+
 def test_kill_9_mid_batch_another_worker_finishes_without_duplicates(services, service_env, r):
     services("ingest")
     convs = {f"k{i}": [f"Conversation {i} opened ticket MT-{5000 + i}.", f"Owner of MT-{5000 + i} is operator {i}."]

@@ -42,6 +42,7 @@ from shared.tenant_paths import TenantPaths
 log = get_logger("recall.indexer.forget")
 
 
+REMOVED_KINDS = ("files", "chunks", "stream_entries", "dead_letters")  # a receipt's `removed`
 # The forget-waiting request of a user: a count of its waiting forgets, with an expiry.
 _JOIN_WAITING = "redis.call('INCR', KEYS[1]) return redis.call('PEXPIRE', KEYS[1], ARGV[1])"
 _STILL_WAITING = "if redis.call('EXISTS', KEYS[1]) == 0 then redis.call('SET', KEYS[1], 1) end return redis.call('PEXPIRE', KEYS[1], ARGV[1])"
@@ -72,18 +73,18 @@ class Forgetter:
         lock = RedisLock(self.client, keys.index_lock(event.user_hash), self.s.index_lock_ttl_s)
         async with self._index_run_yielded(event.user_hash), lock.held(wait_s=self.s.index_timeout_s, renew=True):
             if event.kind == "forget_conversation":
-                files, chunks, stream_entries = await self._forget_conversation(paths, event, entry_id, lock)
+                await self._forget_conversation(paths, event, entry_id, lock)
             else:
                 chunks = await self.rows.count(paths)
                 files = await self._forget_user(paths, entry_id)
-                stream_entries = await self._purge_stream(event, entry_id)
-            dead_letters = await self._purge_dead_letters(event)
+                await self._tally(event, files=files, chunks=chunks)
+                await self._tally(event, stream_entries=await self._purge_stream(event, entry_id))
+            await self._tally(event, dead_letters=await self._purge_dead_letters(event))
         self.job.forget_cached_texts()
         await self.compaction.compact()
         await self.client.publish(FORGET_CHANNEL, json.dumps({"user_hash": event.user_hash,
                                                               "conversation_id": event.conversation_id}))
-        removed = {"files": files, "chunks": chunks, "stream_entries": stream_entries, "dead_letters": dead_letters}
-        await self._complete_receipt(event, removed)
+        removed = await self._complete_receipt(event)
         FORGOTTEN.labels(event.kind, event.reason).inc()
         log.info("forget.done", kind=event.kind, reason=event.reason, user_hash=event.user_hash,
                  conversation_id=event.conversation_id, **removed)
@@ -112,14 +113,14 @@ class Forgetter:
                 await self.client.eval(_LEAVE_WAITING, 1, waiting)
 
     async def _forget_conversation(self, paths: TenantPaths, event: ForgetEvent, entry_id: str,
-                                   lock: RedisLock) -> tuple[int, int, int]:
+                                   lock: RedisLock) -> None:
         assert event.conversation_id is not None
         conv_lock = RedisLock(self.client, keys.conversation_lock(event.user_hash, event.conversation_id), 30)
         async with conv_lock.held(wait_s=30):
-            files = await asyncio.to_thread(tombstone_conversation, paths, event.conversation_id, entry_id)
-            stream_entries = await self._purge_stream(event, entry_id)
-        chunks = await self.rows.remove_conversation(paths, event.conversation_id, lock) if paths.src.is_dir() else 0
-        return files, chunks, stream_entries
+            await self._tally(event, files=await asyncio.to_thread(tombstone_conversation, paths, event.conversation_id, entry_id))
+            await self._tally(event, stream_entries=await self._purge_stream(event, entry_id))
+        if paths.src.is_dir():
+            await self._tally(event, chunks=await self.rows.remove_conversation(paths, event.conversation_id, lock))
 
     async def _forget_user(self, paths: TenantPaths, entry_id: str) -> int:
         await asyncio.to_thread(tombstone_user, self.s.data_dir, paths.uhash, entry_id)
@@ -190,10 +191,22 @@ class Forgetter:
             ms, seq = parse_version(last.decode() if isinstance(last, bytes) else last)
             start = f"{ms}-{seq + 1}"
 
-    async def _complete_receipt(self, event: ForgetEvent, removed: dict[str, int]) -> None:
-        raw = await self.client.hget(deletion_key(event.receipt), "record")
+    async def _tally(self, event: ForgetEvent, **removed: int) -> None:
+        """What a step removed, added to the receipt as soon as it is done: a forget redelivered
+        after a crash finds those things already gone (and removes 0), so counting per attempt
+        would report less than was removed."""
+        pipe = self.client.pipeline(transaction=True)
+        for what, n in removed.items():
+            pipe.hincrby(deletion_key(event.receipt), f"removed:{what}", n)
+        await pipe.execute()
+
+    async def _complete_receipt(self, event: ForgetEvent) -> dict[str, int]:
+        key = deletion_key(event.receipt)
+        raw, *counts = await self.client.hmget(key, ["record", *(f"removed:{w}" for w in REMOVED_KINDS)])
+        removed = {what: int(n or 0) for what, n in zip(REMOVED_KINDS, counts)}
         record = DeletionReceipt.model_validate_json(raw) if raw else DeletionReceipt(
             receipt=event.receipt, status="pending", kind=event.kind, conversation_id=event.conversation_id,
             reason=event.reason, requested_at=event.received_at)
         done = record.model_copy(update={"status": "done", "done_at": time.time(), "removed": removed})
-        await self.client.hset(deletion_key(event.receipt), "record", done.model_dump_json())
+        await self.client.hset(key, "record", done.model_dump_json())
+        return removed
