@@ -193,8 +193,9 @@ def services(service_env):
                 if wait_until(lambda: listens_on(proc.proc, port), 10):
                     return proc
             except RuntimeError:
-                if "in use" not in proc.output():
-                    raise
+                out = proc.output()
+                if f"{port_var}={port} is not allowed" not in out and "address already in use" not in out.lower():
+                    raise  # a real failure to start, not the port taken meanwhile
             proc.kill()
             service_env[port_var] = str(free_port())  # taken meanwhile: this test's later calls follow the new one
         raise RuntimeError(f"recall {command}: {port_var} was taken three times in a row")
