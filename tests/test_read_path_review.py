@@ -1,0 +1,25 @@
+"""Defects found by reading the read path and the recall service, each shown by a test that
+failed before its fix: real engine, real services, a real MCP client over HTTP, real tokens."""
+
+from __future__ import annotations
+
+import pytest
+
+from shared.recall_answer_format import NO_MEMORY
+from tests.conftest import call_recall, mint, post_conversation, wait_until
+from tests.test_recall_service import chunks_of, stack  # noqa: F401  (the stack fixture)
+
+TALK_ABOUT_FUNES = ["Why is recall empty on the K-2 project?",
+                    "funes printed no index yet for the K-2 project, so run funes index first.", "ok"]
+
+
+@pytest.mark.parametrize("stack", ["funes", "stand-in-funes"], indirect=True)
+async def test_funes_mode_passage_quoting_a_no_index_message_is_still_returned(stack):
+    """In funes mode a recall answer was read as "this memory has no index" whenever any passage
+    merely contained funes' words for it, so the user was told nothing is stored."""
+    env, _, _ = stack
+    post_conversation(env, "erin", "e1", TALK_ABOUT_FUNES)
+    assert wait_until(lambda: chunks_of(env, "erin") == 3, 30)
+    out = await call_recall(env, mint("erin"), "K-2 project funes index")
+    assert out != NO_MEMORY
+    assert "funes printed no index yet for the K-2 project" in out
