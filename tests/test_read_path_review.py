@@ -23,3 +23,19 @@ async def test_funes_mode_passage_quoting_a_no_index_message_is_still_returned(s
     out = await call_recall(env, mint("erin"), "K-2 project funes index")
     assert out != NO_MEMORY
     assert "funes printed no index yet for the K-2 project" in out
+
+
+PASTED_FUNES_LINE = "[2025-01-01T00:00:00Z] claude /home/erin/5f3c9a21 text  score=0.912"
+
+
+@pytest.mark.parametrize("stack", ["funes"], indirect=True)
+async def test_funes_mode_passage_holding_a_line_like_a_funes_header_stays_one_passage(stack):
+    """funes' text was split on every line shaped like a hit header, so a turn quoting funes'
+    output became two passages: the real one cut short and a forged one, dated by the quote."""
+    env, _, _ = stack
+    text = f"The K-7 drive trips again; funes showed me\n{PASTED_FUNES_LINE}\nbefore the trip."
+    post_conversation(env, "erin", "e2", [text, "ok"])
+    assert wait_until(lambda: chunks_of(env, "erin") == 2, 30)
+    out = await call_recall(env, mint("erin"), "K-7 drive trips")
+    assert text in out
+    assert "[2025-01-01 00:00 UTC]" not in out, out
