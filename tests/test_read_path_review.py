@@ -39,3 +39,18 @@ async def test_funes_mode_passage_holding_a_line_like_a_funes_header_stays_one_p
     out = await call_recall(env, mint("erin"), "K-7 drive trips")
     assert text in out
     assert "[2025-01-01 00:00 UTC]" not in out, out
+
+
+@pytest.mark.parametrize("query, start, end", [
+    ("N-11 since October", "2026-10-01", "2026-11-30"),
+    ("since August 2025 MT-4471", "2025-08-01", "2026-11-30"),
+])
+def test_since_a_month_means_from_that_month_until_today(query, start, end):
+    """"since October" named October alone, so passages from November (as much "since October")
+    were not put first."""
+    from datetime import datetime, timezone
+
+    from services.recall.time_window import find_time_window
+
+    _, window = find_time_window(query, datetime(2026, 11, 29, 12, tzinfo=timezone.utc))
+    assert (window.start.date().isoformat(), window.end.date().isoformat()) == (start, end)

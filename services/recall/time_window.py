@@ -96,13 +96,16 @@ def _ago(m: re.Match, today: date) -> TimeWindow:
 _MONTH_NAMES = "|".join(sorted(MONTHS, key=len, reverse=True))
 
 
-# "in October", "during May", or "October 2026": a bare month word ("may we…") is no date.
+# "in October", "during May", "since May" (to today), or "October 2026": a bare month word ("may we…") is no date.
 @_rule(r"\b(?:(?:in|during|since)\s+(" + _MONTH_NAMES + r")(?:\s+(\d{4}))?|(" + _MONTH_NAMES + r")\s+(\d{4}))\b")
 def _named_month(m: re.Match, today: date) -> TimeWindow:
     name, year_text = (m[1], m[2]) if m[1] else (m[3], m[4])
     month = MONTHS[name.lower()]
     year = int(year_text) if year_text else (today.year if month <= today.month else today.year - 1)
-    return _month(year, month)
+    window = _month(year, month)
+    if m[0].lower().startswith("since"):  # from that month's start up to today
+        return TimeWindow(window.start, max(window.end, _day(today) + timedelta(days=1)))
+    return window
 
 
 def find_time_window(query: str, now: datetime) -> tuple[str, TimeWindow | None]:
