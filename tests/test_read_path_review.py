@@ -54,3 +54,30 @@ def test_since_a_month_means_from_that_month_until_today(query, start, end):
 
     _, window = find_time_window(query, datetime(2026, 11, 29, 12, tzinfo=timezone.utc))
     assert (window.start.date().isoformat(), window.end.date().isoformat()) == (start, end)
+
+
+def test_forget_leaves_no_snapshot_of_the_forgotten_rows_when_no_new_one_fits(tmp_path, embedder):
+    """A memory with too many harness names for a snapshot header kept its last `vectors.i8`
+    after a forget: the forgotten turns' vectors and row ids stayed on disk."""
+    from shared.engine.api import Engine
+    from shared.engine.hybrid_search import RecallParams
+    from shared.engine.index_run import index_tree, memory_dir
+    from shared.engine.transcript import dump_transcript
+    from shared.engine.vector_file import open_vector_file
+    from tests.conftest import make_turns
+
+    src, home = tmp_path / "src", tmp_path / "home"
+    src.mkdir()
+    (src / "secret.funes.jsonl").write_text(dump_transcript(make_turns("secret", ["The vault code is kept by Priya.", "ok"])))
+    index_tree(home, src, embedder)
+    memory = memory_dir(home)
+    forgotten = set(open_vector_file(memory, embedder.dim).ids.tolist())
+    for i in range(400):  # ~6 kB of harness names: more than a snapshot header holds
+        (src / f"h{i}.funes.jsonl").write_text(dump_transcript(make_turns(f"h{i}", [f"note {i}"], harness=f"harness-number-{i:04d}")))
+    index_tree(home, src, embedder)
+    (src / "secret.funes.jsonl").unlink()
+    index_tree(home, src, embedder, purge=True)
+    snapshot = open_vector_file(memory, embedder.dim)
+    assert snapshot is None or not forgotten & set(snapshot.ids.tolist())
+    hits = Engine(embedder=embedder).search(memory, "note 7", RecallParams(k=3, neighbors=0))
+    assert hits and all(h.row.session_id != "secret" for h in hits)  # readers go on from SQLite
