@@ -81,3 +81,18 @@ def test_forget_leaves_no_snapshot_of_the_forgotten_rows_when_no_new_one_fits(tm
     assert snapshot is None or not forgotten & set(snapshot.ids.tolist())
     hits = Engine(embedder=embedder).search(memory, "note 7", RecallParams(k=3, neighbors=0))
     assert hits and all(h.row.session_id != "secret" for h in hits)  # readers go on from SQLite
+
+
+@pytest.mark.parametrize("query, start, end", [
+    ("what did we decide in the past week", "2026-11-22", "2026-11-30"),
+    ("N-11 past month", "2026-10-30", "2026-11-30"),
+])
+def test_the_past_week_or_month_is_the_days_up_to_today(query, start, end):
+    """"the past week" named the calendar week before this one, so on a Sunday the six days
+    just gone were not put first (like "past 7 days", it means the days up to today)."""
+    from datetime import datetime, timezone
+
+    from services.recall.time_window import find_time_window
+
+    _, window = find_time_window(query, datetime(2026, 11, 29, 12, tzinfo=timezone.utc))
+    assert (window.start.date().isoformat(), window.end.date().isoformat()) == (start, end)

@@ -69,6 +69,8 @@ def _yesterday(m: re.Match, today: date) -> TimeWindow:
 @_rule(r"\b(this|last|past|previous)\s+(week|month)\b")
 def _this_last(m: re.Match, today: date) -> TimeWindow:
     which, unit = m[1].lower(), m[2].lower()
+    if which == "past":  # the days up to today, as "past 7 days" ("last week" is the calendar one)
+        return TimeWindow(_day(today) - timedelta(days=_UNITS[unit]), _day(today) + timedelta(days=1))
     if unit == "week":
         monday = _day(today) - timedelta(days=today.weekday())
         return TimeWindow(monday, _day(today) + timedelta(days=1)) if which == "this" else \
