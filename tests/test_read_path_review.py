@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from shared.recall_answer_format import NO_MEMORY
-from tests.conftest import call_recall, mint, post_conversation, wait_until
+from tests.conftest import call_recall, mint, post_conversation, wait_until, write_conversation
 from tests.test_recall_service import chunks_of, stack  # noqa: F401  (the stack fixture)
 
 TALK_ABOUT_FUNES = ["Why is recall empty on the K-2 project?",
@@ -96,3 +96,52 @@ def test_the_past_week_or_month_is_the_days_up_to_today(query, start, end):
 
     _, window = find_time_window(query, datetime(2026, 11, 29, 12, tzinfo=timezone.utc))
     assert (window.start.date().isoformat(), window.end.date().isoformat()) == (start, end)
+
+
+def test_a_memory_deleted_while_a_search_opens_it_is_no_memory_never_a_fault(tmp_path, embedder):
+    """A user forget removes the tenant's directory; a recall opening that memory meanwhile
+    failed with whatever file had just gone (tantivy, SQLite: "disk I/O error", a recreated
+    empty database), which the recall service answers "memory is unavailable" and logs as a
+    fault. It is NoIndex ("no earlier conversations"), and opening never recreates the database."""
+    import shutil
+    import threading
+    import time
+    from collections import Counter
+
+    from shared.engine.api import Engine, NoIndex
+    from shared.engine.hybrid_search import RecallParams
+    from shared.engine.index_run import index_tree
+
+    template = tmp_path / "template"
+    for i in range(3):
+        write_conversation(template / "src", f"c{i}", [f"Unit P-{i} has a gland leak.", "ok"])
+    index_tree(template, template / "src", embedder)
+    engine = Engine(embedder=embedder)
+    outcomes: Counter[str] = Counter()
+    recreated = 0
+    for i in range(150):
+        home = tmp_path / f"user-{i}"
+        shutil.copytree(template, home)
+        start = threading.Barrier(2)
+
+        def forget_user() -> None:
+            start.wait()
+            time.sleep(0.0005 * (i % 10))
+            shutil.rmtree(home, ignore_errors=True)
+
+        forget = threading.Thread(target=forget_user)
+        forget.start()
+        start.wait()
+        try:
+            engine.search(home / "memory", "gland leak", RecallParams(k=1))
+            outcomes["answered"] += 1
+        except NoIndex:
+            outcomes["no memory"] += 1
+        except Exception as exc:
+            outcomes[f"{type(exc).__name__}: {str(exc)[:80]}"] += 1
+        forget.join()
+        recreated += (home / "memory" / "chunks.sqlite3").exists()
+        shutil.rmtree(home, ignore_errors=True)
+    assert set(outcomes) <= {"answered", "no memory"}, outcomes
+    assert outcomes["no memory"] > 0  # the race was really run
+    assert recreated == 0

@@ -114,10 +114,12 @@ class Engine:
             except BaseException:
                 reader.close()
                 raise
-        except BaseException:
+        except BaseException as exc:
             with self._lock:
                 del self._opening[memory]
             opening.set()
+            if isinstance(exc, Exception) and not MemoryStore.exists(memory):
+                raise NoIndex(memory) from None  # deleted while it opened (a forget): no memory, not a fault
             raise
         entry = _Entry(reader, inode, reader.resident_bytes(), users=1)
         with self._lock:
