@@ -145,3 +145,20 @@ def test_a_memory_deleted_while_a_search_opens_it_is_no_memory_never_a_fault(tmp
     assert set(outcomes) <= {"answered", "no memory"}, outcomes
     assert outcomes["no memory"] > 0  # the race was really run
     assert recreated == 0
+
+
+def test_status_shows_the_last_index_time_in_utc_on_a_host_with_summer_time(tmp_path, embedder, run_engine, monkeypatch):
+    """`last indexed` was read as local time and corrected by the standard offset only, so on a
+    host in a zone with summer time a summer stamp showed an hour early."""
+    import sqlite3
+
+    from shared.engine.index_run import index_tree, memory_dir
+
+    write_conversation(tmp_path / "src", "c1", ["Unit P-1 has a gland leak.", "ok"])
+    index_tree(tmp_path / "home", tmp_path / "src", embedder)
+    memory = memory_dir(tmp_path / "home")
+    with sqlite3.connect(memory / "chunks.sqlite3") as db:
+        db.execute("UPDATE meta SET value='2026-07-01T10:00:00Z' WHERE key='last_indexed'")
+    monkeypatch.setenv("TZ", "Europe/Berlin")
+    status = run_engine("status", str(memory), home=tmp_path / "home").stdout
+    assert "last indexed: 2026-07-01 10:00 UTC (" in status, status

@@ -7,6 +7,7 @@ the same bytes for the same memory and query.
 
 from __future__ import annotations
 
+import calendar
 import contextlib
 import threading
 import time
@@ -243,7 +244,7 @@ def chunk_count(memory: Path, session_id: str | None = None) -> int:
 
 
 def _when(stamp: str) -> str:
-    t = time.mktime(time.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ")) - time.timezone
+    t = calendar.timegm(time.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ"))  # a UTC stamp, whatever the host's zone
     age = max(0, int(time.time() - t))
     if age < 60:
         ago = "just now"
