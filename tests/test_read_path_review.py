@@ -41,18 +41,22 @@ async def test_funes_mode_passage_holding_a_line_like_a_funes_header_stays_one_p
     assert "[2025-01-01 00:00 UTC]" not in out, out
 
 
-@pytest.mark.parametrize("query, start, end", [
-    ("N-11 since October", "2026-10-01", "2026-11-30"),
-    ("since August 2025 MT-4471", "2025-08-01", "2026-11-30"),
+@pytest.mark.parametrize("query, rest, start, end", [
+    ("N-11 since October", "N-11", "2026-10-01", "2026-11-30"),
+    ("since August 2025 MT-4471", "MT-4471", "2025-08-01", "2026-11-30"),
+    ("what changed since last week on N-11", "what changed on N-11", "2026-11-16", "2026-11-30"),
+    ("N-11 since yesterday", "N-11", "2026-11-28", "2026-11-30"),
+    ("N-11 since 2026-11-20", "N-11 since 2026-11-20", "2026-11-20", "2026-11-30"),
 ])
-def test_since_a_month_means_from_that_month_until_today(query, start, end):
-    """"since October" named October alone, so passages from November (as much "since October")
-    were not put first."""
+def test_since_a_time_means_from_then_until_today(query, rest, start, end):
+    """"since October" (or "since last week") named October (last week) alone, so later
+    passages, as much "since" it, were not put first."""
     from datetime import datetime, timezone
 
     from services.recall.time_window import find_time_window
 
-    _, window = find_time_window(query, datetime(2026, 11, 29, 12, tzinfo=timezone.utc))
+    searched, window = find_time_window(query, datetime(2026, 11, 29, 12, tzinfo=timezone.utc))
+    assert searched == rest
     assert (window.start.date().isoformat(), window.end.date().isoformat()) == (start, end)
 
 

@@ -104,10 +104,15 @@ def _named_month(m: re.Match, today: date) -> TimeWindow:
     name, year_text = (m[1], m[2]) if m[1] else (m[3], m[4])
     month = MONTHS[name.lower()]
     year = int(year_text) if year_text else (today.year if month <= today.month else today.year - 1)
-    window = _month(year, month)
-    if m[0].lower().startswith("since"):  # from that month's start up to today
-        return TimeWindow(window.start, max(window.end, _day(today) + timedelta(days=1)))
-    return window
+    return _month(year, month)
+
+
+_SINCE = re.compile(r"\bsince\s+$", re.IGNORECASE)
+
+
+def _since(window: TimeWindow, today: date) -> TimeWindow:
+    """"since <a time>": from the start of that time up to today."""
+    return TimeWindow(window.start, max(window.end, _day(today) + timedelta(days=1)))
 
 
 def find_time_window(query: str, now: datetime) -> tuple[str, TimeWindow | None]:
@@ -116,13 +121,17 @@ def find_time_window(query: str, now: datetime) -> tuple[str, TimeWindow | None]
     for pattern, resolve, strip in _PATTERNS:
         m = pattern.search(query)
         if m:
+            since = _SINCE.search(query, 0, m.start())
+            begin = since.start() if since else m.start()
             try:
                 window = resolve(m, today)
+                if since or m[0].lower().startswith("since"):
+                    window = _since(window, today)
             except (OverflowError, ValueError):
                 # A date at the calendar's edge ("9999-12-31", "March 0000") has no window
                 # datetime can hold; the words are still searched as text, never an error.
                 window = None
             if window is not None:
-                rest = " ".join((query[: m.start()] + " " + query[m.end():]).split()) if strip else query
+                rest = " ".join((query[:begin] + " " + query[m.end():]).split()) if strip else query
                 return rest or query, window  # nothing left: search with the words as given
     return query, None
