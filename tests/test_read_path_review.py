@@ -166,3 +166,52 @@ def test_status_shows_the_last_index_time_in_utc_on_a_host_with_summer_time(tmp_
     monkeypatch.setenv("TZ", "Europe/Berlin")
     status = run_engine("status", str(memory), home=tmp_path / "home").stdout
     assert "last indexed: 2026-07-01 10:00 UTC (" in status, status
+
+
+def test_cache_size_can_be_read_while_other_threads_search(tmp_path, embedder):
+    """`Engine.cached_bytes` (read after every recall for the cache-bytes gauge) walked the cache
+    without its lock, so a search leasing a reader meanwhile raised "OrderedDict mutated during
+    iteration" in the recall that read it: an MCP error instead of the answer."""
+    import shutil
+    import sys
+    import threading
+    import time
+
+    from shared.engine.api import Engine
+    from shared.engine.index_run import index_tree, memory_dir
+
+    template = tmp_path / "template"
+    write_conversation(template / "src", "c1", ["Unit P-1 has a gland leak.", "ok"])
+    index_tree(template, template / "src", embedder)
+    memories = []
+    for i in range(40):
+        shutil.copytree(template, tmp_path / f"user-{i}")
+        memories.append(memory_dir(tmp_path / f"user-{i}"))
+    engine = Engine(embedder=embedder)
+    stop = threading.Event()
+
+    def searches() -> None:
+        while not stop.is_set():
+            for memory in memories:
+                with engine.lease(memory):
+                    pass
+
+    workers = [threading.Thread(target=searches) for _ in range(2)]
+    for w in workers:
+        w.start()
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads often, so a short race shows within seconds
+    errors = 0
+    try:
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            try:
+                engine.cached_bytes
+            except RuntimeError:
+                errors += 1
+    finally:
+        sys.setswitchinterval(interval)
+        stop.set()
+        for w in workers:
+            w.join()
+    assert errors == 0

@@ -147,7 +147,7 @@ class Engine:
         Returns those nobody holds, for the caller to close after releasing the lock."""
         to_close = []
         for memory in list(self._entries):
-            if len(self._entries) <= self.max_readers and (self.max_bytes is None or self.cached_bytes <= self.max_bytes):
+            if len(self._entries) <= self.max_readers and (self.max_bytes is None or self._bytes_held() <= self.max_bytes):
                 break
             if memory == keep:
                 continue
@@ -183,6 +183,11 @@ class Engine:
 
     @property
     def cached_bytes(self) -> int:
+        with self._lock:  # searches in other threads reorder the cache while it is summed
+            return self._bytes_held()
+
+    def _bytes_held(self) -> int:
+        """Bytes of the cached readers (the lock held)."""
         return sum(e.bytes for e in self._entries.values())
 
     # ---- commands ----------------------------------------------------------------------------
