@@ -215,3 +215,36 @@ def test_cache_size_can_be_read_while_other_threads_search(tmp_path, embedder):
         for w in workers:
             w.join()
     assert errors == 0
+
+
+async def test_funes_mode_forget_waits_for_a_recall_in_flight_instead_of_failing_it(tmp_path, embedder):
+    """Forgetting a conversation closed the tenant's engine child at once, so a recall it was
+    answering got "memory is unavailable" although the rest of the memory was fine."""
+    import asyncio
+
+    from services.recall.process_pool import ProcessPool
+    from services.recall.server import RecallService
+    from services.recall.settings import RecallSettings
+    from shared.engine.index_run import index_tree
+    from shared.recall_answer_format import UNAVAILABLE
+    from shared.tenant_paths import TenantPaths
+    from tests.conftest import JWT_SECRET, engine_cli
+
+    paths = TenantPaths.for_user(tmp_path, "erin")
+    write_conversation(paths.src, "e1", ["Unit P-1 has a gland leak.", "Work order MT-4401 is open for it.", "ok"])
+    index_tree(paths.root, paths.src, embedder)
+    s = RecallSettings(data_dir=tmp_path, engine="funes", funes_bin=engine_cli(), jwt_secret=JWT_SECRET)
+    pool = ProcessPool(engine_cli(), 4, 60, 30, 60)
+    service = RecallService(s, pool)
+    try:
+        assert "MT-4401" in await service.recall_for("erin", "MT-4401 gland leak")  # the child is warm
+        answers = []
+        for delay in (0.0, 0.002, 0.005, 0.01, 0.02):
+            call = asyncio.create_task(service.recall_for("erin", "MT-4401 gland leak"))
+            await asyncio.sleep(delay)
+            await pool.forget_tenant(paths)  # another conversation of erin's was forgotten
+            answers.append(await call)
+        assert UNAVAILABLE not in answers, answers
+        assert all("MT-4401" in a for a in answers)
+    finally:
+        await pool.close()

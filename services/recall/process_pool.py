@@ -127,7 +127,12 @@ class ProcessPool:
 
     async def forget_tenant(self, paths: TenantPaths) -> None:
         async with self._lock:
-            await self._drop(paths.uhash)
+            slot = self._slots.pop(paths.uhash, None)
+            self._indexed.discard(paths.uhash)
+            POOL_SIZE.set(len(self._slots))
+        if slot is not None:
+            async with slot.lock:  # a recall in flight is answered first, not failed; new calls get a new child
+                await slot.child.close()
 
     # ---- internals -------------------------------------------------------------------------------
     async def _slot_for(self, paths: TenantPaths) -> _Slot:
