@@ -248,3 +248,16 @@ async def test_funes_mode_forget_waits_for_a_recall_in_flight_instead_of_failing
         assert all("MT-4401" in a for a in answers)
     finally:
         await pool.close()
+
+
+def test_an_answer_cut_to_its_first_passage_is_still_recognised_as_a_recall_answer():
+    """With a small RECALL_MAX_RESULT_CHARS the first passage is cut, and the answer lost its
+    closing `---`: ingest no longer recognised it, so a gateway echoing it back stored a recall
+    answer as a new memory."""
+    from services.recall.tool_output import AgentHit, render_for_agent
+    from shared.recall_answer_format import looks_like_recall_answer
+
+    hit = AgentHit(ts="2026-10-08T10:00:00Z", session_id="c1", turn_uuid="c1-0", text="gland leak on P-1. " * 40)
+    out = render_for_agent([hit], 200, 3)
+    assert len(out) <= 200
+    assert looks_like_recall_answer(out), out
