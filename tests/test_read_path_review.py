@@ -261,3 +261,17 @@ def test_an_answer_cut_to_its_first_passage_is_still_recognised_as_a_recall_answ
     out = render_for_agent([hit], 200, 3)
     assert len(out) <= 200
     assert looks_like_recall_answer(out), out
+
+
+def test_an_answer_whose_passage_holds_a_markdown_rule_is_still_recognised_as_a_recall_answer():
+    """A passage holding a `---` line (a markdown rule) made the answer's separators outnumber
+    its headers, so ingest no longer recognised the echoed answer and would store it as a memory."""
+    from services.recall.tool_output import AgentHit, render_for_agent
+    from shared.recall_answer_format import looks_like_recall_answer
+
+    plan = AgentHit(ts="2026-10-08T10:00:00Z", session_id="c1", turn_uuid="c1-0",
+                    text="Plan for P-1:\n---\n1. drain\n2. replace the gland")
+    ok = AgentHit(ts="2026-10-08T10:01:00Z", session_id="c1", turn_uuid="c1-1", text="ok")
+    assert looks_like_recall_answer(render_for_agent([plan, ok], 4000, 3))
+    assert looks_like_recall_answer(render_for_agent([ok, plan], 4000, 3))
+    assert not looks_like_recall_answer("Notes from the call\n---\n[2026-10-08 10:00 UTC]\nok\n---")
