@@ -21,6 +21,7 @@ from shared.engine.store import Row
 NO_RESULTS = "no results"
 EXPLAIN_MARK = "? "
 HEADER = re.compile(r"^\[(?P<ts>[^\]]*)\] (?P<harness>\S*) (?P<where>\S+) (?P<block_type>\S+)  score=(?P<score>[-0-9.]+)$")
+HINT_START = "  → get "
 HINT = re.compile(r"^  → get (?P<session_id>\S+) (?P<turn_uuid>\S+)( .*)?$")
 NEIGHBOUR = re.compile(r"^  ~ \[(?P<role>\S+) (?P<block_type>\S+) seq(?P<seq>-?\d+)\] (?P<text>.*)$")
 
@@ -105,7 +106,7 @@ def parse_recall(output: str) -> list[ParsedHit]:
     lines = output.split("\n")
     for i, line in enumerate(lines):
         m = HEADER.match(line)
-        if m and i + 1 < len(lines) and HINT.match(lines[i + 1]):
+        if m and i + 1 < len(lines) and lines[i + 1].startswith(HINT_START):
             hits.append(ParsedHit(m["ts"], m["harness"], m["block_type"]))
             lines_of.append([])
             continue
