@@ -22,10 +22,9 @@ def configure_logging(level: str = "INFO") -> None:
     lvl = logging.getLevelName(level.upper()) if isinstance(level, str) else level
     shared = [structlog.contextvars.merge_contextvars, structlog.processors.add_log_level,
               structlog.processors.TimeStamper(fmt="iso", utc=True)]
+    tracebacks = structlog.processors.ExceptionRenderer(structlog.tracebacks.ExceptionDictTransformer(show_locals=False))
     structlog.configure(
-        processors=[*shared,
-                    structlog.processors.ExceptionRenderer(structlog.tracebacks.ExceptionDictTransformer(show_locals=False)),
-                    structlog.processors.JSONRenderer()],
+        processors=[*shared, tracebacks, structlog.processors.JSONRenderer()],
         wrapper_class=structlog.make_filtering_bound_logger(lvl),
         logger_factory=structlog.PrintLoggerFactory(sys.stdout),
         cache_logger_on_first_use=True,
@@ -33,7 +32,9 @@ def configure_logging(level: str = "INFO") -> None:
     handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(structlog.stdlib.ProcessorFormatter(
         foreign_pre_chain=[*shared, structlog.stdlib.ExtraAdder(), _drop_color_message],
-        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, structlog.processors.JSONRenderer()]))
+        # Libraries' exceptions (uvicorn, fastmcp, faststream) as frames too, not a repr of exc_info.
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, tracebacks,
+                    structlog.processors.JSONRenderer()]))
     logging.basicConfig(handlers=[handler], level=lvl, force=True)
     for noisy in ("uvicorn.access", "httpx", "mcp", "fastmcp", "faststream.access.redis"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

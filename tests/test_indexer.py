@@ -114,6 +114,21 @@ async def test_a_forget_leaves_no_user_words_cached_in_the_indexer_process(tmp_p
     await client.aclose()
 
 
+async def test_an_index_run_that_meets_redis_down_ends_without_an_error(tmp_path):
+    import redis.asyncio as aioredis
+
+    from services.indexer.index_job import FunesIndexJob
+    from services.indexer.index_scheduler import IndexScheduler
+    from shared.redis_lock import RedisLock
+
+    dead = aioredis.Redis.from_url(f"redis://127.0.0.1:{free_port()}/0", socket_connect_timeout=0.5)
+    scheduler = IndexScheduler(dead, FunesIndexJob("/bin/false", 5), tmp_path, 0.05, 30, 1)
+    # It used to raise from its error handler's ZADD: "Task exception was never retrieved".
+    await scheduler._run(user_hash("ida"), RedisLock(dead, "k", 30))
+    assert not scheduler.running
+    await dead.aclose()
+
+
 def test_kill_9_mid_batch_another_worker_finishes_without_duplicates(services, service_env, r):
     services("ingest")
     convs = {f"k{i}": [f"Conversation {i} opened ticket MT-{5000 + i}.", f"Owner of MT-{5000 + i} is operator {i}."]
@@ -188,8 +203,10 @@ def test_redis_restart_with_aof_loses_no_accepted_turn(services, service_env, tm
         server = EmbeddedRedis(tmp_path / "redis-aof", port=port)
         server.start()
         assert redis.Redis.from_url(server.url).xlen("recall:turns") == 5
+        # The first post after the restart finds ingest's pooled connection dead: still 202.
+        post(service_env, conversation_payload("gina", "g5", ["accepted turn 5 with code Q-5"]))
         services("indexer", **own)
-        assert wait_until(lambda: searchable(service_env, "gina", 5), 30)
+        assert wait_until(lambda: searchable(service_env, "gina", 6), 30)
     finally:
         server.stop()
 

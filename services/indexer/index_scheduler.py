@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 import redis.asyncio as aioredis
@@ -110,12 +111,12 @@ class IndexScheduler:
             await pipe.execute()
         except MemoryBusy:
             outcome = "busy"  # someone outside the scheduler holds the memory; stays due
-            await self.client.zadd(keys.DUE, {uhash: time.time() + max(self.debounce_s, 0.5)})
+            await self._stay_due(uhash, max(self.debounce_s, 0.5))
         except LockLost:
             # Another worker may own the user now, or a forget asked for the lock; this run
             # committed nothing. It stays due.
             outcome = "yielded" if lock.yielded else "lock_lost"
-            await self.client.zadd(keys.DUE, {uhash: time.time() + max(self.debounce_s, 0.5)})
+            await self._stay_due(uhash, max(self.debounce_s, 0.5))
         except asyncio.CancelledError:
             outcome = "cancelled"
             raise
@@ -123,13 +124,19 @@ class IndexScheduler:
             outcome = "failed"
             INDEX_JOB_FAILURES.inc()
             log.error("index.failed", user_hash=uhash, error=str(exc)[:300])
-            await self.client.zadd(keys.DUE, {uhash: time.time() + 5.0})
+            await self._stay_due(uhash, 5.0)
         finally:
             INDEX_JOB_SECONDS.labels(outcome).observe(time.monotonic() - started)
             await lock.release()
             self.running.pop(uhash, None)
             INDEX_RUNNING.set(len(self.running))
             log.info("index.run", user_hash=uhash, outcome=outcome, seconds=round(time.monotonic() - started, 3))
+
+    async def _stay_due(self, uhash: str, delay_s: float) -> None:
+        """Put the next run `delay_s` out. With Redis down the user simply stays due as it was
+        (its entry is removed only by a finished run), and the run task ends without an error."""
+        with contextlib.suppress(aioredis.RedisError):
+            await self.client.zadd(keys.DUE, {uhash: time.time() + delay_s})
 
     async def stop(self) -> None:
         """Start no new run; let the running ones finish (SIGTERM semantics)."""

@@ -181,6 +181,22 @@ class IngestAPI:
                  dropped_echoes=len(req.turns) - len(turns), redacted=redacted)
         return 202, Accepted(stored=req.conversation_id, turns=len(turns), redacted=redacted).model_dump()
 
+    async def _storage_state(self) -> tuple[bytes | None, int]:
+        """(unwritable reason, backlog). redis-py retries single commands on a dead pooled
+        connection (after a Redis restart) but not pipelines: this read-only one is asked again
+        once, so the first post after a restart is not refused."""
+        try:
+            return await self._ask_storage_state()
+        except aioredis.ConnectionError:
+            return await self._ask_storage_state()
+
+    async def _ask_storage_state(self) -> tuple[bytes | None, int]:
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.get(STORAGE_UNWRITABLE)
+        pipe.xlen(self.s.stream)
+        reason, backlog = await pipe.execute()
+        return reason, backlog
+
     def _clean_snapshot(self, payload: dict) -> tuple[IngestRequest, list[StreamTurn], int]:
         """The request validated, and its turns as they are stored: recall echoes dropped,
         secrets (and PII if configured) redacted; with how many redactions were made."""
@@ -204,10 +220,7 @@ class IngestAPI:
     async def _refuse_if_unable_to_store(self) -> None:
         """503 when an indexer reports the data dir unwritable, or the backlog is full; both
         asked in one round trip."""
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.get(STORAGE_UNWRITABLE)
-        pipe.xlen(self.s.stream)
-        reason, backlog = await pipe.execute()
+        reason, backlog = await self._storage_state()
         if reason is not None:
             raise HTTPProblem(503, "memory store cannot write, retry later",
                               [("data_dir", f"not writable ({reason.decode(errors='replace')})")])

@@ -31,6 +31,10 @@ class RecallBackend(Protocol):
         """Drop every cached handle or child process of this tenant."""
         ...
 
+    async def forget_all(self) -> None:
+        """Drop every cached handle and child process (forget announcements may have been missed)."""
+        ...
+
     def ready(self) -> bool: ...
 
     def start(self) -> None:

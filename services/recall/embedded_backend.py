@@ -53,6 +53,11 @@ class EmbeddedBackend:
         self.engine.forget(paths.memory)
         POOL_SIZE.set(self.engine.open_readers)
 
+    async def forget_all(self) -> None:
+        self.engine.forget_all()
+        POOL_SIZE.set(self.engine.open_readers)
+        READER_CACHE_BYTES.set(self.engine.cached_bytes)
+
     def ready(self) -> bool:
         return True
 

@@ -19,7 +19,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from services.recall.backend import BackendUnavailable
+from services.recall.backend import BackendOverloaded, BackendUnavailable
 from services.recall.metrics import POOL_CRASH_RESTARTS, POOL_EVICTIONS, POOL_SIZE, POOL_SPAWNS
 from services.recall.tool_output import AgentHit, hits_from_funes_text
 from shared.engine.api import MemoryState, NoIndex
@@ -43,6 +43,9 @@ class _Slot:
     child: StdioMCPChild
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     last_used: float = field(default_factory=time.monotonic)
+    # Calls holding this child, waiting for its lock included: a woken waiter has not taken the
+    # lock yet, so `lock.locked()` alone let eviction close a child a call was about to use.
+    users: int = 0
 
 
 class ProcessPool:
@@ -107,22 +110,25 @@ class ProcessPool:
             return await self._call(paths, tool, arguments)
 
     async def _call(self, paths: TenantPaths, tool: str, arguments: dict) -> str:
-        slot = await self._slot_for(paths)
-        async with slot.lock:
-            slot.last_used = time.monotonic()
-            try:
-                text = await slot.child.call_tool(tool, arguments, self.call_timeout_s)
-            except asyncio.TimeoutError:
-                await self._replace(paths.uhash, slot, "timeout")
-                raise BackendUnavailable(f"{tool} timed out") from None
-            except ChildGone:
-                await self._replace(paths.uhash, slot, "crash")
-                raise
-            except (ChildExited, ToolCallError, ConnectionError, OSError) as exc:
-                await self._replace(paths.uhash, slot, "crash" if isinstance(exc, ChildExited) else "error")
-                raise BackendUnavailable(str(exc)[:200]) from exc
-            finally:
+        slot = await self._slot_for(paths)  # leased: no eviction closes it until we are done
+        try:
+            async with slot.lock:
                 slot.last_used = time.monotonic()
+                try:
+                    text = await slot.child.call_tool(tool, arguments, self.call_timeout_s)
+                except asyncio.TimeoutError:
+                    await self._replace(paths.uhash, slot, "timeout")
+                    raise BackendUnavailable(f"{tool} timed out") from None
+                except ChildGone:
+                    await self._replace(paths.uhash, slot, "crash")
+                    raise
+                except (ChildExited, ToolCallError, ConnectionError, OSError) as exc:
+                    await self._replace(paths.uhash, slot, "crash" if isinstance(exc, ChildExited) else "error")
+                    raise BackendUnavailable(str(exc)[:200]) from exc
+                finally:
+                    slot.last_used = time.monotonic()
+        finally:
+            slot.users -= 1
         return text
 
     async def forget_tenant(self, paths: TenantPaths) -> None:
@@ -134,6 +140,11 @@ class ProcessPool:
             async with slot.lock:  # a recall in flight is answered first, not failed; new calls get a new child
                 await slot.child.close()
 
+    async def forget_all(self) -> None:
+        async with self._lock:
+            for uhash in list(self._slots):
+                await self._drop(uhash)
+
     # ---- internals -------------------------------------------------------------------------------
     async def _slot_for(self, paths: TenantPaths) -> _Slot:
         uhash = paths.uhash
@@ -141,6 +152,7 @@ class ProcessPool:
             slot = self._slots.get(uhash)
             if slot is not None and slot.child.alive:
                 self._slots.move_to_end(uhash)
+                slot.users += 1
                 return slot
             if slot is not None:  # died between calls
                 POOL_CRASH_RESTARTS.labels("crash").inc()
@@ -158,6 +170,7 @@ class ProcessPool:
         async with self._lock:
             self._slots[uhash] = slot
             self._slots.move_to_end(uhash)
+            slot.users += 1
             POOL_SIZE.set(len(self._slots))
         return slot
 
@@ -175,9 +188,9 @@ class ProcessPool:
     async def _make_room(self) -> None:
         """Called with self._lock held: close LRU idle children until a new one fits."""
         while len(self._slots) + len(self._spawning) >= self.max_processes:
-            victim = next((u for u, s in self._slots.items() if not s.lock.locked()), None)
-            if victim is None:
-                raise BackendUnavailable("every engine child is busy")
+            victim = next((u for u, s in self._slots.items() if not s.users), None)
+            if victim is None:  # load, not a failure: the agent is told "busy, try again"
+                raise BackendOverloaded("every engine child is busy")
             POOL_EVICTIONS.labels("lru").inc()
             await self._drop(victim)
 
@@ -205,6 +218,6 @@ class ProcessPool:
             now = time.monotonic()
             async with self._lock:
                 for uhash, slot in list(self._slots.items()):
-                    if not slot.lock.locked() and now - slot.last_used > self.idle_s:
+                    if not slot.users and now - slot.last_used > self.idle_s:
                         POOL_EVICTIONS.labels("idle").inc()
                         await self._drop(uhash)

@@ -23,7 +23,7 @@ from starlette.responses import JSONResponse, Response
 
 from services.recall.admission import Admission, Busy
 from services.recall.artifacts.artifact_search import ArtifactSearch
-from services.recall.artifacts.artifact_store import ArtifactStore
+from services.recall.artifacts.artifact_store import ArtifactStore, StoreUnavailable
 from services.recall.artifacts.service import ArtifactService
 from services.recall.artifacts.surface import register_realm_surface
 from services.recall.backend import BackendOverloaded, BackendUnavailable, RecallBackend
@@ -144,12 +144,19 @@ def _consume_outcome(search: asyncio.Future) -> None:
 
 
 async def _drop_forgotten(s: RecallSettings, backend: RecallBackend) -> None:
-    """Indexers announce every deletion; drop that tenant's cached readers and engine children."""
+    """Indexers announce every deletion; drop that tenant's cached readers and engine children.
+    Pub/sub keeps nothing for an absent subscriber, so after the subscription was down every
+    cached handle goes: one of them may belong to a tenant forgotten meanwhile."""
+    missed = False
     while True:
         client = aioredis.Redis.from_url(s.redis)
         try:
             async with client.pubsub() as pubsub:
                 await pubsub.subscribe(FORGET_CHANNEL)
+                if missed:
+                    await backend.forget_all()
+                    log.info("recall.all_tenants_dropped", reason="forget announcements may have been missed")
+                    missed = False
                 async for message in pubsub.listen():
                     if message.get("type") == "message":
                         uhash = json.loads(message["data"])["user_hash"]
@@ -158,6 +165,7 @@ async def _drop_forgotten(s: RecallSettings, backend: RecallBackend) -> None:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # Redis away: recall keeps answering; retry the subscription
+            missed = True
             log.warning("recall.forget_listener_error", error=type(exc).__name__)
             await asyncio.sleep(2.0)
         finally:
@@ -168,6 +176,17 @@ def build_artifact_service(s: RecallSettings) -> ArtifactService:
     url = s.artifacts_db_url or f"sqlite:///{(s.data_dir / 'artifacts.sqlite3').resolve()}"
     # Artifact search has its own engine handle (its own reader cache), sharing the loaded model.
     return ArtifactService(ArtifactStore(url), ArtifactSearch(s.data_dir, Engine(max_readers=ARTIFACT_READERS)), s.data_dir)
+
+
+def check_artifacts_db(store: ArtifactStore) -> None:
+    """Make the artifact tables at start; a database that cannot be reached is one warning, and
+    the service starts anyway (conversation recall does not need it; the realm surface answers
+    "database is unavailable" until it is back)."""
+    try:
+        store.check()
+    except StoreUnavailable as exc:
+        log.warning("recall.artifacts_db_unavailable", error=str(exc).splitlines()[0][:300],
+                    hint="memory artifacts and AgentMemory answer 503 / 'database is unavailable' until it is reachable")
 
 
 def build_app(settings: RecallSettings | None = None):
@@ -183,7 +202,9 @@ def build_app(settings: RecallSettings | None = None):
             query: Annotated[str, Field(description="Short search words: identifiers, key nouns, optional time words.")]) -> str:
         return await service.recall_for(caller_user(), query)
 
-    register_realm_surface(mcp, build_artifact_service(s))
+    artifacts = build_artifact_service(s)
+    register_realm_surface(mcp, artifacts)
+    check_artifacts_db(artifacts.store)
 
     @mcp.custom_route("/healthz", methods=["GET"])
     async def healthz(request: Request) -> Response:

@@ -168,6 +168,17 @@ class Engine:
         self.drop(memory)
         forget_cached_texts()
 
+    def forget_all(self) -> None:
+        """`forget` for every memory at once, for a caller that may have missed which one
+        changed: every reader leaves the cache (closed by its last user) and every cached text goes."""
+        with self._lock:
+            retired = list(self._entries.values())
+            self._entries.clear()
+            to_close = [entry for entry in retired if self._retire(entry)]
+        for entry in to_close:
+            entry.reader.close()
+        forget_cached_texts()
+
     def drop(self, memory: Path) -> None:
         """Forget a memory's reader (its files were changed or removed); a search still
         holding it finishes first."""

@@ -10,12 +10,13 @@ MCP (verified by the same verifier; the realm role comes from the token's `realm
 
 Errors are JSON `{"error": <rule or field>, "detail": …}`: 401 without a valid token, 403 for a
 realm or role refusal, 404 for an unknown record, 413 for a body over 1 MiB, 422 for invalid
-input (naming the field; a body nested too deeply to parse is `body`).
+input (naming the field; a body nested too deeply to parse is `body`; text holding a NUL
+character, which PostgreSQL cannot store, is refused on either database), 503 `database` while the
+artifacts database cannot be reached.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal
@@ -27,7 +28,10 @@ from starlette.responses import JSONResponse, Response
 
 from services.recall.agent_memory.models import MemoryType, Reality, RecordFields, RecordInput
 from services.recall.agent_memory.service import AgentMemoryService
+from services.recall.artifacts.artifact_store import StoreUnavailable
 from services.recall.artifacts.models import REALM_ID
+from services.recall.artifacts.nul_text import NulText, refuse_nul
+from services.recall.artifacts.realm_threads import in_realm_thread
 from services.recall.artifacts.rules import RuleBroken
 from services.recall.artifacts.service import Caller
 from shared.http_body import BodyTooLarge, read_body
@@ -52,6 +56,7 @@ async def _json(request: Request, model: type[BaseModel]) -> Any:
         raise RuleBroken("body", "the request body must be a JSON object") from None
     except RecursionError:
         raise RuleBroken("body", "the request body is nested too deeply") from None
+    refuse_nul(raw)
     return model.model_validate(raw)
 
 
@@ -69,6 +74,7 @@ def register_agent_memory_routes(mcp: FastMCP, service: AgentMemoryService) -> N
                 if not REALM_ID.fullmatch(realm_id):
                     return _error(422, "realm_id", "not a realm id")
                 try:
+                    refuse_nul({**request.query_params, **request.path_params})
                     result = await handler(request, Caller.from_claims(token.claims), realm_id)
                 except RuleBroken as exc:
                     return _error(STATUS.get(exc.rule, 422), exc.rule, str(exc))
@@ -76,6 +82,10 @@ def register_agent_memory_routes(mcp: FastMCP, service: AgentMemoryService) -> N
                     first = exc.errors(include_url=False)[0]
                     field = ".".join(str(p) for p in first["loc"]) or "body"
                     return _error(422, field, f"{field}: {first['msg']}")
+                except NulText as exc:
+                    return _error(422, exc.field, str(exc))
+                except StoreUnavailable:
+                    return _error(503, "database", "the artifacts database is unavailable; retry later")
                 return JSONResponse(result, status_code=status)
 
             mcp.custom_route(path, methods=[method], name=f"{handler.__name__}")(endpoint)
@@ -86,33 +96,33 @@ def register_agent_memory_routes(mcp: FastMCP, service: AgentMemoryService) -> N
     @route(base, "POST", 201)
     async def create_memory(request: Request, caller: Caller, realm_id: str) -> Any:
         data = await _json(request, RecordInput)
-        return await asyncio.to_thread(service.create, caller, realm_id, data)
+        return await in_realm_thread(service.create, caller, realm_id, data)
 
     @route(base, "GET")
     async def search_memory(request: Request, caller: Caller, realm_id: str) -> Any:
         q = SearchQuery.model_validate(dict(request.query_params))
-        found = await asyncio.to_thread(lambda: service.search(
+        found = await in_realm_thread(lambda: service.search(
             caller, realm_id, memory_type=q.memory_type, reality=q.reality, tag=q.tag, target_kind=q.target_kind,
             target_id=q.target_id, query=q.q, valid_now=q.valid_now, limit=q.limit))
         return {"records": found}
 
     @route(base + "/{record_id}", "GET")
     async def read_memory(request: Request, caller: Caller, realm_id: str) -> Any:
-        return await asyncio.to_thread(service.get, caller, realm_id, request.path_params["record_id"])
+        return await in_realm_thread(service.get, caller, realm_id, request.path_params["record_id"])
 
     @route(base + "/{record_id}", "PATCH")
     async def change_memory(request: Request, caller: Caller, realm_id: str) -> Any:
         patch = await _json(request, RecordFields)
-        return await asyncio.to_thread(service.update, caller, realm_id, request.path_params["record_id"], patch)
+        return await in_realm_thread(service.update, caller, realm_id, request.path_params["record_id"], patch)
 
     @route(base + "/{record_id}", "DELETE")
     async def retire_memory(request: Request, caller: Caller, realm_id: str) -> Any:
-        return await asyncio.to_thread(service.retire, caller, realm_id, request.path_params["record_id"],
+        return await in_realm_thread(service.retire, caller, realm_id, request.path_params["record_id"],
                                        request.query_params.get("reason"))
 
     @route(base + "/{record_id}/audit", "GET")
     async def memory_audit(request: Request, caller: Caller, realm_id: str) -> Any:
-        return {"events": await asyncio.to_thread(service.audit, caller, realm_id, request.path_params["record_id"])}
+        return {"events": await in_realm_thread(service.audit, caller, realm_id, request.path_params["record_id"])}
 
 
 class SearchQuery(BaseModel):

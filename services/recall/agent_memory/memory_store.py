@@ -40,16 +40,17 @@ NAMES = [c.strip() for c in COLUMNS.split(",")]
 class MemoryStore:
     def __init__(self, store: ArtifactStore) -> None:
         self.db = store
-        with store.transaction() as tx:
-            for stmt in SCHEMA:
-                tx.q(stmt)
+        store.add_schema(SCHEMA)
 
     def transaction(self):
         return self.db.transaction()
 
     # ---- reads ------------------------------------------------------------------------------------
-    def get(self, tx: Tx, record_id: str) -> MemoryRecord | None:
-        rows = tx.q(f"SELECT {COLUMNS} FROM agent_memory_records WHERE record_id = ?", (record_id,))
+    def get(self, tx: Tx, record_id: str, lock: bool = False) -> MemoryRecord | None:
+        """`lock`: hold the row until the transaction ends (PostgreSQL; SQLite's transactions
+        already write one at a time), so a change checks the state it will write over."""
+        rows = tx.q(f"SELECT {COLUMNS} FROM agent_memory_records WHERE record_id = ?"
+                    + (" FOR UPDATE" if lock and self.db.pg else ""), (record_id,))
         return self._hydrate(tx, rows)[0] if rows else None
 
     def search(self, tx: Tx, realm_id: str, *, memory_type: str | None, reality: str | None, tag: str | None,

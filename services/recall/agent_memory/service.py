@@ -47,7 +47,7 @@ class AgentMemoryService:
         if not changes:
             raise RuleBroken("fields", "nothing to change")
         with self.store.transaction() as tx:
-            record = self._load(tx, realm_id, record_id)
+            record = self._load(tx, realm_id, record_id, lock=True)
             if record.status != "active":
                 raise RuleBroken("lifecycle", "a retired record is not changed")
             if patch.citations is not None:
@@ -72,7 +72,7 @@ class AgentMemoryService:
     def retire(self, caller: Caller, realm_id: str, record_id: str, reason: str | None) -> dict[str, Any]:
         rules.check_can_write(rules.role_in(caller.realms, realm_id), realm_id)
         with self.store.transaction() as tx:
-            record = self._load(tx, realm_id, record_id)
+            record = self._load(tx, realm_id, record_id, lock=True)
             if record.status != "active":
                 raise RuleBroken("lifecycle", "the record is already retired")
             self.store.update_fields(tx, record_id, status="retired")
@@ -105,8 +105,8 @@ class AgentMemoryService:
             return [{**e, "at": rfc3339(e["at"])} for e in self.store.audit(tx, record_id)]
 
     # ---- helpers ------------------------------------------------------------------------------------------
-    def _load(self, tx, realm_id: str, record_id: str) -> MemoryRecord:
-        record = self.store.get(tx, record_id)
+    def _load(self, tx, realm_id: str, record_id: str, lock: bool = False) -> MemoryRecord:
+        record = self.store.get(tx, record_id, lock=lock)
         if record is None or record.realm_id != realm_id:
             raise RuleBroken("not_found", f"no memory record {record_id!r} in realm {realm_id!r}")
         return record

@@ -46,12 +46,17 @@ SCHEMA = [
         at DOUBLE PRECISION NOT NULL, ordinal INTEGER NOT NULL, detail TEXT NOT NULL)""",
     "CREATE INDEX IF NOT EXISTS artifact_audit_by_artifact ON artifact_audit (artifact_id, ordinal)",
 ]
+CONNECT_TIMEOUT_S = 5  # an unreachable server is a quick "unavailable", not a request hanging for minutes
 COLUMNS = ("artifact_id, realm_id, artifact_path, artifact_kind, write_mode, status, body, summary, source_ref,"
            " source_context, author, created_at, updated_at, supersedes_artifact_id, superseded_by_artifact_id, revoked_reason")
 
 
 class Conflict(Exception):
     """The database refused a write that would break a uniqueness rule (the caller may retry)."""
+
+
+class StoreUnavailable(Exception):
+    """The database cannot be reached (stopped, restarting, network): nothing was written; retry later."""
 
 
 class Tx:
@@ -73,19 +78,42 @@ class ArtifactStore:
         if not self.pg and not url.startswith("sqlite:///"):
             raise ValueError("RECALL_ARTIFACTS_DB_URL must be sqlite:///<path> or postgresql://…")
         self._local = threading.local()
-        with self.transaction() as tx:
-            for stmt in SCHEMA:
-                tx.q(stmt)
+        # Tables are made by the first transaction, not here: a replica starting while
+        # PostgreSQL is down still serves conversation recall, and its realm surface comes up
+        # with the database.
+        self._schema = list(SCHEMA)
+        self._schema_ready = False
+        self._schema_lock = threading.Lock()
+
+    def add_schema(self, statements: list[str]) -> None:
+        """More tables of this database (AgentMemory's), made with the others."""
+        self._schema += statements
+        self._schema_ready = False
+
+    def check(self) -> None:
+        """Make the tables now (at start, so a mistake shows at once); StoreUnavailable if the
+        database cannot be reached."""
+        if self._schema_ready:
+            return
+        with self._schema_lock:
+            if not self._schema_ready:
+                with self._transaction() as tx:
+                    for stmt in self._schema:
+                        tx.q(stmt)
+                self._schema_ready = True
 
     # ---- connections and transactions ----------------------------------------------------------
     def _connection(self) -> Any:
         conn = getattr(self._local, "conn", None)
-        if conn is not None:
+        if conn is not None and not (self.pg and conn.closed):
             return conn
         if self.pg:
             import psycopg
 
-            conn = psycopg.connect(self.url, autocommit=True)
+            try:
+                conn = psycopg.connect(self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S)
+            except psycopg.OperationalError as exc:
+                raise StoreUnavailable(str(exc)) from exc
         else:
             path = Path(self.url.removeprefix("sqlite:///"))
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -98,28 +126,68 @@ class ArtifactStore:
     @contextmanager
     def transaction(self) -> Iterator[Tx]:
         """Serialisable enough for our rules: SQLite takes the write lock up front (IMMEDIATE);
-        PostgreSQL relies on the unique index and row locks (SELECT … FOR UPDATE)."""
+        PostgreSQL relies on the unique index and row locks (SELECT … FOR UPDATE).
+        StoreUnavailable when PostgreSQL cannot be reached (the next transaction reconnects)."""
+        self.check()
+        with self._transaction() as tx:
+            yield tx
+
+    @contextmanager
+    def _transaction(self) -> Iterator[Tx]:
+        conn, cur = self._begin()
+        try:
+            yield Tx(cur, self.pg)
+            cur.execute("COMMIT")
+        except BaseException as exc:
+            if self.pg and conn.closed:
+                # The server went away mid-transaction (rolled back, unless a COMMIT landed before
+                # the answer was lost); this thread's connection is dead, the next one reconnects.
+                self._local.conn = None
+                if isinstance(exc, self._db_error()):
+                    raise StoreUnavailable(str(exc)) from exc
+                raise
+            cur.execute("ROLLBACK")
+            if isinstance(exc, self._unique_violation()):
+                raise Conflict(str(exc)) from exc
+            raise
+        finally:
+            cur.close()
+
+    def _begin(self) -> tuple[Any, Any]:
+        """A connection and a cursor inside a new transaction. A PostgreSQL connection the server
+        dropped while it sat idle (a restart) shows it only at this first statement, when nothing
+        has run yet: it is replaced once, so a restart costs no request an error."""
         conn = self._connection()
+        try:
+            return conn, self._begun(conn)
+        except StoreUnavailable:
+            conn = self._connection()
+            return conn, self._begun(conn)
+
+    def _begun(self, conn: Any) -> Any:
+        cur = conn.cursor()
+        try:
+            cur.execute("BEGIN" if self.pg else "BEGIN IMMEDIATE")
+        except self._db_error() as exc:
+            if self.pg and conn.closed:
+                self._local.conn = None
+                raise StoreUnavailable(str(exc)) from exc
+            raise
+        return cur
+
+    def _db_error(self) -> type[Exception]:
         if self.pg:
             import psycopg
 
-            try:
-                with conn.transaction(), conn.cursor() as cur:
-                    yield Tx(cur, True)
-            except psycopg.errors.UniqueViolation as exc:
-                raise Conflict(str(exc)) from exc
-            return
-        cur = conn.cursor()
-        cur.execute("BEGIN IMMEDIATE")
-        try:
-            yield Tx(cur, False)
-            cur.execute("COMMIT")
-        except sqlite3.IntegrityError as exc:
-            cur.execute("ROLLBACK")
-            raise Conflict(str(exc)) from exc
-        except BaseException:
-            cur.execute("ROLLBACK")
-            raise
+            return psycopg.Error
+        return sqlite3.Error
+
+    def _unique_violation(self) -> type[Exception]:
+        if self.pg:
+            import psycopg
+
+            return psycopg.errors.UniqueViolation
+        return sqlite3.IntegrityError
 
     # ---- reads ------------------------------------------------------------------------------------
     def get(self, tx: Tx, artifact_id: str, lock: bool = False) -> Artifact | None:

@@ -9,6 +9,7 @@ from services.recall.agent_memory.http_api import register_agent_memory_routes
 from services.recall.agent_memory.memory_store import MemoryStore
 from services.recall.agent_memory.service import AgentMemoryService
 from services.recall.agent_memory.tools import register_agent_memory_tools
+from services.recall.artifacts.nul_text import RefuseNulInRealmTools
 from services.recall.artifacts.service import ArtifactService
 from services.recall.artifacts.tools import register_artifact_tools
 from services.recall.population.service import PopulationService
@@ -16,6 +17,7 @@ from services.recall.population.tools import register_population_tools
 
 
 def register_realm_surface(mcp: FastMCP, artifacts: ArtifactService) -> None:
+    mcp.add_middleware(RefuseNulInRealmTools())
     register_artifact_tools(mcp, artifacts)
     register_population_tools(mcp, PopulationService(artifacts))
     memory = AgentMemoryService(MemoryStore(artifacts.store), artifacts, artifacts.data_dir)

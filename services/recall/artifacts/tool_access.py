@@ -8,7 +8,6 @@ checked on every call (a member of realm A is refused in realm B).
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -17,9 +16,14 @@ from fastmcp.server.auth import AuthContext
 from fastmcp.server.dependencies import get_access_token
 from pydantic import ValidationError
 
+from services.recall.artifacts.artifact_store import StoreUnavailable
 from services.recall.artifacts.models import Role
+from services.recall.artifacts.realm_threads import in_realm_thread
 from services.recall.artifacts.rules import RuleBroken
 from services.recall.artifacts.service import Caller
+
+
+DATABASE_UNAVAILABLE = "database is unavailable: the realm's memory cannot be read or written right now"
 
 
 def _roles(ctx: AuthContext) -> set[Role]:
@@ -48,12 +52,14 @@ def caller() -> Caller:
 
 
 async def run(fn: Callable[..., Any], *args: Any) -> Any:
-    """Run a blocking operation off the event loop as the token's caller; refusals become tool
+    """Run a blocking operation in the realm's threads as the token's caller; refusals become tool
     errors whose text names the broken rule (or the invalid field)."""
     try:
-        return await asyncio.to_thread(fn, caller(), *args)
+        return await in_realm_thread(fn, caller(), *args)
     except RuleBroken as exc:
         raise ToolError(str(exc)) from None
+    except StoreUnavailable:
+        raise ToolError(f"{DATABASE_UNAVAILABLE}; retry in a moment") from None
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]
         raise ToolError(f"invalid {'.'.join(str(p) for p in first['loc']) or 'input'}: {first['msg']}") from None
