@@ -23,13 +23,12 @@ CITE_LINE = "  cite: session_id={} turn_uuid={}"
 
 def looks_like_recall_answer(text: str) -> bool:
     """True for a fixed answer, or text that is a sequence of recall passages (it starts with a
-    date header and every passage is closed by `---`). Prose that merely quotes one is kept."""
+    date header, every later header follows a `---`, and it ends with one; a passage may hold
+    `---` lines of its own). Prose that merely quotes one is kept."""
     body = text.strip()
     if body in FIXED_ANSWERS:
         return True
     lines = body.splitlines()
     if not lines or not _HEADER_LINE.match(lines[0]) or lines[-1] != SEPARATOR:
         return False
-    headers = sum(1 for line in lines if _HEADER_LINE.match(line))
-    separators = sum(1 for line in lines if line == SEPARATOR)
-    return headers == separators
+    return all(lines[i - 1] == SEPARATOR for i in range(1, len(lines)) if _HEADER_LINE.match(lines[i]))

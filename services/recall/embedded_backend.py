@@ -1,7 +1,8 @@
 """RECALL_ENGINE=embedded: the project's engine inside this replica.
 
-Models load once; each tenant's memory reader stays open in an LRU (vectors in RAM, refreshed
-from the committed generation on every call, so a new index run is visible on the next call).
+Models load once; each tenant's memory reader stays open in an LRU (its int8 snapshot mapped,
+later rows in RAM, refreshed from the committed generation on every call, so a new index run is
+visible on the next call).
 Searches run in worker threads, off the event loop, and hand back typed hits (no text that
 the service would parse again).
 """

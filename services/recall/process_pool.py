@@ -79,7 +79,8 @@ class ProcessPool:
     async def recall(self, paths: TenantPaths, query: str, k: int, candidates: int) -> list[AgentHit]:
         # funes' MCP recall fixes candidates at 30; only k is a tool argument.
         text = await self._call_once_more_if_gone(paths, "recall", {"query": query, "k": k})
-        if _says_no_index(text):  # e.g. the memory is being rebuilt after a deletion
+        # Only an error names a missing index: hits are the user's own text, which may quote it.
+        if text.startswith("recall error:") and _says_no_index(text):  # e.g. rebuilt after a deletion
             self._indexed.discard(paths.uhash)
             raise NoIndex(paths.memory)
         if text.startswith("recall error:"):
@@ -132,7 +133,12 @@ class ProcessPool:
 
     async def forget_tenant(self, paths: TenantPaths) -> None:
         async with self._lock:
-            await self._drop(paths.uhash)
+            slot = self._slots.pop(paths.uhash, None)
+            self._indexed.discard(paths.uhash)
+            POOL_SIZE.set(len(self._slots))
+        if slot is not None:
+            async with slot.lock:  # a recall in flight is answered first, not failed; new calls get a new child
+                await slot.child.close()
 
     async def forget_all(self) -> None:
         async with self._lock:

@@ -69,6 +69,8 @@ def _yesterday(m: re.Match, today: date) -> TimeWindow:
 @_rule(r"\b(this|last|past|previous)\s+(week|month)\b")
 def _this_last(m: re.Match, today: date) -> TimeWindow:
     which, unit = m[1].lower(), m[2].lower()
+    if which == "past":  # the days up to today, as "past 7 days" ("last week" is the calendar one)
+        return TimeWindow(_day(today) - timedelta(days=_UNITS[unit]), _day(today) + timedelta(days=1))
     if unit == "week":
         monday = _day(today) - timedelta(days=today.weekday())
         return TimeWindow(monday, _day(today) + timedelta(days=1)) if which == "this" else \
@@ -96,7 +98,7 @@ def _ago(m: re.Match, today: date) -> TimeWindow:
 _MONTH_NAMES = "|".join(sorted(MONTHS, key=len, reverse=True))
 
 
-# "in October", "during May", or "October 2026": a bare month word ("may we…") is no date.
+# "in October", "during May", "since May" (to today), or "October 2026": a bare month word ("may we…") is no date.
 @_rule(r"\b(?:(?:in|during|since)\s+(" + _MONTH_NAMES + r")(?:\s+(\d{4}))?|(" + _MONTH_NAMES + r")\s+(\d{4}))\b")
 def _named_month(m: re.Match, today: date) -> TimeWindow:
     name, year_text = (m[1], m[2]) if m[1] else (m[3], m[4])
@@ -105,19 +107,31 @@ def _named_month(m: re.Match, today: date) -> TimeWindow:
     return _month(year, month)
 
 
+_SINCE = re.compile(r"\bsince\s+$", re.IGNORECASE)
+
+
+def _since(window: TimeWindow, today: date) -> TimeWindow:
+    """"since <a time>": from the start of that time up to today."""
+    return TimeWindow(window.start, max(window.end, _day(today) + timedelta(days=1)))
+
+
 def find_time_window(query: str, now: datetime) -> tuple[str, TimeWindow | None]:
     """The query without its time words, and the window they name (the first one found)."""
     today = now.astimezone(timezone.utc).date()
     for pattern, resolve, strip in _PATTERNS:
         m = pattern.search(query)
         if m:
+            since = _SINCE.search(query, 0, m.start())
+            begin = since.start() if since else m.start()
             try:
                 window = resolve(m, today)
+                if since or m[0].lower().startswith("since"):
+                    window = _since(window, today)
             except (OverflowError, ValueError):
                 # A date at the calendar's edge ("9999-12-31", "March 0000") has no window
                 # datetime can hold; the words are still searched as text, never an error.
                 window = None
             if window is not None:
-                rest = " ".join((query[: m.start()] + " " + query[m.end():]).split()) if strip else query
+                rest = " ".join((query[:begin] + " " + query[m.end():]).split()) if strip else query
                 return rest or query, window  # nothing left: search with the words as given
     return query, None

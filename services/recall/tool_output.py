@@ -98,7 +98,9 @@ def render_for_agent(hits: list[AgentHit], max_chars: int, k: int, window: TimeW
         block = render_hit(hit)
         if len(out) + len(block) > max_chars:
             if not out:  # never return nothing because the first passage is long
-                out = block[: max_chars - 2].rstrip() + " …"
+                # Still closed by its separator: ingest recognises a recall answer by it.
+                end = f" …\n{SEPARATOR}"
+                out = block[: max_chars - len(end)].rstrip() + end
             break
         out += block
     return out.rstrip()

@@ -21,6 +21,7 @@ from shared.engine.store import Row
 NO_RESULTS = "no results"
 EXPLAIN_MARK = "? "
 HEADER = re.compile(r"^\[(?P<ts>[^\]]*)\] (?P<harness>\S*) (?P<where>\S+) (?P<block_type>\S+)  score=(?P<score>[-0-9.]+)$")
+HINT_START = "  → get "
 HINT = re.compile(r"^  → get (?P<session_id>\S+) (?P<turn_uuid>\S+)( .*)?$")
 NEIGHBOUR = re.compile(r"^  ~ \[(?P<role>\S+) (?P<block_type>\S+) seq(?P<seq>-?\d+)\] (?P<text>.*)$")
 
@@ -94,16 +95,18 @@ class ParsedHit:
 def parse_recall(output: str) -> list[ParsedHit]:
     """Split on header lines, never on `---` (chunk text may contain it). Lines are split on
     "\n" only, so text keeps any "\r"; the hint is the line right after a header (an explain
-    line may follow it); lines after a neighbour line continue that neighbour's preview
+    line may follow it), and only a header line followed by a hint starts a hit: chunk text may
+    quote a header line too; lines after a neighbour line continue that neighbour's preview
     (previews are cut at 160 code points, newlines included)."""
     if output.strip() == NO_RESULTS:
         return []
     hits: list[ParsedHit] = []
     lines_of: list[list[str]] = []
     after_hint = False
-    for line in output.split("\n"):
+    lines = output.split("\n")
+    for i, line in enumerate(lines):
         m = HEADER.match(line)
-        if m:
+        if m and i + 1 < len(lines) and lines[i + 1].startswith(HINT_START):
             hits.append(ParsedHit(m["ts"], m["harness"], m["block_type"]))
             lines_of.append([])
             continue

@@ -7,6 +7,7 @@ the same bytes for the same memory and query.
 
 from __future__ import annotations
 
+import calendar
 import contextlib
 import threading
 import time
@@ -114,10 +115,12 @@ class Engine:
             except BaseException:
                 reader.close()
                 raise
-        except BaseException:
+        except BaseException as exc:
             with self._lock:
                 del self._opening[memory]
             opening.set()
+            if isinstance(exc, Exception) and not MemoryStore.exists(memory):
+                raise NoIndex(memory) from None  # deleted while it opened (a forget): no memory, not a fault
             raise
         entry = _Entry(reader, inode, reader.resident_bytes(), users=1)
         with self._lock:
@@ -144,7 +147,7 @@ class Engine:
         Returns those nobody holds, for the caller to close after releasing the lock."""
         to_close = []
         for memory in list(self._entries):
-            if len(self._entries) <= self.max_readers and (self.max_bytes is None or self.cached_bytes <= self.max_bytes):
+            if len(self._entries) <= self.max_readers and (self.max_bytes is None or self._bytes_held() <= self.max_bytes):
                 break
             if memory == keep:
                 continue
@@ -191,6 +194,11 @@ class Engine:
 
     @property
     def cached_bytes(self) -> int:
+        with self._lock:  # searches in other threads reorder the cache while it is summed
+            return self._bytes_held()
+
+    def _bytes_held(self) -> int:
+        """Bytes of the cached readers (the lock held)."""
         return sum(e.bytes for e in self._entries.values())
 
     # ---- commands ----------------------------------------------------------------------------
@@ -252,7 +260,7 @@ def chunk_count(memory: Path, session_id: str | None = None) -> int:
 
 
 def _when(stamp: str) -> str:
-    t = time.mktime(time.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ")) - time.timezone
+    t = calendar.timegm(time.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ"))  # a UTC stamp, whatever the host's zone
     age = max(0, int(time.time() - t))
     if age < 60:
         ago = "just now"

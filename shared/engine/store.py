@@ -109,8 +109,11 @@ def journal_mode() -> str:
     return mode
 
 
-def _connect(path: Path) -> sqlite3.Connection:
-    conn = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
+def _connect(path: Path, create: bool = False) -> sqlite3.Connection:
+    # Opening never creates: a memory deleted between the existence check and here (a forget)
+    # must not come back as an empty database, which would read as a corrupt memory for good.
+    target, uri = (path, False) if create else (f"{path.absolute().as_uri()}?mode=rw", True)
+    conn = sqlite3.connect(target, timeout=30, isolation_level=None, check_same_thread=False, uri=uri)
     conn.execute(f"PRAGMA journal_mode={journal_mode().upper()}")
     # Freed pages are zeroed, so deleted chunks do not linger in the file's free space.
     conn.execute("PRAGMA secure_delete=ON")
@@ -167,7 +170,7 @@ class MemoryStore:
 
     @staticmethod
     def _initialise(path: Path, model_id: str, dim: int) -> None:
-        conn = _connect(path / DB_NAME)
+        conn = _connect(path / DB_NAME, create=True)
         conn.executescript(
             """
             BEGIN;

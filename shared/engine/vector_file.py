@@ -188,6 +188,8 @@ def write_vector_file(memory: Path, conn: sqlite3.Connection, dim: int) -> bool:
     if 12 + len(blob) > room:  # thousands of distinct harness names: no snapshot, readers use SQLite
         del out, arrays
         tmp.unlink(missing_ok=True)
+        # The last snapshot would only lag further, and after a forget it holds forgotten rows.
+        (memory / VECTOR_FILE).unlink(missing_ok=True)
         return False
     out[:8] = np.frombuffer(MAGIC, np.uint8)
     out[8:12] = np.frombuffer(struct.pack("<I", len(blob)), np.uint8)
