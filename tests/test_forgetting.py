@@ -302,6 +302,20 @@ async def test_the_yield_request_stays_until_the_last_waiting_forget_of_the_user
     await client.aclose()
 
 
+def test_a_user_forget_moves_the_tenant_aside_and_a_crashed_attempts_leftovers_go_too(tmp_path):
+    from services.indexer.forgetting import remove_tenant_tree
+
+    root = tmp_path / user_hash("olga")
+    (root / "memory").mkdir(parents=True)
+    (root / "memory" / "chunks.sqlite3").write_text("olga's rows")
+    leftover = root.with_name(root.name + ".forgotten")  # an earlier attempt killed mid-delete
+    (leftover / "src").mkdir(parents=True)
+    (leftover / "src" / "c.funes.jsonl").write_text("olga's turns")
+    remove_tenant_tree(root)
+    assert list(tmp_path.iterdir()) == []
+    remove_tenant_tree(root)  # a redelivery finds nothing: no error
+
+
 def _sample(name: str, **labels) -> float:
     from prometheus_client import REGISTRY
 

@@ -21,9 +21,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import shutil
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import redis.asyncio as aioredis
 
@@ -47,6 +49,22 @@ REMOVED_KINDS = ("files", "chunks", "stream_entries", "dead_letters")  # a recei
 _JOIN_WAITING = "redis.call('INCR', KEYS[1]) return redis.call('PEXPIRE', KEYS[1], ARGV[1])"
 _STILL_WAITING = "if redis.call('EXISTS', KEYS[1]) == 0 then redis.call('SET', KEYS[1], 1) end return redis.call('PEXPIRE', KEYS[1], ARGV[1])"
 _LEAVE_WAITING = "if redis.call('DECR', KEYS[1]) <= 0 then redis.call('DEL', KEYS[1]) end return 1"
+
+
+def remove_tenant_tree(root: Path) -> None:
+    """Delete a tenant's directory by first moving it aside. A reader opening the memory while
+    the tree is deleted in place re-creates files in it (SQLite's -shm, tantivy's lock file),
+    and a leftover file in `memory/` fails every later index run of that user (ENOTEMPTY on the
+    swap). Once moved, the path is gone at once and what is opened there fails cleanly as "no
+    memory". A crash mid-delete leaves `<hash>.forgotten`, which the redelivered forget removes;
+    scans of tenants skip it (not a user hash)."""
+    aside = root.with_name(root.name + ".forgotten")
+    shutil.rmtree(aside, ignore_errors=True)
+    try:
+        os.rename(root, aside)
+    except FileNotFoundError:
+        return
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def _original_fields(record: dict[str, str]) -> dict[str, str]:
@@ -125,7 +143,7 @@ class Forgetter:
     async def _forget_user(self, paths: TenantPaths, entry_id: str) -> int:
         await asyncio.to_thread(tombstone_user, self.s.data_dir, paths.uhash, entry_id)
         files = sum(1 for p in paths.src.glob("*.funes.jsonl")) if paths.src.is_dir() else 0
-        await asyncio.to_thread(shutil.rmtree, paths.root, True)
+        await asyncio.to_thread(remove_tenant_tree, paths.root)
         await self.client.delete(keys.dirty(paths.uhash), keys.received(paths.uhash))
         await self.client.zrem(keys.DUE, paths.uhash)
         # A snapshot write that passed the tombstone check just before it was written undoes
@@ -133,7 +151,7 @@ class Forgetter:
         deadline = time.monotonic() + 35
         while await self._writers_in_flight(paths.uhash) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        await asyncio.to_thread(shutil.rmtree, paths.root, True)
+        await asyncio.to_thread(remove_tenant_tree, paths.root)
         return files
 
     async def _writers_in_flight(self, uhash: str) -> bool:
