@@ -15,11 +15,12 @@ lose at most one point of R@8.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from shared.engine.text_analysis import scripts
+from shared.engine.text_analysis import scripts, words
 
 if TYPE_CHECKING:
     from shared.engine.hybrid_search import Legs
@@ -37,6 +38,10 @@ class RelevanceFloor:
     # nothing and it faces the with-words bar. None: the model's tokenizer has no piece scores,
     # and only the cosine bars apply.
     language_log_prob: float | None = None
+    # Likewise a query of nothing but character runs ("aaaaaaaa", "hahaha", "zzzz"): tokenizers
+    # score such runs as plausible text (-2.7 per character) and e5 puts them at 0.85-0.87 from
+    # short chat turns ("thanks"), yet they ask for nothing.
+    refuse_runs: bool = True
 
     def admits(self, query: str, legs: "Legs", nearest: Callable[[], list[str]],
                log_prob: Callable[[str], float | None]) -> bool:
@@ -45,6 +50,8 @@ class RelevanceFloor:
         best = legs.dense[0][1] if legs.dense else -1.0
         if legs.bm25:
             return best >= self.with_words
+        if self.refuse_runs and _only_character_runs(query):
+            return False
         asked = scripts(query) - {"other"}  # digits alone are no script to be asked across
         # A CJK character carries a word's worth of information: real Chinese, Japanese or Korean
         # questions score -5 to -7.7 per character, as low as CJK mashing; they keep the cosine bars.
@@ -55,6 +62,14 @@ class RelevanceFloor:
             return False
         across = bool(asked) and not asked & set().union(*map(scripts, nearest()))
         return best >= (self.with_words if across else self.without_words)
+
+
+_RUN = re.compile(r"(.{1,3}?)\1+")  # a unit of one to three characters, repeated
+
+
+def _only_character_runs(query: str) -> bool:
+    found = words(query)
+    return bool(found) and all(len(w) >= 4 and _RUN.fullmatch(w) for w in found)
 
 
 _MINILM = RelevanceFloor(with_words=0.40, without_words=0.50)
@@ -79,7 +94,7 @@ FLOORS: dict[str, RelevanceFloor] = {
                                                                language_log_prob=-4.0),
 }
 # An uncalibrated model gets no floor at all: a wrong "no results" is worse than a weak passage.
-NO_FLOOR = RelevanceFloor(with_words=-1.0, without_words=-1.0)
+NO_FLOOR = RelevanceFloor(with_words=-1.0, without_words=-1.0, refuse_runs=False)
 
 
 def floor_for(model_id: str) -> RelevanceFloor:
