@@ -103,6 +103,17 @@ def test_inflected_russian_question_finds_the_turn(tmp_path, embedder):
         assert hits and hits[0].text.startswith(expected), (query, [h.text for h in hits])
 
 
+def test_identifiers_listed_with_commas_or_slashes_are_each_their_own_phrase(tmp_path, embedder):
+    assert query_clauses("N-11,MT-4471") == ["n 11", "mt 4471"]
+    assert query_clauses("P-101/P-102 status") == ["p 101", "p 102", "status"]
+    memory = _one_memory(tmp_path, embedder, {
+        "a": ["pump check", "P-101 passed its pressure test.", "ok"],
+        "b": ["and the other?", "P-102 failed its pressure test.", "noted"],
+    })
+    answer = Engine(embedder=embedder).recall(memory, "P-101/P-102", RecallParams(k=2, neighbors=0))
+    assert "P-101 passed" in answer and "P-102 failed" in answer, answer
+
+
 def test_query_terms_drop_stop_words_and_stem_each_script():
     assert query_terms("What did Caroline decide about the paintings?") == ["carolin", "decid", "paint"]
     assert query_terms("Кто взялся за отбраковку насосов?") == ["взял", "отбраковк", "насос"]

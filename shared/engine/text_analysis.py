@@ -144,12 +144,16 @@ def query_terms(query: str) -> list[str]:
     return list(dict.fromkeys(stem(w) for w in content))
 
 
+_CLAUSE_SEPARATORS = re.compile(r"[\s,;/|()\[\]{}<>\"«»“”]+")
+
+
 def query_clauses(query: str) -> list[str]:
     """`query_terms`, except that a joined word with a number in it (`P-003`, `N-11`, `3-day`)
     stays one phrase of its stems (`p 003`): as free terms its parts match every unit of the
-    same series."""
+    same series. Words are joined by hyphens, dots and the like, not by the separators of a
+    list (`N-11,MT-4471`, `P-101/P-102`: two identifiers, not one four-word phrase)."""
     clauses: list[str] = []
-    for token in query.split():
+    for token in _CLAUSE_SEPARATORS.split(query):
         ws = words(token)
         pairs = [w for w in ws if _CJK_RUN.match(w)]  # `MT-4471の件`: the code, then its CJK pairs
         ws = [w for w in ws if not _CJK_RUN.match(w)]
