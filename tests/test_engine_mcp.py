@@ -29,3 +29,8 @@ async def test_mcp_server_answers_recall_get_and_status(tmp_path, embedder):
         assert res.content[0].text.startswith("recall error: no index yet") and not res.is_error
         res = await client.call_tool("recall", {"query": "zzzz qqqq", "block_type": "thinking"})
         assert res.content[0].text == "no results"
+        # funes' k and window are unsigned: a negative one is an error, not the whole candidate pool.
+        res = await client.call_tool("recall", {"query": "MT-4471", "k": -1})
+        assert res.content[0].text.startswith("recall error:") and not res.is_error
+        res = await client.call_tool("get", {"session_id": "plant", "turn_uuid": "plant-1", "window": -1})
+        assert res.content[0].text.startswith("get error:")

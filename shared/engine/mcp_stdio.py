@@ -32,6 +32,8 @@ def serve(default_memory: Path) -> None:
                harness: str | None = None, memory: str | None = None, candidates: int | None = None,
                explain: bool = False) -> str:
         # candidates and explain are additions to funes' tool: omitted, the output is funes'.
+        if (k is not None and k < 1) or (candidates is not None and candidates < 1):
+            return "recall error: k and candidates must be at least 1"  # funes' are unsigned
         try:
             params = RecallParams(k=k or 8, candidates=candidates or RecallParams.candidates,
                                   block_type=block_type or None, harness=harness or None, floor=True,
@@ -42,6 +44,8 @@ def serve(default_memory: Path) -> None:
 
     @server.tool(description="Read the turns around one turn of a session.")
     def get(session_id: str, turn_uuid: str, window: int | None = None, memory: str | None = None) -> str:
+        if window is not None and window < 0:
+            return "get error: window must be at least 0"
         try:
             return engine.get(resolve(memory), session_id, turn_uuid, 3 if window is None else window)
         except Exception as exc:
