@@ -223,6 +223,25 @@ def test_postgresql_stopping_in_the_middle_of_a_change_is_a_clean_unavailable(pg
     assert memory.retire(alice, REALM, rid, "again")["status"] == "retired"
 
 
+def test_a_partitioned_postgresql_connection_is_given_up_in_seconds_not_tcp_minutes(pg_cluster):
+    """A partition leaves no one to close the connection; only the kernel's timers end it.
+    Checked on the live socket (the timers cannot be shown without cutting a network here)."""
+    import socket
+
+    from services.recall.artifacts.artifact_store import TCP_USER_TIMEOUT_MS, ArtifactStore
+
+    store = ArtifactStore(pg_cluster.url)
+    conn = store._connection()
+    sock = socket.socket(fileno=os.dup(conn.pgconn.socket))
+    try:
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == TCP_USER_TIMEOUT_MS
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 10
+    finally:
+        sock.close()
+        conn.close()
+
+
 def _outcome(op, rid: str) -> object:
     try:
         return op(rid)

@@ -47,6 +47,11 @@ SCHEMA = [
     "CREATE INDEX IF NOT EXISTS artifact_audit_by_artifact ON artifact_audit (artifact_id, ordinal)",
 ]
 CONNECT_TIMEOUT_S = 5  # an unreachable server is a quick "unavailable", not a request hanging for minutes
+# A server that vanishes mid-connection (network partition, host lost) without closing it: the
+# kernel gives the connection up after unacknowledged data for this long, or after 3 missed
+# keepalives on an idle one, instead of TCP's ~15 minutes, each held by one of the realm's threads.
+TCP_USER_TIMEOUT_MS = 20_000
+KEEPALIVES = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5, "keepalives_count": 3}
 COLUMNS = ("artifact_id, realm_id, artifact_path, artifact_kind, write_mode, status, body, summary, source_ref,"
            " source_context, author, created_at, updated_at, supersedes_artifact_id, superseded_by_artifact_id, revoked_reason")
 
@@ -111,7 +116,8 @@ class ArtifactStore:
             import psycopg
 
             try:
-                conn = psycopg.connect(self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S)
+                conn = psycopg.connect(self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S,
+                                       tcp_user_timeout=TCP_USER_TIMEOUT_MS, **KEEPALIVES)
             except psycopg.OperationalError as exc:
                 raise StoreUnavailable(str(exc)) from exc
         else:
