@@ -47,7 +47,6 @@ log = get_logger("recall.indexer.forget")
 REMOVED_KINDS = ("files", "chunks", "stream_entries", "dead_letters")  # a receipt's `removed`
 # The forget-waiting request of a user: a count of its waiting forgets, with an expiry.
 _JOIN_WAITING = "redis.call('INCR', KEYS[1]) return redis.call('PEXPIRE', KEYS[1], ARGV[1])"
-_STILL_WAITING = "if redis.call('EXISTS', KEYS[1]) == 0 then redis.call('SET', KEYS[1], 1) end return redis.call('PEXPIRE', KEYS[1], ARGV[1])"
 _LEAVE_WAITING = "if redis.call('DECR', KEYS[1]) <= 0 then redis.call('DEL', KEYS[1]) end return 1"
 
 
@@ -120,7 +119,7 @@ class Forgetter:
             while True:
                 await asyncio.sleep(self.s.index_lock_ttl_s / 3)
                 with contextlib.suppress(aioredis.RedisError):
-                    await self.client.eval(_STILL_WAITING, 1, waiting, ttl_ms)
+                    await self.client.pexpire(waiting, ttl_ms)
 
         asking = asyncio.create_task(keep_asking())
         try:

@@ -133,9 +133,7 @@ class ProcessPool:
 
     async def forget_tenant(self, paths: TenantPaths) -> None:
         async with self._lock:
-            slot = self._slots.pop(paths.uhash, None)
-            self._indexed.discard(paths.uhash)
-            POOL_SIZE.set(len(self._slots))
+            slot = self._detach(paths.uhash)
         if slot is not None:
             async with slot.lock:  # a recall in flight is answered first, not failed; new calls get a new child
                 await slot.child.close()
@@ -205,10 +203,15 @@ class ProcessPool:
             POOL_SIZE.set(len(self._slots))
         await slot.child.close(grace=0.5)
 
-    async def _drop(self, uhash: str) -> None:
+    def _detach(self, uhash: str) -> _Slot | None:
+        """Take a tenant's child out of the pool (self._lock held); the caller closes it."""
         slot = self._slots.pop(uhash, None)
         self._indexed.discard(uhash)
         POOL_SIZE.set(len(self._slots))
+        return slot
+
+    async def _drop(self, uhash: str) -> None:
+        slot = self._detach(uhash)
         if slot is not None:
             await slot.child.close()
 
