@@ -86,10 +86,46 @@ def test_turn_ids_in_any_script_and_with_punctuation_are_accepted(ingest, r):
     assert post(ingest, body).status_code == 202
 
 
-def test_duplicate_turn_ids_are_422(ingest, r):
+def test_duplicate_turn_ids_are_422_naming_the_second(ingest, r):
     body = conversation_payload("alice", "conv-1", ["hi", "hello"])
     body["turns"][1]["id"] = body["turns"][0]["id"]
-    assert post(ingest, body).status_code == 422
+    resp = post(ingest, body)
+    assert resp.status_code == 422 and fields_of(resp) == {"turns[1].id"}, resp.text
+    assert r.xlen("recall:turns") == 0
+
+
+def test_an_id_equal_to_another_turns_default_id_is_422(ingest, r):
+    """A turn without an id is stored as `<conversation_id>-<index>`; an explicit id equal to
+    that named two turns alike, and the engine indexed only the second (the first was lost)."""
+    body = conversation_payload("alice", "conv-1", ["pump P-1 seized", "valve V-2 leaks"])
+    del body["turns"][0]["id"]
+    body["turns"][1]["id"] = "conv-1-0"
+    resp = post(ingest, body)
+    assert resp.status_code == 422 and fields_of(resp) == {"turns[1].id"}, resp.text
+    assert "turns[0]" in resp.json()["fields"][0]["message"]
+    assert r.xlen("recall:turns") == 0
+    body["turns"][1]["id"] = "conv-1-1"  # equal to its own default: one turn, one id
+    assert post(ingest, body).status_code == 202
+
+
+def test_an_empty_turn_list_is_422_and_erases_nothing_stored(ingest, r):
+    """The newest snapshot replaces the stored one: `turns: []` emptied the conversation."""
+    assert post(ingest, conversation_payload("alice", "keep", ["first"])).status_code == 202
+    resp = post(ingest, {"user": "alice", "conversation_id": "keep", "turns": []})
+    assert resp.status_code == 422 and fields_of(resp) == {"turns"}, resp.text
+    assert r.xlen("recall:turns") == 1
+
+
+@pytest.mark.parametrize("raw, key", [
+    (b'{"user": "alice", "user": "bob", "conversation_id": "c", "turns": [{"role": "user", "text": "hi", "ts": "2026-10-08T10:00:00Z"}]}', "user"),
+    (b'{"user": "alice", "conversation_id": "c", "turns": [{"role": "user", "text": "hi", "text": "other", "ts": "2026-10-08T10:00:00Z"}]}', "text"),
+])
+def test_a_key_given_twice_in_one_object_is_422_naming_it(ingest, r, raw, key):
+    """json.loads kept the last value, where a proxy or an audit log may read the first: the
+    same body named two different tenants."""
+    resp = post(ingest, raw=raw)
+    assert resp.status_code == 422 and fields_of(resp) == {key}, resp.text
+    assert r.xlen("recall:turns") == 0
 
 
 def test_limits_are_413_naming_what_is_too_large(ingest, r):
@@ -121,6 +157,30 @@ def test_a_full_redis_is_503_naming_redis_not_500(ingest, r):
     assert problem["field"] == "redis" and "full" in problem["message"], problem
     assert r.xlen("recall:turns") == 0
     assert post(ingest, conversation_payload("alice", "c", ["hi"])).status_code == 202, "accepted again once there is room"
+
+
+def redactions_counted(url: str, kind: str) -> float:
+    for line in httpx.get(f"{url}/metrics").text.splitlines():
+        if line.startswith(f'recall_ingest_redactions_total{{kind="{kind}"}}'):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def test_a_refused_snapshot_counts_no_turns_or_redactions(ingest, r):
+    """The gateway posts a refused (503) snapshot again: counting it at the first attempt
+    counted its redactions twice."""
+    body = conversation_payload("alice", "c", ["my password: hunter2-Secret!"])
+    before = r.config_get("maxmemory-policy")["maxmemory-policy"], r.config_get("maxmemory")["maxmemory"]
+    r.config_set("maxmemory-policy", "noeviction")
+    r.config_set("maxmemory", "1")
+    try:
+        assert post(ingest, body).status_code == 503
+    finally:
+        r.config_set("maxmemory", before[1])
+        r.config_set("maxmemory-policy", before[0])
+    assert redactions_counted(ingest, "password") == 0
+    assert post(ingest, body).json()["redacted"] == 1
+    assert redactions_counted(ingest, "password") == 1
 
 
 def test_a_full_backlog_refuses_turns_with_503_and_never_trims_accepted_entries_or_forgets(services, service_env, r):

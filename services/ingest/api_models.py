@@ -7,7 +7,8 @@ import unicodedata
 from datetime import datetime, timezone
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from shared.stream_schema import MAX_RETENTION_DAYS
 from shared.tenant_paths import CONVERSATION_ID
@@ -70,13 +71,31 @@ class IngestRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     user: Text = Field(min_length=1, max_length=256, description="The end user this conversation belongs to.")
     conversation_id: str = Field(pattern=f"^{CONVERSATION_ID.pattern}$", description="[A-Za-z0-9_-]{1,128}; names a file.")
-    turns: list[IngestTurn] = Field(description="The whole conversation so far, oldest first.")
+    # At least one: the newest snapshot replaces the stored one, so an empty list would erase
+    # the conversation (forgetting is DELETE /conversations/{id}, with a receipt).
+    turns: list[IngestTurn] = Field(min_length=1, description="The whole conversation so far, oldest first.")
+
+    def turn_id(self, index: int) -> str:
+        """The id a turn is stored under: its own, or `<conversation_id>-<index>`."""
+        return self.turns[index].id or f"{self.conversation_id}-{index}"
 
     @model_validator(mode="after")
     def _unique_ids(self) -> "IngestRequest":
-        ids = [t.id for t in self.turns if t.id is not None]
-        if len(ids) != len(set(ids)):
-            raise ValueError("turn ids must be unique within a conversation")
+        # Over the ids turns are stored under, defaults included: an explicit "c-0" beside a
+        # first turn without an id named two turns alike, and the engine kept only one of them.
+        first: dict[str, int] = {}
+        errors = []
+        for i in range(len(self.turns)):
+            tid = self.turn_id(i)
+            if tid in first:
+                errors.append(InitErrorDetails(
+                    type=PydanticCustomError("duplicate_turn_id", "turn id {id} is already used by turns[{other}]",
+                                             {"id": tid, "other": first[tid]}),
+                    loc=("turns", i, "id"), input=tid))
+            else:
+                first[tid] = i
+        if errors:
+            raise ValidationError.from_exception_data(type(self).__name__, errors)
         return self
 
 

@@ -19,6 +19,7 @@ import hmac
 import json
 import re
 import time
+from collections import Counter
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -96,6 +97,22 @@ def _is_json(content_type: str) -> bool:
     return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
 
 
+class DuplicateKey(Exception):
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+
+def _object_without_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """json.loads keeps the last of two equal keys, where another reader of the same body (a
+    proxy, an audit log) may take the first: {"user": "a", "user": "b"} must name no tenant."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise DuplicateKey(key)
+        out[key] = value
+    return out
+
+
 def _validate(model: type[BaseModel], payload: Any) -> Any:
     try:
         return model.model_validate(payload)
@@ -157,7 +174,9 @@ class IngestAPI:
         if not _is_json(request.headers.get("content-type", "")):
             raise HTTPProblem(415, "unsupported media type", [("content-type", "must be application/json")])
         try:
-            payload = json.loads(raw)
+            payload = json.loads(raw, object_pairs_hook=_object_without_duplicate_keys)
+        except DuplicateKey as exc:
+            raise HTTPProblem(422, "invalid request", [(_printable(exc.key), "given more than once in one JSON object")]) from None
         except (ValueError, UnicodeDecodeError) as exc:
             raise HTTPProblem(400, "malformed JSON", [("body", _printable(str(exc)))])
         except RecursionError:
@@ -171,12 +190,16 @@ class IngestAPI:
         payload = await self._json(request)
         # Checking and redacting is CPU work in proportion to the body (~2 s for 4 MiB): in a
         # worker thread, the event loop goes on answering probes and other posts between turns.
-        req, turns, redacted = await asyncio.to_thread(self._clean_snapshot, payload)
+        req, turns, redactions = await asyncio.to_thread(self._clean_snapshot, payload)
         event = TurnsEvent(user_hash=user_hash(req.user), conversation_id=req.conversation_id, turns=turns,
                            received_at=time.time())
         await self._refuse_if_unable_to_store()
         await self.redis.xadd(self.s.stream, event.fields())
+        # Counted once stored: a refused snapshot is posted again, and would be counted twice.
         INGEST_TURNS.inc(len(turns))
+        for kind, n in redactions.items():
+            INGEST_REDACTIONS.labels(kind).inc(n)
+        redacted = sum(redactions.values())
         log.info("ingest.accepted", user_hash=event.user_hash, conversation_id=req.conversation_id, turns=len(turns),
                  dropped_echoes=len(req.turns) - len(turns), redacted=redacted)
         return 202, Accepted(stored=req.conversation_id, turns=len(turns), redacted=redacted).model_dump()
@@ -197,25 +220,23 @@ class IngestAPI:
         reason, backlog = await pipe.execute()
         return reason, backlog
 
-    def _clean_snapshot(self, payload: dict) -> tuple[IngestRequest, list[StreamTurn], int]:
+    def _clean_snapshot(self, payload: dict) -> tuple[IngestRequest, list[StreamTurn], Counter]:
         """The request validated, and its turns as they are stored: recall echoes dropped,
-        secrets (and PII if configured) redacted; with how many redactions were made."""
+        secrets (and PII if configured) redacted; with the redactions made, by kind."""
         if isinstance(payload.get("turns"), list) and len(payload["turns"]) > self.s.ingest_max_turns:
             raise HTTPProblem(413, "too many turns", [("turns", f"at most {self.s.ingest_max_turns} turns")])
         req: IngestRequest = _validate(IngestRequest, payload)
         for i, t in enumerate(req.turns):
             if len(t.text) > self.s.ingest_max_turn_chars:
                 raise HTTPProblem(413, "turn text too long", [(f"turns[{i}].text", f"at most {self.s.ingest_max_turn_chars} characters")])
-        turns, redacted = [], 0
+        turns, redactions = [], Counter()
         for i, t in enumerate(req.turns):
             if self.s.drop_recall_echoes and self._is_recall_echo(t):
                 continue
             clean = self.redactor.redact(t.text)
-            redacted += sum(clean.kinds.values())
-            for kind, n in clean.kinds.items():
-                INGEST_REDACTIONS.labels(kind).inc(n)
-            turns.append(StreamTurn(id=t.id or f"{req.conversation_id}-{i}", role=t.role, text=clean.text, ts=t.ts))
-        return req, turns, redacted
+            redactions.update(clean.kinds)
+            turns.append(StreamTurn(id=req.turn_id(i), role=t.role, text=clean.text, ts=t.ts))
+        return req, turns, redactions
 
     async def _refuse_if_unable_to_store(self) -> None:
         """503 when an indexer reports the data dir unwritable, or the backlog is full; both
