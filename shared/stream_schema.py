@@ -45,6 +45,8 @@ class ForgetEvent(BaseModel):
     receipt: str
     reason: Literal["request", "retention"] = "request"
     received_at: float
+    version: str | None = Field(None, pattern=r"^[0-9]{1,20}-[0-9]{1,20}$", description="Retention: the stream id of the snapshot found expired. The deletion "
+                                "is at that version, so a snapshot accepted since (the conversation resumed) stays.")
 
     def fields(self) -> dict[str, str]:
         return {"kind": self.kind, "user_hash": self.user_hash, "conversation_id": self.conversation_id or "",
@@ -83,7 +85,8 @@ class DeletionReceipt(BaseModel):
 
 
 async def request_forget(client, stream: str, *, kind: str, user_hash: str, conversation_id: str | None,
-                         reason: str = "request", receipt_ttl_s: int = 30 * 86400) -> DeletionReceipt:
+                         reason: str = "request", receipt_ttl_s: int = 30 * 86400,
+                         version: str | None = None) -> DeletionReceipt:
     """Put a forget event on the stream together with its pending receipt (one transaction).
     Never with MAXLEN: trimming drops the oldest entries whether processed or not, which would
     lose accepted snapshots and forget events (a receipt pending for ever)."""
@@ -91,7 +94,7 @@ async def request_forget(client, stream: str, *, kind: str, user_hash: str, conv
     import time
 
     event = ForgetEvent(kind=kind, user_hash=user_hash, conversation_id=conversation_id, receipt=secrets.token_hex(12),
-                        reason=reason, received_at=time.time())
+                        reason=reason, received_at=time.time(), version=version)
     record = DeletionReceipt(receipt=event.receipt, status="pending", kind=kind, conversation_id=conversation_id,
                              reason=reason, requested_at=event.received_at)
     pipe = client.pipeline(transaction=True)

@@ -12,6 +12,8 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
+from services.indexer.forgetting import Forgetter
+from services.indexer.index_job import EmbeddedIndexJob
 from services.indexer.retention import RetentionSweeper
 from services.indexer.settings import IndexerSettings
 from services.ingest.redaction import Redactor
@@ -302,18 +304,34 @@ async def test_the_yield_request_stays_until_the_last_waiting_forget_of_the_user
     await client.aclose()
 
 
-def test_a_user_forget_moves_the_tenant_aside_and_a_crashed_attempts_leftovers_go_too(tmp_path):
-    from services.indexer.forgetting import remove_tenant_tree
+async def test_a_user_forget_moves_the_tenant_aside_and_a_crashed_attempts_leftovers_go_too(tmp_path, redis_url, r):
+    import redis.asyncio as aioredis
 
-    root = tmp_path / user_hash("olga")
+    from services.indexer.snapshot_writer import tombstone_user, version_file
+
+    r.flushdb()
+    settings = IndexerSettings(data_dir=tmp_path, redis_url=redis_url)
+    client = aioredis.Redis.from_url(redis_url)
+    forgetter = Forgetter(client, settings, EmbeddedIndexJob(settings.index_timeout_s))
+    uh = user_hash("olga")
+    root = tmp_path / uh
     (root / "memory").mkdir(parents=True)
     (root / "memory" / "chunks.sqlite3").write_text("olga's rows")
-    leftover = root.with_name(root.name + ".forgotten")  # an earlier attempt killed mid-delete
-    (leftover / "src").mkdir(parents=True)
-    (leftover / "src" / "c.funes.jsonl").write_text("olga's turns")
-    remove_tenant_tree(root)
-    assert list(tmp_path.iterdir()) == []
-    remove_tenant_tree(root)  # a redelivery finds nothing: no error
+    leftover = TenantPaths(root.with_name(root.name + ".forgotten"))  # an earlier attempt killed mid-delete
+    leftover.src.mkdir(parents=True)
+    leftover.transcript("c").write_text("olga's turns")
+    version_file(leftover, "c").write_text("1000-0")
+    leftover.transcript("later").write_text("accepted after the deletion")
+    version_file(leftover, "later").write_text("3000-0")
+    tombstone_user(tmp_path, uh, "2000-0")
+    assert await forgetter._forget_user(TenantPaths(root), "2000-0") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".tombstones", uh]
+    assert TenantPaths(root).transcript("later").read_text() == "accepted after the deletion"
+    assert not (root / "memory").exists() and not TenantPaths(root).transcript("c").exists()
+    assert r.zscore("recall:index:due", uh) is not None, "the kept snapshot is indexed anew"
+    assert await forgetter._forget_user(TenantPaths(root), "2000-0") == 0  # a redelivery: nothing more to remove
+    assert TenantPaths(root).transcript("later").exists()
+    await client.aclose()
 
 
 def _sample(name: str, **labels) -> float:

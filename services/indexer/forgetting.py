@@ -4,7 +4,10 @@ In order, while holding the user's index lock (so no index run interleaves):
 1. tombstone: the conversation's version file (or the user's tombstone) records the deletion's
    stream id, so a snapshot accepted before it can never be written again, whichever worker
    processes it and when; one accepted after it starts a new conversation;
-2. the source file goes (a conversation) or the whole tenant directory (a user);
+2. the source file goes (a conversation) or the whole tenant directory (a user). A snapshot
+   accepted after the deletion but written before it was carried out (by another worker,
+   while this forget waited for the user's index lock) is newer than the tombstone and stays:
+   a user's tree is set aside and such snapshots are moved back before it is deleted;
 3. the index forgets the rows (`forget_rows.py`): embedded engine at once, funes by its
    `forget` command (or a rebuild from what remains where it has none);
 4. stream entries of that conversation/user older than the deletion are deleted unprocessed
@@ -32,10 +35,18 @@ import redis.asyncio as aioredis
 from services.indexer import redis_keys as keys
 from services.indexer.forget_rows import make_forget_rows
 from services.indexer.index_job import IndexJob
+from services.indexer.index_scheduler import mark_dirty
 from services.indexer.metrics import FORGOTTEN
 from services.indexer.redis_compaction import DurableCompaction
 from services.indexer.settings import IndexerSettings
-from services.indexer.snapshot_writer import parse_version, tombstone_conversation, tombstone_user
+from services.indexer.snapshot_writer import (
+    move_snapshot_back,
+    parse_version,
+    snapshots_newer_than,
+    tombstone_conversation,
+    tombstone_user,
+    user_deletion_version,
+)
 from shared.logging_setup import get_logger
 from shared.redis_lock import RedisLock
 from shared.stream_schema import FORGET_CHANNEL, DeletionReceipt, ForgetEvent, dead_letter_stream, decode_fields, deletion_key
@@ -50,20 +61,23 @@ _JOIN_WAITING = "redis.call('INCR', KEYS[1]) return redis.call('PEXPIRE', KEYS[1
 _LEAVE_WAITING = "if redis.call('DECR', KEYS[1]) <= 0 then redis.call('DEL', KEYS[1]) end return 1"
 
 
-def remove_tenant_tree(root: Path) -> None:
-    """Delete a tenant's directory by first moving it aside. A reader opening the memory while
+def set_tenant_aside(root: Path) -> Path | None:
+    """Move a tenant's directory aside before deleting it: a reader opening the memory while
     the tree is deleted in place re-creates files in it (SQLite's -shm, tantivy's lock file),
     and a leftover file in `memory/` fails every later index run of that user (ENOTEMPTY on the
     swap). Once moved, the path is gone at once and what is opened there fails cleanly as "no
-    memory". A crash mid-delete leaves `<hash>.forgotten`, which the redelivered forget removes;
-    scans of tenants skip it (not a user hash)."""
-    aside = root.with_name(root.name + ".forgotten")
-    shutil.rmtree(aside, ignore_errors=True)
+    memory". Returns the moved tree (`<hash>.forgotten`; scans of tenants skip it, not being a
+    user hash), or None when there was no tree. A crash leaves it for the redelivered forget."""
+    aside = aside_of(root)
     try:
         os.rename(root, aside)
     except FileNotFoundError:
-        return
-    shutil.rmtree(aside, ignore_errors=True)
+        return None
+    return aside
+
+
+def aside_of(root: Path) -> Path:
+    return root.with_name(root.name + ".forgotten")
 
 
 def _original_fields(record: dict[str, str]) -> dict[str, str]:
@@ -75,6 +89,21 @@ def _original_fields(record: dict[str, str]) -> dict[str, str]:
     except ValueError:
         return {}
     return original if isinstance(original, dict) else {}
+
+
+def _deletion_version(event: ForgetEvent, entry_id: str) -> str:
+    """What the forget deletes up to: its own stream id, or the older snapshot a retention
+    sweep found expired (never later than the forget itself)."""
+    if event.version is not None and parse_version(event.version) < parse_version(entry_id):
+        return event.version
+    return entry_id
+
+
+def _accepted_after(record: dict[str, str], deletion: tuple[int, int]) -> bool:
+    try:
+        return parse_version(record.get("entry_id", "")) > deletion
+    except ValueError:  # an older record without its id: it goes with what is forgotten
+        return False
 
 
 class Forgetter:
@@ -96,7 +125,7 @@ class Forgetter:
                 files = await self._forget_user(paths, entry_id)
                 await self._tally(event, files=files, chunks=chunks)
                 await self._tally(event, stream_entries=await self._purge_stream(event, entry_id))
-            await self._tally(event, dead_letters=await self._purge_dead_letters(event))
+            await self._tally(event, dead_letters=await self._purge_dead_letters(event, _deletion_version(event, entry_id)))
         self.job.forget_cached_texts()
         await self.compaction.compact()
         await self.client.publish(FORGET_CHANNEL, json.dumps({"user_hash": event.user_hash,
@@ -133,30 +162,62 @@ class Forgetter:
                                    lock: RedisLock) -> None:
         assert event.conversation_id is not None
         conv_lock = RedisLock(self.client, keys.conversation_lock(event.user_hash, event.conversation_id), 30)
+        # A retention forget deletes the snapshot it found expired, not what was accepted since
+        # (the conversation resumed): its deletion is at that snapshot's version.
+        deletion = _deletion_version(event, entry_id)
         async with conv_lock.held(wait_s=30):
-            await self._tally(event, files=await asyncio.to_thread(tombstone_conversation, paths, event.conversation_id, entry_id))
-            await self._tally(event, stream_entries=await self._purge_stream(event, entry_id))
+            await self._tally(event, files=await asyncio.to_thread(tombstone_conversation, paths, event.conversation_id, deletion))
+            await self._tally(event, stream_entries=await self._purge_stream(event, deletion))
         if paths.src.is_dir():
             await self._tally(event, chunks=await self.rows.remove_conversation(paths, event.conversation_id, lock))
 
     async def _forget_user(self, paths: TenantPaths, entry_id: str) -> int:
         await asyncio.to_thread(tombstone_user, self.s.data_dir, paths.uhash, entry_id)
-        files = sum(1 for p in paths.src.glob("*.funes.jsonl")) if paths.src.is_dir() else 0
-        await asyncio.to_thread(remove_tenant_tree, paths.root)
         await self.client.delete(keys.dirty(paths.uhash), keys.received(paths.uhash))
         await self.client.zrem(keys.DUE, paths.uhash)
-        # A snapshot write that passed the tombstone check just before it was written undoes
-        # itself after its rename (snapshot_writer); wait for in-flight writers, then sweep again.
-        deadline = time.monotonic() + 35
-        while await self._writers_in_flight(paths.uhash) and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        await asyncio.to_thread(remove_tenant_tree, paths.root)
+        aside = aside_of(paths.root)
+        files = await self._clear_aside(paths, aside)  # what a crashed attempt left
+        if await asyncio.to_thread(set_tenant_aside, paths.root) is not None:
+            files += await self._clear_aside(paths, aside)
         return files
 
-    async def _writers_in_flight(self, uhash: str) -> bool:
-        async for _ in self.client.scan_iter(match=keys.conversation_lock(uhash, "*"), count=1000):
-            return True
-        return False
+    async def _clear_aside(self, paths: TenantPaths, aside: Path) -> int:
+        """Delete a tree set aside, but first move back every snapshot in it that is newer than
+        the user's deletion: accepted after it, and written by another worker while this forget
+        waited for the user's index lock, it belongs to the user's new history. Returns the
+        transcripts deleted."""
+        if not aside.is_dir():
+            return 0
+        # A writer that was mid-write when the tree moved finishes first (its snapshot is then
+        # whole in the set-aside tree, or it finds itself moved and is redelivered).
+        writers = await self._writers_in_flight(paths.uhash)
+        deadline = time.monotonic() + 35
+        while writers and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+            writers = {key: token for key, token in writers.items() if await self.client.get(key) == token}
+        set_aside = TenantPaths(aside)
+        deleted = await asyncio.to_thread(lambda: sum(1 for _ in set_aside.src.glob("*.funes.jsonl")) if set_aside.src.is_dir() else 0)
+        forgotten_at = await asyncio.to_thread(user_deletion_version, self.s.data_dir, paths.uhash)
+        kept = 0
+        for cid in await asyncio.to_thread(snapshots_newer_than, set_aside, forgotten_at or (0, 0)):
+            async with RedisLock(self.client, keys.conversation_lock(paths.uhash, cid), 30).held(wait_s=30):
+                if await asyncio.to_thread(move_snapshot_back, set_aside, paths, cid):
+                    kept += 1
+                deleted -= 1
+        await asyncio.to_thread(shutil.rmtree, aside, True)
+        if kept:
+            log.info("forget.kept_newer_snapshots", user_hash=paths.uhash, conversations=kept)
+            await mark_dirty(self.client, paths.uhash, None, self.s.index_debounce_s)
+        return deleted
+
+    async def _writers_in_flight(self, uhash: str) -> dict[str, bytes]:
+        """The user's conversation locks held now, with their owners' tokens."""
+        held = {}
+        async for key in self.client.scan_iter(match=keys.conversation_lock(uhash, "*"), count=1000):
+            token = await self.client.get(key)
+            if token is not None:
+                held[key] = token
+        return held
 
     async def _purge_stream(self, event: ForgetEvent, entry_id: str) -> int:
         """Delete unprocessed stream entries of what is forgotten that are older than the deletion."""
@@ -187,8 +248,10 @@ class Forgetter:
             ms, seq = parse_version(last)
             start = f"{ms}-{seq + 1}"
 
-    async def _purge_dead_letters(self, event: ForgetEvent) -> int:
-        """Dead-lettered entries keep the original event (its text): those of what is forgotten go too."""
+    async def _purge_dead_letters(self, event: ForgetEvent, deletion: str) -> int:
+        """Dead-lettered entries keep the original event (its text): those of what is forgotten
+        go too; one accepted after the deletion belongs to the new history and stays."""
+        limit = parse_version(deletion)
         stream = dead_letter_stream(self.s.stream)
         purged, start = 0, "-"
         while True:
@@ -198,7 +261,7 @@ class Forgetter:
             doomed = []
             for raw_id, fields in batch:
                 original = _original_fields(decode_fields(fields))
-                if original.get("user_hash") != event.user_hash:
+                if original.get("user_hash") != event.user_hash or _accepted_after(original, limit):
                     continue
                 if event.kind == "forget_user" or original.get("conversation_id") == event.conversation_id:
                     doomed.append(raw_id)

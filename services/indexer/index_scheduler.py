@@ -31,7 +31,7 @@ log = get_logger("recall.indexer.scheduler")
 _MARK_DIRTY = """
 redis.call('INCR', KEYS[1])
 redis.call('ZADD', KEYS[2], 'NX', ARGV[1], ARGV[2])
-redis.call('RPUSH', KEYS[3], ARGV[3])
+if ARGV[3] ~= '' then redis.call('RPUSH', KEYS[3], ARGV[3]) end
 """
 _FINISH = """
 local cur = redis.call('GET', KEYS[1])
@@ -42,9 +42,11 @@ redis.call('ZADD', KEYS[2], ARGV[3], ARGV[2]); return 0
 """
 
 
-async def mark_dirty(client: aioredis.Redis, uhash: str, received_at: float, debounce_s: float) -> None:
+async def mark_dirty(client: aioredis.Redis, uhash: str, received_at: float | None, debounce_s: float) -> None:
+    """Schedule the user's next index run; `received_at` (when ingest accepted the snapshot)
+    feeds ingest-to-searchable, None for a write that is no new snapshot."""
     await client.eval(_MARK_DIRTY, 3, keys.dirty(uhash), keys.DUE, keys.received(uhash),
-                      time.time() + debounce_s, uhash, repr(received_at))
+                      time.time() + debounce_s, uhash, "" if received_at is None else repr(received_at))
 
 
 class IndexScheduler:

@@ -18,11 +18,12 @@ import redis.asyncio as aioredis
 
 from services.indexer.metrics import RETENTION_ERRORS, RETENTION_EXPIRED, RETENTION_SWEEPS
 from services.indexer.settings import IndexerSettings
+from services.indexer.snapshot_writer import snapshot_version
 from shared.engine.transcript import TRANSCRIPT_SUFFIX, parse_ts
 from shared.logging_setup import get_logger
 from shared.redis_lock import RedisLock
 from shared.stream_schema import MAX_RETENTION_DAYS, RETENTION_OVERRIDES, request_forget
-from shared.tenant_paths import USER_HASH
+from shared.tenant_paths import USER_HASH, TenantPaths
 
 log = get_logger("recall.indexer.retention")
 SWEEP_LOCK = "recall:lock:retention"
@@ -111,9 +112,11 @@ class RetentionSweeper:
 
     async def _sweep_tenant(self, tenant: Path, cutoff: float) -> int:
         expired = 0
-        for cid in await asyncio.to_thread(self._expired, tenant / "src", cutoff):
+        for cid, version in await asyncio.to_thread(self._expired, TenantPaths(tenant), cutoff):
+            # At the version judged: a newer snapshot (the user resumed the conversation, its
+            # event maybe still on the stream) is not forgotten with it.
             await request_forget(self.client, self.s.stream, kind="forget_conversation", user_hash=tenant.name,
-                                 conversation_id=cid, reason="retention")
+                                 conversation_id=cid, reason="retention", version=version)
             expired += 1
         return expired
 
@@ -123,10 +126,14 @@ class RetentionSweeper:
         return [p for p in self.s.data_dir.iterdir() if p.is_dir() and USER_HASH.fullmatch(p.name)]
 
     @staticmethod
-    def _expired(src: Path, cutoff: float) -> list[str]:
+    def _expired(paths: TenantPaths, cutoff: float) -> list[tuple[str, str | None]]:
+        """Expired conversations, each with the version of the snapshot read (read first: a
+        snapshot written between the two reads is then newer than the version named)."""
         out = []
-        for path in sorted(src.glob(f"*{TRANSCRIPT_SUFFIX}")):
+        for path in sorted(paths.src.glob(f"*{TRANSCRIPT_SUFFIX}")):
+            cid = path.name[: -len(TRANSCRIPT_SUFFIX)]
+            version = snapshot_version(paths, cid)
             newest = last_turn_time(path)
             if newest is not None and newest < cutoff:
-                out.append(path.name[: -len(TRANSCRIPT_SUFFIX)])
+                out.append((cid, version))
         return out

@@ -9,12 +9,13 @@ equal version is rewritten, so a redelivery after a crash between the two steps 
 from __future__ import annotations
 
 import os
+from datetime import datetime
 from enum import Enum
 from pathlib import Path
 
 from shared.engine.transcript import Block, TranscriptTurn, dump_transcript
 from shared.stream_schema import TurnsEvent
-from shared.tenant_paths import TenantPaths
+from shared.tenant_paths import CONVERSATION_ID, TenantPaths
 
 HARNESS = "copilot"
 
@@ -29,10 +30,16 @@ def parse_version(entry_id: str) -> tuple[int, int]:
     return int(ms), int(seq or 0)
 
 
+def rfc3339(ts: datetime) -> str:
+    """`YYYY-MM-DDTHH:MM:SSZ` of a UTC time. Not strftime: glibc's %Y does not pad a year below
+    1000 ("999-01-01T…"), which no RFC 3339 parser reads, so such a turn lost its date."""
+    return f"{ts.year:04d}-{ts.month:02d}-{ts.day:02d}T{ts.hour:02d}:{ts.minute:02d}:{ts.second:02d}Z"
+
+
 def transcript_body(event: TurnsEvent) -> str:
     turns = [
         TranscriptTurn(session_id=event.conversation_id, turn_uuid=t.id, seq=seq,
-                       ts=t.ts.strftime("%Y-%m-%dT%H:%M:%SZ"), role=t.role, harness=HARNESS,
+                       ts=rfc3339(t.ts), role=t.role, harness=HARNESS,
                        blocks=[Block(block_type="text", text=t.text)])
         for seq, t in enumerate(event.turns)
     ]
@@ -78,6 +85,11 @@ def _older_than_user_deletion(paths: TenantPaths, mine: tuple[int, int]) -> bool
     return forgotten is not None and forgotten > mine
 
 
+class SnapshotMoved(Exception):
+    """The tenant's tree was set aside by a user deletion while this snapshot was written (it
+    is newer than that deletion): not acked, so its redelivery writes it again."""
+
+
 def write_snapshot(paths: TenantPaths, event: TurnsEvent, entry_id: str) -> WriteResult:
     """Call with the conversation lock held. Durable (fsynced) when it returns WRITTEN."""
     target = paths.transcript(event.conversation_id)
@@ -90,28 +102,87 @@ def write_snapshot(paths: TenantPaths, event: TurnsEvent, entry_id: str) -> Writ
     _atomic_write(target, transcript_body(event))
     _atomic_write(vfile, entry_id)
     _fsync_dir(paths.src)
-    # A user deletion does not take conversation locks; if one landed while we wrote, undo.
+    # A user deletion does not take conversation locks; if one landed while we wrote, undo
+    # (in the tree the deletion set aside, or in a new one this write made: then leave none).
     if _older_than_user_deletion(paths, mine):
         target.unlink(missing_ok=True)
+        if _read_version(vfile) == mine:
+            vfile.unlink(missing_ok=True)
+        for empty in (paths.src, paths.root):
+            try:
+                empty.rmdir()
+            except OSError:
+                break  # not empty: the user's new history, or a deletion still at work
         return WriteResult.STALE
+    # A user deletion older than this snapshot sets the tree aside and moves back only complete
+    # snapshots: one renamed away between our two writes may be half there and half gone.
+    if not target.exists() or _read_version(vfile) != mine:
+        raise SnapshotMoved(f"{event.conversation_id} was moved by a user deletion while written")
     return WriteResult.WRITTEN
 
 
-def tombstone_conversation(paths: TenantPaths, conversation_id: str, entry_id: str) -> int:
+def tombstone_conversation(paths: TenantPaths, conversation_id: str, version: str) -> int:
     """Call with the conversation lock held: remove the transcript and record the deletion's
     version, so a snapshot accepted before it is dropped and one accepted after it starts anew.
-    Returns the number of files removed."""
+    A snapshot on disk newer than the deletion was accepted after it (written by another worker
+    while this forget waited for the user's index lock) and stays. Returns the files removed."""
     target = paths.transcript(conversation_id)
+    deletion = parse_version(version)
+    current = _read_version(version_file(paths, conversation_id))
+    if current is not None and current > deletion:
+        return 0
     removed = 0
     if target.exists():
         target.unlink()
         removed = 1
-    current = _read_version(version_file(paths, conversation_id))
-    if current is None or current < parse_version(entry_id):
+    if current is None or current < deletion:
         paths.src.mkdir(parents=True, exist_ok=True)
-        _atomic_write(version_file(paths, conversation_id), entry_id)
+        _atomic_write(version_file(paths, conversation_id), version)
     _fsync_dir(paths.src)
     return removed
+
+
+def snapshot_version(paths: TenantPaths, conversation_id: str) -> str | None:
+    """The stream id of the snapshot on disk (None: no version recorded)."""
+    try:
+        raw = version_file(paths, conversation_id).read_text().strip()
+        parse_version(raw)
+        return raw
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def snapshots_newer_than(paths: TenantPaths, version: tuple[int, int]) -> list[str]:
+    """Conversations whose snapshot on disk is complete and newer than `version`."""
+    if not paths.src.is_dir():
+        return []
+    out = []
+    for vfile in paths.src.glob(".*.version"):
+        cid = vfile.name[1:-len(".version")]
+        found = _read_version(vfile)
+        if CONVERSATION_ID.fullmatch(cid) and found is not None and found > version and paths.transcript(cid).exists():
+            out.append(cid)
+    return sorted(out)
+
+
+def move_snapshot_back(aside: TenantPaths, paths: TenantPaths, conversation_id: str) -> bool:
+    """Call with the conversation lock held: move a snapshot from a tree set aside by a user
+    deletion back into the tenant's new tree, unless one as new is there already. The
+    transcript goes first: a crash between the two renames leaves it without a version, never
+    a version without its text."""
+    mine = _read_version(version_file(aside, conversation_id))
+    current = _read_version(version_file(paths, conversation_id))
+    if mine is None or (current is not None and current >= mine):
+        return False
+    paths.src.mkdir(parents=True, exist_ok=True)
+    os.replace(aside.transcript(conversation_id), paths.transcript(conversation_id))
+    os.replace(version_file(aside, conversation_id), version_file(paths, conversation_id))
+    _fsync_dir(paths.src)
+    return True
+
+
+def user_deletion_version(data_dir: Path, uhash: str) -> tuple[int, int] | None:
+    return _read_version(user_tombstone(data_dir, uhash))
 
 
 def tombstone_user(data_dir: Path, uhash: str, entry_id: str) -> None:
