@@ -412,12 +412,13 @@ async def test_services_work_with_only_their_redis_acl_users_and_postgresql_arti
 
     urls, port = acl_redis
     env = service_env
-    services("ingest", RECALL_REDIS_URL=urls["ingest"])
+    ingest = services("ingest", RECALL_REDIS_URL=urls["ingest"])
     indexer = services("indexer", RECALL_REDIS_URL=urls["indexer"])
     recall = services("serve", RECALL_REDIS_URL=urls["recall"], RECALL_REPLICAS="2", RECALL_ARTIFACTS_DB_URL=postgres_url)
     post_conversation(env, "alice", "c1", ["Which port does the billing proxy use?", "Port 8443, behind MT-4471."])
     assert wait_until(lambda: indexed_chunks(env, "alice") == 2, 60)
     assert "8443" in await call_recall(env, mint("alice"), "billing proxy port")
+    assert "ingest.redis_memory_unknown" not in ingest.output(), "ingest may read INFO memory (its memory guard)"
     # A forget travels ingest -> stream -> indexer -> pub/sub to the recall replica, each with its own user.
     resp = httpx.delete(f"{ingest_url(env)}/users/alice", headers={"x-ingest-key": env["RECALL_INGEST_KEY"]}, timeout=10)
     assert resp.status_code == 202, resp.text

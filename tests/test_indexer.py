@@ -404,3 +404,31 @@ def test_one_corrupt_memory_does_not_stop_the_indexer_from_starting_for_everyone
     services("indexer")
     post(service_env, conversation_payload("alice", "conv-1", ["the K-2 machine trips", "ticket MT-4471"]))
     assert wait_until(lambda: searchable(service_env, "alice", 2), 60)
+
+
+def test_ingest_stops_short_of_maxmemory_so_the_indexers_can_drain_the_backlog(services, service_env, r):
+    """At maxmemory (noeviction, as deployed) Redis refuses the indexers' locks and schedules
+    (SET, INCR, ZADD) and faststream's XGROUP CREATE at start: ingest filled Redis to the limit,
+    after which no indexer could start or take a message, and nothing ever freed the memory."""
+    services("ingest", RECALL_INGEST_REDIS_MEMORY_SHARE="0.7")  # of a 2 MiB budget: room for the indexer's clients
+    before = r.config_get("maxmemory-policy")["maxmemory-policy"], r.config_get("maxmemory")["maxmemory"]
+    r.config_set("maxmemory-policy", "noeviction")
+    r.config_set("maxmemory", int(r.info("memory")["used_memory"]) + 2 * 2**20)
+    try:
+        filler = "the backlog grows while no indexer runs; " * 200  # ~8 KB a snapshot
+        refused = None
+        for i in range(1000):
+            resp = httpx.post(f"{ingest_url(service_env)}/turns", headers={"x-ingest-key": INGEST_KEY}, timeout=10,
+                              json=conversation_payload(f"filler{i % 7}", f"c{i}", [filler]))
+            if resp.status_code != 202:
+                refused = resp
+                break
+        assert refused is not None and refused.status_code == 503, "Redis never filled"
+        assert refused.json()["fields"][0]["field"] == "redis" and "nearly full" in refused.text, refused.text
+        backlog = r.xlen("recall:turns")
+        services("indexer")
+        assert wait_until(lambda: r.xlen("recall:turns") == 0, 120), f"{r.xlen('recall:turns')} of {backlog} left"
+        post(service_env, conversation_payload("after", "c", ["accepted again once the backlog drained"]))
+    finally:
+        r.config_set("maxmemory", before[1])
+        r.config_set("maxmemory-policy", before[0])

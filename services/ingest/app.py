@@ -21,7 +21,7 @@ import re
 import time
 from collections import Counter
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis.asyncio as aioredis
 from redis.exceptions import OutOfMemoryError
@@ -65,6 +65,13 @@ class AnyText(PathConvertor):
 
 
 register_url_convertor("anytext", AnyText())
+
+
+class StorageState(NamedTuple):
+    unwritable: bytes | None  # an indexer's reason, while the data dir is not writable
+    backlog: int  # stream entries
+    used_memory: int
+    maxmemory: int  # 0: no limit
 
 
 class HTTPProblem(Exception):
@@ -130,6 +137,7 @@ class IngestAPI:
         self.next_key = settings.ingest_key_next.get_secret_value().encode() or None
         self.redis = aioredis.Redis.from_url(settings.redis, socket_timeout=5, socket_connect_timeout=2)
         self.redactor = Redactor(pii=settings.redact_pii)
+        self._memory_unknown_logged = False
 
     # ---- plumbing -------------------------------------------------------------------------------
     def route(self, path: str, handler, methods: list[str], query: frozenset[str] = frozenset()) -> Route:
@@ -204,21 +212,31 @@ class IngestAPI:
                  dropped_echoes=len(req.turns) - len(turns), redacted=redacted)
         return 202, Accepted(stored=req.conversation_id, turns=len(turns), redacted=redacted).model_dump()
 
-    async def _storage_state(self) -> tuple[bytes | None, int]:
-        """(unwritable reason, backlog). redis-py retries single commands on a dead pooled
-        connection (after a Redis restart) but not pipelines: this read-only one is asked again
-        once, so the first post after a restart is not refused."""
+    async def _storage_state(self) -> StorageState:
+        """redis-py retries single commands on a dead pooled connection (after a Redis restart)
+        but not pipelines: this read-only one is asked again once, so the first post after a
+        restart is not refused."""
         try:
             return await self._ask_storage_state()
         except aioredis.ConnectionError:
             return await self._ask_storage_state()
 
-    async def _ask_storage_state(self) -> tuple[bytes | None, int]:
+    async def _ask_storage_state(self) -> StorageState:
         pipe = self.redis.pipeline(transaction=False)
         pipe.get(STORAGE_UNWRITABLE)
         pipe.xlen(self.s.stream)
-        reason, backlog = await pipe.execute()
-        return reason, backlog
+        pipe.info("memory")
+        reason, backlog, memory = await pipe.execute(raise_on_error=False)
+        for answer in (reason, backlog):
+            if isinstance(answer, Exception):
+                raise answer
+        if isinstance(memory, Exception):  # INFO not allowed (an older ACL): no memory guard
+            if not self._memory_unknown_logged:
+                self._memory_unknown_logged = True
+                log.warning("ingest.redis_memory_unknown", error=type(memory).__name__,
+                            consequence="turns are taken up to maxmemory, where the indexers cannot drain the backlog")
+            memory = {}
+        return StorageState(reason, backlog, int(memory.get("used_memory", 0)), int(memory.get("maxmemory", 0)))
 
     def _clean_snapshot(self, payload: dict) -> tuple[IngestRequest, list[StreamTurn], Counter]:
         """The request validated, and its turns as they are stored: recall echoes dropped,
@@ -239,9 +257,10 @@ class IngestAPI:
         return req, turns, redactions
 
     async def _refuse_if_unable_to_store(self) -> None:
-        """503 when an indexer reports the data dir unwritable, or the backlog is full; both
-        asked in one round trip."""
-        reason, backlog = await self._storage_state()
+        """503 when an indexer reports the data dir unwritable, the backlog is full or Redis's
+        memory nearly so; all asked in one round trip."""
+        state = await self._storage_state()
+        reason, backlog = state.unwritable, state.backlog
         if reason is not None:
             raise HTTPProblem(503, "memory store cannot write, retry later",
                               [("data_dir", f"not writable ({reason.decode(errors='replace')})")])
@@ -252,6 +271,13 @@ class IngestAPI:
             raise HTTPProblem(503, "memory store backlog full, retry later",
                               [("redis", f"{self.s.stream} holds RECALL_STREAM_MAXLEN={self.s.stream_maxlen} unprocessed "
                                          "entries: the indexers must catch up")])
+        # Redis at maxmemory (noeviction) refuses the indexers' locks and schedules too, so they
+        # could never drain what filled it: turns stop short of it (forget requests still go).
+        if state.maxmemory and state.used_memory >= self.s.ingest_redis_memory_share * state.maxmemory:
+            raise HTTPProblem(503, "memory store nearly full, retry later",
+                              [("redis", f"nearly full: uses {state.used_memory} of maxmemory {state.maxmemory} bytes (past "
+                                         f"RECALL_INGEST_REDIS_MEMORY_SHARE={self.s.ingest_redis_memory_share}): "
+                                         "the indexers' backlog must drain first")])
 
     @staticmethod
     def _is_recall_echo(turn: IngestTurn) -> bool:

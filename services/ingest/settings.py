@@ -20,6 +20,7 @@ class IngestSettings(CommonSettings):
     redact_pii: bool = Field(False, description="Also redact e-mail addresses and phone numbers (secrets are always redacted).")
     drop_recall_echoes: bool = Field(True, description="Do not store turns that are recall_my_conversations output.")
     deletion_receipt_ttl_days: int = Field(30, ge=1, description="How long GET /deletions/{id} remembers a receipt.")
+    ingest_redis_memory_share: float = Field(0.95, gt=0, le=1, description="Share of Redis's maxmemory past which new turns are refused with 503: the rest stays for the indexers, which need a little memory (locks, schedules) to drain the backlog; at maxmemory itself they could not, and nothing would free it.")
     stream_maxlen: int = Field(1_000_000, ge=1000, description="Unprocessed stream entries past which new turns are refused with 503 (a backlog guard; nothing is ever trimmed, forget requests are always accepted).")
 
     @field_validator("ingest_key", "ingest_key_next")
