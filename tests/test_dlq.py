@@ -42,6 +42,7 @@ async def publish_and_dead_letter(settings: IndexerSettings, fields: dict[str, s
     client = aioredis.Redis.from_url(settings.redis, decode_responses=True)
     try:
         entry_id = await client.xadd(settings.stream, fields)
+        await client.xreadgroup(settings.group, "a-worker", {settings.stream: ">"})  # delivered, and failed since
         await StreamConsumer(client, settings, forgetter=None).dead_letter(entry_id, fields, 6, "max deliveries exceeded")
         return entry_id
     finally:
@@ -133,6 +134,7 @@ async def test_an_entry_given_up_by_two_consumers_is_dead_lettered_once(dlq_env,
     client = aioredis.Redis.from_url(settings.redis, decode_responses=True)
     try:
         entry_id = await client.xadd(settings.stream, fields)
+        await client.xreadgroup(settings.group, "a-worker", {settings.stream: ">"})
         for consumer in range(2):
             await StreamConsumer(client, settings, forgetter=None).dead_letter(entry_id, fields, 6, f"gave up {consumer}")
     finally:
@@ -182,3 +184,21 @@ async def test_a_dead_lettered_forget_survives_any_number_of_later_dead_letters(
     dead = r.xrange(dead_letter_stream(settings.stream), count=1)
     assert r.xlen(dead_letter_stream(settings.stream)) == 301
     assert forget_id in " ".join(str(v) for _, fields in dead for v in fields.values()), dead
+
+
+async def test_a_worker_killed_while_dead_lettering_leaves_the_entry_to_be_dead_lettered_by_the_next(dlq_env, r):
+    """Dead-lettering took a claim key first, then wrote the record and acked in a second step:
+    killed in between, the redelivery found the claim, acked the entry as "already
+    dead-lettered", and the event was gone with no record anywhere."""
+    env, settings = dlq_env
+    fields = turns_event("c1", "a snapshot that keeps failing").fields()
+    entry_id = r.xadd(settings.stream, fields)
+    r.xreadgroup(settings.group, "a-worker", {settings.stream: ">"})
+    r.set(f"recall:dead-lettered:{entry_id}", "1", ex=600)  # what the killed worker's first step left
+    client = aioredis.Redis.from_url(settings.redis, decode_responses=True)
+    try:
+        await StreamConsumer(client, settings, forgetter=None).dead_letter(entry_id, fields, 6, "max deliveries exceeded")
+    finally:
+        await client.aclose()
+    assert [f["entry_id"] for _, f in r.xrange(dead_letter_stream(settings.stream))] == [entry_id]
+    assert r.xlen(settings.stream) == 0 and r.xpending(settings.stream, settings.group)["pending"] == 0

@@ -24,9 +24,3 @@ def forget_waiting(uhash: str) -> str:
 
 def conversation_lock(uhash: str, conversation_id: str) -> str:
     return f"recall:lock:conv:{uhash}:{conversation_id}"
-
-
-def dead_lettered(entry_id: str) -> str:
-    """Claim on dead-lettering one stream entry: the worker whose handler ran past the reclaim
-    idle time and the reclaimer that took the entry over may both give up on it; one record."""
-    return f"recall:dead-lettered:{entry_id}"

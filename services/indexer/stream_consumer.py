@@ -27,7 +27,19 @@ from shared.redis_lock import RedisLock
 from shared.stream_schema import ForgetEvent, StreamEvent, TurnsEvent, dead_letter_stream, parse_event
 from shared.tenant_paths import USER_HASH, TenantPaths, UnsafeId, check_conversation_id
 
-DEAD_LETTER_CLAIM_S = 7 * 24 * 3600  # far longer than any redelivery of one entry can take
+# Dead-letter an entry in one step: the consumer whose XACK takes it off the pending list
+# writes the record, so the worker whose handler ran past the reclaim idle time and the
+# reclaimer that took it over write one record between them; and nothing is acked without its
+# record (a claim key set in a step of its own, then a kill -9, left the redelivery to ack the
+# entry as "already dead-lettered": the event was gone, no record anywhere). Never trimmed: a
+# cap drops the oldest dead letters, a failed forget among them; growth is alerted from the
+# first one (RecallDeadLetters) and bounded by Redis's memory alerts.
+_DEAD_LETTER = """
+local acked = redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
+if acked == 1 then redis.call('XADD', KEYS[2], '*', unpack(ARGV, 3)) end
+redis.call('XDEL', KEYS[1], ARGV[2])
+return acked
+"""
 
 log = get_logger("recall.indexer.consumer")
 
@@ -103,28 +115,23 @@ class StreamConsumer:
         if result is WriteResult.WRITTEN:
             await mark_dirty(self.client, event.user_hash, event.received_at, self.s.index_debounce_s)
 
-    async def ack(self, entry_id: str, dead_letter: dict | None = None) -> None:
-        """Acknowledge and delete the entry; with `dead_letter`, add that record to the dead
-        letters in the same transaction, so the entry is never dead-lettered and still pending
-        at once (a crash in between would deliver it again and dead-letter it twice)."""
+    async def ack(self, entry_id: str) -> None:
+        """Acknowledge and delete the entry (one transaction: no message text outlives its processing)."""
         pipe = self.client.pipeline(transaction=True)
-        if dead_letter is not None:
-            # Never trimmed: a cap drops the oldest dead letters, a failed forget among them.
-            # Growth is alerted from the first one (RecallDeadLetters) and bounded by Redis's memory alerts.
-            pipe.xadd(dead_letter_stream(self.s.stream), dead_letter)
         pipe.xack(self.s.stream, self.s.group, entry_id)
         pipe.xdel(self.s.stream, entry_id)
         await pipe.execute()
 
     async def dead_letter(self, entry_id: str, fields: dict, deliveries: int, reason: str) -> None:
-        if not await self.client.set(keys.dead_lettered(entry_id), "1", nx=True, ex=DEAD_LETTER_CLAIM_S):
-            await self.ack(entry_id)  # another consumer already dead-lettered this very entry
-            return
-        DEAD_LETTERS.labels(reason.split(":")[0]).inc()
         # The ids as plain fields too, so a forget finds the record without parsing it.
         record = {"entry_id": entry_id, "reason": reason, "deliveries": str(deliveries),
                   "user_hash": str(fields.get("user_hash", "")), "conversation_id": str(fields.get("conversation_id", "")),
                   "fields": json.dumps(fields, default=str)}
-        await self.ack(entry_id, dead_letter=record)
+        flat = [part for pair in record.items() for part in pair]
+        recorded = await self.client.eval(_DEAD_LETTER, 2, self.s.stream, dead_letter_stream(self.s.stream),
+                                          self.s.group, entry_id, *flat)
+        if not recorded:
+            return  # another consumer already dead-lettered this very entry (or a forget purged it)
+        DEAD_LETTERS.labels(reason.split(":")[0]).inc()
         log.error("message.dead_lettered", entry_id=entry_id, reason=reason, deliveries=deliveries,
                   user_hash=fields.get("user_hash"))
