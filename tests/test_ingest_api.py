@@ -269,8 +269,20 @@ def test_a_ts_out_of_range_or_not_a_date_time_string_is_422(ingest, r, ts):
 
 
 def test_extreme_but_valid_ts_is_accepted(ingest, r):
+    from datetime import datetime, timedelta, timezone
+
     assert post(ingest, turns_body(ts="0001-01-01T00:00:00Z")).status_code == 202
-    assert post(ingest, turns_body(ts="9999-12-31T23:59:59+01:00")).status_code == 202
+    skewed = (datetime.now(timezone.utc) + timedelta(hours=23)).isoformat()  # a gateway clock running ahead
+    assert post(ingest, turns_body(ts=skewed)).status_code == 202
+
+
+@pytest.mark.parametrize("ts", ["9999-12-31T23:59:59+01:00", "2999-01-01T00:00:00Z"])
+def test_a_ts_more_than_a_day_ahead_is_422(ingest, r, ts):
+    """A turn dated in the future never ages: the retention sweep kept its conversation for ever."""
+    resp = post(ingest, turns_body(ts=ts))
+    assert resp.status_code == 422 and fields_of(resp) == {"turns[0].ts"}, resp.text
+    assert "ahead" in resp.json()["fields"][0]["message"]
+    assert r.xlen("recall:turns") == 0
 
 
 @pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", ""])

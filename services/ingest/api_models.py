@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator, model_validator
@@ -14,6 +14,7 @@ from shared.stream_schema import MAX_RETENTION_DAYS
 from shared.tenant_paths import CONVERSATION_ID
 
 ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}[T ]")
+MAX_CLOCK_SKEW = timedelta(days=1)  # how far a gateway's clock may run ahead of ingest's
 
 
 def _encodable(value: str) -> str:
@@ -62,9 +63,14 @@ class IngestTurn(BaseModel):
     @classmethod
     def _utc(cls, ts: datetime) -> datetime:
         try:
-            return ts.replace(tzinfo=timezone.utc) if ts.tzinfo is None else ts.astimezone(timezone.utc)
+            utc = ts.replace(tzinfo=timezone.utc) if ts.tzinfo is None else ts.astimezone(timezone.utc)
         except OverflowError:
             raise ValueError("is outside years 1-9999 once converted to UTC") from None
+        # A completed turn lies in the past. One dated later never ages: retention would keep
+        # its conversation for ever and recency would rank it as new for ever.
+        if utc > datetime.now(timezone.utc) + MAX_CLOCK_SKEW:
+            raise ValueError(f"is more than {MAX_CLOCK_SKEW.days} day ahead of the server's clock (a completed turn lies in the past)")
+        return utc
 
 
 class IngestRequest(BaseModel):
