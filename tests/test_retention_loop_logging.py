@@ -41,3 +41,34 @@ async def test_a_failing_sweep_is_logged_with_its_error_and_the_next_sweep_runs(
     assert len(failed) == 1 and failed[0]["log_level"] == "error", logs
     assert "OverflowError" in failed[0]["error"]
     assert len(calls) >= 2, "a sweep ran after the failure"
+
+
+async def test_two_workers_never_sweep_at_once_however_long_a_sweep_takes(tmp_path, redis_url, r, monkeypatch):
+    """The sweep lock expired after a fixed time without renewal: a long sweep let a second
+    worker sweep alongside, and every expired conversation was asked to be forgotten twice."""
+    import time
+
+    from services.indexer import retention
+    from shared.tenant_paths import user_hash
+    from tests.conftest import write_conversation
+
+    r.flushdb()
+    monkeypatch.setattr(retention, "SWEEP_LOCK_TTL_S", 0.3)
+    write_conversation(tmp_path / user_hash("uma") / "src", "old", ["an old note"], day="2020-01-10")
+    settings = IndexerSettings(data_dir=tmp_path, redis_url=redis_url, retention_days=30)
+    client = aioredis.Redis.from_url(redis_url)
+    slow_expired = retention.RetentionSweeper._expired
+
+    def slow(paths, cutoff):
+        time.sleep(1.0)  # many tenants' transcripts to read
+        return slow_expired(paths, cutoff)
+
+    monkeypatch.setattr(retention.RetentionSweeper, "_expired", staticmethod(slow))
+    try:
+        first = asyncio.create_task(RetentionSweeper(client, settings).sweep_once())
+        await asyncio.sleep(0.6)  # past the lock's expiry, mid-sweep
+        second = await RetentionSweeper(client, settings).sweep_once()
+        assert (await first, second) == (1, 0)
+    finally:
+        await client.aclose()
+    assert r.xlen(settings.stream) == 1, "one forget request for the expired conversation"

@@ -27,6 +27,7 @@ from shared.tenant_paths import USER_HASH, TenantPaths
 
 log = get_logger("recall.indexer.retention")
 SWEEP_LOCK = "recall:lock:retention"
+SWEEP_LOCK_TTL_S = 60.0  # a dead sweeper's lock frees within this
 
 
 def last_turn_time(path: Path) -> float | None:
@@ -64,9 +65,13 @@ class RetentionSweeper:
 
     async def sweep_once(self) -> int:
         """One sweep over every tenant; returns how many conversations it asked to forget."""
-        lock = RedisLock(self.client, SWEEP_LOCK, ttl_s=max(60.0, self.s.retention_sweep_s / 2))
+        lock = RedisLock(self.client, SWEEP_LOCK, ttl_s=SWEEP_LOCK_TTL_S)
         if not await lock.acquire():
             return 0  # another worker sweeps now
+        # Renewed while the sweep runs: a sweep longer than the expiry (many tenants, every
+        # transcript read) let another worker sweep alongside and ask to forget each expired
+        # conversation twice (two receipts, retention_expired counted twice).
+        lock.keep_alive()
         try:
             overrides = await self._overrides()
             if self.s.retention_days is None and not overrides:
