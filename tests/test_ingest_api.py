@@ -394,3 +394,22 @@ def test_a_large_snapshot_is_checked_and_redacted_while_the_api_keeps_answering(
     poster.join()
     assert result["resp"].status_code == 202, result["resp"].text[:500]
     assert answered >= 3, f"only {answered} probe(s) answered while the snapshot was processed"
+
+
+def test_a_client_gone_mid_body_is_counted_and_not_logged_as_a_server_error(services, service_env, r):
+    """Starlette's ClientDisconnect escaped the handler: an error-level "Exception in ASGI
+    application" with a traceback, and no count in recall_ingest_requests_total."""
+    import socket
+    import time
+
+    proc = services("ingest")
+    url = ingest_url(service_env)
+    with socket.create_connection(("127.0.0.1", int(service_env["RECALL_INGEST_PORT"]))) as sock:
+        sock.sendall(b"POST /turns HTTP/1.1\r\nHost: x\r\nx-ingest-key: " + INGEST_KEY.encode() +
+                     b"\r\ncontent-type: application/json\r\ncontent-length: 100000\r\n\r\n{\"user\": \"alice\", ")
+        time.sleep(0.3)
+    from tests.conftest import wait_until
+
+    assert wait_until(lambda: 'recall_ingest_requests_total{route="/turns",status="499"} 1.0' in httpx.get(f"{url}/metrics").text, 10)
+    assert "Exception in ASGI application" not in proc.output()
+    assert r.xlen("recall:turns") == 0

@@ -27,7 +27,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import OutOfMemoryError
 from pydantic import BaseModel, ValidationError
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.convertors import PathConvertor, register_url_convertor
 from starlette.routing import Route
@@ -152,6 +152,10 @@ class IngestAPI:
                 status, body = await handler(request)
             except HTTPProblem as p:
                 status, body = p.status, {"error": p.error, "fields": [{"field": f, "message": m} for f, m in p.fields]}
+            except ClientDisconnect:
+                # The gateway went away mid-body (a timeout, a restart): nothing was stored and
+                # nobody reads an answer. Counted as nginx does, not logged as a server error.
+                status, body = 499, {"error": "client closed the request", "fields": [{"field": "body", "message": "incomplete"}]}
             except (aioredis.RedisError, OSError) as exc:
                 # Unreachable, or reachable but refusing the write: full (maxmemory with
                 # noeviction, as deployed), a read-only replica, a missing ACL permission.
