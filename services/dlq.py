@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -32,6 +33,9 @@ if TYPE_CHECKING:
     import redis.asyncio as aioredis
 
     from services.indexer.settings import IndexerSettings
+
+
+DEAD_LETTER_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
 
 
 @dataclass
@@ -161,6 +165,10 @@ def main(args: argparse.Namespace) -> int:
     from services.indexer.settings import IndexerSettings
     from services.stack_state import read_info
 
+    malformed = [i for i in args.ids if not DEAD_LETTER_ID.fullmatch(i)]
+    if malformed:
+        raise Problem(f"recall dlq: {malformed[0]!r} is not a dead-letter id; `recall dlq list` prints them "
+                      "(<milliseconds>-<sequence>, e.g. 1796076260336-0)")
     settings = load_settings(IndexerSettings)
     if not settings.redis_url:
         # Beside `make run` (what `recall status` reports dead letters of): that stack's own Redis.

@@ -202,3 +202,11 @@ async def test_a_worker_killed_while_dead_lettering_leaves_the_entry_to_be_dead_
         await client.aclose()
     assert [f["entry_id"] for _, f in r.xrange(dead_letter_stream(settings.stream))] == [entry_id]
     assert r.xlen(settings.stream) == 0 and r.xpending(settings.stream, settings.group)["pending"] == 0
+
+
+@pytest.mark.parametrize("action", ["replay", "drop"])
+def test_an_id_that_is_no_dead_letter_id_is_one_line_naming_it(dlq_env, action):
+    env, _ = dlq_env
+    done = dlq(env, action, "1-0", "bogus")
+    assert done.returncode == 1 and "'bogus' is not a dead-letter id" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and "ResponseError" not in done.stderr
