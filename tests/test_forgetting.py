@@ -470,3 +470,45 @@ async def test_rebuilding_a_stream_drops_deleted_bytes_and_keeps_groups_and_pend
     assert r.xinfo_groups("s")[0]["last-delivered-id"] == ids[3]
     assert [e[0] for e in r.xreadgroup("g", "worker-c", {"s": ">"})[0][1]] == [ids[4], ids[5]]
     assert r.xadd("s", {"kind": "turns"}) > ids[5], "new ids keep growing"
+
+
+async def test_rebuilding_a_large_backlog_needs_one_copy_of_it_not_two(tmp_path):
+    """The rebuild read every entry into the script before writing the new stream: besides the
+    AOF's copy of the rewrite, the script's copy took Redis's resident memory to about three
+    times the backlog, at the moment (a forget during a large backlog) memory is high anyway."""
+    import time
+
+    from services.indexer.redis_compaction import DurableCompaction
+    from shared.redis_server import EmbeddedRedis
+
+    def resident_mib(pid: int) -> tuple[int, int]:
+        status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+        return int(status["VmHWM"].split()[0]) // 1024, int(status["VmRSS"].split()[0]) // 1024  # peak, now
+
+    server = EmbeddedRedis(tmp_path / "redis")  # its own: the peak is per process
+    server.start()
+    try:
+        import redis as sync_redis
+
+        sync = sync_redis.Redis.from_url(server.url)
+        for batch in range(40):  # small pipelines: loading must not set the peak itself
+            pipe = sync.pipeline(transaction=False)
+            for i in range(500):
+                pipe.xadd("s", {"kind": "turns", "event": f"{batch}-{i} " + "backlog text " * 150})
+            pipe.execute()
+        sync.xgroup_create("s", "g", id="0")
+        sync.xreadgroup("g", "worker", {"s": ">"}, count=10)
+        sync.xdel("s", *[entry_id for entry_id, _ in sync.xrange("s", count=5)])
+        stream_mib = sync.memory_usage("s", samples=0) / 2**20
+        time.sleep(1.5)  # the loading's AOF buffer written out
+        _, before = resident_mib(server.proc.pid)
+        client = aioredis.Redis.from_url(server.url)
+        await DurableCompaction(client, ["s"])._rewrite()
+        await client.aclose()
+        peak, _ = resident_mib(server.proc.pid)
+        assert peak - before < 1.5 * stream_mib, f"resident +{peak - before} MiB to rebuild a {stream_mib:.0f} MiB stream"
+        assert sync.xlen("s") == 19_995 and sync.xpending("s", "g")["pending"] == 5
+        assert not sync.exists("s:rebuilding")
+        sync.close()
+    finally:
+        server.stop()

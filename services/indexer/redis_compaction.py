@@ -30,23 +30,40 @@ class CompactionFailed(Exception):
     pass
 
 
-# KEYS[1]: a stream. Rebuild it from its live entries, keeping ids, groups, pending entries
-# and the last generated id. Returns the number of live entries (-1: nothing to rebuild).
+# KEYS[1]: a stream, KEYS[2]: a scratch key. Rebuild the stream from its live entries, keeping
+# ids, groups, pending entries and the last generated id. Returns the number of live entries
+# (-1: nothing to rebuild). The old stream is renamed to the scratch key and moved over 500
+# entries at a time, each batch deleted from it as it goes (emptied nodes are freed), so the
+# rebuild needs about one copy of the backlog: reading it all into the script first held it
+# three times over (stream, script copy, new stream), and a forget during a large backlog (when
+# memory is high anyway) could take Redis past its container limit.
 _REBUILD_STREAM = """
-local key = KEYS[1]
+local key, scratch = KEYS[1], KEYS[2]
 if redis.call('EXISTS', key) == 0 or redis.call('XLEN', key) == 0 then return -1 end
 local function field(flat, name)
   for i = 1, #flat, 2 do if flat[i] == name then return flat[i + 1] end end
 end
 local last_id = field(redis.call('XINFO', 'STREAM', key), 'last-generated-id')
-local entries = redis.call('XRANGE', key, '-', '+')
 local groups = {}
 for _, g in ipairs(redis.call('XINFO', 'GROUPS', key)) do
   local name = field(g, 'name')
   table.insert(groups, {name, field(g, 'last-delivered-id'), redis.call('XPENDING', key, name, '-', '+', 2147483647)})
 end
-redis.call('DEL', key)
-for _, e in ipairs(entries) do redis.call('XADD', key, e[1], unpack(e[2])) end
+redis.call('DEL', scratch)
+redis.call('RENAME', key, scratch)
+local moved = 0
+while true do
+  local batch = redis.call('XRANGE', scratch, '-', '+', 'COUNT', 500)
+  if #batch == 0 then break end
+  local ids = {}
+  for i, e in ipairs(batch) do
+    redis.call('XADD', key, e[1], unpack(e[2]))
+    ids[i] = e[1]
+  end
+  redis.call('XDEL', scratch, unpack(ids))
+  moved = moved + #batch
+end
+redis.call('DEL', scratch)
 redis.call('XSETID', key, last_id)
 for _, g in ipairs(groups) do
   redis.call('XGROUP', 'CREATE', key, g[1], g[2])
@@ -54,7 +71,7 @@ for _, g in ipairs(groups) do
     redis.call('XCLAIM', key, g[1], p[2], 0, p[1], 'IDLE', p[3], 'RETRYCOUNT', p[4], 'FORCE', 'JUSTID')
   end
 end
-return #entries
+return moved
 """
 
 
@@ -81,7 +98,7 @@ class DurableCompaction:
 
     async def _rewrite(self) -> None:
         for stream in self.streams:
-            await self.client.eval(_REBUILD_STREAM, 1, stream)
+            await self.client.eval(_REBUILD_STREAM, 2, stream, f"{stream}:rebuilding")
         info = await self.client.info("persistence")
         if int(info.get("aof_enabled", 0)):
             await self._background("BGREWRITEAOF", "aof_rewrite_in_progress", "aof_last_bgrewrite_status",
