@@ -129,3 +129,16 @@ def ensure_group(client, stream: str, group: str) -> None:
     except redis.ResponseError as exc:
         if "BUSYGROUP" not in str(exc):
             raise
+
+
+async def ensure_group_async(client, stream: str, group: str) -> bool:
+    """`ensure_group` on an asyncio client; True when the group was missing and is made now."""
+    import redis
+
+    try:
+        await client.xgroup_create(stream, group, id="0", mkstream=True)
+    except redis.ResponseError as exc:
+        if "BUSYGROUP" not in str(exc):
+            raise
+        return False
+    return True

@@ -432,3 +432,16 @@ def test_ingest_stops_short_of_maxmemory_so_the_indexers_can_drain_the_backlog(s
     finally:
         r.config_set("maxmemory", before[1])
         r.config_set("maxmemory-policy", before[0])
+
+
+def test_a_redis_that_came_back_empty_gets_its_group_again_and_turns_flow(services, service_env, r):
+    """Redis restarted without its data (no persistence, a new volume): the consumer group was
+    gone, ingest went on answering 202, and no indexer ever received another entry, silently."""
+    services("ingest")
+    worker = services("indexer")
+    post(service_env, conversation_payload("lena", "c1", ["before Redis lost its data"]))
+    assert wait_until(lambda: searchable(service_env, "lena", 1), 20)
+    r.flushdb()
+    post(service_env, conversation_payload("lena", "c2", ["after Redis came back empty"]))
+    assert wait_until(lambda: searchable(service_env, "lena", 2), 30), worker.output()[-2000:]
+    assert '"indexer.consumers_restarted"' in worker.output()

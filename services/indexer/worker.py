@@ -29,7 +29,7 @@ from services.indexer.storage_probe import StorageProbe
 from services.indexer.stream_consumer import StreamConsumer
 from shared.logging_setup import get_logger
 from shared.metrics_http import metrics_endpoint
-from shared.stream_schema import decode_fields, ensure_group
+from shared.stream_schema import decode_fields, ensure_group, ensure_group_async
 
 log = get_logger("recall.indexer")
 
@@ -66,6 +66,25 @@ async def _sample_stream(client: aioredis.Redis, settings: IndexerSettings) -> N
         except aioredis.RedisError:
             pass
         await asyncio.sleep(2.0)
+
+
+async def _keep_consuming(broker: RedisBroker, client: aioredis.Redis, settings: IndexerSettings) -> None:
+    """faststream stops a subscriber for good when its consumer group is gone (Redis came back
+    without its data: no persistence, a new volume); ingest went on answering 202 and no entry
+    was ever delivered again, silently. The group is made again at id 0 (faststream would make
+    it at `$`, skipping what was published meanwhile) and the subscribers restarted."""
+    while True:
+        await asyncio.sleep(2.0)
+        if all(sub.running for sub in broker.subscribers):
+            continue
+        try:
+            await ensure_group_async(client, settings.stream, settings.group)
+            await broker.stop()
+            await broker.start()
+            log.warning("indexer.consumers_restarted", stream=settings.stream, group=settings.group,
+                        reason="the consumer group was gone (Redis without its data?)")
+        except aioredis.RedisError as exc:
+            log.warning("indexer.consumers_restart_failed", error=type(exc).__name__)
 
 
 def _http_app(client: aioredis.Redis, storage: StorageProbe) -> Starlette:
@@ -114,9 +133,12 @@ async def run_worker(settings: IndexerSettings) -> None:
              asyncio.create_task(storage.run_forever()),
              asyncio.create_task(reap_forever(client, settings.stream, settings.group, {settings.consumer, f"{settings.consumer}-reclaim"})),
              asyncio.create_task(http.serve())]
+    watchdog = asyncio.create_task(_keep_consuming(broker, client, settings))
     log.info("indexer.started", consumer=settings.consumer, engine=settings.engine, stream=settings.stream)
     await stop.wait()
     log.info("indexer.stopping")
+    watchdog.cancel()  # before the broker stops: its stopped subscribers are no fault then
+    await asyncio.gather(watchdog, return_exceptions=True)
     await broker.stop()  # waits for in-flight handlers
     await scheduler.stop()  # lets the running index job finish
     http.should_exit = True
