@@ -17,7 +17,8 @@ run: install
 	$(VENV)/bin/recall up
 
 # Validators the deployment tests run (tests/test_deploy_files.py, tests/test_observability.py):
-# promtool/prometheus, the Redis exporter and nginx from Debian (installed where this user is root; RUNLEVEL=1 keeps their services from starting).
+# promtool/prometheus, the Redis exporter and nginx from Debian (installed where this user is root;
+# RUNLEVEL=1 keeps their services from starting).
 # kubectl, kubernetes-validate, hadolint and the Compose CLI come from PyPI through the dev extra.
 # A validator that could not be installed makes its test skip and say why.
 tools:

@@ -354,6 +354,24 @@ def test_promtool_accepts_config_and_rules():
 
 
 @needs_promtool
+def test_promtool_parses_every_dashboard_expression(tmp_path):
+    """Each panel's PromQL (template variables at "All"), checked as a recording rule: a syntax
+    error in a panel shows here, without a running Prometheus."""
+    dash = json.loads((DEPLOY / "grafana" / "recall.json").read_text())
+    every = {f"${v['name']}": v["allValue"] for v in dash["templating"]["list"]}
+    rules = []
+    for panel in dash["panels"]:
+        for target in panel["targets"]:
+            expr = target["expr"]
+            for var, value in every.items():
+                expr = expr.replace(var, value)
+            rules.append({"record": f"dashboard:panel{panel['id']}:{target['refId'].lower()}", "expr": expr})
+    (tmp_path / "dashboard.yml").write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
+    out = run(PROMTOOL, "check", "rules", str(tmp_path / "dashboard.yml"))
+    assert out.returncode == 0 and f"SUCCESS: {len(rules)} rules found" in out.stdout, out.stdout + out.stderr
+
+
+@needs_promtool
 def test_every_alert_has_a_passing_unit_test():
     out = run(PROMTOOL, "test", "rules", str(DEPLOY / "prometheus" / "alerts_test.yml"))
     assert out.returncode == 0 and "SUCCESS" in out.stdout + out.stderr, out.stdout + out.stderr
@@ -435,3 +453,40 @@ async def test_services_work_with_only_their_redis_acl_users_and_postgresql_arti
     with pytest.raises(redis.exceptions.NoPermissionError):
         recall_client.xadd("recall:turns", {"kind": "forget_user", "user_hash": "0" * 24, "event": "{}"})
     recall_client.close()
+
+
+@pytest.mark.skipif(tool("prometheus-redis-exporter") is None,
+                    reason="the Redis exporter is not installed (Debian package prometheus-redis-exporter); make tools installs it as root")
+def test_redis_exporter_reads_memory_and_maxmemory_as_the_exporter_acl_user(acl_redis, tmp_path):
+    """The Redis alerts divide redis_memory_used_bytes by redis_memory_max_bytes: the exporter,
+    logged in as the shipped `exporter` ACL user, must be allowed to read both."""
+    import httpx
+
+    from shared.child_process import free_port, stop
+    from tests.conftest import wait_until
+
+    urls, port = acl_redis
+    password = urls["exporter"].split(":")[2].split("@")[0]
+    listen = free_port()
+    log = open(tmp_path / "exporter.log", "w")
+    exporter = subprocess.Popen([tool("prometheus-redis-exporter"), "-redis.addr", f"redis://127.0.0.1:{port}",
+                                 "-redis.user", "exporter", "-web.listen-address", f"127.0.0.1:{listen}"],
+                                env={**os.environ, "REDIS_PASSWORD": password}, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        samples: dict[str, float] = {}
+
+        def scraped() -> bool:
+            try:
+                text = httpx.get(f"http://127.0.0.1:{listen}/metrics", timeout=5).text
+            except httpx.HTTPError:
+                return False
+            samples.update({m[0]: float(m[1]) for m in re.findall(r"^(redis_\w+) (\S+)$", text, re.M)})
+            return "redis_up" in samples
+        assert wait_until(scraped, 15), (tmp_path / "exporter.log").read_text()
+        maxmemory = re.search(r"^maxmemory (\d+)gb$", (DEPLOY / "k8s" / "base" / "redis" / "redis.conf").read_text(), re.M)
+        assert samples["redis_up"] == 1 and samples["redis_memory_used_bytes"] > 0
+        assert samples["redis_memory_max_bytes"] == int(maxmemory[1]) * 2**30
+        assert "level=error" not in (tmp_path / "exporter.log").read_text()  # e.g. NOPERM for a command it needs
+    finally:
+        stop(exporter, 10)
+        log.close()
