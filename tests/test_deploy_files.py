@@ -126,6 +126,41 @@ def test_services_set_only_real_settings_and_probe_the_right_paths(overlay):
         assert container["resources"]["requests"]["cpu"]
 
 
+def test_probes_services_and_scrapes_reach_the_port_each_service_listens_on(overlay):
+    """The port a service binds by default (its settings) is the container port, the Service's
+    target, the port every probe names, the image's EXPOSE and HEALTHCHECK, and the port the
+    ServiceMonitor scrapes; liveness waits for a startup probe and tolerates a loaded core."""
+    listens = {"recall-ingest": ("ingest", IngestSettings.model_fields["ingest_port"].default),
+               "recall-indexer": ("indexer", IndexerSettings.model_fields["indexer_port"].default),
+               "recall": ("recall", RecallSettings.model_fields["recall_port"].default)}
+    services = objects(overlay, "Service")
+    dockerfile = (DEPLOY / "Dockerfile").read_text()
+    monitors = render(DEPLOY / "k8s" / "monitoring")
+    [monitor] = [m for m in monitors if m["kind"] == "ServiceMonitor" and m["metadata"]["name"] == "recall"]
+    assert set(monitor["spec"]["selector"]["matchExpressions"][0]["values"]) == set(listens)
+    [endpoint] = monitor["spec"]["endpoints"]
+    for name, d in objects(overlay, "Deployment").items():
+        target, port = listens[name]
+        [container] = d["spec"]["template"]["spec"]["containers"]
+        named = {p["name"]: p["containerPort"] for p in container["ports"]}
+        assert named == {"http": port}, (name, named)
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            assert container[probe]["httpGet"]["port"] == "http", (name, probe)
+        assert container["startupProbe"]["httpGet"]["path"] == "/healthz"
+        assert container["startupProbe"]["periodSeconds"] * container["startupProbe"]["failureThreshold"] >= 60
+        assert "initialDelaySeconds" not in container["livenessProbe"], "the startup probe covers the start"
+        # A probe waited up to 0.8 s on a saturated core (service-footprint-bench): not death, not unready.
+        assert container["livenessProbe"]["timeoutSeconds"] >= 3 and container["readinessProbe"]["timeoutSeconds"] >= 3
+        [svc_port] = services[name]["spec"]["ports"]
+        assert (svc_port["name"], svc_port["targetPort"]) == ("http", port), name
+        assert services[name]["spec"]["selector"] == d["spec"]["selector"]["matchLabels"]
+        assert services[name]["metadata"]["labels"]["app.kubernetes.io/name"] == name, "the ServiceMonitor selects by it"
+        stage = dockerfile[dockerfile.index(f"FROM runtime AS {target}"):]
+        stage = stage[:stage.index("\nCMD [")]
+        assert f"EXPOSE {port}" in stage and f"http://127.0.0.1:{port}/healthz" in stage, target
+    assert endpoint["port"] == "http" and endpoint["path"] == "/metrics"
+
+
 def test_images_come_from_the_overlays_registry_pinned_by_digest(overlay):
     base = render(DEPLOY / "k8s" / "base") if KUBECTL else []
     assert all(c["image"].startswith("registry.invalid/recall/") for s in pod_specs(base).values() for c in s["containers"]
