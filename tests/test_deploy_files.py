@@ -5,6 +5,7 @@ default-deny networking, autoscaling on the real backlog, pinned images and pack
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -159,6 +160,32 @@ def test_probes_services_and_scrapes_reach_the_port_each_service_listens_on(over
         stage = stage[:stage.index("\nCMD [")]
         assert f"EXPOSE {port}" in stage and f"http://127.0.0.1:{port}/healthz" in stage, target
     assert endpoint["port"] == "http" and endpoint["path"] == "/metrics"
+
+
+@needs_kubectl
+def test_the_documented_secret_command_creates_every_key_the_manifests_read(overlay, tmp_path):
+    """docs/operations.md's `kubectl create secret` block, run as written (client-side dry run)."""
+    from shared.secret_policy import check_secret
+
+    doc = (REPO / "docs" / "operations.md").read_text()
+    [block] = [b for b in re.findall(r"```sh\n(.*?)```", doc, re.S) if "create secret generic recall-secrets" in b]
+    script = "\n".join(line.removeprefix("  ") for line in block.splitlines())
+    out = run("bash", "-c", f"set -eu\n{script.rstrip()} --dry-run=client -o json",
+              env={**os.environ, "PATH": f"{Path(KUBECTL).parent}{os.pathsep}{os.environ['PATH']}"})
+    assert out.returncode == 0, out.stderr
+    secret = json.loads(out.stdout)
+    assert (secret["metadata"]["name"], secret["metadata"]["namespace"]) == ("recall-secrets", "recall")
+    created = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+    refs = [e["valueFrom"]["secretKeyRef"] for s in pod_specs(overlay).values() for c in s["containers"]
+            for e in c.get("env", []) if "secretKeyRef" in e.get("valueFrom", {})]
+    assert {r["name"] for r in refs} == {"recall-secrets"}
+    required = {r["key"] for r in refs if not r.get("optional")}
+    assert required <= set(created), f"the documented command misses {required - set(created)}"
+    assert set(created) <= {r["key"] for r in refs}, f"keys nothing reads: {set(created) - {r['key'] for r in refs}}"
+    for key, value in created.items():
+        if key.endswith(("password", "key")):
+            check_secret(key, value)  # what every service and start.sh demand of it
+            assert re.fullmatch(r"[A-Za-z0-9_-]+", value), key
 
 
 def test_images_come_from_the_overlays_registry_pinned_by_digest(overlay):
@@ -404,6 +431,18 @@ def test_promtool_parses_every_dashboard_expression(tmp_path):
     (tmp_path / "dashboard.yml").write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
     out = run(PROMTOOL, "check", "rules", str(tmp_path / "dashboard.yml"))
     assert out.returncode == 0 and f"SUCCESS: {len(rules)} rules found" in out.stdout, out.stdout + out.stderr
+
+
+def test_every_alert_has_a_runbook_entry_and_every_entry_an_alert():
+    """docs/operations.md, "What to watch": one row per alert, naming only alerts that exist."""
+    alerts = {r["alert"] for g in yaml.safe_load((DEPLOY / "prometheus" / "alerts.yml").read_text())["groups"] for r in g["rules"]}
+    doc = (REPO / "docs" / "operations.md").read_text()
+    section = doc[doc.index("## What to watch"):]
+    section = section[:section.index("\n## ", 1)]
+    rows = [line.split("|")[1].strip() for line in section.splitlines() if line.startswith("| ") and not line.startswith("| alert")]
+    named = {name.strip() for row in rows for name in row.split("/")}
+    assert alerts - named == set(), f"alerts without a runbook row: {alerts - named}"
+    assert named - alerts == set(), f"runbook rows for alerts that do not exist: {named - alerts}"
 
 
 @needs_promtool
