@@ -361,6 +361,31 @@ def test_compose_config_is_valid_and_builds_only_dockerfile_targets():
 
 
 @needs_compose
+def test_compose_starts_in_dependency_order_keeps_state_on_volumes_and_restarts_what_dies():
+    services = json.loads(compose_config(COMPOSE_ENV).stdout)["services"]
+    for name, needs in {"ingest": {"redis"}, "indexer": {"redis"}, "recall": {"redis", "postgres"},
+                        "recall-lb": {"recall"}, "redis-exporter": {"redis"}}.items():
+        assert {dep: c["condition"] for dep, c in services[name]["depends_on"].items()} == \
+            {dep: "service_healthy" for dep in needs}, name
+    healthy = {dep for svc in services.values() for dep, c in svc.get("depends_on", {}).items() if c["condition"] == "service_healthy"}
+    dockerfile = (DEPLOY / "Dockerfile").read_text()
+    for dep in healthy:
+        # A healthcheck in compose, or the image's HEALTHCHECK (with a start period for the imports).
+        assert "healthcheck" in services[dep] or (services[dep].get("build", {}).get("target") in dockerfile_targets()
+                                                 and "HEALTHCHECK --interval=10s --timeout=5s --start-period=60s" in dockerfile), dep
+    # Redis' AOF (appendonly yes in the mounted redis.conf, written to the working dir /data) and
+    # PostgreSQL's cluster live on named volumes; indexers and recall replicas share the memories.
+    assert "appendonly yes" in (DEPLOY / "k8s" / "base" / "redis" / "redis.conf").read_text()
+    mounts = {name: {(m["type"], m.get("source"), m["target"]) for m in svc.get("volumes", [])} for name, svc in services.items()}
+    assert ("volume", "redis-data", "/data") in mounts["redis"]
+    assert ("volume", "postgres-data", "/var/lib/postgresql/data") in mounts["postgres"]
+    assert ("volume", "memories", "/data") in mounts["indexer"] and ("volume", "memories", "/data") in mounts["recall"]
+    long_running = set(services) - {"secret-check"}
+    assert {n for n in long_running if services[n].get("restart") != "unless-stopped"} == set()
+    assert services["indexer"]["stop_grace_period"] == "2m0s", "the largest index job (~80 s) finishes on SIGTERM"
+
+
+@needs_compose
 def test_compose_refuses_to_start_without_its_secrets():
     out = compose_config({k: v for k, v in COMPOSE_ENV.items() if k != "GF_SECURITY_ADMIN_PASSWORD"})
     assert out.returncode != 0 and "GF_SECURITY_ADMIN_PASSWORD" in out.stderr
