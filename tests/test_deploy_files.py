@@ -589,3 +589,93 @@ def test_redis_exporter_reads_memory_and_maxmemory_as_the_exporter_acl_user(acl_
     finally:
         stop(exporter, 10)
         log.close()
+
+
+
+# ---- the image's runtime: no network, read-only code and models -----------------------------------
+SANDBOX_DRIVER = r"""
+import asyncio, json, os, subprocess, sys, time
+import httpx
+from fastmcp import Client
+from fastmcp.client.auth import BearerAuth
+from tests.conftest import INGEST_KEY, JWT_SECRET, conversation_payload, mint, wait_until
+from shared.child_process import free_port, stop
+from shared.redis_server import redis_server_binary
+
+subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+work = sys.argv[1]
+redis_port = free_port()
+redis = subprocess.Popen([redis_server_binary(), "--port", str(redis_port), "--bind", "127.0.0.1", "--dir", f"{work}/redis",
+                          "--appendonly", "yes", "--save", ""], stdout=subprocess.DEVNULL)
+ports = {"ingest": free_port(), "indexer": free_port(), "serve": free_port()}
+env = {**os.environ, "RECALL_REDIS_URL": f"redis://127.0.0.1:{redis_port}/0", "RECALL_INGEST_KEY": INGEST_KEY,
+       "RECALL_JWT_SECRET": JWT_SECRET, "RECALL_INGEST_PORT": str(ports["ingest"]),
+       "RECALL_INDEXER_PORT": str(ports["indexer"]), "RECALL_RECALL_PORT": str(ports["serve"]), "RECALL_INDEX_DEBOUNCE_S": "0.2"}
+procs = {name: subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "recall"), name], env=env,
+                                stdout=open(f"{work}/{name}.log", "wb"), stderr=subprocess.STDOUT) for name in ports}
+result = {}
+try:
+    def healthy(port):
+        try:
+            return httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+    result["ready"] = all(wait_until(lambda p=p: healthy(p), 120) for p in ports.values())
+    resp = httpx.post(f"http://127.0.0.1:{ports['ingest']}/turns", headers={"x-ingest-key": INGEST_KEY}, timeout=10,
+                      json=conversation_payload("alice", "c1", ["Which port does the billing proxy use?", "Port 8443, behind MT-4471."]))
+    result["ingest_status"] = resp.status_code
+    async def recall():
+        async with Client(f"http://127.0.0.1:{ports['serve']}/mcp", auth=BearerAuth(mint("alice"))) as c:
+            for _ in range(100):
+                text = (await c.call_tool("recall_my_conversations", {"query": "billing proxy port"})).content[0].text
+                if "8443" in text:
+                    return text
+                await asyncio.sleep(0.3)
+            return text
+    result["recall"] = asyncio.run(recall())
+    result["alive"] = {name: p.poll() is None for name, p in procs.items()}
+finally:
+    for p in procs.values():
+        stop(p, 30)
+    stop(redis, 10)
+print("SANDBOX-RESULT " + json.dumps(result))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("ip") is None,
+                    reason="needs root, unshare and ip (a network and mount namespace)")
+def test_services_run_without_network_from_read_only_code_and_the_models_the_image_bakes(tmp_path):
+    """The image's promise, checked without a container engine: the Dockerfile's own bake step
+    builds the model cache; then the three services run in a network namespace with only
+    loopback (no PyPI, no Hugging Face), with the code, the venv, the baked models and HOME
+    mounted read-only (readOnlyRootFilesystem), writing only DATA_DIR and /tmp; a conversation
+    goes in and is recalled."""
+    dockerfile = (DEPLOY / "Dockerfile").read_text()
+    bake = re.search(r'HF_HUB_OFFLINE=1 RECALL_EMBED_CACHE_DIR=/opt/recall-models python -c "(.*?)" \\', dockerfile)
+    assert bake, "the Dockerfile's model bake step"
+    cache, home, work = tmp_path / "recall-models", tmp_path / "home", tmp_path / "work"
+    for d in (home, work / "redis", work / "data", work / "tmp"):
+        d.mkdir(parents=True)
+    baked = run(sys.executable, "-c", bake[1], env={**os.environ, "HF_HUB_OFFLINE": "1", "RECALL_EMBED_CACHE_DIR": str(cache)})
+    assert baked.returncode == 0, baked.stderr
+
+    venv = Path(sys.prefix)
+    read_only = [REPO, venv, cache, home] + ([Path(sys.base_prefix)] if Path(sys.base_prefix) != venv else [])
+    mounts = " && ".join(f"mount --bind {p} {p} && mount -o remount,bind,ro {p}" for p in read_only)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RECALL_", "REDIS", "HF_", "XDG_", "PIP_"))}
+    env.update({"HOME": str(home), "HF_HUB_OFFLINE": "1", "RECALL_EMBED_CACHE_DIR": str(cache), "RECALL_DATA_DIR": str(work / "data"),
+                "TMPDIR": str(work / "tmp"), "FASTMCP_LOG_ENABLED": "false", "PYTHONDONTWRITEBYTECODE": "1",
+                "HTTPS_PROXY": "", "HTTP_PROXY": "", "PYTHONPATH": str(REPO)})
+    driver = tmp_path / "driver.py"
+    driver.write_text(SANDBOX_DRIVER)
+    out = subprocess.run(["unshare", "-mn", "sh", "-c", f'{mounts} && exec "$0" "$@"', sys.executable, str(driver), str(work)],
+                         capture_output=True, text=True, env=env, cwd=REPO, timeout=400)
+    logs = {p.name: p.read_text(errors="replace")[-3000:] for p in work.glob("*.log")}
+    marker = [line for line in out.stdout.splitlines() if line.startswith("SANDBOX-RESULT ")]
+    assert out.returncode == 0 and marker, out.stdout[-3000:] + out.stderr[-3000:] + json.dumps(logs)
+    result = json.loads(marker[0].removeprefix("SANDBOX-RESULT "))
+    assert result["ready"] and result["ingest_status"] == 202, (result, logs)
+    assert "8443" in result["recall"], (result, logs)
+    assert all(result["alive"].values()), (result, logs)
+    for name, text in logs.items():
+        assert not re.search(r"Read-only file system|PermissionError|EROFS|ConnectError|huggingface", text), (name, text)
