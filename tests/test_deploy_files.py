@@ -440,6 +440,12 @@ def test_promtool_accepts_config_and_rules():
     assert "alerting" in yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
 
 
+@pytest.mark.skipif(tool("amtool") is None, reason="amtool is not installed (Debian package prometheus-alertmanager); make tools installs it as root")
+def test_amtool_accepts_the_alertmanager_config():
+    out = run(tool("amtool"), "check-config", str(DEPLOY / "prometheus" / "alertmanager.yml"))
+    assert out.returncode == 0 and "SUCCESS" in out.stdout, out.stdout + out.stderr
+
+
 @needs_promtool
 def test_promtool_parses_every_dashboard_expression(tmp_path):
     """Each panel's PromQL (template variables at "All"), checked as a recording rule: a syntax
