@@ -1,5 +1,7 @@
-"""`recall up` with a real Prometheus scraping it: every PromQL expression of the dashboard
-and the alert rules parses against the exported metrics, and the dashboard's return data."""
+"""`recall up` and the Redis exporter with a real Prometheus scraping them and evaluating
+deploy/prometheus/alerts.yml: every series the dashboard, the alert rules, the prometheus-adapter
+rule, the HPA and the operations docs name is exported, with the labels and label values they
+use; the dashboard's panels return data; presence alerts stay quiet on a fresh stack."""
 
 from __future__ import annotations
 
