@@ -188,6 +188,29 @@ def test_the_documented_secret_command_creates_every_key_the_manifests_read(over
             assert re.fullmatch(r"[A-Za-z0-9_-]+", value), key
 
 
+def _mib(quantity: str) -> float:
+    number, unit = re.fullmatch(r"(\d+)(Mi|Gi)", quantity).groups()
+    return int(number) * (1024 if unit == "Gi" else 1)
+
+
+def test_memory_requests_hold_the_measured_footprint_and_limits_the_reader_cache_on_top(overlay):
+    """docs/benchmarks.md, service-footprint-bench: each service's peak RSS fits its memory
+    request; a recall replica's limit holds that plus its reader-cache byte bound."""
+    doc = (REPO / "docs" / "benchmarks.md").read_text()
+    section = doc[doc.index("<!-- service-footprint-bench:start -->"):doc.index("<!-- service-footprint-bench:end -->")]
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in section.splitlines()
+            if re.match(r"\| (ingest|indexer|serve) \| [\d.]+ \|", line)]
+    peak = {row[0]: float(row[5]) for row in rows}  # the "peak RSS (MiB)" column
+    assert set(peak) == {"ingest", "indexer", "serve"}, section
+    deployments = objects(overlay, "Deployment")
+    for deployment, service in (("recall-ingest", "ingest"), ("recall-indexer", "indexer"), ("recall", "serve")):
+        [c] = deployments[deployment]["spec"]["template"]["spec"]["containers"]
+        assert _mib(c["resources"]["requests"]["memory"]) >= peak[service], (deployment, c["resources"], peak[service])
+    [recall] = deployments["recall"]["spec"]["template"]["spec"]["containers"]
+    cache = int(next(e["value"] for e in recall["env"] if e["name"] == "RECALL_READER_CACHE_BYTES")) / 2**20
+    assert peak["serve"] + cache <= _mib(recall["resources"]["limits"]["memory"])
+
+
 def test_images_come_from_the_overlays_registry_pinned_by_digest(overlay):
     base = render(DEPLOY / "k8s" / "base") if KUBECTL else []
     assert all(c["image"].startswith("registry.invalid/recall/") for s in pod_specs(base).values() for c in s["containers"]
