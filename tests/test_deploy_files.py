@@ -297,6 +297,24 @@ def test_every_pod_that_opens_memories_runs_on_the_node_of_the_one_data_volume(o
     assert "RECALL_SQLITE_JOURNAL_MODE" not in objects(overlay, "ConfigMap")["recall-config"]["data"], "one host: WAL"
 
 
+@needs_kubectl
+def test_monitoring_objects_match_the_prometheus_operator_crd_schemas():
+    """ServiceMonitor and PrometheusRule against the Prometheus Operator's CRD schemas (v0.80.1,
+    generated models): a wrong type or pattern is refused, and an unknown field (which the models
+    would drop) fails the round trip."""
+    try:
+        from cloudcoil.models.prometheus_operator import v1
+    except ImportError:
+        pytest.skip("cloudcoil-models-prometheus-operator is not installed (dev extra)")
+    checked = []
+    for doc in render(DEPLOY / "k8s" / "monitoring"):
+        if doc["apiVersion"] == "monitoring.coreos.com/v1":
+            model = getattr(v1, doc["kind"]).model_validate(doc)
+            assert model.model_dump(by_alias=True, exclude_unset=True, mode="json") == doc, doc["metadata"]["name"]
+            checked.append(doc["kind"])
+    assert sorted(checked) == ["PrometheusRule", "ServiceMonitor", "ServiceMonitor"]
+
+
 def test_prometheus_rule_object_carries_exactly_the_alert_file():
     rule = yaml.safe_load((DEPLOY / "k8s" / "monitoring" / "prometheusrule.yaml").read_text())
     assert rule["spec"]["groups"] == yaml.safe_load((DEPLOY / "prometheus" / "alerts.yml").read_text())["groups"]
