@@ -304,3 +304,33 @@ def test_sigterm_stops_every_part_of_recall_up(stack_up):
     assert proc.wait(60) == 0, log.read_text()[-2000:]
     gone, alive = psutil.wait_procs(children, timeout=30)
     assert not alive, f"left running: {[p.cmdline() for p in alive]}"
+
+
+async def test_realm_calls_failing_on_an_unreachable_database_are_counted_for_the_alert(services, service_env):
+    """RecallRealmDatabaseUnavailable watches recall_realm_calls_total{outcome="database_unavailable"}:
+    with PostgreSQL unreachable, an MCP realm tool and the AgentMemory HTTP API both fail soft
+    and are counted there; conversation recall still answers."""
+    from fastmcp import Client
+    from fastmcp.client.auth import BearerAuth
+
+    from tests.conftest import recall_url
+
+    down = f"postgresql://recall:unused-password-0123@127.0.0.1:{free_port()}/recall"  # nothing listens there
+    services("serve", RECALL_ARTIFACTS_DB_URL=down)
+    token = mint("alice", realms={"acme": "member"})
+    async with Client(f"{recall_url(service_env)}/mcp", auth=BearerAuth(token)) as client:
+        failed = await client.call_tool("register_realm_entity", {"realm_id": "acme", "entity_id": "contract-7",
+                                                                  "title": "Integration contract"}, raise_on_error=False)
+        assert failed.is_error and "database is unavailable" in failed.content[0].text
+        recalled = await client.call_tool("recall_my_conversations", {"query": "N-11"})
+        assert "No earlier conversations" in recalled.content[0].text
+    resp = httpx.get(f"{recall_url(service_env)}/realms/acme/memory", headers={"Authorization": f"Bearer {token}"}, timeout=30)
+    assert resp.status_code == 503, resp.text
+
+    metrics = httpx.get(f"{recall_url(service_env)}/metrics").text
+    counted = {}
+    for labels, value in re.findall(r"^recall_realm_calls_total\{([^}]*)\} (\S+)$", metrics, re.M):
+        pairs = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+        counted[(pairs["surface"], pairs["outcome"])] = float(value)
+    assert counted[("mcp", "database_unavailable")] == 1 and counted[("http", "database_unavailable")] == 1, counted
+    assert counted[("mcp", "ok")] == 0 and counted[("http", "ok")] == 0
