@@ -46,6 +46,7 @@ bench: install
 	$(PY) -m bench.recall_cpu_bench
 	$(PY) -m bench.redaction_bench
 	$(PY) -m bench.embedder_bench
+	$(PY) -m bench.service_footprint_bench
 
 clean:
 	rm -rf $(VENV) .pytest_cache
