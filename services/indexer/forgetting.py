@@ -199,7 +199,8 @@ class Forgetter:
         deleted = await asyncio.to_thread(lambda: sum(1 for _ in set_aside.src.glob("*.funes.jsonl")) if set_aside.src.is_dir() else 0)
         forgotten_at = await asyncio.to_thread(user_deletion_version, self.s.data_dir, paths.uhash)
         kept = 0
-        for cid in await asyncio.to_thread(snapshots_newer_than, set_aside, forgotten_at or (0, 0)):
+        keep_after = forgotten_at or (2**63, 0)  # always tombstoned first; without one, keep nothing
+        for cid in await asyncio.to_thread(snapshots_newer_than, set_aside, keep_after):
             async with RedisLock(self.client, keys.conversation_lock(paths.uhash, cid), 30).held(wait_s=30):
                 if await asyncio.to_thread(move_snapshot_back, set_aside, paths, cid):
                     kept += 1
