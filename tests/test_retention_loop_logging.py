@@ -72,3 +72,27 @@ async def test_two_workers_never_sweep_at_once_however_long_a_sweep_takes(tmp_pa
     finally:
         await client.aclose()
     assert r.xlen(settings.stream) == 1, "one forget request for the expired conversation"
+
+
+async def test_a_conversation_forgotten_while_the_sweep_reads_its_tenant_is_no_error(tmp_path, redis_url, r):
+    """A user forget running alongside removes transcripts the sweep has just listed: that was
+    logged as retention.tenant_failed and counted in recall_retention_errors_total{where="tenant"}."""
+    from prometheus_client import REGISTRY
+
+    from shared.tenant_paths import user_hash
+    from tests.conftest import write_conversation
+
+    r.flushdb()
+    src = tmp_path / user_hash("vera") / "src"
+    write_conversation(src, "old", ["an old note"], day="2020-01-10")
+    (src / "gone.funes.jsonl").symlink_to(src / "removed-after-the-listing.funes.jsonl")  # listed, then gone
+    settings = IndexerSettings(data_dir=tmp_path, redis_url=redis_url, retention_days=30)
+    client = aioredis.Redis.from_url(redis_url)
+    errors = REGISTRY.get_sample_value("recall_retention_errors_total", {"where": "tenant"}) or 0.0
+    try:
+        with capture_logs() as logs:
+            assert await RetentionSweeper(client, settings).sweep_once() == 1, "the expired conversation is still found"
+    finally:
+        await client.aclose()
+    assert not [e for e in logs if e["event"] == "retention.tenant_failed"], logs
+    assert (REGISTRY.get_sample_value("recall_retention_errors_total", {"where": "tenant"}) or 0.0) == errors

@@ -138,7 +138,10 @@ class RetentionSweeper:
         for path in sorted(paths.src.glob(f"*{TRANSCRIPT_SUFFIX}")):
             cid = path.name[: -len(TRANSCRIPT_SUFFIX)]
             version = snapshot_version(paths, cid)
-            newest = last_turn_time(path)
+            try:
+                newest = last_turn_time(path)
+            except FileNotFoundError:
+                continue  # forgotten since it was listed (a user forget runs alongside): no error
             if newest is not None and newest < cutoff:
                 out.append((cid, version))
         return out
