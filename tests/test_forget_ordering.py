@@ -175,3 +175,32 @@ def test_a_turn_dated_before_year_1000_keeps_a_date_the_engine_reads(tmp_path):
     [turn] = read_transcript(tenant.transcript("c")).turns
     assert turn.ts == "0999-01-02T03:04:05Z"
     assert parse_ts(turn.ts) == when.timestamp()
+
+
+async def test_a_receipt_that_expired_before_its_forget_ran_does_not_come_back_for_ever(tmp_path, redis_url, r):
+    """The forget's tallies (HINCRBY) made an expired receipt again, with no expiry: it stayed."""
+    from shared.stream_schema import ForgetEvent
+
+    r.flushdb()
+    settings = IndexerSettings(data_dir=tmp_path / "data", redis_url=redis_url)
+    client = aioredis.Redis.from_url(redis_url)
+    event = ForgetEvent(kind="forget_user", user_hash=user_hash("walt"), receipt="ab" * 12, received_at=time.time())
+    await Forgetter(client, settings, EmbeddedIndexJob(settings.index_timeout_s)).forget("2000-0", event)
+    await client.aclose()
+    assert r.hget(deletion_key(event.receipt), "record") is not None
+    assert 0 < r.ttl(deletion_key(event.receipt)) <= 7 * 86400
+
+
+async def test_retention_receipts_are_kept_a_day_not_a_month(tmp_path, redis_url, r):
+    """One receipt (~840 bytes) per expired conversation, kept 30 days and read by nobody, took
+    a large share of Redis's maxmemory at scale."""
+    from tests.conftest import write_conversation
+
+    r.flushdb()
+    write_conversation(tmp_path / user_hash("xena") / "src", "old", ["an old note"], day="2020-01-10")
+    settings = IndexerSettings(data_dir=tmp_path, redis_url=redis_url, retention_days=30)
+    client = aioredis.Redis.from_url(redis_url)
+    assert await RetentionSweeper(client, settings).sweep_once() == 1
+    await client.aclose()
+    [receipt_key] = r.keys("recall:deletion:*")
+    assert 0 < r.ttl(receipt_key) <= 86_400

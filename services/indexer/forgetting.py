@@ -56,6 +56,7 @@ log = get_logger("recall.indexer.forget")
 
 
 REMOVED_KINDS = ("files", "chunks", "stream_entries", "dead_letters")  # a receipt's `removed`
+LATE_RECEIPT_TTL_S = 7 * 86400  # a receipt made again after it expired is kept this long
 # The forget-waiting request of a user: a count of its waiting forgets, with an expiry.
 _JOIN_WAITING = "redis.call('INCR', KEYS[1]) return redis.call('PEXPIRE', KEYS[1], ARGV[1])"
 _LEAVE_WAITING = "if redis.call('DECR', KEYS[1]) <= 0 then redis.call('DEL', KEYS[1]) end return 1"
@@ -289,5 +290,12 @@ class Forgetter:
             receipt=event.receipt, status="pending", kind=event.kind, conversation_id=event.conversation_id,
             reason=event.reason, requested_at=event.received_at)
         done = record.model_copy(update={"status": "done", "done_at": time.time(), "removed": removed})
-        await self.client.hset(key, "record", done.model_dump_json())
+        pipe = self.client.pipeline(transaction=True)
+        pipe.hset(key, "record", done.model_dump_json())
+        pipe.ttl(key)
+        _, ttl = await pipe.execute()
+        if ttl < 0:
+            # The receipt expired before this forget was carried out (a backlog, a replayed dead
+            # letter) and the tallies made it again, without an expiry: it would stay for ever.
+            await self.client.expire(key, LATE_RECEIPT_TTL_S)
         return removed
