@@ -11,7 +11,7 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -75,6 +75,13 @@ class Tx:
         self.cursor.execute(sql.replace("?", "%s") if self.pg else sql, params)
         return self.cursor.fetchall() if self.cursor.description else []
 
+    def columns(self, table: str) -> set[str]:
+        """The table's column names (for migrations of older databases)."""
+        self.cursor.execute(f"SELECT * FROM {table} WHERE 1 = 0")
+        names = {d[0] for d in self.cursor.description}
+        self.cursor.fetchall()
+        return names
+
 
 class ArtifactStore:
     def __init__(self, url: str) -> None:
@@ -86,12 +93,13 @@ class ArtifactStore:
         # Tables are made by the first transaction, not here: a replica starting while
         # PostgreSQL is down still serves conversation recall, and its realm surface comes up
         # with the database.
-        self._schema = list(SCHEMA)
+        self._schema: list[str | Callable[[Tx], None]] = list(SCHEMA)
         self._schema_ready = False
         self._schema_lock = threading.Lock()
 
-    def add_schema(self, statements: list[str]) -> None:
-        """More tables of this database (AgentMemory's), made with the others."""
+    def add_schema(self, statements: list[str | Callable[[Tx], None]]) -> None:
+        """More tables of this database (AgentMemory's), made with the others; a callable is a
+        migration of an older database, run in the same transaction."""
         self._schema += statements
         self._schema_ready = False
 
@@ -104,7 +112,7 @@ class ArtifactStore:
             if not self._schema_ready:
                 with self._transaction() as tx:
                     for stmt in self._schema:
-                        tx.q(stmt)
+                        stmt(tx) if callable(stmt) else tx.q(stmt)
                 self._schema_ready = True
 
     # ---- connections and transactions ----------------------------------------------------------
