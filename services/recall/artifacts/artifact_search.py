@@ -57,17 +57,18 @@ class ArtifactSearch:
                 reembed_memory(self.home(realm_id), src, self.engine.embedder, lock_wait_s=60)
             index_tree(self.home(realm_id), src, self.engine.embedder, lock_wait_s=60)
 
-    def search(self, realm_id: str, query: str, limit: int) -> list[str]:
-        """Artifact ids, best first."""
+    def search(self, realm_id: str, query: str, pool: int, kind: str | None = None) -> tuple[list[str], bool]:
+        """Artifact ids (of `kind` only, when given), best first, from the realm's best `pool`
+        passages; and whether those were all the passages there are (a larger pool finds no more)."""
         try:
             hits = self.engine.search(self.home(realm_id) / "memory", query,
-                                      RecallParams(k=limit * 4, candidates=max(30, limit * 6), neighbors=0))
+                                      RecallParams(k=pool, candidates=pool, neighbors=0, harness=kind))
         except NoIndex:
-            return []
+            return [], True
         ordered: dict[str, None] = {}
         for hit in hits:
             ordered.setdefault(hit.row.session_id, None)
-        return list(ordered)
+        return list(ordered), len(hits) < pool
 
     @staticmethod
     def _transcript(a: Artifact) -> str:

@@ -221,7 +221,26 @@ class ArtifactStore:
 
     def accepted(self, tx: Tx, realm_id: str, artifact_ids: list[str] | None = None, target_kind: str | None = None,
                  target_id: str | None = None, kind: str | None = None, limit: int = 50) -> list[Artifact]:
-        sql = f"SELECT {COLUMNS} FROM artifacts a WHERE realm_id = ? AND status = 'accepted'"
+        if artifact_ids is not None and not artifact_ids:
+            return []
+        sql, params = self._accepted_where(realm_id, target_kind, target_id, kind)
+        if artifact_ids is not None:
+            sql += f" AND artifact_id IN ({','.join('?' * len(artifact_ids))})"
+            params += artifact_ids
+        sql += " ORDER BY updated_at DESC LIMIT ?"
+        params.append(limit)
+        return self._hydrate_many(tx, tx.q(f"SELECT {COLUMNS} FROM artifacts a WHERE " + sql, tuple(params)))
+
+    def accepted_ids(self, tx: Tx, realm_id: str, target_kind: str | None, target_id: str | None,
+                     kind: str | None) -> set[str]:
+        """Ids of every accepted artifact these filters let through (nothing else is read)."""
+        sql, params = self._accepted_where(realm_id, target_kind, target_id, kind)
+        return {r[0] for r in tx.q("SELECT artifact_id FROM artifacts a WHERE " + sql, tuple(params))}
+
+    @staticmethod
+    def _accepted_where(realm_id: str, target_kind: str | None, target_id: str | None,
+                        kind: str | None) -> tuple[str, list[Any]]:
+        sql = "realm_id = ? AND status = 'accepted'"
         params: list[Any] = [realm_id]
         if kind:
             sql += " AND artifact_kind = ?"
@@ -235,14 +254,7 @@ class ArtifactStore:
                 sql += " AND t.target_id = ?"
                 params.append(target_id)
             sql += ")"
-        if artifact_ids is not None:
-            if not artifact_ids:
-                return []
-            sql += f" AND artifact_id IN ({','.join('?' * len(artifact_ids))})"
-            params += artifact_ids
-        sql += " ORDER BY updated_at DESC LIMIT ?"
-        params.append(limit)
-        return self._hydrate_many(tx, tx.q(sql, tuple(params)))
+        return sql, params
 
     def entity_exists(self, tx: Tx, realm_id: str, entity_id: str) -> bool:
         return bool(tx.q("SELECT 1 FROM realm_entities WHERE realm_id = ? AND entity_id = ?", (realm_id, entity_id)))

@@ -24,6 +24,7 @@ from shared.tenant_paths import CONVERSATION_ID, TenantPaths
 
 CONFLICT_RETRIES = 20
 MAX_LIMIT = 100
+MAX_POOL = 4096  # passages ranked at most for one filtered artifact search
 
 
 @dataclass(frozen=True)
@@ -252,13 +253,34 @@ class ArtifactService:
         rules.role_in(caller.realms, realm_id)
         if not 1 <= limit <= MAX_LIMIT:
             raise RuleBroken("limit", f"limit must be between 1 and {MAX_LIMIT}, not {limit}")
-        ranked = self.index.search(realm_id, query, limit) if query and query.strip() else None
+        ranked = self._ranked(realm_id, query, target_kind, target_id, kind, limit) if query and query.strip() else None
         with self.store.transaction() as tx:
-            found = self.store.accepted(tx, realm_id, ranked, target_kind, target_id, kind, limit=200 if ranked else limit)
+            # The database has the last word on status: the index may still hold one revoked a moment ago.
+            found = self.store.accepted(tx, realm_id, ranked, target_kind, target_id, kind, limit=limit)
         if ranked is not None:
             order = {aid: i for i, aid in enumerate(ranked)}
             found.sort(key=lambda a: order[a.artifact_id])
-        return [a.compact() for a in found[:limit]]
+        return [a.compact() for a in found]
+
+    def _ranked(self, realm_id: str, query: str, target_kind: str | None, target_id: str | None, kind: str | None,
+                limit: int) -> list[str]:
+        """The best `limit` artifact ids for the query among those the filters let through. The
+        index knows kinds, not targets: with a target filter the ranked pool grows until it holds
+        `limit` of that target's artifacts or the whole realm (up to MAX_POOL passages)."""
+        allowed = None
+        if target_kind or target_id:
+            with self.store.transaction() as tx:
+                allowed = self.store.accepted_ids(tx, realm_id, target_kind, target_id, kind)
+            if not allowed:
+                return []
+        pool = max(30, limit * 6)
+        while True:
+            ranked, everything = self.index.search(realm_id, query, pool, kind)
+            if allowed is not None:
+                ranked = [aid for aid in ranked if aid in allowed]
+            if len(ranked) >= limit or everything or pool >= MAX_POOL:
+                return ranked[:limit]
+            pool = min(pool * 4, MAX_POOL)
 
     def audit(self, caller: Caller, realm_id: str, artifact_id: str) -> list[dict]:
         with self.store.transaction() as tx:
