@@ -74,3 +74,28 @@ def test_a_suspended_agent_is_refused_everything_and_may_not_start(population):
         arts.create_draft(AGENT, REALM, doc("agents/bot-1/handoff", "handoff", "h"))
     # People are governed by their realm role alone.
     assert arts.create_draft(PERSON, REALM, doc("agents/coordinator/worklog", "worklog", "w")).status.value == "draft"
+
+
+def test_charter_paths_are_checked_when_written_and_fit_any_principal(population):
+    """A charter source such as agents/{name}/worklog was accepted and then broke
+    list_population_agents for the whole realm (KeyError); a charter could sit at another role's
+    path; and an agent whose principal is an e-mail address got paths no artifact can have."""
+    arts = population.artifacts
+    current = arts.get_by_path(OWNER, REALM, "population/charters/researcher")
+    charter = json.loads(current.body)
+    for field, bad in [("sources", ["agents/{name}/worklog"]), ("sources", ["agents/{0}/worklog"]),
+                       ("handoff_path", "Agents/{principal}/Handoff"), ("must_read", ["../constitution"])]:
+        with pytest.raises(RuleBroken, match=f"body: charter body: {field}"):
+            arts.supersede(OWNER, REALM, current.artifact_id, json.dumps({**charter, field: bad}), "s", "r", {}, None)
+    with pytest.raises(RuleBroken, match="artifact_path: the charter of role 'reviewer' lives at 'population/charters/reviewer'"):
+        arts.supersede(OWNER, REALM, current.artifact_id, json.dumps({**charter, "role": "reviewer"}), "s", "r", {}, None)
+
+    mail = Caller("Bot.One@acme.example", {REALM: Role.MEMBER})
+    arts.accept(OWNER, REALM, population.propose_admission(PERSON, REALM, mail.principal, "researcher", "n").artifact_id)
+    me = population.list_agents(mail, REALM, principal=mail.principal)["agents"][0]
+    assert me["handoff_path"] == "agents/bot.one-acme.example/handoff"
+    worklog = arts.create_draft(mail, REALM, doc(me["sources"][1]["artifact_path"], "worklog", "started"))
+    arts.submit(mail, REALM, worklog.artifact_id)
+    arts.accept(OWNER, REALM, worklog.artifact_id)
+    sources = population.list_agents(mail, REALM, principal=mail.principal)["agents"][0]["sources"]
+    assert [s["artifact_id"] for s in sources] == [None, worklog.artifact_id]

@@ -116,7 +116,7 @@ class ArtifactService:
         artifact = Artifact(artifact_id=uuid.uuid4().hex, realm_id=realm_id, status=Status.DRAFT, author=caller.principal,
                             created_at=now, updated_at=now, **draft.model_dump())
         kind_schemas.check_path(draft.artifact_kind, draft.artifact_path)
-        kind_schemas.parse_body(draft.artifact_kind, draft.body)
+        kind_schemas.check_place(draft.artifact_path, kind_schemas.parse_body(draft.artifact_kind, draft.body))
         with self.store.transaction() as tx:
             self.governed(tx, caller, realm_id, as_action, draft.artifact_kind if as_action == "create_draft" else None)
             self.check_targets(tx, caller, realm_id, draft.targets)
@@ -131,7 +131,8 @@ class ArtifactService:
             artifact, _ = self._load(tx, caller, realm_id, artifact_id, lock=True)
             rules.check_edit_draft(artifact.status, artifact.author, caller.principal)
             if "body" in changes:
-                kind_schemas.parse_body(artifact.artifact_kind, changes["body"])
+                kind_schemas.check_place(artifact.artifact_path,
+                                         kind_schemas.parse_body(artifact.artifact_kind, changes["body"]))
             targets = changes.pop("targets", None)
             if targets is not None:
                 self.check_targets(tx, caller, realm_id, targets)
@@ -202,7 +203,8 @@ class ArtifactService:
             with self.store.transaction() as tx:
                 current, role = self._load(tx, caller, realm_id, artifact_id, lock=True)
                 rules.check_supersede(current.status, role)
-                kind_schemas.parse_body(current.artifact_kind, body)
+                kind_schemas.check_place(current.artifact_path,
+                                         kind_schemas.parse_body(current.artifact_kind, body))
                 new_targets = targets or current.targets
                 self.check_targets(tx, caller, realm_id, new_targets)
                 now = time.time()

@@ -10,7 +10,8 @@ from typing import Any
 
 from services.recall.artifacts import rules
 from services.recall.artifacts.kind_schemas import (CONSTITUTION_PATH, PRINCIPAL, REGISTRY_PATH, AgentRegistry, Charter,
-                                                    Constitution, RegistryEntry, agent_refusals, dump, parse_body)
+                                                    Constitution, RegistryEntry, agent_refusals, dump, fill_path,
+                                                    parse_body)
 from services.recall.artifacts.artifact_store import Tx
 from services.recall.artifacts.models import Artifact, DraftInput, Role, Status, Target, rfc3339
 from services.recall.artifacts.rules import RuleBroken
@@ -83,14 +84,14 @@ class PopulationService:
             owners = [entry.principal] + ([entry.takes_over_from] if entry.takes_over_from else [])
             for who in owners:
                 for template in charter.sources:
-                    source_path = template.format(principal=who)
+                    source_path = fill_path(template, who)
                     found = self.store.accepted_at_path(tx, realm_id, source_path)
                     sources.append({"artifact_path": source_path, "of": who,
                                     "artifact_id": found.artifact_id if found else None,
                                     "summary": found.summary if found else None})
         return {**entry.model_dump(mode="json"), "charter_path": path,
                 "charter_id": charter_artifact.artifact_id if charter_artifact else None,
-                "handoff_path": charter.handoff_path.format(principal=entry.principal) if charter else None,
+                "handoff_path": fill_path(charter.handoff_path, entry.principal) if charter else None,
                 "sources": sources}
 
     # ---- the preliminary rule check (a dry run) -------------------------------------------------------
