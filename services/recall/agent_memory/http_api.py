@@ -28,12 +28,13 @@ from starlette.responses import JSONResponse, Response
 
 from services.recall.agent_memory.models import MemoryType, Reality, RecordFields, RecordInput
 from services.recall.agent_memory.service import AgentMemoryService
-from services.recall.artifacts.artifact_store import StoreUnavailable
+from services.recall.artifacts.artifact_store import Conflict, StoreUnavailable
 from services.recall.artifacts.models import REALM_ID
 from services.recall.artifacts.nul_text import NulText, refuse_nul
 from services.recall.artifacts.realm_threads import in_realm_thread
 from services.recall.artifacts.rules import RuleBroken
 from services.recall.artifacts.service import Caller
+from services.recall.artifacts.tool_access import CONCURRENT_CHANGE
 from shared.http_body import BodyTooLarge, read_body
 
 STATUS = {"realm_membership": 403, "realm_role": 403, "not_found": 404, "body_size": 413}
@@ -86,6 +87,8 @@ def register_agent_memory_routes(mcp: FastMCP, service: AgentMemoryService) -> N
                     return _error(422, exc.field, str(exc))
                 except StoreUnavailable:
                     return _error(503, "database", "the artifacts database is unavailable; retry later")
+                except Conflict:
+                    return _error(409, "concurrency", CONCURRENT_CHANGE)
                 return JSONResponse(result, status_code=status)
 
             mcp.custom_route(path, methods=[method], name=f"{handler.__name__}")(endpoint)

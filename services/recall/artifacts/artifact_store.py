@@ -327,8 +327,8 @@ class ArtifactStore:
              (uuid.uuid4().hex, artifact_id, event, actor, time.time(), ordinal, json.dumps(detail)))
 
     def register_entity(self, tx: Tx, realm_id: str, entity_id: str, title: str, entity_kind: str, actor: str) -> bool:
-        if self.entity_exists(tx, realm_id, entity_id):
-            return False
-        tx.q("INSERT INTO realm_entities (realm_id, entity_id, title, entity_kind, created_by, created_at) VALUES (?, ?, ?, ?, ?, ?)",
-             (realm_id, entity_id, title, entity_kind, actor, time.time()))
-        return True
+        """True when this call registered it; two agents registering one object at once both succeed
+        (a check, then an insert, let the slower one hit the primary key: an unnamed error)."""
+        return bool(tx.q("INSERT INTO realm_entities (realm_id, entity_id, title, entity_kind, created_by, created_at)"
+                         " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (realm_id, entity_id) DO NOTHING RETURNING 1",
+                         (realm_id, entity_id, title, entity_kind, actor, time.time())))

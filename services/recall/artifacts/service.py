@@ -127,6 +127,8 @@ class ArtifactService:
             return self.store.get(tx, artifact.artifact_id)
 
     def update_draft(self, caller: Caller, realm_id: str, artifact_id: str, changes: dict[str, Any]) -> Artifact:
+        if not changes:
+            raise RuleBroken("fields", "nothing to change: give body, summary, source_ref, source_context or targets")
         with self.store.transaction() as tx:
             artifact, _ = self._load(tx, caller, realm_id, artifact_id, lock=True)
             rules.check_edit_draft(artifact.status, artifact.author, caller.principal)

@@ -19,9 +19,10 @@ RealmId = Annotated[str, Field(description="The realm (team or project space): o
 ArtifactId = Annotated[str, Field(description="The artifact's id, as returned by create, search or get.")]
 ArtifactPath = Annotated[str, Field(description="Logical address of the memory inside the realm, not a file: lowercase "
                                                 "segments of [a-z0-9._-] separated by '/', e.g. agents/integration-researcher/worklog.")]
-Body = Annotated[str, Field(description="The content: what was done, found, decided, with the evidence.")]
-Summary = Annotated[str, Field(description="One or two sentences shown in search results.")]
-SourceRef = Annotated[str, Field(description="Where this comes from: a session, task or document id, e.g. codex-thread:<session id>.")]
+Body = Annotated[str, Field(min_length=1, description="The content: what was done, found, decided, with the evidence.")]
+Summary = Annotated[str, Field(min_length=1, max_length=1000, description="One or two sentences shown in search results.")]
+SourceRef = Annotated[str, Field(min_length=1, max_length=500, description="Where this comes from: a session, task or document id, "
+                                                                            "e.g. codex-thread:<session id>.")]
 SourceContext = Annotated[dict[str, Any], Field(description="Free provenance details (agent, task, stage) to check the record later.")]
 Targets = Annotated[list[Target], Field(description="At least one existing object this memory is anchored to.")]
 AgentPrincipal = Annotated[str | None, Field(description="Optional; when given it must equal your authenticated principal (no impersonation).")]
@@ -66,9 +67,9 @@ def register_artifact_tools(mcp: FastMCP, service: ArtifactService) -> None:
     @mcp.tool(auth=writer_somewhere)
     async def update_memory_artifact_draft(
             realm_id: RealmId, artifact_id: ArtifactId,
-            body: Annotated[str | None, Field(description="New content; omit to keep.")] = None,
-            summary: Annotated[str | None, Field(description="New summary; omit to keep.")] = None,
-            source_ref: Annotated[str | None, Field(description="New source reference; omit to keep.")] = None,
+            body: Annotated[str | None, Field(min_length=1, description="New content; omit to keep.")] = None,
+            summary: Annotated[str | None, Field(min_length=1, max_length=1000, description="New summary; omit to keep.")] = None,
+            source_ref: Annotated[str | None, Field(min_length=1, max_length=500, description="New source reference; omit to keep.")] = None,
             source_context: Annotated[dict[str, Any] | None, Field(description="New provenance details; omit to keep.")] = None,
             targets: Annotated[list[Target] | None, Field(description="New targets (replace all); omit to keep.")] = None,
     ) -> dict:

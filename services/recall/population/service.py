@@ -12,7 +12,7 @@ from services.recall.artifacts import rules
 from services.recall.artifacts.kind_schemas import (CONSTITUTION_PATH, PRINCIPAL, REGISTRY_PATH, AgentRegistry, Charter,
                                                     Constitution, RegistryEntry, agent_refusals, dump, fill_path,
                                                     parse_body)
-from services.recall.artifacts.artifact_store import Tx
+from services.recall.artifacts.artifact_store import Conflict, Tx
 from services.recall.artifacts.models import Artifact, DraftInput, Role, Status, Target, rfc3339
 from services.recall.artifacts.rules import RuleBroken
 from services.recall.artifacts.service import ArtifactService, Caller
@@ -33,10 +33,14 @@ class PopulationService:
                      ("agent_registry", REGISTRY_PATH, dump(AgentRegistry()), "The agent registry: who may work in this realm, in which role.")]
         documents += [("charter", charter_path(role), dump(CHARTERS[role]), f"Charter of the {role} role: purpose, duties, sources.")
                       for role in constitution.roles]
-        with self.store.transaction() as tx:
-            if self.store.accepted_at_path(tx, realm_id, CONSTITUTION_PATH, lock=True) is not None:
-                raise RuleBroken("population", f"realm {realm_id!r} already has a constitution; change it with a new version")
-            made = [self._accepted(tx, caller, realm_id, *doc) for doc in documents]
+        already = RuleBroken("population", f"realm {realm_id!r} already has a constitution; change it with a new version")
+        try:
+            with self.store.transaction() as tx:
+                if self.store.accepted_at_path(tx, realm_id, CONSTITUTION_PATH, lock=True) is not None:
+                    raise already
+                made = [self._accepted(tx, caller, realm_id, *doc) for doc in documents]
+        except Conflict:  # another owner initialised it at the same moment (the one-accepted-version index)
+            raise already from None
         self.artifacts.index.refresh(made)
         return {"realm_id": realm_id, "created": [{"artifact_kind": a.artifact_kind, "artifact_path": a.artifact_path,
                                                    "artifact_id": a.artifact_id} for a in made]}

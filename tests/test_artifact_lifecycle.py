@@ -1,0 +1,119 @@
+"""Memory artifact changes that were let through or failed unnamed (review8a), on SQLite and a
+real PostgreSQL: every path that writes an artifact checks its fields as creation does, and two
+people doing the same thing at once get an answer, never an unnamed error."""
+
+from __future__ import annotations
+
+import concurrent.futures
+
+import pytest
+from fastmcp import Client
+from fastmcp.client.auth import BearerAuth
+from fastmcp.exceptions import ToolError
+
+from services.recall.artifacts.artifact_search import ArtifactSearch
+from services.recall.artifacts.artifact_store import ArtifactStore
+from services.recall.artifacts.models import Role
+from services.recall.artifacts.rules import RuleBroken
+from services.recall.artifacts.service import ArtifactService, Caller
+from services.recall.population.service import PopulationService
+from shared.engine.api import Engine
+from tests.conftest import mint, recall_url
+
+REALM = "acme-integrations"
+REALM_TARGET = [{"target_kind": "realm", "target_id": REALM, "role": "primary"}]
+
+
+@pytest.fixture
+def realm_server(services, service_env, artifacts_db_url):
+    services("serve", RECALL_ARTIFACTS_DB_URL=artifacts_db_url)
+    return service_env
+
+
+@pytest.fixture
+def service(artifacts_db_url, tmp_path, embedder) -> ArtifactService:
+    return ArtifactService(ArtifactStore(artifacts_db_url), ArtifactSearch(tmp_path, Engine(embedder=embedder)), tmp_path)
+
+
+class Agent:
+    def __init__(self, env, user: str, role: str) -> None:
+        self.client = Client(f"{recall_url(env)}/mcp", auth=BearerAuth(mint(user, realms={REALM: role})))
+
+    async def __aenter__(self) -> "Agent":
+        await self.client.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.client.__aexit__(*exc)
+
+    async def __call__(self, tool: str, **args):
+        return (await self.client.call_tool(tool, {"realm_id": REALM, **args})).structured_content
+
+    async def refused(self, field: str, tool: str, **args) -> None:
+        with pytest.raises(ToolError, match=field):
+            await self.client.call_tool(tool, {"realm_id": REALM, **args})
+
+
+def draft(path: str, kind: str = "decision", body: str = "Decision: stay on 2.0.") -> dict:
+    return dict(artifact_path=path, artifact_kind=kind, write_mode="append" if kind == "worklog" else "replace", body=body,
+                summary=body[:60], source_ref="codex-thread:t-1", source_context={"agent": "codex"}, targets=REALM_TARGET)
+
+
+async def test_every_write_checks_the_fields_creation_checks(realm_server):
+    """update_memory_artifact_draft took an empty body or a 5,000-character summary, an update
+    changing nothing was audited as `updated`, and supersede_memory_artifact and
+    append_memory_artifact took an empty summary or source_ref (the seed makes them required)."""
+    async with Agent(realm_server, "researcher", "member") as researcher, Agent(realm_server, "lead", "owner") as lead:
+        d = await researcher("create_memory_artifact_draft", **draft("decisions/contract-7/version"))
+        aid = d["artifact_id"]
+        await researcher.refused("body", "update_memory_artifact_draft", artifact_id=aid, body="")
+        await researcher.refused("summary", "update_memory_artifact_draft", artifact_id=aid, summary="s" * 5000)
+        await researcher.refused("source_ref", "update_memory_artifact_draft", artifact_id=aid, source_ref="")
+        await researcher.refused("fields: nothing to change", "update_memory_artifact_draft", artifact_id=aid)
+        assert [e["event"] for e in (await researcher("list_memory_artifact_audit", artifact_id=aid))["events"]] == ["created"]
+        assert (await researcher("get_memory_artifact", artifact_id=aid))["body"] == "Decision: stay on 2.0."
+
+        await researcher("submit_memory_artifact", artifact_id=aid)
+        await lead("accept_memory_artifact", artifact_id=aid)
+        await lead.refused("summary", "supersede_memory_artifact", artifact_id=aid, body="v2", summary="",
+                           source_ref="r", source_context={})
+        await lead.refused("source_ref", "supersede_memory_artifact", artifact_id=aid, body="v2", summary="v2",
+                           source_ref="", source_context={})
+        await lead.refused("body", "supersede_memory_artifact", artifact_id=aid, body="", summary="v2",
+                           source_ref="r", source_context={})
+        assert (await lead("get_memory_artifact", artifact_id=aid))["status"] == "accepted"
+
+        wl = await researcher("create_memory_artifact_draft", **draft("agents/researcher/worklog", "worklog", "Started."))
+        await researcher.refused("source_ref", "append_memory_artifact", artifact_id=wl["artifact_id"], body="more",
+                                 source_ref="", source_context={})
+        assert (await researcher("get_memory_artifact", artifact_id=wl["artifact_id"]))["entries"] == []
+
+
+def test_two_agents_registering_one_object_at_once_both_succeed(service):
+    """On PostgreSQL the check-then-insert let the slower of two registrations hit the primary
+    key: an unnamed tool error for an agent that did nothing wrong."""
+    callers = [Caller(f"agent-{i}", {REALM: Role.MEMBER}) for i in range(12)]
+    for round_ in range(5):
+        entity = f"contract-{round_}"
+        with concurrent.futures.ThreadPoolExecutor(max_workers=len(callers)) as pool:
+            results = list(pool.map(lambda c: service.register_entity(c, REALM, entity, "Contract", "contract"), callers))
+        assert sum(r["created"] for r in results) == 1, results
+
+
+def test_two_owners_initialising_the_population_at_once_get_one_population(service):
+    """The second of two simultaneous init_population calls hit the one-accepted-version index:
+    an unnamed error instead of "already has a constitution"."""
+    population = PopulationService(service)
+    owners = [Caller(f"owner-{i}", {REALM: Role.OWNER}) for i in range(6)]
+
+    def init(owner: Caller) -> str:
+        try:
+            population.init_population(owner, REALM)
+            return "initialised"
+        except RuleBroken as exc:
+            return exc.rule
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(owners)) as pool:
+        outcomes = list(pool.map(init, owners))
+    assert sorted(outcomes) == ["initialised"] + ["population"] * (len(owners) - 1), outcomes
+    assert population.list_agents(owners[0], REALM)["agents"] == []
