@@ -117,3 +117,36 @@ def test_two_owners_initialising_the_population_at_once_get_one_population(servi
         outcomes = list(pool.map(init, owners))
     assert sorted(outcomes) == ["initialised"] + ["population"] * (len(owners) - 1), outcomes
     assert population.list_agents(owners[0], REALM)["agents"] == []
+
+
+async def test_a_reviewer_finds_what_waits_for_review_and_history_only_when_asked(realm_server):
+    """Search returned accepted artifacts only, and nothing else listed proposals: a reviewer
+    could accept only what someone told it the id of. Superseded and revoked versions are still
+    out of the default search, and come back when asked for."""
+    async with Agent(realm_server, "researcher", "member") as researcher, Agent(realm_server, "reviewer", "member") as reviewer, \
+            Agent(realm_server, "lead", "owner") as lead, Agent(realm_server, "viewer", "reader") as viewer:
+        v1 = await researcher("create_memory_artifact_draft", **draft("decisions/contract-7/version", body="Decision: stay on 2.0."))
+        await researcher("submit_memory_artifact", artifact_id=v1["artifact_id"])
+        mine = await researcher("create_memory_artifact_draft", **draft("agents/researcher/worklog", "worklog", "Draft notes."))
+        listed = (await reviewer("search_memory_artifacts", status="proposed"))["artifacts"]
+        assert [(a["artifact_id"], a["status"]) for a in listed] == [(v1["artifact_id"], "proposed")], "never a draft"
+        assert (await reviewer("search_memory_artifacts", status="proposed", query="STAY 2.0"))["artifacts"]
+        assert (await reviewer("search_memory_artifacts", status="proposed", query="move"))["artifacts"] == []
+        await reviewer.refused("status", "search_memory_artifacts", status="draft")
+        assert (await reviewer("search_memory_artifacts"))["artifacts"] == [], "the default is the accepted memory"
+
+        await reviewer("accept_memory_artifact", artifact_id=v1["artifact_id"])
+        v2 = await lead("supersede_memory_artifact", artifact_id=v1["artifact_id"], body="Decision: move to 2.1.",
+                        summary="Move to 2.1", source_ref="meeting:1", source_context={})
+        gone = await researcher("create_memory_artifact_draft", **draft("decisions/contract-8/version", body="Decision: drop 8."))
+        await researcher("submit_memory_artifact", artifact_id=gone["artifact_id"])
+        await researcher("revoke_memory_artifact", artifact_id=gone["artifact_id"], reason="wrong contract")
+
+        default = (await viewer("search_memory_artifacts", query="decision"))["artifacts"]
+        assert [a["artifact_id"] for a in default] == [v2["artifact_id"]]
+        history = (await viewer("search_memory_artifacts", status="superseded", target_kind="realm", target_id=REALM))["artifacts"]
+        assert [a["artifact_id"] for a in history] == [v1["artifact_id"]]
+        revoked = (await viewer("search_memory_artifacts", status="revoked"))["artifacts"]
+        assert [a["artifact_id"] for a in revoked] == [gone["artifact_id"]]
+        assert mine["artifact_id"] not in {a["artifact_id"] for s in ("proposed", "superseded", "revoked")
+                                           for a in (await viewer("search_memory_artifacts", status=s))["artifacts"]}

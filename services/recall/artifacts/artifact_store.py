@@ -219,11 +219,13 @@ class ArtifactStore:
                     " AND status IN ('draft', 'proposed') ORDER BY updated_at DESC LIMIT 1", (realm_id, path, author))
         return self._hydrate(tx, rows[0]) if rows else None
 
-    def accepted(self, tx: Tx, realm_id: str, artifact_ids: list[str] | None = None, target_kind: str | None = None,
-                 target_id: str | None = None, kind: str | None = None, limit: int = 50) -> list[Artifact]:
+    def listed(self, tx: Tx, realm_id: str, artifact_ids: list[str] | None = None, target_kind: str | None = None,
+               target_id: str | None = None, kind: str | None = None, limit: int = 50,
+               status: str = "accepted") -> list[Artifact]:
+        """Artifacts in one status (never pass "draft" for someone else: drafts are private), newest first."""
         if artifact_ids is not None and not artifact_ids:
             return []
-        sql, params = self._accepted_where(realm_id, target_kind, target_id, kind)
+        sql, params = self._where(realm_id, target_kind, target_id, kind, status)
         if artifact_ids is not None:
             sql += f" AND artifact_id IN ({','.join('?' * len(artifact_ids))})"
             params += artifact_ids
@@ -234,14 +236,14 @@ class ArtifactStore:
     def accepted_ids(self, tx: Tx, realm_id: str, target_kind: str | None, target_id: str | None,
                      kind: str | None) -> set[str]:
         """Ids of every accepted artifact these filters let through (nothing else is read)."""
-        sql, params = self._accepted_where(realm_id, target_kind, target_id, kind)
+        sql, params = self._where(realm_id, target_kind, target_id, kind, "accepted")
         return {r[0] for r in tx.q("SELECT artifact_id FROM artifacts a WHERE " + sql, tuple(params))}
 
     @staticmethod
-    def _accepted_where(realm_id: str, target_kind: str | None, target_id: str | None,
-                        kind: str | None) -> tuple[str, list[Any]]:
-        sql = "realm_id = ? AND status = 'accepted'"
-        params: list[Any] = [realm_id]
+    def _where(realm_id: str, target_kind: str | None, target_id: str | None, kind: str | None,
+               status: str) -> tuple[str, list[Any]]:
+        sql = "realm_id = ? AND status = ?"
+        params: list[Any] = [realm_id, status]
         if kind:
             sql += " AND artifact_kind = ?"
             params.append(kind)

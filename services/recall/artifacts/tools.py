@@ -6,7 +6,7 @@ their schemas alone; times are RFC 3339 (UTC)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastmcp import FastMCP
 from pydantic import Field
@@ -25,6 +25,7 @@ SourceRef = Annotated[str, Field(min_length=1, max_length=500, description="Wher
                                                                             "e.g. codex-thread:<session id>.")]
 SourceContext = Annotated[dict[str, Any], Field(description="Free provenance details (agent, task, stage) to check the record later.")]
 Targets = Annotated[list[Target], Field(description="At least one existing object this memory is anchored to.")]
+SearchStatus = Literal["accepted", "proposed", "superseded", "revoked"]
 AgentPrincipal = Annotated[str | None, Field(description="Optional; when given it must equal your authenticated principal (no impersonation).")]
 
 
@@ -134,10 +135,14 @@ def register_artifact_tools(mcp: FastMCP, service: ArtifactService) -> None:
             kind: Annotated[ArtifactKind | None, Field(description="Only artifacts of this kind.")] = None,
             query: Annotated[str | None, Field(max_length=500, description="Words to rank by (hybrid search over summary, body, entries); omit to list newest first.")] = None,
             limit: Annotated[int, Field(ge=1, le=MAX_LIMIT, description=f"Most results returned (1..{MAX_LIMIT}).")] = 10,
+            status: Annotated[SearchStatus, Field(description="accepted (default): the realm's shared memory. proposed: what "
+                                                              "waits for review. superseded, revoked: history. Drafts are "
+                                                              "private (get_own_memory_artifact_draft_by_path).")] = "accepted",
     ) -> dict:
-        """Accepted artifacts of a realm, optionally about one target, of one kind, matching a query.
-        Returns a compact list without bodies; read one with get_memory_artifact."""
-        found = await run(service.search, realm_id, target_kind.value if target_kind else None, target_id, kind, query, limit)
+        """Accepted artifacts of a realm, optionally about one target, of one kind, matching a query (or, with status,
+        proposals to review or past versions). Returns a compact list without bodies; read one with get_memory_artifact."""
+        found = await run(service.search, realm_id, target_kind.value if target_kind else None, target_id, kind, query, limit,
+                          status)
         return {"artifacts": found}
 
     @mcp.tool(auth=any_realm)
