@@ -48,3 +48,58 @@ def test_search_by_object_with_a_query_finds_its_artifacts_below_the_realms_best
     assert [a["artifact_id"] for a in found] == [decision]
     # Without filters the query still ranks the realm, limit respected.
     assert len(service.search(MEMBER, REALM, None, None, None, "retry field", 10)) == 10
+
+
+def index_texts(service: ArtifactService) -> str:
+    import sqlite3
+
+    conn = sqlite3.connect(service.index.home(REALM) / "memory" / "chunks.sqlite3")
+    try:
+        return "\n".join(r[0] for r in conn.execute("SELECT text FROM chunks"))
+    finally:
+        conn.close()
+
+
+def test_a_late_reindex_never_writes_an_older_state_of_a_journal(service):
+    """Each append re-indexed the artifact as its own transaction had seen it: when two ran at
+    once and the later one's refresh ran first, the earlier one's then wrote its older state
+    over it, and search lost the later entry. Here both appends commit while the index is busy,
+    in order, and their refreshes then run in whichever order the threads get it."""
+    import threading
+    import time
+
+    service.register_entity(MEMBER, REALM, "contract-7", "Contract 7", "contract")
+    writers = [Caller(f"agent-{i}", {REALM: Role.MEMBER}) for i in range(8)]
+    for round_ in range(6):
+        wl = accepted(service, f"agents/a{round_}/worklog", f"Worklog {round_} of contract 7.", "contract-7", "worklog")
+        threads = []
+        with service.index._refreshing:  # the index is busy: every append commits, then waits to refresh
+            for n, writer in enumerate(writers):
+                threads.append(threading.Thread(target=service.append, args=(
+                    writer, REALM, wl, f"Entry marker{round_}r{n}x checked.", "r", {})))
+                threads[-1].start()
+                deadline = time.monotonic() + 30
+                while len(service.get(MEMBER, REALM, wl).entries) < n + 1:
+                    assert time.monotonic() < deadline
+                    time.sleep(0.01)
+        for t in threads:
+            t.join()
+        texts = index_texts(service)
+        assert [n for n in range(len(writers)) if f"marker{round_}r{n}x" not in texts] == [], f"round {round_}"
+
+
+def test_a_failed_index_refresh_keeps_the_committed_change_and_heals_on_the_next(service):
+    """A refresh failing after the commit (here: its src/ is not a directory) made the accepted
+    change answer as an error, and the artifact stayed out of search for good."""
+    service.register_entity(MEMBER, REALM, "contract-7", "Contract 7", "contract")
+    src = service.index.home(REALM) / "src"
+    src.parent.mkdir(parents=True, exist_ok=True)
+    src.write_text("in the way")
+    first = accepted(service, "dossiers/contract-7/a", "Osprey migration dossier of contract 7.", "contract-7")
+    assert service.get(MEMBER, REALM, first).status.value == "accepted"
+    src.unlink()
+    second = accepted(service, "dossiers/contract-7/b", "Pelican rollout dossier of contract 7.", "contract-7")
+    assert [a["artifact_id"] for a in service.search(MEMBER, REALM, None, None, None, "Osprey migration", 1)] == [first]
+    assert [a["artifact_id"] for a in service.search(MEMBER, REALM, None, None, None, "Pelican rollout", 1)] == [second]
+    service.revoke(OWNER, REALM, first, "wrong")
+    assert "Osprey" not in index_texts(service)

@@ -9,8 +9,12 @@ live apart from every user's conversation memory: neither search can return the 
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import threading
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -36,26 +40,49 @@ class ArtifactSearch:
     def home(self, realm_id: str) -> Path:
         return self.root / hashlib.sha256(realm_id.encode()).hexdigest()[:24]
 
-    def refresh(self, artifacts: list[Artifact]) -> None:
-        """Write (accepted) or remove (anything else) each artifact's transcript, then index."""
-        with self._refreshing:
-            self._refresh(artifacts)
-
-    def _refresh(self, artifacts: list[Artifact]) -> None:
-        for realm_id in {a.realm_id for a in artifacts}:
-            src = self.home(realm_id) / "src"
-            src.mkdir(parents=True, exist_ok=True)
-            for a in (a for a in artifacts if a.realm_id == realm_id):
+    def refresh(self, realm_id: str, current: Callable[[bool], list[Artifact]]) -> None:
+        """Write (accepted) or remove (anything else) the transcripts of `current(False)` — the
+        changed artifacts as the database has them *now*, read under the realm's lock, so a
+        refresh that runs late never writes an older state over a newer one (two appends at
+        once) — then index. A realm whose last refresh did not finish (the marker file stays) is
+        brought up to `current(True)`, every accepted artifact, whole."""
+        with self._refreshing, self._realm_lock(realm_id):
+            home = self.home(realm_id)
+            unfinished = home / "refresh.unfinished"
+            whole = unfinished.exists()
+            unfinished.touch()
+            src = home / "src"
+            src.mkdir(exist_ok=True)
+            artifacts = current(whole)
+            if whole:
+                keep = {f"{a.artifact_id}.funes.jsonl" for a in artifacts if a.status is Status.ACCEPTED}
+                for stale in src.iterdir():
+                    if stale.name not in keep:
+                        stale.unlink(missing_ok=True)
+            for a in artifacts:
                 path = src / f"{a.artifact_id}.funes.jsonl"
                 if a.status is Status.ACCEPTED:
-                    tmp = path.with_suffix(".tmp")
+                    tmp = src / f".{a.artifact_id}.{uuid.uuid4().hex}.tmp"  # replicas sharing DATA_DIR never share one
                     tmp.write_text(self._transcript(a))
                     tmp.replace(path)
                 else:
                     path.unlink(missing_ok=True)
-            if needs_reembed(self.home(realm_id), self.engine.embedder):  # after a model change
-                reembed_memory(self.home(realm_id), src, self.engine.embedder, lock_wait_s=60)
-            index_tree(self.home(realm_id), src, self.engine.embedder, lock_wait_s=60)
+            if needs_reembed(home, self.engine.embedder):  # after a model change
+                reembed_memory(home, src, self.engine.embedder, lock_wait_s=60)
+            index_tree(home, src, self.engine.embedder, lock_wait_s=60)
+            unfinished.unlink()
+
+    @contextmanager
+    def _realm_lock(self, realm_id: str) -> Iterator[None]:
+        """The realm's refreshes one at a time across the processes sharing DATA_DIR."""
+        home = self.home(realm_id)
+        home.mkdir(parents=True, exist_ok=True)
+        with open(home / "refresh.lock", "a") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
 
     def search(self, realm_id: str, query: str, pool: int, kind: str | None = None) -> tuple[list[str], bool]:
         """Artifact ids (of `kind` only, when given), best first, from the realm's best `pool`

@@ -20,7 +20,10 @@ from services.recall.artifacts.artifact_store import ArtifactStore, Conflict, Tx
 from services.recall.artifacts.kind_schemas import AgentRegistry, Constitution
 from services.recall.artifacts.models import REALM_ID, Artifact, DraftInput, Role, Status, Target, TargetKind
 from services.recall.artifacts.rules import RuleBroken
+from shared.logging_setup import get_logger
 from shared.tenant_paths import CONVERSATION_ID, TenantPaths
+
+log = get_logger("recall.artifacts")
 
 CONFLICT_RETRIES = 20
 MAX_LIMIT = 100
@@ -155,7 +158,7 @@ class ArtifactService:
             self.store.record(tx, artifact_id, "appended", caller.principal, seq=seq, source_ref=source_ref)
             result = self.store.get(tx, artifact_id)
         if result.status is Status.ACCEPTED:
-            self.index.refresh([result])
+            self.reindex(realm_id, [artifact_id])
         return result
 
     def submit(self, caller: Caller, realm_id: str, artifact_id: str) -> Artifact:
@@ -186,7 +189,7 @@ class ArtifactService:
                 return self.store.get(tx, artifact_id), (self.store.get(tx, previous.artifact_id) if previous else None)
 
         accepted, previous = self._retrying(attempt)
-        self.index.refresh([a for a in (previous, accepted) if a is not None])
+        self.reindex(realm_id, [a.artifact_id for a in (previous, accepted) if a is not None])
         return accepted
 
     def revoke(self, caller: Caller, realm_id: str, artifact_id: str, reason: str | None) -> Artifact:
@@ -198,7 +201,7 @@ class ArtifactService:
             self.store.record(tx, artifact_id, "revoked", caller.principal, reason=reason, was=artifact.status.value)
             result = self.store.get(tx, artifact_id)
         if artifact.status is Status.ACCEPTED:
-            self.index.refresh([result])
+            self.reindex(realm_id, [artifact_id])
         return result
 
     def supersede(self, caller: Caller, realm_id: str, artifact_id: str, body: str, summary: str, source_ref: str,
@@ -225,8 +228,25 @@ class ArtifactService:
                 return self.store.get(tx, new.artifact_id), self.store.get(tx, artifact_id)
 
         new, old = self._retrying(attempt)
-        self.index.refresh([old, new])
+        self.reindex(realm_id, [old.artifact_id, new.artifact_id])
         return new
+
+    def reindex(self, realm_id: str, artifact_ids: list[str]) -> None:
+        """After a commit: the realm's search index takes these artifacts as the database now has
+        them. A failure (the index locked for over a minute, a full disk) is logged, not raised:
+        the change itself is committed, and the realm's next reindex rebuilds its files whole."""
+        def current(whole: bool) -> list[Artifact]:
+            with self.store.transaction() as tx:
+                if whole:
+                    return self.store.listed(tx, realm_id, limit=2**62)
+                return [a for a in (self.store.get(tx, aid) for aid in artifact_ids) if a is not None]
+
+        try:
+            self.index.refresh(realm_id, current)
+        except Exception as exc:  # noqa: BLE001 - whatever it was, the committed change stands
+            log.warning("recall.artifact_index_behind", realm=self.index.home(realm_id).name,
+                        error=repr(exc)[:300],
+                        hint="search may miss these changes until the realm's next accepted change rebuilds its index")
 
     def _supersede_row(self, tx: Tx, previous: Artifact, by: str, actor: str) -> None:
         self.store.update_fields(tx, previous.artifact_id, status=Status.SUPERSEDED, superseded_by_artifact_id=by)

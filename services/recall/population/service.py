@@ -41,7 +41,7 @@ class PopulationService:
                 made = [self._accepted(tx, caller, realm_id, *doc) for doc in documents]
         except Conflict:  # another owner initialised it at the same moment (the one-accepted-version index)
             raise already from None
-        self.artifacts.index.refresh(made)
+        self.artifacts.reindex(realm_id, [a.artifact_id for a in made])
         return {"realm_id": realm_id, "created": [{"artifact_kind": a.artifact_kind, "artifact_path": a.artifact_path,
                                                    "artifact_id": a.artifact_id} for a in made]}
 
