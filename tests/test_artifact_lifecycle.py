@@ -150,3 +150,36 @@ async def test_a_reviewer_finds_what_waits_for_review_and_history_only_when_aske
         assert [a["artifact_id"] for a in revoked] == [gone["artifact_id"]]
         assert mine["artifact_id"] not in {a["artifact_id"] for s in ("proposed", "superseded", "revoked")
                                            for a in (await viewer("search_memory_artifacts", status=s))["artifacts"]}
+
+
+def test_accepting_and_withdrawing_one_proposal_at_once_lands_exactly_one(service):
+    """The artifact's row is locked by every transition: of an acceptance and a withdrawal racing
+    on one proposal exactly one lands, and the audit tells that one story."""
+    from services.recall.artifacts.models import DraftInput, Target
+
+    author, owner = Caller("researcher", {REALM: Role.MEMBER}), Caller("lead", {REALM: Role.OWNER})
+    outcomes = []
+    for i in range(8):
+        made = service.create_draft(author, REALM, DraftInput(
+            artifact_path=f"decisions/d{i}", artifact_kind="decision", write_mode="replace", body=f"Decision {i}.",
+            summary="s", source_ref="r", source_context={}, targets=[Target(target_kind="realm", target_id=REALM)]))
+        service.submit(author, REALM, made.artifact_id)
+
+        def act(fn) -> str:
+            try:
+                return fn().status.value
+            except RuleBroken as exc:
+                return exc.rule
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+            accepted = pool.submit(act, lambda: service.accept(owner, REALM, made.artifact_id))
+            revoked = pool.submit(act, lambda: service.revoke(author, REALM, made.artifact_id, "withdrawn"))
+            pair = (accepted.result(), revoked.result())
+        final = service.get(owner, REALM, made.artifact_id).status.value
+        events = [e["event"] for e in service.audit(owner, REALM, made.artifact_id)]
+        # Accepted first: a member may not revoke accepted memory. Withdrawn first: nothing to accept.
+        assert pair in {("accepted", "realm_role"), ("lifecycle", "revoked")}, pair
+        assert final == ("accepted" if pair[0] == "accepted" else "revoked")
+        assert events[:2] == ["created", "submitted"] and events[2:] == [final], events
+        outcomes.append(final)
+    assert set(outcomes) <= {"accepted", "revoked"}
