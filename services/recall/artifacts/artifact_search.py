@@ -25,6 +25,11 @@ from shared.engine.index_run import index_tree
 from shared.engine.reembed import needs_reembed, reembed_memory
 from shared.engine.transcript import Block, TranscriptTurn, dump_transcript
 
+# Search reads the beginning of a long body or entry: embedding costs CPU in proportion to the
+# text (a 200,000-character body took ~55 s of CPU to accept, under the lock every acceptance
+# of the process waits on; MCP takes 4 MiB requests). Reading an artifact still gives it whole.
+INDEXED_CHARS = 20_000
+
 
 def _ts(epoch: float) -> str:
     return datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -99,10 +104,10 @@ class ArtifactSearch:
 
     @staticmethod
     def _transcript(a: Artifact) -> str:
-        parts = [("summary", a.summary, a.updated_at), ("body", f"{a.artifact_path}\n{a.body}", a.created_at)]
-        parts += [(f"entry-{e.seq}", e.body, e.created_at) for e in a.entries]
+        parts = [("summary", a.summary, a.updated_at), ("body", f"{a.artifact_path}\n{a.body[:INDEXED_CHARS]}", a.created_at)]
+        parts += [(f"entry-{e.seq}", e.body[:INDEXED_CHARS], e.created_at) for e in a.entries]
         return dump_transcript([
-            TranscriptTurn(session_id=a.artifact_id, turn_uuid=uuid, seq=i, ts=_ts(at), role="artifact",
+            TranscriptTurn(session_id=a.artifact_id, turn_uuid=turn, seq=i, ts=_ts(at), role="artifact",
                            harness=a.artifact_kind, blocks=[Block(text=text)])
-            for i, (uuid, text, at) in enumerate(parts)
+            for i, (turn, text, at) in enumerate(parts)
         ])
