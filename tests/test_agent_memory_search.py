@@ -57,6 +57,10 @@ async def test_query_words_match_any_case_in_any_script_and_literally(realm_serv
     assert await search(realm_server, "retry_field") == ["Straße B uses the retry_field"]
     assert await search(realm_server, "50%") == ["Straße B uses the retry_field"]
     assert await search(realm_server, "retry\\") == []
+    assert alice.post("/memory", json={**record("Tagged"), "tags": ["vendor"]}).status_code == 201
+    async with Client(f"{recall_url(realm_server)}/mcp", auth=BearerAuth(mint("agent", realms={REALM: "reader"}))) as client:
+        tagged = (await client.call_tool("search_agent_memory", {"realm_id": REALM, "tag": "Vendor"})).structured_content
+    assert [r["title"] for r in tagged["records"]] == ["Tagged"], "tags are lowercase: a capital asks for the same tag"
     listed = alice.get("/memory", params={"q": "поставщик"}).json()["records"]
     assert [r["title"] for r in listed] == ["Контракт 7: поле повтора"]
 

@@ -93,7 +93,8 @@ class AgentMemoryService:
             raise RuleBroken("limit", f"limit must be between 1 and {MAX_LIMIT}, not {limit}")
         now = time.time()
         with self.store.transaction() as tx:
-            found = self.store.search(tx, realm_id, memory_type=memory_type, reality=reality, tag=tag,
+            # Tags are stored lowercase: "Vendor" asks for the tag "vendor", not for nothing.
+            found = self.store.search(tx, realm_id, memory_type=memory_type, reality=reality, tag=tag.lower() if tag else None,
                                       target_kind=target_kind, target_id=target_id, query=query,
                                       valid_at=now if valid_now else None, limit=limit)
         return [r.compact(now) for r in found]
