@@ -19,16 +19,23 @@ SEPARATOR = "---"
 NEIGHBOUR_PREFIX = "  ~ "
 # The passage's conversation and turn, so an agent can cite it (AgentMemory provenance).
 CITE_LINE = "  cite: session_id={} turn_uuid={}"
+# Above the passages when the query named a time and none of them is from it, so the agent does
+# not present an older passage as what was said then.
+OUTSIDE_WINDOW_NOTE = "(None of these passages is from {:%Y-%m-%d} to {:%Y-%m-%d}, the time the query names; they are the closest matches from other dates.)"
+_NOTE_LINE = re.compile(r"^\(None of these passages is from \d{4}-\d{2}-\d{2} to \d{4}-\d{2}-\d{2}, the time the query names; they are the closest matches from other dates\.\)$")
 
 
 def looks_like_recall_answer(text: str) -> bool:
     """True for a fixed answer, or text that is a sequence of recall passages (it starts with a
-    date header, every later header follows a `---`, and it ends with one; a passage may hold
-    `---` lines of its own). Prose that merely quotes one is kept."""
+    date header, after the outside-the-window note if any, every later header follows a `---`,
+    and it ends with one; a passage may hold `---` lines of its own). Prose that merely quotes
+    one is kept."""
     body = text.strip()
     if body in FIXED_ANSWERS:
         return True
     lines = body.splitlines()
+    if lines and _NOTE_LINE.match(lines[0]):
+        lines = lines[1:]
     if not lines or not _HEADER_LINE.match(lines[0]) or lines[-1] != SEPARATOR:
         return False
     return all(lines[i - 1] == SEPARATOR for i in range(1, len(lines)) if _HEADER_LINE.match(lines[i]))

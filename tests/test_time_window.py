@@ -91,3 +91,24 @@ def test_an_edge_date_query_renders_as_a_normal_answer():
     for query in ("what happened on 9999-12-31", "meeting in March 0000", "last week"):
         _, window = find_time_window(query, EXTREME_DAYS[-1])
         assert "passage" in render_for_agent(hits_from_funes_text(engine_output), 4000, k=3, window=window)
+
+
+def test_an_answer_with_no_passage_from_the_named_time_says_so_and_is_still_a_recall_answer():
+    """Asked about "last week" of a memory from 2023, the agent got 2023 passages with nothing
+    telling it that none is from last week, and could present them as what was said then."""
+    from shared.recall_answer_format import looks_like_recall_answer
+
+    older = "".join(f"[2023-0{i + 5}-02T10:00:00Z] copilot c{i} text  score=0.1\n  → get c{i} t --memory m\npassage {i}\n---\n"
+                    for i in range(2))
+    _, window = find_time_window("what did I say last week", NOW)
+    out = render_for_agent(hits_from_funes_text(older), 4000, k=3, window=window)
+    assert out.splitlines()[0] == ("(None of these passages is from 2026-11-16 to 2026-11-22, the time the query names; "
+                                   "they are the closest matches from other dates.)")
+    assert looks_like_recall_answer(out)
+    assert out.count("passage") == 3  # the note's own "passages" plus the two passages
+
+    one_inside = older + "[2026-11-20T10:00:00Z] copilot c9 text  score=0.1\n  → get c9 t --memory m\npassage 9\n---\n"
+    assert not render_for_agent(hits_from_funes_text(one_inside), 4000, k=3, window=window).startswith("(None")
+    assert not render_for_agent(hits_from_funes_text(older), 4000, k=3).startswith("(None")
+    tiny = render_for_agent(hits_from_funes_text(older), 120, k=3, window=window)
+    assert len(tiny) <= 120 and tiny.startswith("[2023-05-02") and looks_like_recall_answer(tiny)

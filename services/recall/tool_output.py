@@ -10,12 +10,13 @@ its child and parses it into the same model (`hits_from_funes_text`). Each hit r
       ~ user: <neighbouring turn, preview>
     ---
 
-cut at whole passages to `max_chars`.
+cut at whole passages to `max_chars`. When the query named a time window and no passage is
+from it, one note line (`OUTSIDE_WINDOW_NOTE`) comes first.
 """
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 from pydantic import BaseModel, ConfigDict
 
@@ -23,7 +24,7 @@ from services.recall.time_window import TimeWindow
 from shared.engine.agent_format import parse_recall
 from shared.engine.hybrid_search import NEIGHBOUR_PREVIEW_CHARS, Hit
 from shared.engine.transcript import parse_ts
-from shared.recall_answer_format import CITE_LINE, DATE_HEADER, NEIGHBOUR_PREFIX, NOTHING, SEPARATOR
+from shared.recall_answer_format import CITE_LINE, DATE_HEADER, NEIGHBOUR_PREFIX, NOTHING, OUTSIDE_WINDOW_NOTE, SEPARATOR
 
 
 class Neighbour(BaseModel):
@@ -84,23 +85,31 @@ def _when(ts: str) -> datetime | None:
     return None if epoch is None else datetime.fromtimestamp(epoch, timezone.utc)
 
 
+def _in_window(hit: AgentHit, window: TimeWindow) -> bool:
+    return (when := _when(hit.ts)) is not None and window.contains(when)
+
+
 def render_for_agent(hits: list[AgentHit], max_chars: int, k: int, window: TimeWindow | None = None) -> str:
     """At most k passages, whole ones only, within max_chars; passages from the query's time
     window (if it named one) first, in engine order within each group."""
     hits = list(hits)
     if window is not None:
-        hits.sort(key=lambda h: not ((when := _when(h.ts)) is not None and window.contains(when)))
+        hits.sort(key=lambda h: not _in_window(h, window))
     hits = hits[:k]
     if not hits:
         return NOTHING
+    note = ""
+    if window is not None and not any(_in_window(h, window) for h in hits):
+        note = OUTSIDE_WINDOW_NOTE.format(window.start, window.end - timedelta(microseconds=1)) + "\n"
+        note = note if len(note) <= max_chars // 2 else ""  # a tiny budget goes to the passage
     out = ""
     for hit in hits:
         block = render_hit(hit)
-        if len(out) + len(block) > max_chars:
+        if len(note) + len(out) + len(block) > max_chars:
             if not out:  # never return nothing because the first passage is long
                 # Still closed by its separator: ingest recognises a recall answer by it.
                 end = f" …\n{SEPARATOR}"
-                out = block[: max_chars - len(end)].rstrip() + end
+                out = block[: max(max_chars - len(note) - len(end), 0)].rstrip() + end
             break
         out += block
-    return out.rstrip()
+    return (note + out).rstrip()
