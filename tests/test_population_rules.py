@@ -99,3 +99,34 @@ def test_charter_paths_are_checked_when_written_and_fit_any_principal(population
     arts.accept(OWNER, REALM, worklog.artifact_id)
     sources = population.list_agents(mail, REALM, principal=mail.principal)["agents"][0]["sources"]
     assert [s["artifact_id"] for s in sources] == [None, worklog.artifact_id]
+
+
+def test_a_suspended_agent_neither_edits_its_drafts_nor_registers_objects_nor_supersedes(population):
+    """The constitution bound create, append, submit, accept and revoke, but a suspended agent
+    still edited its drafts, registered objects and (as a realm owner) replaced accepted memory."""
+    arts = population.artifacts
+    bot_owner = Caller("bot-2", {REALM: Role.OWNER})
+    for principal in ("bot-1", "bot-2"):
+        arts.accept(OWNER, REALM, population.propose_admission(PERSON, REALM, principal, "researcher", "n").artifact_id)
+    mine = arts.create_draft(AGENT, REALM, doc("agents/bot-1/handoff", "handoff", "h"))
+    decision = arts.create_draft(PERSON, REALM, doc("decisions/d", "decision", "d"))
+    arts.submit(PERSON, REALM, decision.artifact_id)
+    arts.accept(OWNER, REALM, decision.artifact_id)
+    # Active, a researcher may not accept, so it may not replace accepted memory in one step either.
+    with pytest.raises(RuleBroken, match="constitution: role researcher may .*not accept"):
+        arts.supersede(bot_owner, REALM, decision.artifact_id, "d2", "s", "r", {}, None)
+
+    registry = arts.get_by_path(OWNER, REALM, "population/registry")
+    body = json.loads(registry.body)
+    for agent in body["agents"]:
+        agent["status"] = "suspended"
+    arts.supersede(OWNER, REALM, registry.artifact_id, json.dumps(body), "suspend", "r", {}, None)
+    with pytest.raises(RuleBroken, match="constitution: bot-1 is suspended"):
+        arts.update_draft(AGENT, REALM, mine.artifact_id, {"body": "changed while suspended"})
+    with pytest.raises(RuleBroken, match="constitution: bot-1 is suspended"):
+        arts.register_entity(AGENT, REALM, "contract-9", "Contract 9", "contract")
+    with pytest.raises(RuleBroken, match="constitution: bot-2 is suspended"):
+        arts.supersede(bot_owner, REALM, decision.artifact_id, "d2", "s", "r", {}, None)
+    assert arts.get(AGENT, REALM, mine.artifact_id).body == "h"
+    assert arts.update_draft(PERSON, REALM, arts.create_draft(PERSON, REALM, doc("notes/n", "dossier", "x")).artifact_id,
+                             {"body": "people are governed by their realm role"}).body.startswith("people")

@@ -108,6 +108,7 @@ class ArtifactService:
     def register_entity(self, caller: Caller, realm_id: str, entity_id: str, title: str, entity_kind: str) -> dict:
         rules.check_can_write(rules.role_in(caller.realms, realm_id), realm_id)
         with self.store.transaction() as tx:
+            self.governed(tx, caller, realm_id, "create_draft")  # a suspended agent writes nothing
             created = self.store.register_entity(tx, realm_id, entity_id, title, entity_kind, caller.principal)
         return {"realm_id": realm_id, "entity_id": entity_id, "created": created}
 
@@ -137,6 +138,7 @@ class ArtifactService:
         with self.store.transaction() as tx:
             artifact, _ = self._load(tx, caller, realm_id, artifact_id, lock=True)
             rules.check_edit_draft(artifact.status, artifact.author, caller.principal)
+            self.governed(tx, caller, realm_id, "create_draft", artifact.artifact_kind)
             if "body" in changes:
                 kind_schemas.check_place(artifact.artifact_path,
                                          kind_schemas.parse_body(artifact.artifact_kind, changes["body"]))
@@ -210,6 +212,9 @@ class ArtifactService:
             with self.store.transaction() as tx:
                 current, role = self._load(tx, caller, realm_id, artifact_id, lock=True)
                 rules.check_supersede(current.status, role)
+                # A new accepted version: what a registered agent needs to draft that kind and to accept.
+                self.governed(tx, caller, realm_id, "create_draft", current.artifact_kind)
+                self.governed(tx, caller, realm_id, "accept")
                 kind_schemas.check_place(current.artifact_path,
                                          kind_schemas.parse_body(current.artifact_kind, body))
                 new_targets = targets or current.targets
