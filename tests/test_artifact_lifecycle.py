@@ -183,3 +183,45 @@ def test_accepting_and_withdrawing_one_proposal_at_once_lands_exactly_one(servic
         assert events[:2] == ["created", "submitted"] and events[2:] == [final], events
         outcomes.append(final)
     assert set(outcomes) <= {"accepted", "revoked"}
+
+
+async def test_search_pages_through_everything_without_overlap(realm_server):
+    """limit stopped at 100 and nothing came after it: past the newest 100 artifacts or records
+    a realm's memory could not be listed at all."""
+    import httpx
+
+    async with Agent(realm_server, "researcher", "member") as researcher, Agent(realm_server, "lead", "owner") as lead:
+        made = []
+        for i in range(12):
+            d = await researcher("create_memory_artifact_draft", **draft(f"decisions/d{i}", body=f"Decision {i} on the retry field."))
+            await researcher("submit_memory_artifact", artifact_id=d["artifact_id"])
+            if i < 11:
+                await lead("accept_memory_artifact", artifact_id=d["artifact_id"])
+                made.append(d["artifact_id"])
+        for extra in ({}, {"query": "retry field decision"}):
+            seen, offset = [], 0
+            while offset is not None:
+                page = await researcher("search_memory_artifacts", limit=5, offset=offset, **extra)
+                seen += [a["artifact_id"] for a in page["artifacts"]]
+                offset = page["next_offset"]
+            assert sorted(seen) == sorted(made) and len(seen) == len(set(seen)), extra
+        proposed = await researcher("search_memory_artifacts", status="proposed", limit=1, offset=0)
+        assert len(proposed["artifacts"]) == 1 and proposed["next_offset"] == 1
+        assert (await researcher("search_memory_artifacts", status="proposed", limit=1, offset=1))["next_offset"] is None
+        await researcher.refused("offset", "search_memory_artifacts", offset=-1)
+
+    alice = httpx.Client(base_url=f"{recall_url(realm_server)}/realms/{REALM}", timeout=30,
+                         headers={"authorization": f"Bearer {mint('alice', realms={REALM: 'member'})}"})
+    rids = [alice.post("/memory", json={"memory_type": "fact", "reality": "current_state", "title": f"Fact {i}",
+                                        "summary": "s", "content": "c", "targets": REALM_TARGET}).json()["record_id"]
+            for i in range(7)]
+    seen, offset = [], 0
+    while offset is not None:
+        page = alice.get("/memory", params={"limit": 3, "offset": offset}).json()
+        seen += [r["record_id"] for r in page["records"]]
+        offset = page["next_offset"]
+    assert sorted(seen) == sorted(rids) and len(seen) == len(set(seen))
+    assert alice.get("/memory", params={"offset": 10_001}).json()["error"] == "offset"
+    async with Agent(realm_server, "agent", "reader") as agent:
+        page = await agent("search_agent_memory", limit=5, offset=5)
+        assert len(page["records"]) == 2 and page["next_offset"] is None

@@ -2,7 +2,7 @@
 MCP (verified by the same verifier; the realm role comes from the token's `realms` claim).
 
     POST   /realms/{realm_id}/memory                      create (owners, members)      201
-    GET    /realms/{realm_id}/memory?memory_type=&reality=&tag=&target_kind=&target_id=&q=&valid_now=&limit=
+    GET    /realms/{realm_id}/memory?memory_type=&reality=&tag=&target_kind=&target_id=&q=&valid_now=&limit=&offset=
     GET    /realms/{realm_id}/memory/{record_id}          read (any realm role)
     PATCH  /realms/{realm_id}/memory/{record_id}          change fields (owners, members)
     DELETE /realms/{realm_id}/memory/{record_id}?reason=  retire (owners, members)
@@ -35,6 +35,7 @@ from services.recall.artifacts.realm_threads import in_realm_thread
 from services.recall.artifacts.rules import RuleBroken
 from services.recall.artifacts.service import Caller
 from services.recall.artifacts.tool_access import CONCURRENT_CHANGE
+from services.recall.artifacts.tools import next_offset
 from shared.http_body import BodyTooLarge, read_body
 
 STATUS = {"realm_membership": 403, "realm_role": 403, "not_found": 404, "body_size": 413}
@@ -106,8 +107,8 @@ def register_agent_memory_routes(mcp: FastMCP, service: AgentMemoryService) -> N
         q = SearchQuery.model_validate(dict(request.query_params))
         found = await in_realm_thread(lambda: service.search(
             caller, realm_id, memory_type=q.memory_type, reality=q.reality, tag=q.tag, target_kind=q.target_kind,
-            target_id=q.target_id, query=q.q, valid_now=q.valid_now, limit=q.limit))
-        return {"records": found}
+            target_id=q.target_id, query=q.q, valid_now=q.valid_now, limit=q.limit, offset=q.offset))
+        return {"records": found, "next_offset": next_offset(found, q.limit, q.offset)}
 
     @route(base + "/{record_id}", "GET")
     async def read_memory(request: Request, caller: Caller, realm_id: str) -> Any:
@@ -138,3 +139,4 @@ class SearchQuery(BaseModel):
     q: str | None = None
     valid_now: bool = True
     limit: int = 10
+    offset: int = 0

@@ -82,7 +82,7 @@ class MemoryStore:
 
     def search(self, tx: Tx, realm_id: str, *, memory_type: str | None, reality: str | None, tag: str | None,
                target_kind: str | None, target_id: str | None, query: str | None, valid_at: float | None,
-               limit: int) -> list[MemoryRecord]:
+               limit: int, offset: int = 0) -> list[MemoryRecord]:
         sql = f"SELECT {COLUMNS} FROM agent_memory_records r WHERE realm_id = ? AND status = 'active'"
         params: list[Any] = [realm_id]
         for column, value in (("memory_type", memory_type), ("reality", reality)):
@@ -105,8 +105,8 @@ class MemoryStore:
         for word in fold(query or "").split()[:8]:
             sql += " AND search_text LIKE ? ESCAPE '\\'"
             params.append(like_word(word))
-        sql += " ORDER BY updated_at DESC LIMIT ?"
-        params.append(limit)
+        sql += " ORDER BY updated_at DESC, record_id LIMIT ? OFFSET ?"  # the id: pages that never overlap
+        params += [limit, offset]
         return self._hydrate(tx, tx.q(sql, tuple(params)))
 
     def audit(self, tx: Tx, record_id: str) -> list[dict[str, Any]]:

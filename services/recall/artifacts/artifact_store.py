@@ -221,7 +221,7 @@ class ArtifactStore:
 
     def listed(self, tx: Tx, realm_id: str, artifact_ids: list[str] | None = None, target_kind: str | None = None,
                target_id: str | None = None, kind: str | None = None, limit: int = 50,
-               status: str = "accepted") -> list[Artifact]:
+               status: str = "accepted", offset: int = 0) -> list[Artifact]:
         """Artifacts in one status (never pass "draft" for someone else: drafts are private), newest first."""
         if artifact_ids is not None and not artifact_ids:
             return []
@@ -229,8 +229,8 @@ class ArtifactStore:
         if artifact_ids is not None:
             sql += f" AND artifact_id IN ({','.join('?' * len(artifact_ids))})"
             params += artifact_ids
-        sql += " ORDER BY updated_at DESC LIMIT ?"
-        params.append(limit)
+        sql += " ORDER BY updated_at DESC, artifact_id LIMIT ? OFFSET ?"  # the id: pages that never overlap
+        params += [limit, offset]
         return self._hydrate_many(tx, tx.q(f"SELECT {COLUMNS} FROM artifacts a WHERE " + sql, tuple(params)))
 
     def accepted_ids(self, tx: Tx, realm_id: str, target_kind: str | None, target_id: str | None,

@@ -28,6 +28,16 @@ log = get_logger("recall.artifacts")
 CONFLICT_RETRIES = 20
 MAX_LIMIT = 100
 MAX_POOL = 4096  # passages ranked at most for one filtered artifact search
+MAX_OFFSET = 10_000
+
+
+def check_page(limit: int, offset: int) -> None:
+    if not 1 <= limit <= MAX_LIMIT:
+        raise RuleBroken("limit", f"limit must be between 1 and {MAX_LIMIT}, not {limit}")
+    if not 0 <= offset <= MAX_OFFSET:
+        raise RuleBroken("offset", f"offset must be between 0 and {MAX_OFFSET}, not {offset}")
+
+
 SEARCHABLE = ("accepted", "proposed", "superseded", "revoked")
 LISTED_AT_MOST = 500  # newest artifacts a query over proposals or history looks through
 
@@ -280,39 +290,39 @@ class ArtifactService:
         return artifact
 
     def search(self, caller: Caller, realm_id: str, target_kind: str | None, target_id: str | None, kind: str | None,
-               query: str | None, limit: int = 10, status: str = "accepted") -> list[dict]:
+               query: str | None, limit: int = 10, status: str = "accepted", offset: int = 0) -> list[dict]:
         """Accepted artifacts (the shared memory), ranked by the query; or, when asked, the
         proposals waiting for review, or superseded or revoked versions (history), newest first."""
         rules.role_in(caller.realms, realm_id)
-        if not 1 <= limit <= MAX_LIMIT:
-            raise RuleBroken("limit", f"limit must be between 1 and {MAX_LIMIT}, not {limit}")
+        check_page(limit, offset)
         if status not in SEARCHABLE:
             raise RuleBroken("status", f"status must be one of {list(SEARCHABLE)} (drafts are private: "
                              "get_own_memory_artifact_draft_by_path)")
         words = query.split() if query else []
         if status != "accepted":
-            return self._listed(realm_id, status, target_kind, target_id, kind, words, limit)
-        ranked = self._ranked(realm_id, query, target_kind, target_id, kind, limit) if words else None
+            return self._listed(realm_id, status, target_kind, target_id, kind, words, limit, offset)
+        ranked = self._ranked(realm_id, query, target_kind, target_id, kind, offset + limit)[offset:] if words else None
         with self.store.transaction() as tx:
             # The database has the last word on status: the index may still hold one revoked a moment ago.
-            found = self.store.listed(tx, realm_id, ranked, target_kind, target_id, kind, limit=limit)
+            found = self.store.listed(tx, realm_id, ranked, target_kind, target_id, kind, limit=limit,
+                                      offset=0 if ranked is not None else offset)
         if ranked is not None:
             order = {aid: i for i, aid in enumerate(ranked)}
             found.sort(key=lambda a: order[a.artifact_id])
         return [a.compact() for a in found]
 
     def _listed(self, realm_id: str, status: str, target_kind: str | None, target_id: str | None, kind: str | None,
-                words: list[str], limit: int) -> list[dict]:
+                words: list[str], limit: int, offset: int) -> list[dict]:
         """Only accepted artifacts are in the search index: the others are listed newest first,
         query words (all of them, any case) matched in their path, summary and body, among the
         LISTED_AT_MOST newest."""
         with self.store.transaction() as tx:
-            found = self.store.listed(tx, realm_id, None, target_kind, target_id, kind,
-                                      limit=LISTED_AT_MOST if words else limit, status=status)
+            found = self.store.listed(tx, realm_id, None, target_kind, target_id, kind, limit=LISTED_AT_MOST if words else limit,
+                                      status=status, offset=0 if words else offset)
         folded = [w.casefold() for w in words]
         matching = [a for a in found
                     if all(w in f"{a.artifact_path}\n{a.summary}\n{a.body}".casefold() for w in folded)]
-        return [a.compact() for a in matching[:limit]]
+        return [a.compact() for a in (matching[offset:offset + limit] if words else matching)]
 
     def _ranked(self, realm_id: str, query: str, target_kind: str | None, target_id: str | None, kind: str | None,
                 limit: int) -> list[str]:

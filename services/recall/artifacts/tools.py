@@ -12,7 +12,7 @@ from fastmcp import FastMCP
 from pydantic import Field
 
 from services.recall.artifacts.models import ArtifactKind, DraftInput, Target, TargetKind, WriteMode
-from services.recall.artifacts.service import MAX_LIMIT, ArtifactService, Caller
+from services.recall.artifacts.service import MAX_LIMIT, MAX_OFFSET, ArtifactService, Caller
 from services.recall.artifacts.tool_access import any_realm, owner_somewhere, run, writer_somewhere
 
 RealmId = Annotated[str, Field(description="The realm (team or project space): one of the realms your token names.")]
@@ -26,7 +26,13 @@ SourceRef = Annotated[str, Field(min_length=1, max_length=500, description="Wher
 SourceContext = Annotated[dict[str, Any], Field(description="Free provenance details (agent, task, stage) to check the record later.")]
 Targets = Annotated[list[Target], Field(description="At least one existing object this memory is anchored to.")]
 SearchStatus = Literal["accepted", "proposed", "superseded", "revoked"]
+Offset = Annotated[int, Field(ge=0, le=MAX_OFFSET, description="Results to skip: the next_offset of the previous page.")]
 AgentPrincipal = Annotated[str | None, Field(description="Optional; when given it must equal your authenticated principal (no impersonation).")]
+
+
+def next_offset(page: list, limit: int, offset: int) -> int | None:
+    """Where the next page starts; None when this one was the last."""
+    return offset + len(page) if len(page) == limit else None
 
 
 def _dump(artifact) -> dict:
@@ -138,12 +144,13 @@ def register_artifact_tools(mcp: FastMCP, service: ArtifactService) -> None:
             status: Annotated[SearchStatus, Field(description="accepted (default): the realm's shared memory. proposed: what "
                                                               "waits for review. superseded, revoked: history. Drafts are "
                                                               "private (get_own_memory_artifact_draft_by_path).")] = "accepted",
+            offset: Offset = 0,
     ) -> dict:
         """Accepted artifacts of a realm, optionally about one target, of one kind, matching a query (or, with status,
         proposals to review or past versions). Returns a compact list without bodies; read one with get_memory_artifact."""
         found = await run(service.search, realm_id, target_kind.value if target_kind else None, target_id, kind, query, limit,
-                          status)
-        return {"artifacts": found}
+                          status, offset)
+        return {"artifacts": found, "next_offset": next_offset(found, limit, offset)}
 
     @mcp.tool(auth=any_realm)
     async def list_memory_artifact_audit(realm_id: RealmId, artifact_id: ArtifactId) -> dict:
