@@ -225,3 +225,23 @@ async def test_search_pages_through_everything_without_overlap(realm_server):
     async with Agent(realm_server, "agent", "reader") as agent:
         page = await agent("search_agent_memory", limit=5, offset=5)
         assert len(page["records"]) == 2 and page["next_offset"] is None
+
+
+async def test_memory_anchors_to_a_template_or_a_diagram_that_exists(realm_server):
+    """Seed 004, step 2: a target is the realm, a template, an object or a diagram; only the
+    realm and objects could be named."""
+    async with Agent(realm_server, "researcher", "member") as researcher, Agent(realm_server, "lead", "owner") as lead:
+        await researcher("register_realm_entity", entity_id="integration-view", title="Integration view", entity_kind="diagram")
+        await researcher("register_realm_entity", entity_id="contract-template", title="Contract template", entity_kind="template")
+        targets = [{"target_kind": "diagram", "target_id": "integration-view", "role": "primary"},
+                   {"target_kind": "template", "target_id": "contract-template", "role": "related"}]
+        made = await researcher("create_memory_artifact_draft", **{**draft("dossiers/integration-view"), "targets": targets})
+        await researcher("submit_memory_artifact", artifact_id=made["artifact_id"])
+        await lead("accept_memory_artifact", artifact_id=made["artifact_id"])
+        found = (await researcher("search_memory_artifacts", target_kind="diagram", target_id="integration-view"))["artifacts"]
+        assert [a["artifact_id"] for a in found] == [made["artifact_id"]]
+        # A diagram is not a template, and an unregistered one is not a target at all.
+        await researcher.refused("targets: template 'integration-view' does not exist", "create_memory_artifact_draft",
+                                 **{**draft("dossiers/x"), "targets": [{"target_kind": "template", "target_id": "integration-view"}]})
+        await researcher.refused("targets: diagram 'nowhere'", "create_memory_artifact_draft",
+                                 **{**draft("dossiers/x"), "targets": [{"target_kind": "diagram", "target_id": "nowhere"}]})

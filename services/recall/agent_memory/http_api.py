@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
-from typing import Any, Literal
+from typing import Any
 
 from fastmcp import FastMCP
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -29,7 +29,7 @@ from starlette.responses import JSONResponse, Response
 from services.recall.agent_memory.models import MemoryType, Reality, RecordFields, RecordInput
 from services.recall.agent_memory.service import AgentMemoryService
 from services.recall.artifacts.artifact_store import Conflict, StoreUnavailable
-from services.recall.artifacts.models import REALM_ID
+from services.recall.artifacts.models import REALM_ID, TargetKind
 from services.recall.artifacts.nul_text import NulText, refuse_nul
 from services.recall.artifacts.realm_threads import in_realm_thread
 from services.recall.artifacts.rules import RuleBroken
@@ -106,8 +106,8 @@ def register_agent_memory_routes(mcp: FastMCP, service: AgentMemoryService) -> N
     async def search_memory(request: Request, caller: Caller, realm_id: str) -> Any:
         q = SearchQuery.model_validate(dict(request.query_params))
         found = await in_realm_thread(lambda: service.search(
-            caller, realm_id, memory_type=q.memory_type, reality=q.reality, tag=q.tag, target_kind=q.target_kind,
-            target_id=q.target_id, query=q.q, valid_now=q.valid_now, limit=q.limit, offset=q.offset))
+            caller, realm_id, memory_type=q.memory_type, reality=q.reality, tag=q.tag,
+            target_kind=q.target_kind.value if q.target_kind else None, target_id=q.target_id, query=q.q, valid_now=q.valid_now, limit=q.limit, offset=q.offset))
         return {"records": found, "next_offset": next_offset(found, q.limit, q.offset)}
 
     @route(base + "/{record_id}", "GET")
@@ -134,7 +134,7 @@ class SearchQuery(BaseModel):
     memory_type: MemoryType | None = None
     reality: Reality | None = None
     tag: str | None = None
-    target_kind: Literal["realm", "entity", "conversation"] | None = None
+    target_kind: TargetKind | None = None
     target_id: str | None = None
     q: str | None = None
     valid_now: bool = True

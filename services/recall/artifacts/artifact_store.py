@@ -258,8 +258,11 @@ class ArtifactStore:
             sql += ")"
         return sql, params
 
-    def entity_exists(self, tx: Tx, realm_id: str, entity_id: str) -> bool:
-        return bool(tx.q("SELECT 1 FROM realm_entities WHERE realm_id = ? AND entity_id = ?", (realm_id, entity_id)))
+    def entity_exists(self, tx: Tx, realm_id: str, entity_id: str, entity_kind: str | None = None) -> bool:
+        sql = "SELECT 1 FROM realm_entities WHERE realm_id = ? AND entity_id = ?"
+        if entity_kind is None:
+            return bool(tx.q(sql, (realm_id, entity_id)))
+        return bool(tx.q(sql + " AND entity_kind = ?", (realm_id, entity_id, entity_kind)))
 
     def audit(self, tx: Tx, artifact_id: str) -> list[AuditEvent]:
         rows = tx.q("SELECT artifact_id, event, actor, at, detail FROM artifact_audit WHERE artifact_id = ?"

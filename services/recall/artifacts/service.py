@@ -81,6 +81,10 @@ class ArtifactService:
                 raise RuleBroken("targets", f"a realm target must name this realm ({realm_id!r})")
             if t.target_kind is TargetKind.ENTITY and not self.store.entity_exists(tx, realm_id, t.target_id):
                 raise RuleBroken("targets", f"entity {t.target_id!r} does not exist in realm {realm_id!r} (register it first)")
+            if t.target_kind in (TargetKind.TEMPLATE, TargetKind.DIAGRAM) and \
+                    not self.store.entity_exists(tx, realm_id, t.target_id, t.target_kind.value):
+                raise RuleBroken("targets", f"{t.target_kind.value} {t.target_id!r} does not exist in realm {realm_id!r} "
+                                 f"(register it with entity_kind={t.target_kind.value!r})")
             if t.target_kind is TargetKind.CONVERSATION:
                 ok = CONVERSATION_ID.fullmatch(t.target_id) and \
                     TenantPaths.for_user(self.data_dir, caller.principal).transcript(t.target_id).exists()

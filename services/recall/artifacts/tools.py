@@ -45,7 +45,8 @@ def register_artifact_tools(mcp: FastMCP, service: ArtifactService) -> None:
             realm_id: RealmId,
             entity_id: Annotated[str, Field(min_length=1, max_length=200, description="Stable id of the object (a contract, a machine, a task).")],
             title: Annotated[str, Field(min_length=1, max_length=300, description="Human-readable name of the object.")],
-            entity_kind: Annotated[str, Field(max_length=100, description="Free label of what sort of object it is (e.g. contract).")] = "object",
+            entity_kind: Annotated[str, Field(max_length=100, description="Free label of what sort of object it is (e.g. contract); "
+                                                                         "template or diagram makes it a target of that kind.")] = "object",
     ) -> dict:
         """Register an object of the realm (a contract, a machine, a task) so artifacts can target it (members, owners)."""
         return await run(service.register_entity, realm_id, entity_id, title, entity_kind)
