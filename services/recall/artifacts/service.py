@@ -29,6 +29,9 @@ CONFLICT_RETRIES = 20
 MAX_LIMIT = 100
 MAX_POOL = 4096  # passages ranked at most for one filtered artifact search
 MAX_OFFSET = 10_000
+SEARCHABLE = ("accepted", "proposed", "superseded", "revoked")
+LISTED_AT_MOST = 500  # newest artifacts a query over proposals or history looks through
+EVERY = 2**62  # a limit that never cuts (a realm's whole accepted set)
 
 
 def check_page(limit: int, offset: int) -> None:
@@ -36,10 +39,6 @@ def check_page(limit: int, offset: int) -> None:
         raise RuleBroken("limit", f"limit must be between 1 and {MAX_LIMIT}, not {limit}")
     if not 0 <= offset <= MAX_OFFSET:
         raise RuleBroken("offset", f"offset must be between 0 and {MAX_OFFSET}, not {offset}")
-
-
-SEARCHABLE = ("accepted", "proposed", "superseded", "revoked")
-LISTED_AT_MOST = 500  # newest artifacts a query over proposals or history looks through
 
 
 @dataclass(frozen=True)
@@ -257,7 +256,7 @@ class ArtifactService:
         def current(whole: bool) -> list[Artifact]:
             with self.store.transaction() as tx:
                 if whole:
-                    return self.store.listed(tx, realm_id, limit=2**62)
+                    return self.store.listed(tx, realm_id, limit=EVERY)
                 return [a for a in (self.store.get(tx, aid) for aid in artifact_ids) if a is not None]
 
         try:
