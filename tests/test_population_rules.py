@@ -130,3 +130,24 @@ def test_a_suspended_agent_neither_edits_its_drafts_nor_registers_objects_nor_su
     assert arts.get(AGENT, REALM, mine.artifact_id).body == "h"
     assert arts.update_draft(PERSON, REALM, arts.create_draft(PERSON, REALM, doc("notes/n", "dossier", "x")).artifact_id,
                              {"body": "people are governed by their realm role"}).body.startswith("people")
+
+
+def test_the_accepted_constitution_and_registry_are_replaced_never_revoked(population):
+    """Revoking the accepted registry left registered agents bound by nothing: a suspended agent
+    got every right back."""
+    arts = population.artifacts
+    arts.accept(OWNER, REALM, population.propose_admission(PERSON, REALM, "bot-1", "researcher", "n").artifact_id)
+    registry = arts.get_by_path(OWNER, REALM, "population/registry")
+    body = json.loads(registry.body)
+    body["agents"][0]["status"] = "suspended"
+    registry = arts.supersede(OWNER, REALM, registry.artifact_id, json.dumps(body), "suspend bot-1", "r", {}, None)
+    for path in ("population/registry", "population/constitution"):
+        with pytest.raises(RuleBroken, match="population: the accepted .* is replaced with a new version, never revoked"):
+            arts.revoke(OWNER, REALM, arts.get_by_path(OWNER, REALM, path).artifact_id, "reset")
+    with pytest.raises(RuleBroken, match="constitution: bot-1 is suspended"):
+        arts.create_draft(AGENT, REALM, doc("agents/bot-1/worklog", "worklog", "w"))
+    # A proposal of either can still be withdrawn, and a charter revoked (its role then may not start).
+    proposal = population.propose_admission(PERSON, REALM, "bot-3", "researcher", "n")
+    assert arts.revoke(PERSON, REALM, proposal.artifact_id, "not needed").status.value == "revoked"
+    charter = arts.get_by_path(OWNER, REALM, "population/charters/reviewer")
+    assert arts.revoke(OWNER, REALM, charter.artifact_id, "role retired").status.value == "revoked"

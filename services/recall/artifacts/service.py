@@ -210,7 +210,7 @@ class ArtifactService:
     def revoke(self, caller: Caller, realm_id: str, artifact_id: str, reason: str | None) -> Artifact:
         with self.store.transaction() as tx:
             artifact, role = self._load(tx, caller, realm_id, artifact_id, lock=True)
-            rules.check_revoke(artifact.status, artifact.author, caller.principal, role)
+            rules.check_revoke(artifact.status, artifact.author, caller.principal, role, artifact.artifact_kind)
             self.governed(tx, caller, realm_id, "revoke")
             self.store.update_fields(tx, artifact_id, status=Status.REVOKED, revoked_reason=reason)
             self.store.record(tx, artifact_id, "revoked", caller.principal, reason=reason, was=artifact.status.value)
