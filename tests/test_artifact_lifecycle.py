@@ -245,3 +245,47 @@ async def test_memory_anchors_to_a_template_or_a_diagram_that_exists(realm_serve
                                  **{**draft("dossiers/x"), "targets": [{"target_kind": "template", "target_id": "integration-view"}]})
         await researcher.refused("targets: diagram 'nowhere'", "create_memory_artifact_draft",
                                  **{**draft("dossiers/x"), "targets": [{"target_kind": "diagram", "target_id": "nowhere"}]})
+
+
+async def test_one_realms_artifacts_and_records_never_show_or_change_through_another(realm_server):
+    """A token naming two realms reaches each realm's memory only through that realm's id: an
+    artifact or record id of realm B given with realm A is unknown there, for every tool."""
+    import httpx
+
+    other = "side-project"
+    token = mint("researcher", realms={REALM: "owner", other: "owner"})
+    async with Client(f"{recall_url(realm_server)}/mcp", auth=BearerAuth(token)) as client:
+        async def call(tool: str, **args):
+            return (await client.call_tool(tool, args)).structured_content
+
+        b = await call("create_memory_artifact_draft", **{**draft("decisions/b"), "realm_id": other,
+                                                          "targets": [{"target_kind": "realm", "target_id": other}]})
+        await call("submit_memory_artifact", realm_id=other, artifact_id=b["artifact_id"])
+        await call("init_population", realm_id=other, separate_author_and_reviewer=False)
+        await call("accept_memory_artifact", realm_id=other, artifact_id=b["artifact_id"])
+        aid = b["artifact_id"]
+        for tool, args in [("get_memory_artifact", {}), ("list_memory_artifact_audit", {}), ("submit_memory_artifact", {}),
+                           ("accept_memory_artifact", {}), ("revoke_memory_artifact", {}),
+                           ("update_memory_artifact_draft", {"body": "x"}),
+                           ("append_memory_artifact", {"body": "x", "source_ref": "r", "source_context": {}}),
+                           ("supersede_memory_artifact", {"body": "x", "summary": "s", "source_ref": "r", "source_context": {}})]:
+            with pytest.raises(ToolError, match="not_found"):
+                await client.call_tool(tool, {"realm_id": REALM, "artifact_id": aid, **args})
+        with pytest.raises(ToolError, match="not_found"):
+            await client.call_tool("get_memory_artifact_by_path", {"realm_id": REALM, "artifact_path": "decisions/b"})
+        for status in ("accepted", "proposed", "superseded", "revoked"):
+            assert (await call("search_memory_artifacts", realm_id=REALM, status=status))["artifacts"] == []
+        assert (await call("search_memory_artifacts", realm_id=REALM, query="Decision stay"))["artifacts"] == []
+        assert (await call("get_memory_artifact", realm_id=other, artifact_id=aid))["status"] == "accepted"
+
+        http = httpx.Client(base_url=f"{recall_url(realm_server)}/realms", timeout=30, headers={"authorization": f"Bearer {token}"})
+        rid = http.post(f"/{other}/memory", json={"memory_type": "fact", "reality": "current_state", "title": "B only",
+                                                  "summary": "s", "content": "c",
+                                                  "targets": [{"target_kind": "realm", "target_id": other}]}).json()["record_id"]
+        for method, path, kwargs in [("GET", f"/{REALM}/memory/{rid}", {}), ("PATCH", f"/{REALM}/memory/{rid}", {"json": {"title": "x"}}),
+                                     ("DELETE", f"/{REALM}/memory/{rid}", {}), ("GET", f"/{REALM}/memory/{rid}/audit", {})]:
+            assert http.request(method, path, **kwargs).status_code == 404, (method, path)
+        assert http.get(f"/{REALM}/memory").json()["records"] == []
+        with pytest.raises(ToolError, match="not_found"):
+            await client.call_tool("get_agent_memory", {"realm_id": REALM, "record_id": rid})
+        assert http.get(f"/{other}/memory/{rid}").json()["title"] == "B only"
