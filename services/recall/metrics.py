@@ -22,3 +22,12 @@ for _reason in ("lru", "idle"):
     POOL_EVICTIONS.labels(_reason)
 for _reason in ("crash", "timeout", "error"):
     POOL_CRASH_RESTARTS.labels(_reason)
+
+# Memory artifacts, population and AgentMemory calls (MCP realm tools and the HTTP API). A
+# `database_unavailable` outcome means PostgreSQL (RECALL_ARTIFACTS_DB_URL) could not be reached:
+# conversation recall goes on, the realm surface answers "database is unavailable".
+REALM_CALLS = Counter("recall_realm_calls_total", "Realm (memory artifacts, population, AgentMemory) calls by surface and outcome.",
+                      ["surface", "outcome"])
+for _surface in ("mcp", "http"):
+    for _outcome in ("ok", "refused", "database_unavailable"):
+        REALM_CALLS.labels(_surface, _outcome)

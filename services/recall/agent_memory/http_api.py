@@ -36,6 +36,7 @@ from services.recall.artifacts.rules import RuleBroken
 from services.recall.artifacts.service import Caller
 from services.recall.artifacts.tool_access import CONCURRENT_CHANGE
 from services.recall.artifacts.tools import next_offset
+from services.recall.metrics import REALM_CALLS
 from shared.http_body import BodyTooLarge, read_body
 
 STATUS = {"realm_membership": 403, "realm_role": 403, "not_found": 404, "body_size": 413}
@@ -79,17 +80,23 @@ def register_agent_memory_routes(mcp: FastMCP, service: AgentMemoryService) -> N
                     refuse_nul({**request.query_params, **request.path_params})
                     result = await handler(request, Caller.from_claims(token.claims), realm_id)
                 except RuleBroken as exc:
+                    REALM_CALLS.labels("http", "refused").inc()
                     return _error(STATUS.get(exc.rule, 422), exc.rule, str(exc))
                 except ValidationError as exc:
+                    REALM_CALLS.labels("http", "refused").inc()
                     first = exc.errors(include_url=False)[0]
                     field = ".".join(str(p) for p in first["loc"]) or "body"
                     return _error(422, field, f"{field}: {first['msg']}")
                 except NulText as exc:
+                    REALM_CALLS.labels("http", "refused").inc()
                     return _error(422, exc.field, str(exc))
                 except StoreUnavailable:
+                    REALM_CALLS.labels("http", "database_unavailable").inc()
                     return _error(503, "database", "the artifacts database is unavailable; retry later")
                 except Conflict:
+                    REALM_CALLS.labels("http", "refused").inc()  # a lost race: the caller retries
                     return _error(409, "concurrency", CONCURRENT_CHANGE)
+                REALM_CALLS.labels("http", "ok").inc()
                 return JSONResponse(result, status_code=status)
 
             mcp.custom_route(path, methods=[method], name=f"{handler.__name__}")(endpoint)

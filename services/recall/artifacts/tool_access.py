@@ -21,6 +21,7 @@ from services.recall.artifacts.models import Role
 from services.recall.artifacts.realm_threads import in_realm_thread
 from services.recall.artifacts.rules import RuleBroken
 from services.recall.artifacts.service import Caller
+from services.recall.metrics import REALM_CALLS
 
 
 DATABASE_UNAVAILABLE = "database is unavailable: the realm's memory cannot be read or written right now"
@@ -56,13 +57,19 @@ async def run(fn: Callable[..., Any], *args: Any) -> Any:
     """Run a blocking operation in the realm's threads as the token's caller; refusals become tool
     errors whose text names the broken rule (or the invalid field)."""
     try:
-        return await in_realm_thread(fn, caller(), *args)
+        result = await in_realm_thread(fn, caller(), *args)
     except RuleBroken as exc:
+        REALM_CALLS.labels("mcp", "refused").inc()
         raise ToolError(str(exc)) from None
     except StoreUnavailable:
+        REALM_CALLS.labels("mcp", "database_unavailable").inc()
         raise ToolError(f"{DATABASE_UNAVAILABLE}; retry in a moment") from None
     except Conflict:
+        REALM_CALLS.labels("mcp", "refused").inc()  # a lost race: the caller retries
         raise ToolError(f"concurrency: {CONCURRENT_CHANGE}") from None
     except ValidationError as exc:
+        REALM_CALLS.labels("mcp", "refused").inc()
         first = exc.errors(include_url=False)[0]
         raise ToolError(f"invalid {'.'.join(str(p) for p in first['loc']) or 'input'}: {first['msg']}") from None
+    REALM_CALLS.labels("mcp", "ok").inc()
+    return result
