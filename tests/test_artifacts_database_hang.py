@@ -109,4 +109,4 @@ async def test_a_silent_artifacts_database_never_starves_conversation_recall(ser
     assert not any(task.done() for task in stuck), "the realm calls were still waiting on the database"
     relay.frozen.clear()
     outcomes = await asyncio.wait_for(asyncio.gather(*stuck), 60)
-    assert all(o.structured_content == {"records": []} for o in outcomes), outcomes
+    assert all(o.structured_content == {"records": [], "next_offset": None} for o in outcomes), outcomes

@@ -74,3 +74,80 @@ def test_a_suspended_agent_is_refused_everything_and_may_not_start(population):
         arts.create_draft(AGENT, REALM, doc("agents/bot-1/handoff", "handoff", "h"))
     # People are governed by their realm role alone.
     assert arts.create_draft(PERSON, REALM, doc("agents/coordinator/worklog", "worklog", "w")).status.value == "draft"
+
+
+def test_charter_paths_are_checked_when_written_and_fit_any_principal(population):
+    """A charter source such as agents/{name}/worklog was accepted and then broke
+    list_population_agents for the whole realm (KeyError); a charter could sit at another role's
+    path; and an agent whose principal is an e-mail address got paths no artifact can have."""
+    arts = population.artifacts
+    current = arts.get_by_path(OWNER, REALM, "population/charters/researcher")
+    charter = json.loads(current.body)
+    for field, bad in [("sources", ["agents/{name}/worklog"]), ("sources", ["agents/{0}/worklog"]),
+                       ("handoff_path", "Agents/{principal}/Handoff"), ("must_read", ["../constitution"])]:
+        with pytest.raises(RuleBroken, match=f"body: charter body: {field}"):
+            arts.supersede(OWNER, REALM, current.artifact_id, json.dumps({**charter, field: bad}), "s", "r", {}, None)
+    with pytest.raises(RuleBroken, match="artifact_path: the charter of role 'reviewer' lives at 'population/charters/reviewer'"):
+        arts.supersede(OWNER, REALM, current.artifact_id, json.dumps({**charter, "role": "reviewer"}), "s", "r", {}, None)
+
+    mail = Caller("Bot.One@acme.example", {REALM: Role.MEMBER})
+    arts.accept(OWNER, REALM, population.propose_admission(PERSON, REALM, mail.principal, "researcher", "n").artifact_id)
+    me = population.list_agents(mail, REALM, principal=mail.principal)["agents"][0]
+    assert me["handoff_path"] == "agents/bot.one-acme.example/handoff"
+    worklog = arts.create_draft(mail, REALM, doc(me["sources"][1]["artifact_path"], "worklog", "started"))
+    arts.submit(mail, REALM, worklog.artifact_id)
+    arts.accept(OWNER, REALM, worklog.artifact_id)
+    sources = population.list_agents(mail, REALM, principal=mail.principal)["agents"][0]["sources"]
+    assert [s["artifact_id"] for s in sources] == [None, worklog.artifact_id]
+
+
+def test_a_suspended_agent_neither_edits_its_drafts_nor_registers_objects_nor_supersedes(population):
+    """The constitution bound create, append, submit, accept and revoke, but a suspended agent
+    still edited its drafts, registered objects and (as a realm owner) replaced accepted memory."""
+    arts = population.artifacts
+    bot_owner = Caller("bot-2", {REALM: Role.OWNER})
+    for principal in ("bot-1", "bot-2"):
+        arts.accept(OWNER, REALM, population.propose_admission(PERSON, REALM, principal, "researcher", "n").artifact_id)
+    mine = arts.create_draft(AGENT, REALM, doc("agents/bot-1/handoff", "handoff", "h"))
+    decision = arts.create_draft(PERSON, REALM, doc("decisions/d", "decision", "d"))
+    arts.submit(PERSON, REALM, decision.artifact_id)
+    arts.accept(OWNER, REALM, decision.artifact_id)
+    # Active, a researcher may not accept, so it may not replace accepted memory in one step either.
+    with pytest.raises(RuleBroken, match="constitution: role researcher may .*not accept"):
+        arts.supersede(bot_owner, REALM, decision.artifact_id, "d2", "s", "r", {}, None)
+
+    registry = arts.get_by_path(OWNER, REALM, "population/registry")
+    body = json.loads(registry.body)
+    for agent in body["agents"]:
+        agent["status"] = "suspended"
+    arts.supersede(OWNER, REALM, registry.artifact_id, json.dumps(body), "suspend", "r", {}, None)
+    with pytest.raises(RuleBroken, match="constitution: bot-1 is suspended"):
+        arts.update_draft(AGENT, REALM, mine.artifact_id, {"body": "changed while suspended"})
+    with pytest.raises(RuleBroken, match="constitution: bot-1 is suspended"):
+        arts.register_entity(AGENT, REALM, "contract-9", "Contract 9", "contract")
+    with pytest.raises(RuleBroken, match="constitution: bot-2 is suspended"):
+        arts.supersede(bot_owner, REALM, decision.artifact_id, "d2", "s", "r", {}, None)
+    assert arts.get(AGENT, REALM, mine.artifact_id).body == "h"
+    assert arts.update_draft(PERSON, REALM, arts.create_draft(PERSON, REALM, doc("notes/n", "dossier", "x")).artifact_id,
+                             {"body": "people are governed by their realm role"}).body.startswith("people")
+
+
+def test_the_accepted_constitution_and_registry_are_replaced_never_revoked(population):
+    """Revoking the accepted registry left registered agents bound by nothing: a suspended agent
+    got every right back."""
+    arts = population.artifacts
+    arts.accept(OWNER, REALM, population.propose_admission(PERSON, REALM, "bot-1", "researcher", "n").artifact_id)
+    registry = arts.get_by_path(OWNER, REALM, "population/registry")
+    body = json.loads(registry.body)
+    body["agents"][0]["status"] = "suspended"
+    registry = arts.supersede(OWNER, REALM, registry.artifact_id, json.dumps(body), "suspend bot-1", "r", {}, None)
+    for path in ("population/registry", "population/constitution"):
+        with pytest.raises(RuleBroken, match="population: the accepted .* is replaced with a new version, never revoked"):
+            arts.revoke(OWNER, REALM, arts.get_by_path(OWNER, REALM, path).artifact_id, "reset")
+    with pytest.raises(RuleBroken, match="constitution: bot-1 is suspended"):
+        arts.create_draft(AGENT, REALM, doc("agents/bot-1/worklog", "worklog", "w"))
+    # A proposal of either can still be withdrawn, and a charter revoked (its role then may not start).
+    proposal = population.propose_admission(PERSON, REALM, "bot-3", "researcher", "n")
+    assert arts.revoke(PERSON, REALM, proposal.artifact_id, "not needed").status.value == "revoked"
+    charter = arts.get_by_path(OWNER, REALM, "population/charters/reviewer")
+    assert arts.revoke(OWNER, REALM, charter.artifact_id, "role retired").status.value == "revoked"

@@ -48,7 +48,8 @@ async def test_a_nul_character_in_any_realm_argument_is_refused_naming_the_field
             with pytest.raises(ToolError, match=rf"^invalid {field}: .*NUL"):
                 await client.call_tool(tool, args)
         # Nothing was stored, and the same calls without the NUL work.
-        assert (await client.call_tool("search_memory_artifacts", {"realm_id": REALM})).structured_content == {"artifacts": []}
+        assert (await client.call_tool("search_memory_artifacts", {"realm_id": REALM})).structured_content == \
+            {"artifacts": [], "next_offset": None}
         await client.call_tool("register_realm_entity", {"realm_id": REALM, "entity_id": "contract-7", "title": "Contract"})
         await client.call_tool("create_memory_artifact_draft", draft())
 
@@ -61,7 +62,7 @@ async def test_a_nul_character_in_any_realm_argument_is_refused_naming_the_field
         resp = http.request(method, path, **kwargs)
         assert resp.status_code == 422, (field, resp.status_code, resp.text)
         assert resp.json()["error"] == field and "NUL" in resp.json()["detail"], resp.text
-    assert http.get("/memory").json() == {"records": []}
+    assert http.get("/memory").json() == {"records": [], "next_offset": None}
     assert http.post("/memory", json=record()).status_code == 201
     assert httpx.get(f"{recall_url(env)}/healthz", timeout=10).status_code == 200
     assert "Error calling tool" not in serve.output() and "Exception in ASGI" not in serve.output()

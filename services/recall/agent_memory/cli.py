@@ -3,7 +3,7 @@ recall service uses (RECALL_ARTIFACTS_DB_URL), acting as a realm owner under the
 which the audit records as `operator:<name>`.
 
     recall memory add    --realm R --as NAME --file record.json   (or - for stdin)
-    recall memory list   --realm R [--type T] [--reality X] [--tag G] [--target-id ID] [--query Q] [--all]
+    recall memory list   --realm R [--type T] [--reality X] [--tag G] [--target-id ID] [--query Q] [--all] [--limit N] [--offset N]
     recall memory show   --realm R RECORD_ID
     recall memory change --realm R --as NAME RECORD_ID --file patch.json
     recall memory retire --realm R --as NAME RECORD_ID [--reason TEXT]
@@ -45,6 +45,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
             op.add_argument("--target-id")
             op.add_argument("--query")
             op.add_argument("--limit", type=int, default=20)
+            op.add_argument("--offset", type=int, default=0, help="records to skip (the next page)")
             op.add_argument("--all", action="store_true", help="also records not valid now")
     p.set_defaults(fn=run_memory_command)
 
@@ -83,7 +84,8 @@ def run_memory_command(args: argparse.Namespace) -> int:
             out = service.audit(caller, args.realm, args.record_id)
         else:
             out = service.search(caller, args.realm, memory_type=args.memory_type, reality=args.reality, tag=args.tag,
-                                 target_id=args.target_id, query=args.query, valid_now=not args.all, limit=args.limit)
+                                 target_id=args.target_id, query=args.query, valid_now=not args.all, limit=args.limit,
+                                 offset=args.offset)
     except RuleBroken as exc:
         print(f"recall memory: refused: {exc}", file=sys.stderr)
         return 1

@@ -2,7 +2,7 @@
 MCP (verified by the same verifier; the realm role comes from the token's `realms` claim).
 
     POST   /realms/{realm_id}/memory                      create (owners, members)      201
-    GET    /realms/{realm_id}/memory?memory_type=&reality=&tag=&target_kind=&target_id=&q=&valid_now=&limit=
+    GET    /realms/{realm_id}/memory?memory_type=&reality=&tag=&target_kind=&target_id=&q=&valid_now=&limit=&offset=
     GET    /realms/{realm_id}/memory/{record_id}          read (any realm role)
     PATCH  /realms/{realm_id}/memory/{record_id}          change fields (owners, members)
     DELETE /realms/{realm_id}/memory/{record_id}?reason=  retire (owners, members)
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
-from typing import Any, Literal
+from typing import Any
 
 from fastmcp import FastMCP
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -28,12 +28,14 @@ from starlette.responses import JSONResponse, Response
 
 from services.recall.agent_memory.models import MemoryType, Reality, RecordFields, RecordInput
 from services.recall.agent_memory.service import AgentMemoryService
-from services.recall.artifacts.artifact_store import StoreUnavailable
-from services.recall.artifacts.models import REALM_ID
+from services.recall.artifacts.artifact_store import Conflict, StoreUnavailable
+from services.recall.artifacts.models import REALM_ID, TargetKind
 from services.recall.artifacts.nul_text import NulText, refuse_nul
 from services.recall.artifacts.realm_threads import in_realm_thread
 from services.recall.artifacts.rules import RuleBroken
 from services.recall.artifacts.service import Caller
+from services.recall.artifacts.tool_access import CONCURRENT_CHANGE
+from services.recall.artifacts.tools import next_offset
 from services.recall.metrics import REALM_CALLS
 from shared.http_body import BodyTooLarge, read_body
 
@@ -91,6 +93,9 @@ def register_agent_memory_routes(mcp: FastMCP, service: AgentMemoryService) -> N
                 except StoreUnavailable:
                     REALM_CALLS.labels("http", "database_unavailable").inc()
                     return _error(503, "database", "the artifacts database is unavailable; retry later")
+                except Conflict:
+                    REALM_CALLS.labels("http", "refused").inc()  # a lost race: the caller retries
+                    return _error(409, "concurrency", CONCURRENT_CHANGE)
                 REALM_CALLS.labels("http", "ok").inc()
                 return JSONResponse(result, status_code=status)
 
@@ -108,9 +113,9 @@ def register_agent_memory_routes(mcp: FastMCP, service: AgentMemoryService) -> N
     async def search_memory(request: Request, caller: Caller, realm_id: str) -> Any:
         q = SearchQuery.model_validate(dict(request.query_params))
         found = await in_realm_thread(lambda: service.search(
-            caller, realm_id, memory_type=q.memory_type, reality=q.reality, tag=q.tag, target_kind=q.target_kind,
-            target_id=q.target_id, query=q.q, valid_now=q.valid_now, limit=q.limit))
-        return {"records": found}
+            caller, realm_id, memory_type=q.memory_type, reality=q.reality, tag=q.tag,
+            target_kind=q.target_kind.value if q.target_kind else None, target_id=q.target_id, query=q.q, valid_now=q.valid_now, limit=q.limit, offset=q.offset))
+        return {"records": found, "next_offset": next_offset(found, q.limit, q.offset)}
 
     @route(base + "/{record_id}", "GET")
     async def read_memory(request: Request, caller: Caller, realm_id: str) -> Any:
@@ -136,8 +141,9 @@ class SearchQuery(BaseModel):
     memory_type: MemoryType | None = None
     reality: Reality | None = None
     tag: str | None = None
-    target_kind: Literal["realm", "entity", "conversation"] | None = None
+    target_kind: TargetKind | None = None
     target_id: str | None = None
     q: str | None = None
     valid_now: bool = True
     limit: int = 10
+    offset: int = 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+import unicodedata
 import uuid
 from typing import Any
 
@@ -12,12 +13,12 @@ from services.recall.agent_memory.models import Citation, MemoryRecord
 from services.recall.artifacts.artifact_store import ArtifactStore, Tx
 from services.recall.artifacts.models import Target
 
-SCHEMA = [
+TABLES = [
     """CREATE TABLE IF NOT EXISTS agent_memory_records (
         record_id TEXT PRIMARY KEY, realm_id TEXT NOT NULL, memory_type TEXT NOT NULL, title TEXT NOT NULL,
         summary TEXT NOT NULL, content TEXT NOT NULL, reality TEXT NOT NULL, valid_from DOUBLE PRECISION,
         valid_until DOUBLE PRECISION, author TEXT NOT NULL, created_at DOUBLE PRECISION NOT NULL,
-        updated_at DOUBLE PRECISION NOT NULL, status TEXT NOT NULL)""",
+        updated_at DOUBLE PRECISION NOT NULL, status TEXT NOT NULL, search_text TEXT)""",
     "CREATE INDEX IF NOT EXISTS agent_memory_by_realm ON agent_memory_records (realm_id, status, updated_at)",
     """CREATE TABLE IF NOT EXISTS agent_memory_tags (record_id TEXT NOT NULL, tag TEXT NOT NULL,
         PRIMARY KEY (record_id, tag))""",
@@ -32,6 +33,32 @@ SCHEMA = [
         detail TEXT NOT NULL)""",
     "CREATE INDEX IF NOT EXISTS agent_memory_audit_by_record ON agent_memory_audit (record_id, ordinal)",
 ]
+def search_text(*parts: str) -> str:
+    """What a query word is matched against: normalised and case-folded here, not by the
+    database, whose LOWER() leaves Cyrillic (any non-ASCII) as it is on SQLite and under a C
+    locale on PostgreSQL — "контракт" never found "Контракт"."""
+    return fold("\n".join(parts))
+
+
+def fold(text: str) -> str:
+    return unicodedata.normalize("NFKC", text).casefold()
+
+
+def like_word(word: str) -> str:
+    """A LIKE pattern (ESCAPE '\\') matching `word` anywhere, its wildcards taken literally."""
+    return "%" + word.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+
+
+def add_search_text(tx: Tx) -> None:
+    """Databases made before search_text existed: add it and fill it for the records they hold."""
+    if "search_text" in tx.columns("agent_memory_records"):
+        return
+    tx.q("ALTER TABLE agent_memory_records ADD COLUMN " + ("IF NOT EXISTS " if tx.pg else "") + "search_text TEXT")
+    for record_id, title, summary, content in tx.q("SELECT record_id, title, summary, content FROM agent_memory_records"):
+        tx.q("UPDATE agent_memory_records SET search_text = ? WHERE record_id = ?", (search_text(title, summary, content), record_id))
+
+
+SCHEMA = [*TABLES, add_search_text]
 COLUMNS = ("record_id, realm_id, memory_type, title, summary, content, reality, valid_from, valid_until, author,"
            " created_at, updated_at, status")
 NAMES = [c.strip() for c in COLUMNS.split(",")]
@@ -55,7 +82,7 @@ class MemoryStore:
 
     def search(self, tx: Tx, realm_id: str, *, memory_type: str | None, reality: str | None, tag: str | None,
                target_kind: str | None, target_id: str | None, query: str | None, valid_at: float | None,
-               limit: int) -> list[MemoryRecord]:
+               limit: int, offset: int = 0) -> list[MemoryRecord]:
         sql = f"SELECT {COLUMNS} FROM agent_memory_records r WHERE realm_id = ? AND status = 'active'"
         params: list[Any] = [realm_id]
         for column, value in (("memory_type", memory_type), ("reality", reality)):
@@ -75,12 +102,11 @@ class MemoryStore:
         if valid_at is not None:
             sql += " AND (valid_from IS NULL OR valid_from <= ?) AND (valid_until IS NULL OR valid_until > ?)"
             params += [valid_at, valid_at]
-        for word in (query or "").lower().split()[:8]:
-            sql += " AND (LOWER(title) LIKE ? OR LOWER(summary) LIKE ? OR LOWER(content) LIKE ?)"
-            like = f"%{word.replace('%', '').replace('_', '')}%"
-            params += [like, like, like]
-        sql += " ORDER BY updated_at DESC LIMIT ?"
-        params.append(limit)
+        for word in fold(query or "").split()[:8]:
+            sql += " AND search_text LIKE ? ESCAPE '\\'"
+            params.append(like_word(word))
+        sql += " ORDER BY updated_at DESC, record_id LIMIT ? OFFSET ?"  # the id: pages that never overlap
+        params += [limit, offset]
         return self._hydrate(tx, tx.q(sql, tuple(params)))
 
     def audit(self, tx: Tx, record_id: str) -> list[dict[str, Any]]:
@@ -109,15 +135,20 @@ class MemoryStore:
 
     # ---- writes -----------------------------------------------------------------------------------
     def insert(self, tx: Tx, r: MemoryRecord) -> None:
-        tx.q(f"INSERT INTO agent_memory_records ({COLUMNS}) VALUES ({','.join('?' * len(NAMES))})",
+        tx.q(f"INSERT INTO agent_memory_records ({COLUMNS}, search_text) VALUES ({','.join('?' * (len(NAMES) + 1))})",
              (r.record_id, r.realm_id, r.memory_type, r.title, r.summary, r.content, r.reality, r.valid_from,
-              r.valid_until, r.author, r.created_at, r.updated_at, r.status))
+              r.valid_until, r.author, r.created_at, r.updated_at, r.status, search_text(r.title, r.summary, r.content)))
         self.replace_links(tx, r.record_id, tags=r.tags, targets=r.targets, citations=r.citations)
 
     def update_fields(self, tx: Tx, record_id: str, **fields: Any) -> None:
         fields["updated_at"] = time.time()
         sets = ", ".join(f"{k} = ?" for k in fields)
         tx.q(f"UPDATE agent_memory_records SET {sets} WHERE record_id = ?", (*fields.values(), record_id))
+        if {"title", "summary", "content"} & fields.keys():
+            title, summary, content = tx.q("SELECT title, summary, content FROM agent_memory_records WHERE record_id = ?",
+                                           (record_id,))[0]
+            tx.q("UPDATE agent_memory_records SET search_text = ? WHERE record_id = ?",
+                 (search_text(title, summary, content), record_id))
 
     def replace_links(self, tx: Tx, record_id: str, tags: list[str] | None = None, targets: list[Target] | None = None,
                       citations: list[Citation] | None = None) -> None:

@@ -4,7 +4,7 @@ import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from services.recall.artifacts.models import Target, Timestamp, rfc3339
 from shared.tenant_paths import CONVERSATION_ID
@@ -37,6 +37,15 @@ class RecordFields(BaseModel):
     valid_from: AwareDatetime | None = Field(None, description="RFC 3339 with an offset; from when it holds.")
     valid_until: AwareDatetime | None = Field(None, description="RFC 3339 with an offset; after this it is hidden from default searches.")
     citations: list[Citation] | None = Field(None, max_length=20)
+
+    @field_validator("memory_type", "title", "summary", "content", "reality", "targets", "tags", "citations", mode="before")
+    @classmethod
+    def _not_null(cls, v: Any) -> Any:
+        # Only the validity period can be cleared with null; the rest would be a NULL the table
+        # refuses (it was a 500). An empty list clears tags and citations.
+        if v is None:
+            raise ValueError("must not be null (only valid_from and valid_until can be cleared with null)")
+        return v
 
     @model_validator(mode="after")
     def _period(self) -> "RecordFields":

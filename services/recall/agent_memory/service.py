@@ -14,7 +14,7 @@ from services.recall.agent_memory.models import MemoryRecord, RecordFields, Reco
 from services.recall.artifacts import rules
 from services.recall.artifacts.models import rfc3339
 from services.recall.artifacts.rules import RuleBroken
-from services.recall.artifacts.service import MAX_LIMIT, ArtifactService, Caller
+from services.recall.artifacts.service import ArtifactService, Caller, check_page
 
 CHANGEABLE = ("memory_type", "title", "summary", "content", "reality", "valid_from", "valid_until")
 
@@ -87,15 +87,15 @@ class AgentMemoryService:
 
     def search(self, caller: Caller, realm_id: str, *, memory_type: str | None = None, reality: str | None = None,
                tag: str | None = None, target_kind: str | None = None, target_id: str | None = None,
-               query: str | None = None, valid_now: bool = True, limit: int = 10) -> list[dict[str, Any]]:
+               query: str | None = None, valid_now: bool = True, limit: int = 10, offset: int = 0) -> list[dict[str, Any]]:
         rules.role_in(caller.realms, realm_id)
-        if not 1 <= limit <= MAX_LIMIT:
-            raise RuleBroken("limit", f"limit must be between 1 and {MAX_LIMIT}, not {limit}")
+        check_page(limit, offset)
         now = time.time()
         with self.store.transaction() as tx:
-            found = self.store.search(tx, realm_id, memory_type=memory_type, reality=reality, tag=tag,
+            # Tags are stored lowercase: "Vendor" asks for the tag "vendor", not for nothing.
+            found = self.store.search(tx, realm_id, memory_type=memory_type, reality=reality, tag=tag.lower() if tag else None,
                                       target_kind=target_kind, target_id=target_id, query=query,
-                                      valid_at=now if valid_now else None, limit=limit)
+                                      valid_at=now if valid_now else None, limit=limit, offset=offset)
         return [r.compact(now) for r in found]
 
     def audit(self, caller: Caller, realm_id: str, record_id: str) -> list[dict[str, Any]]:

@@ -13,7 +13,7 @@ from services.recall.agent_memory.service import AgentMemoryService
 from services.recall.artifacts.models import TargetKind
 from services.recall.artifacts.service import MAX_LIMIT
 from services.recall.artifacts.tool_access import any_realm, run
-from services.recall.artifacts.tools import RealmId
+from services.recall.artifacts.tools import Offset, RealmId, next_offset
 
 
 def register_agent_memory_tools(mcp: FastMCP, service: AgentMemoryService) -> None:
@@ -31,14 +31,15 @@ def register_agent_memory_tools(mcp: FastMCP, service: AgentMemoryService) -> No
             valid_now: Annotated[bool, Field(description="true (default): only records valid now; false: also expired and "
                                                          "not-yet-valid ones.")] = True,
             limit: Annotated[int, Field(ge=1, le=MAX_LIMIT, description=f"Most results returned (1..{MAX_LIMIT}).")] = 10,
+            offset: Offset = 0,
     ) -> dict:
         """AgentMemory records of a realm (compact typed records written by the realm's people): newest first, without
         content. Read one with get_agent_memory."""
         found = await run(lambda caller: service.search(
             caller, realm_id, memory_type=memory_type, reality=reality, tag=tag,
             target_kind=target_kind.value if target_kind else None, target_id=target_id, query=query,
-            valid_now=valid_now, limit=limit))
-        return {"records": found}
+            valid_now=valid_now, limit=limit, offset=offset))
+        return {"records": found, "next_offset": next_offset(found, limit, offset)}
 
     @mcp.tool(auth=any_realm)
     async def get_agent_memory(realm_id: RealmId,

@@ -9,8 +9,12 @@ live apart from every user's conversation memory: neither search can return the 
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import threading
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -20,6 +24,11 @@ from shared.engine.hybrid_search import RecallParams
 from shared.engine.index_run import index_tree
 from shared.engine.reembed import needs_reembed, reembed_memory
 from shared.engine.transcript import Block, TranscriptTurn, dump_transcript
+
+# Search reads the beginning of a long body or entry: embedding costs CPU in proportion to the
+# text (a 200,000-character body took ~55 s of CPU to accept, under the lock every acceptance
+# of the process waits on; MCP takes 4 MiB requests). Reading an artifact still gives it whole.
+INDEXED_CHARS = 20_000
 
 
 def _ts(epoch: float) -> str:
@@ -36,45 +45,69 @@ class ArtifactSearch:
     def home(self, realm_id: str) -> Path:
         return self.root / hashlib.sha256(realm_id.encode()).hexdigest()[:24]
 
-    def refresh(self, artifacts: list[Artifact]) -> None:
-        """Write (accepted) or remove (anything else) each artifact's transcript, then index."""
-        with self._refreshing:
-            self._refresh(artifacts)
-
-    def _refresh(self, artifacts: list[Artifact]) -> None:
-        for realm_id in {a.realm_id for a in artifacts}:
-            src = self.home(realm_id) / "src"
-            src.mkdir(parents=True, exist_ok=True)
-            for a in (a for a in artifacts if a.realm_id == realm_id):
+    def refresh(self, realm_id: str, current: Callable[[bool], list[Artifact]]) -> None:
+        """Write (accepted) or remove (anything else) the transcripts of `current(False)` — the
+        changed artifacts as the database has them *now*, read under the realm's lock, so a
+        refresh that runs late never writes an older state over a newer one (two appends at
+        once) — then index. A realm whose last refresh did not finish (the marker file stays) is
+        brought up to `current(True)`, every accepted artifact, whole."""
+        with self._refreshing, self._realm_lock(realm_id):
+            home = self.home(realm_id)
+            unfinished = home / "refresh.unfinished"
+            whole = unfinished.exists()
+            unfinished.touch()
+            src = home / "src"
+            src.mkdir(exist_ok=True)
+            artifacts = current(whole)
+            if whole:
+                keep = {f"{a.artifact_id}.funes.jsonl" for a in artifacts if a.status is Status.ACCEPTED}
+                for stale in src.iterdir():
+                    if stale.name not in keep:
+                        stale.unlink(missing_ok=True)
+            for a in artifacts:
                 path = src / f"{a.artifact_id}.funes.jsonl"
                 if a.status is Status.ACCEPTED:
-                    tmp = path.with_suffix(".tmp")
+                    tmp = src / f".{a.artifact_id}.{uuid.uuid4().hex}.tmp"  # replicas sharing DATA_DIR never share one
                     tmp.write_text(self._transcript(a))
                     tmp.replace(path)
                 else:
                     path.unlink(missing_ok=True)
-            if needs_reembed(self.home(realm_id), self.engine.embedder):  # after a model change
-                reembed_memory(self.home(realm_id), src, self.engine.embedder, lock_wait_s=60)
-            index_tree(self.home(realm_id), src, self.engine.embedder, lock_wait_s=60)
+            if needs_reembed(home, self.engine.embedder):  # after a model change
+                reembed_memory(home, src, self.engine.embedder, lock_wait_s=60)
+            index_tree(home, src, self.engine.embedder, lock_wait_s=60)
+            unfinished.unlink()
 
-    def search(self, realm_id: str, query: str, limit: int) -> list[str]:
-        """Artifact ids, best first."""
+    @contextmanager
+    def _realm_lock(self, realm_id: str) -> Iterator[None]:
+        """The realm's refreshes one at a time across the processes sharing DATA_DIR."""
+        home = self.home(realm_id)
+        home.mkdir(parents=True, exist_ok=True)
+        with open(home / "refresh.lock", "a") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+    def search(self, realm_id: str, query: str, pool: int, kind: str | None = None) -> tuple[list[str], bool]:
+        """Artifact ids (of `kind` only, when given), best first, from the realm's best `pool`
+        passages; and whether those were all the passages there are (a larger pool finds no more)."""
         try:
             hits = self.engine.search(self.home(realm_id) / "memory", query,
-                                      RecallParams(k=limit * 4, candidates=max(30, limit * 6), neighbors=0))
+                                      RecallParams(k=pool, candidates=pool, neighbors=0, harness=kind))
         except NoIndex:
-            return []
+            return [], True
         ordered: dict[str, None] = {}
         for hit in hits:
             ordered.setdefault(hit.row.session_id, None)
-        return list(ordered)
+        return list(ordered), len(hits) < pool
 
     @staticmethod
     def _transcript(a: Artifact) -> str:
-        parts = [("summary", a.summary, a.updated_at), ("body", f"{a.artifact_path}\n{a.body}", a.created_at)]
-        parts += [(f"entry-{e.seq}", e.body, e.created_at) for e in a.entries]
+        parts = [("summary", a.summary, a.updated_at), ("body", f"{a.artifact_path}\n{a.body[:INDEXED_CHARS]}", a.created_at)]
+        parts += [(f"entry-{e.seq}", e.body[:INDEXED_CHARS], e.created_at) for e in a.entries]
         return dump_transcript([
-            TranscriptTurn(session_id=a.artifact_id, turn_uuid=uuid, seq=i, ts=_ts(at), role="artifact",
+            TranscriptTurn(session_id=a.artifact_id, turn_uuid=turn, seq=i, ts=_ts(at), role="artifact",
                            harness=a.artifact_kind, blocks=[Block(text=text)])
-            for i, (uuid, text, at) in enumerate(parts)
+            for i, (turn, text, at) in enumerate(parts)
         ])

@@ -11,7 +11,7 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -75,6 +75,13 @@ class Tx:
         self.cursor.execute(sql.replace("?", "%s") if self.pg else sql, params)
         return self.cursor.fetchall() if self.cursor.description else []
 
+    def columns(self, table: str) -> set[str]:
+        """The table's column names (for migrations of older databases)."""
+        self.cursor.execute(f"SELECT * FROM {table} WHERE 1 = 0")
+        names = {d[0] for d in self.cursor.description}
+        self.cursor.fetchall()
+        return names
+
 
 class ArtifactStore:
     def __init__(self, url: str) -> None:
@@ -86,12 +93,13 @@ class ArtifactStore:
         # Tables are made by the first transaction, not here: a replica starting while
         # PostgreSQL is down still serves conversation recall, and its realm surface comes up
         # with the database.
-        self._schema = list(SCHEMA)
+        self._schema: list[str | Callable[[Tx], None]] = list(SCHEMA)
         self._schema_ready = False
         self._schema_lock = threading.Lock()
 
-    def add_schema(self, statements: list[str]) -> None:
-        """More tables of this database (AgentMemory's), made with the others."""
+    def add_schema(self, statements: list[str | Callable[[Tx], None]]) -> None:
+        """More tables of this database (AgentMemory's), made with the others; a callable is a
+        migration of an older database, run in the same transaction."""
         self._schema += statements
         self._schema_ready = False
 
@@ -104,7 +112,7 @@ class ArtifactStore:
             if not self._schema_ready:
                 with self._transaction() as tx:
                     for stmt in self._schema:
-                        tx.q(stmt)
+                        stmt(tx) if callable(stmt) else tx.q(stmt)
                 self._schema_ready = True
 
     # ---- connections and transactions ----------------------------------------------------------
@@ -211,10 +219,31 @@ class ArtifactStore:
                     " AND status IN ('draft', 'proposed') ORDER BY updated_at DESC LIMIT 1", (realm_id, path, author))
         return self._hydrate(tx, rows[0]) if rows else None
 
-    def accepted(self, tx: Tx, realm_id: str, artifact_ids: list[str] | None = None, target_kind: str | None = None,
-                 target_id: str | None = None, kind: str | None = None, limit: int = 50) -> list[Artifact]:
-        sql = f"SELECT {COLUMNS} FROM artifacts a WHERE realm_id = ? AND status = 'accepted'"
-        params: list[Any] = [realm_id]
+    def listed(self, tx: Tx, realm_id: str, artifact_ids: list[str] | None = None, target_kind: str | None = None,
+               target_id: str | None = None, kind: str | None = None, limit: int = 50,
+               status: str = "accepted", offset: int = 0) -> list[Artifact]:
+        """Artifacts in one status (never pass "draft" for someone else: drafts are private), newest first."""
+        if artifact_ids is not None and not artifact_ids:
+            return []
+        sql, params = self._where(realm_id, target_kind, target_id, kind, status)
+        if artifact_ids is not None:
+            sql += f" AND artifact_id IN ({','.join('?' * len(artifact_ids))})"
+            params += artifact_ids
+        sql += " ORDER BY updated_at DESC, artifact_id LIMIT ? OFFSET ?"  # the id: pages that never overlap
+        params += [limit, offset]
+        return self._hydrate_many(tx, tx.q(f"SELECT {COLUMNS} FROM artifacts a WHERE " + sql, tuple(params)))
+
+    def accepted_ids(self, tx: Tx, realm_id: str, target_kind: str | None, target_id: str | None,
+                     kind: str | None) -> set[str]:
+        """Ids of every accepted artifact these filters let through (nothing else is read)."""
+        sql, params = self._where(realm_id, target_kind, target_id, kind, "accepted")
+        return {r[0] for r in tx.q("SELECT artifact_id FROM artifacts a WHERE " + sql, tuple(params))}
+
+    @staticmethod
+    def _where(realm_id: str, target_kind: str | None, target_id: str | None, kind: str | None,
+               status: str) -> tuple[str, list[Any]]:
+        sql = "realm_id = ? AND status = ?"
+        params: list[Any] = [realm_id, status]
         if kind:
             sql += " AND artifact_kind = ?"
             params.append(kind)
@@ -227,17 +256,13 @@ class ArtifactStore:
                 sql += " AND t.target_id = ?"
                 params.append(target_id)
             sql += ")"
-        if artifact_ids is not None:
-            if not artifact_ids:
-                return []
-            sql += f" AND artifact_id IN ({','.join('?' * len(artifact_ids))})"
-            params += artifact_ids
-        sql += " ORDER BY updated_at DESC LIMIT ?"
-        params.append(limit)
-        return self._hydrate_many(tx, tx.q(sql, tuple(params)))
+        return sql, params
 
-    def entity_exists(self, tx: Tx, realm_id: str, entity_id: str) -> bool:
-        return bool(tx.q("SELECT 1 FROM realm_entities WHERE realm_id = ? AND entity_id = ?", (realm_id, entity_id)))
+    def entity_exists(self, tx: Tx, realm_id: str, entity_id: str, entity_kind: str | None = None) -> bool:
+        sql = "SELECT 1 FROM realm_entities WHERE realm_id = ? AND entity_id = ?"
+        if entity_kind is None:
+            return bool(tx.q(sql, (realm_id, entity_id)))
+        return bool(tx.q(sql + " AND entity_kind = ?", (realm_id, entity_id, entity_kind)))
 
     def audit(self, tx: Tx, artifact_id: str) -> list[AuditEvent]:
         rows = tx.q("SELECT artifact_id, event, actor, at, detail FROM artifact_audit WHERE artifact_id = ?"
@@ -307,8 +332,8 @@ class ArtifactStore:
              (uuid.uuid4().hex, artifact_id, event, actor, time.time(), ordinal, json.dumps(detail)))
 
     def register_entity(self, tx: Tx, realm_id: str, entity_id: str, title: str, entity_kind: str, actor: str) -> bool:
-        if self.entity_exists(tx, realm_id, entity_id):
-            return False
-        tx.q("INSERT INTO realm_entities (realm_id, entity_id, title, entity_kind, created_by, created_at) VALUES (?, ?, ?, ?, ?, ?)",
-             (realm_id, entity_id, title, entity_kind, actor, time.time()))
-        return True
+        """True when this call registered it; two agents registering one object at once both succeed
+        (a check, then an insert, let the slower one hit the primary key: an unnamed error)."""
+        return bool(tx.q("INSERT INTO realm_entities (realm_id, entity_id, title, entity_kind, created_by, created_at)"
+                         " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (realm_id, entity_id) DO NOTHING RETURNING 1",
+                         (realm_id, entity_id, title, entity_kind, actor, time.time())))

@@ -13,6 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from services.recall.artifacts.models import ARTIFACT_PATH
 from services.recall.artifacts.rules import RuleBroken
 
 CONSTITUTION_PATH = "population/constitution"
@@ -79,6 +80,19 @@ class AgentRegistry(Strict):
         return next((a for a in self.agents if a.principal == principal), None)
 
 
+PLACEHOLDER = "{principal}"
+
+
+def principal_segment(principal: str) -> str:
+    """The agent's principal as a path segment: a token's sub may hold capitals, '@' or ':'
+    (alice@example.com), which an artifact path does not."""
+    return re.sub(r"[^a-z0-9._-]", "-", principal.lower()).lstrip("._-")[:64] or "agent"
+
+
+def fill_path(template: str, principal: str) -> str:
+    return template.replace(PLACEHOLDER, principal_segment(principal))
+
+
 class Charter(Strict):
     role: str = Field(pattern=f"^{ROLE_NAME.pattern}$")
     purpose: str = Field(min_length=1, max_length=1000)
@@ -86,6 +100,23 @@ class Charter(Strict):
     must_read: list[str] = Field(description="Artifact paths the agent reads at start.")
     sources: list[str] = Field(description="Paths ({principal} = the agent) its working state is restored from.")
     handoff_path: str = Field(description="Where it leaves its handoff ({principal} = the agent).")
+
+    @field_validator("must_read", "sources")
+    @classmethod
+    def _paths(cls, v: list[str]) -> list[str]:
+        for template in v:
+            cls._path(template)
+        return v
+
+    @field_validator("handoff_path")
+    @classmethod
+    def _path(cls, v: str) -> str:
+        # Checked here, not when an agent is listed: a template such as agents/{name}/worklog
+        # once broke list_population_agents for the whole realm.
+        if not ARTIFACT_PATH.fullmatch(fill_path(v, "agent")):
+            raise ValueError(f"{v!r} is not an artifact path (lowercase segments of [a-z0-9._-]; "
+                             f"{PLACEHOLDER} is the only placeholder)")
+        return v
 
 
 def agent_refusals(constitution: Constitution, registry: AgentRegistry, principal: str, action: str,
@@ -123,6 +154,12 @@ def parse_body(kind: str, body: str) -> Strict | None:
         first = exc.errors(include_url=False)[0]
         where = ".".join(str(p) for p in first["loc"]) or kind
         raise RuleBroken("body", f"{kind} body: {where}: {first['msg']}") from None
+
+
+def check_place(path: str, body: Strict | None) -> None:
+    """A charter says which role it is for, and lives at that role's path."""
+    if isinstance(body, Charter) and path != CHARTER_PREFIX + body.role:
+        raise RuleBroken("artifact_path", f"the charter of role {body.role!r} lives at {CHARTER_PREFIX + body.role!r}")
 
 
 def check_path(kind: str, path: str) -> None:

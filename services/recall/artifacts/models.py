@@ -39,6 +39,9 @@ class Role(str, Enum):
 class TargetKind(str, Enum):
     REALM = "realm"
     ENTITY = "entity"
+    # Seed 004's other anchors, a template and a diagram: objects registered with that entity_kind.
+    TEMPLATE = "template"
+    DIAGRAM = "diagram"
     CONVERSATION = "conversation"
 
 
@@ -51,7 +54,8 @@ class TargetRole(str, Enum):
 
 class Target(BaseModel):
     target_kind: TargetKind = Field(description="realm: the realm itself; entity: an object registered with "
-                                                "register_realm_entity; conversation: one of your own recorded conversations.")
+                                                "register_realm_entity; template, diagram: one registered with that "
+                                                "entity_kind; conversation: one of your own recorded conversations.")
     target_id: str = Field(min_length=1, max_length=200, description="The realm id, entity id or conversation id.")
     role: TargetRole = Field(TargetRole.PRIMARY, description="primary: what the memory is about; related; evidence: "
                              "grounds for it; handoff_target: the object whose work is handed over.")

@@ -7,6 +7,7 @@ from services.recall.artifacts.models import Role, Status
 JOURNAL_KINDS = {"worklog"}
 # The agent population (constitution, registry, charters) is memory too, with JSON bodies.
 POPULATION_KINDS = {"constitution", "agent_registry", "charter"}
+RULE_KINDS = {"constitution", "agent_registry"}  # what binds the realm's agents
 DOCUMENT_KINDS = {"handoff", "decision", "strategy", "review_protocol", "dossier", *POPULATION_KINDS}
 WRITE_MODE = {**{k: "append" for k in JOURNAL_KINDS}, **{k: "replace" for k in DOCUMENT_KINDS}}
 CAN_WRITE = {Role.OWNER, Role.MEMBER}
@@ -95,9 +96,14 @@ def check_succession(accepted_now: str | None, supersedes: str | None) -> None:
                          "has no accepted version; write a new draft without supersedes_artifact_id")
 
 
-def check_revoke(status: Status, author: str, caller: str, role: Role) -> None:
+def check_revoke(status: Status, author: str, caller: str, role: Role, kind: str) -> None:
     if status not in (Status.DRAFT, Status.PROPOSED, Status.ACCEPTED):
         raise RuleBroken("lifecycle", f"a {status.value} artifact cannot be revoked")
+    if status is Status.ACCEPTED and kind in RULE_KINDS:
+        # Without an accepted registry or constitution nobody is governed: revoking the registry
+        # would have given a suspended agent back every right.
+        raise RuleBroken("population", f"the accepted {kind} is replaced with a new version, never revoked "
+                         "(without it the realm's agents would be bound by nothing)")
     if status is Status.ACCEPTED and role is not Role.OWNER:
         raise RuleBroken("realm_role", "revoking accepted memory needs the owner role")
     if status is not Status.ACCEPTED and author != caller and role is not Role.OWNER:

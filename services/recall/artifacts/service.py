@@ -20,10 +20,25 @@ from services.recall.artifacts.artifact_store import ArtifactStore, Conflict, Tx
 from services.recall.artifacts.kind_schemas import AgentRegistry, Constitution
 from services.recall.artifacts.models import REALM_ID, Artifact, DraftInput, Role, Status, Target, TargetKind
 from services.recall.artifacts.rules import RuleBroken
+from shared.logging_setup import get_logger
 from shared.tenant_paths import CONVERSATION_ID, TenantPaths
+
+log = get_logger("recall.artifacts")
 
 CONFLICT_RETRIES = 20
 MAX_LIMIT = 100
+MAX_POOL = 4096  # passages ranked at most for one filtered artifact search
+MAX_OFFSET = 10_000
+SEARCHABLE = ("accepted", "proposed", "superseded", "revoked")
+LISTED_AT_MOST = 500  # newest artifacts a query over proposals or history looks through
+EVERY = 2**62  # a limit that never cuts (a realm's whole accepted set)
+
+
+def check_page(limit: int, offset: int) -> None:
+    if not 1 <= limit <= MAX_LIMIT:
+        raise RuleBroken("limit", f"limit must be between 1 and {MAX_LIMIT}, not {limit}")
+    if not 0 <= offset <= MAX_OFFSET:
+        raise RuleBroken("offset", f"offset must be between 0 and {MAX_OFFSET}, not {offset}")
 
 
 @dataclass(frozen=True)
@@ -65,6 +80,10 @@ class ArtifactService:
                 raise RuleBroken("targets", f"a realm target must name this realm ({realm_id!r})")
             if t.target_kind is TargetKind.ENTITY and not self.store.entity_exists(tx, realm_id, t.target_id):
                 raise RuleBroken("targets", f"entity {t.target_id!r} does not exist in realm {realm_id!r} (register it first)")
+            if t.target_kind in (TargetKind.TEMPLATE, TargetKind.DIAGRAM) and \
+                    not self.store.entity_exists(tx, realm_id, t.target_id, t.target_kind.value):
+                raise RuleBroken("targets", f"{t.target_kind.value} {t.target_id!r} does not exist in realm {realm_id!r} "
+                                 f"(register it with entity_kind={t.target_kind.value!r})")
             if t.target_kind is TargetKind.CONVERSATION:
                 ok = CONVERSATION_ID.fullmatch(t.target_id) and \
                     TenantPaths.for_user(self.data_dir, caller.principal).transcript(t.target_id).exists()
@@ -102,6 +121,7 @@ class ArtifactService:
     def register_entity(self, caller: Caller, realm_id: str, entity_id: str, title: str, entity_kind: str) -> dict:
         rules.check_can_write(rules.role_in(caller.realms, realm_id), realm_id)
         with self.store.transaction() as tx:
+            self.governed(tx, caller, realm_id, "create_draft")  # a suspended agent writes nothing
             created = self.store.register_entity(tx, realm_id, entity_id, title, entity_kind, caller.principal)
         return {"realm_id": realm_id, "entity_id": entity_id, "created": created}
 
@@ -115,7 +135,7 @@ class ArtifactService:
         artifact = Artifact(artifact_id=uuid.uuid4().hex, realm_id=realm_id, status=Status.DRAFT, author=caller.principal,
                             created_at=now, updated_at=now, **draft.model_dump())
         kind_schemas.check_path(draft.artifact_kind, draft.artifact_path)
-        kind_schemas.parse_body(draft.artifact_kind, draft.body)
+        kind_schemas.check_place(draft.artifact_path, kind_schemas.parse_body(draft.artifact_kind, draft.body))
         with self.store.transaction() as tx:
             self.governed(tx, caller, realm_id, as_action, draft.artifact_kind if as_action == "create_draft" else None)
             self.check_targets(tx, caller, realm_id, draft.targets)
@@ -126,11 +146,15 @@ class ArtifactService:
             return self.store.get(tx, artifact.artifact_id)
 
     def update_draft(self, caller: Caller, realm_id: str, artifact_id: str, changes: dict[str, Any]) -> Artifact:
+        if not changes:
+            raise RuleBroken("fields", "nothing to change: give body, summary, source_ref, source_context or targets")
         with self.store.transaction() as tx:
             artifact, _ = self._load(tx, caller, realm_id, artifact_id, lock=True)
             rules.check_edit_draft(artifact.status, artifact.author, caller.principal)
+            self.governed(tx, caller, realm_id, "create_draft", artifact.artifact_kind)
             if "body" in changes:
-                kind_schemas.parse_body(artifact.artifact_kind, changes["body"])
+                kind_schemas.check_place(artifact.artifact_path,
+                                         kind_schemas.parse_body(artifact.artifact_kind, changes["body"]))
             targets = changes.pop("targets", None)
             if targets is not None:
                 self.check_targets(tx, caller, realm_id, targets)
@@ -149,7 +173,7 @@ class ArtifactService:
             self.store.record(tx, artifact_id, "appended", caller.principal, seq=seq, source_ref=source_ref)
             result = self.store.get(tx, artifact_id)
         if result.status is Status.ACCEPTED:
-            self.index.refresh([result])
+            self.reindex(realm_id, [artifact_id])
         return result
 
     def submit(self, caller: Caller, realm_id: str, artifact_id: str) -> Artifact:
@@ -180,19 +204,19 @@ class ArtifactService:
                 return self.store.get(tx, artifact_id), (self.store.get(tx, previous.artifact_id) if previous else None)
 
         accepted, previous = self._retrying(attempt)
-        self.index.refresh([a for a in (previous, accepted) if a is not None])
+        self.reindex(realm_id, [a.artifact_id for a in (previous, accepted) if a is not None])
         return accepted
 
     def revoke(self, caller: Caller, realm_id: str, artifact_id: str, reason: str | None) -> Artifact:
         with self.store.transaction() as tx:
             artifact, role = self._load(tx, caller, realm_id, artifact_id, lock=True)
-            rules.check_revoke(artifact.status, artifact.author, caller.principal, role)
+            rules.check_revoke(artifact.status, artifact.author, caller.principal, role, artifact.artifact_kind)
             self.governed(tx, caller, realm_id, "revoke")
             self.store.update_fields(tx, artifact_id, status=Status.REVOKED, revoked_reason=reason)
             self.store.record(tx, artifact_id, "revoked", caller.principal, reason=reason, was=artifact.status.value)
             result = self.store.get(tx, artifact_id)
         if artifact.status is Status.ACCEPTED:
-            self.index.refresh([result])
+            self.reindex(realm_id, [artifact_id])
         return result
 
     def supersede(self, caller: Caller, realm_id: str, artifact_id: str, body: str, summary: str, source_ref: str,
@@ -201,7 +225,11 @@ class ArtifactService:
             with self.store.transaction() as tx:
                 current, role = self._load(tx, caller, realm_id, artifact_id, lock=True)
                 rules.check_supersede(current.status, role)
-                kind_schemas.parse_body(current.artifact_kind, body)
+                # A new accepted version: what a registered agent needs to draft that kind and to accept.
+                self.governed(tx, caller, realm_id, "create_draft", current.artifact_kind)
+                self.governed(tx, caller, realm_id, "accept")
+                kind_schemas.check_place(current.artifact_path,
+                                         kind_schemas.parse_body(current.artifact_kind, body))
                 new_targets = targets or current.targets
                 self.check_targets(tx, caller, realm_id, new_targets)
                 now = time.time()
@@ -218,8 +246,25 @@ class ArtifactService:
                 return self.store.get(tx, new.artifact_id), self.store.get(tx, artifact_id)
 
         new, old = self._retrying(attempt)
-        self.index.refresh([old, new])
+        self.reindex(realm_id, [old.artifact_id, new.artifact_id])
         return new
+
+    def reindex(self, realm_id: str, artifact_ids: list[str]) -> None:
+        """After a commit: the realm's search index takes these artifacts as the database now has
+        them. A failure (the index locked for over a minute, a full disk) is logged, not raised:
+        the change itself is committed, and the realm's next reindex rebuilds its files whole."""
+        def current(whole: bool) -> list[Artifact]:
+            with self.store.transaction() as tx:
+                if whole:
+                    return self.store.listed(tx, realm_id, limit=EVERY)
+                return [a for a in (self.store.get(tx, aid) for aid in artifact_ids) if a is not None]
+
+        try:
+            self.index.refresh(realm_id, current)
+        except Exception as exc:  # noqa: BLE001 - whatever it was, the committed change stands
+            log.warning("recall.artifact_index_behind", realm=self.index.home(realm_id).name,
+                        error=repr(exc)[:300],
+                        hint="search may miss these changes until the realm's next accepted change rebuilds its index")
 
     def _supersede_row(self, tx: Tx, previous: Artifact, by: str, actor: str) -> None:
         self.store.update_fields(tx, previous.artifact_id, status=Status.SUPERSEDED, superseded_by_artifact_id=by)
@@ -248,17 +293,59 @@ class ArtifactService:
         return artifact
 
     def search(self, caller: Caller, realm_id: str, target_kind: str | None, target_id: str | None, kind: str | None,
-               query: str | None, limit: int = 10) -> list[dict]:
+               query: str | None, limit: int = 10, status: str = "accepted", offset: int = 0) -> list[dict]:
+        """Accepted artifacts (the shared memory), ranked by the query; or, when asked, the
+        proposals waiting for review, or superseded or revoked versions (history), newest first."""
         rules.role_in(caller.realms, realm_id)
-        if not 1 <= limit <= MAX_LIMIT:
-            raise RuleBroken("limit", f"limit must be between 1 and {MAX_LIMIT}, not {limit}")
-        ranked = self.index.search(realm_id, query, limit) if query and query.strip() else None
+        check_page(limit, offset)
+        if status not in SEARCHABLE:
+            raise RuleBroken("status", f"status must be one of {list(SEARCHABLE)} (drafts are private: "
+                             "get_own_memory_artifact_draft_by_path)")
+        words = query.split() if query else []
+        if status != "accepted":
+            return self._listed(realm_id, status, target_kind, target_id, kind, words, limit, offset)
+        ranked = self._ranked(realm_id, query, target_kind, target_id, kind, offset + limit)[offset:] if words else None
         with self.store.transaction() as tx:
-            found = self.store.accepted(tx, realm_id, ranked, target_kind, target_id, kind, limit=200 if ranked else limit)
+            # The database has the last word on status: the index may still hold one revoked a moment ago.
+            found = self.store.listed(tx, realm_id, ranked, target_kind, target_id, kind, limit=limit,
+                                      offset=0 if ranked is not None else offset)
         if ranked is not None:
             order = {aid: i for i, aid in enumerate(ranked)}
             found.sort(key=lambda a: order[a.artifact_id])
-        return [a.compact() for a in found[:limit]]
+        return [a.compact() for a in found]
+
+    def _listed(self, realm_id: str, status: str, target_kind: str | None, target_id: str | None, kind: str | None,
+                words: list[str], limit: int, offset: int) -> list[dict]:
+        """Only accepted artifacts are in the search index: the others are listed newest first,
+        query words (all of them, any case) matched in their path, summary and body, among the
+        LISTED_AT_MOST newest."""
+        with self.store.transaction() as tx:
+            found = self.store.listed(tx, realm_id, None, target_kind, target_id, kind, limit=LISTED_AT_MOST if words else limit,
+                                      status=status, offset=0 if words else offset)
+        folded = [w.casefold() for w in words]
+        matching = [a for a in found
+                    if all(w in f"{a.artifact_path}\n{a.summary}\n{a.body}".casefold() for w in folded)]
+        return [a.compact() for a in (matching[offset:offset + limit] if words else matching)]
+
+    def _ranked(self, realm_id: str, query: str, target_kind: str | None, target_id: str | None, kind: str | None,
+                limit: int) -> list[str]:
+        """The best `limit` artifact ids for the query among those the filters let through. The
+        index knows kinds, not targets: with a target filter the ranked pool grows until it holds
+        `limit` of that target's artifacts or the whole realm (up to MAX_POOL passages)."""
+        allowed = None
+        if target_kind or target_id:
+            with self.store.transaction() as tx:
+                allowed = self.store.accepted_ids(tx, realm_id, target_kind, target_id, kind)
+            if not allowed:
+                return []
+        pool = max(30, limit * 6)
+        while True:
+            ranked, everything = self.index.search(realm_id, query, pool, kind)
+            if allowed is not None:
+                ranked = [aid for aid in ranked if aid in allowed]
+            if len(ranked) >= limit or everything or pool >= MAX_POOL:
+                return ranked[:limit]
+            pool = min(pool * 4, MAX_POOL)
 
     def audit(self, caller: Caller, realm_id: str, artifact_id: str) -> list[dict]:
         with self.store.transaction() as tx:

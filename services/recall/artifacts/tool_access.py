@@ -16,7 +16,7 @@ from fastmcp.server.auth import AuthContext
 from fastmcp.server.dependencies import get_access_token
 from pydantic import ValidationError
 
-from services.recall.artifacts.artifact_store import StoreUnavailable
+from services.recall.artifacts.artifact_store import Conflict, StoreUnavailable
 from services.recall.artifacts.models import Role
 from services.recall.artifacts.realm_threads import in_realm_thread
 from services.recall.artifacts.rules import RuleBroken
@@ -25,6 +25,7 @@ from services.recall.metrics import REALM_CALLS
 
 
 DATABASE_UNAVAILABLE = "database is unavailable: the realm's memory cannot be read or written right now"
+CONCURRENT_CHANGE = "a concurrent change of the same thing won; nothing was written, read it again and retry"
 
 
 def _roles(ctx: AuthContext) -> set[Role]:
@@ -63,6 +64,9 @@ async def run(fn: Callable[..., Any], *args: Any) -> Any:
     except StoreUnavailable:
         REALM_CALLS.labels("mcp", "database_unavailable").inc()
         raise ToolError(f"{DATABASE_UNAVAILABLE}; retry in a moment") from None
+    except Conflict:
+        REALM_CALLS.labels("mcp", "refused").inc()  # a lost race: the caller retries
+        raise ToolError(f"concurrency: {CONCURRENT_CHANGE}") from None
     except ValidationError as exc:
         REALM_CALLS.labels("mcp", "refused").inc()
         first = exc.errors(include_url=False)[0]

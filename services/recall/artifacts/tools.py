@@ -6,25 +6,33 @@ their schemas alone; times are RFC 3339 (UTC)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastmcp import FastMCP
 from pydantic import Field
 
 from services.recall.artifacts.models import ArtifactKind, DraftInput, Target, TargetKind, WriteMode
-from services.recall.artifacts.service import MAX_LIMIT, ArtifactService, Caller
+from services.recall.artifacts.service import MAX_LIMIT, MAX_OFFSET, ArtifactService, Caller
 from services.recall.artifacts.tool_access import any_realm, owner_somewhere, run, writer_somewhere
 
 RealmId = Annotated[str, Field(description="The realm (team or project space): one of the realms your token names.")]
 ArtifactId = Annotated[str, Field(description="The artifact's id, as returned by create, search or get.")]
 ArtifactPath = Annotated[str, Field(description="Logical address of the memory inside the realm, not a file: lowercase "
                                                 "segments of [a-z0-9._-] separated by '/', e.g. agents/integration-researcher/worklog.")]
-Body = Annotated[str, Field(description="The content: what was done, found, decided, with the evidence.")]
-Summary = Annotated[str, Field(description="One or two sentences shown in search results.")]
-SourceRef = Annotated[str, Field(description="Where this comes from: a session, task or document id, e.g. codex-thread:<session id>.")]
+Body = Annotated[str, Field(min_length=1, description="The content: what was done, found, decided, with the evidence.")]
+Summary = Annotated[str, Field(min_length=1, max_length=1000, description="One or two sentences shown in search results.")]
+SourceRef = Annotated[str, Field(min_length=1, max_length=500, description="Where this comes from: a session, task or document id, "
+                                                                            "e.g. codex-thread:<session id>.")]
 SourceContext = Annotated[dict[str, Any], Field(description="Free provenance details (agent, task, stage) to check the record later.")]
 Targets = Annotated[list[Target], Field(description="At least one existing object this memory is anchored to.")]
+SearchStatus = Literal["accepted", "proposed", "superseded", "revoked"]
+Offset = Annotated[int, Field(ge=0, le=MAX_OFFSET, description="Results to skip: the next_offset of the previous page.")]
 AgentPrincipal = Annotated[str | None, Field(description="Optional; when given it must equal your authenticated principal (no impersonation).")]
+
+
+def next_offset(page: list, limit: int, offset: int) -> int | None:
+    """Where the next page starts; None when this one was the last."""
+    return offset + len(page) if len(page) == limit else None
 
 
 def _dump(artifact) -> dict:
@@ -37,7 +45,8 @@ def register_artifact_tools(mcp: FastMCP, service: ArtifactService) -> None:
             realm_id: RealmId,
             entity_id: Annotated[str, Field(min_length=1, max_length=200, description="Stable id of the object (a contract, a machine, a task).")],
             title: Annotated[str, Field(min_length=1, max_length=300, description="Human-readable name of the object.")],
-            entity_kind: Annotated[str, Field(max_length=100, description="Free label of what sort of object it is (e.g. contract).")] = "object",
+            entity_kind: Annotated[str, Field(max_length=100, description="Free label of what sort of object it is (e.g. contract); "
+                                                                         "template or diagram makes it a target of that kind.")] = "object",
     ) -> dict:
         """Register an object of the realm (a contract, a machine, a task) so artifacts can target it (members, owners)."""
         return await run(service.register_entity, realm_id, entity_id, title, entity_kind)
@@ -66,9 +75,9 @@ def register_artifact_tools(mcp: FastMCP, service: ArtifactService) -> None:
     @mcp.tool(auth=writer_somewhere)
     async def update_memory_artifact_draft(
             realm_id: RealmId, artifact_id: ArtifactId,
-            body: Annotated[str | None, Field(description="New content; omit to keep.")] = None,
-            summary: Annotated[str | None, Field(description="New summary; omit to keep.")] = None,
-            source_ref: Annotated[str | None, Field(description="New source reference; omit to keep.")] = None,
+            body: Annotated[str | None, Field(min_length=1, description="New content; omit to keep.")] = None,
+            summary: Annotated[str | None, Field(min_length=1, max_length=1000, description="New summary; omit to keep.")] = None,
+            source_ref: Annotated[str | None, Field(min_length=1, max_length=500, description="New source reference; omit to keep.")] = None,
             source_context: Annotated[dict[str, Any] | None, Field(description="New provenance details; omit to keep.")] = None,
             targets: Annotated[list[Target] | None, Field(description="New targets (replace all); omit to keep.")] = None,
     ) -> dict:
@@ -133,11 +142,16 @@ def register_artifact_tools(mcp: FastMCP, service: ArtifactService) -> None:
             kind: Annotated[ArtifactKind | None, Field(description="Only artifacts of this kind.")] = None,
             query: Annotated[str | None, Field(max_length=500, description="Words to rank by (hybrid search over summary, body, entries); omit to list newest first.")] = None,
             limit: Annotated[int, Field(ge=1, le=MAX_LIMIT, description=f"Most results returned (1..{MAX_LIMIT}).")] = 10,
+            status: Annotated[SearchStatus, Field(description="accepted (default): the realm's shared memory. proposed: what "
+                                                              "waits for review. superseded, revoked: history. Drafts are "
+                                                              "private (get_own_memory_artifact_draft_by_path).")] = "accepted",
+            offset: Offset = 0,
     ) -> dict:
-        """Accepted artifacts of a realm, optionally about one target, of one kind, matching a query.
-        Returns a compact list without bodies; read one with get_memory_artifact."""
-        found = await run(service.search, realm_id, target_kind.value if target_kind else None, target_id, kind, query, limit)
-        return {"artifacts": found}
+        """Accepted artifacts of a realm, optionally about one target, of one kind, matching a query (or, with status,
+        proposals to review or past versions). Returns a compact list without bodies; read one with get_memory_artifact."""
+        found = await run(service.search, realm_id, target_kind.value if target_kind else None, target_id, kind, query, limit,
+                          status, offset)
+        return {"artifacts": found, "next_offset": next_offset(found, limit, offset)}
 
     @mcp.tool(auth=any_realm)
     async def list_memory_artifact_audit(realm_id: RealmId, artifact_id: ArtifactId) -> dict:

@@ -12,7 +12,8 @@ BASE_ROLES = {
         may=["start", "create_draft", "append", "submit", "propose_admission"],
         may_write_kinds=["worklog", "handoff", "dossier", "decision", "strategy"]),
     "reviewer": RolePolicy(
-        description="Reviews proposals, accepts or returns them, and keeps review protocols.",
+        description="Reviews proposals (search_memory_artifacts with status=proposed) and accepts them, or records in a "
+                    "review protocol what is missing; keeps review protocols.",
         may=["start", "create_draft", "append", "submit", "accept", "revoke"],
         may_write_kinds=["worklog", "handoff", "review_protocol"]),
 }
@@ -32,7 +33,7 @@ CHARTERS = {
     "reviewer": Charter(
         role="reviewer",
         purpose="Keep shared memory trustworthy: accept only what is anchored, sourced and consistent.",
-        duties=["Read proposals in full, with their targets and sources.",
+        duties=["Find proposals with search_memory_artifacts(status=\"proposed\"); read them in full, with their targets and sources.",
                 "Accept nothing you wrote yourself (separate author and reviewer).",
                 "Record what you checked in a review protocol when a decision is at stake."],
         must_read=[CONSTITUTION_PATH, REGISTRY_PATH],

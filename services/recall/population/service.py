@@ -10,8 +10,9 @@ from typing import Any
 
 from services.recall.artifacts import rules
 from services.recall.artifacts.kind_schemas import (CONSTITUTION_PATH, PRINCIPAL, REGISTRY_PATH, AgentRegistry, Charter,
-                                                    Constitution, RegistryEntry, agent_refusals, dump, parse_body)
-from services.recall.artifacts.artifact_store import Tx
+                                                    Constitution, RegistryEntry, agent_refusals, dump, fill_path,
+                                                    parse_body)
+from services.recall.artifacts.artifact_store import Conflict, Tx
 from services.recall.artifacts.models import Artifact, DraftInput, Role, Status, Target, rfc3339
 from services.recall.artifacts.rules import RuleBroken
 from services.recall.artifacts.service import ArtifactService, Caller
@@ -32,11 +33,15 @@ class PopulationService:
                      ("agent_registry", REGISTRY_PATH, dump(AgentRegistry()), "The agent registry: who may work in this realm, in which role.")]
         documents += [("charter", charter_path(role), dump(CHARTERS[role]), f"Charter of the {role} role: purpose, duties, sources.")
                       for role in constitution.roles]
-        with self.store.transaction() as tx:
-            if self.store.accepted_at_path(tx, realm_id, CONSTITUTION_PATH, lock=True) is not None:
-                raise RuleBroken("population", f"realm {realm_id!r} already has a constitution; change it with a new version")
-            made = [self._accepted(tx, caller, realm_id, *doc) for doc in documents]
-        self.artifacts.index.refresh(made)
+        already = RuleBroken("population", f"realm {realm_id!r} already has a constitution; change it with a new version")
+        try:
+            with self.store.transaction() as tx:
+                if self.store.accepted_at_path(tx, realm_id, CONSTITUTION_PATH, lock=True) is not None:
+                    raise already
+                made = [self._accepted(tx, caller, realm_id, *doc) for doc in documents]
+        except Conflict:  # another owner initialised it at the same moment (the one-accepted-version index)
+            raise already from None
+        self.artifacts.reindex(realm_id, [a.artifact_id for a in made])
         return {"realm_id": realm_id, "created": [{"artifact_kind": a.artifact_kind, "artifact_path": a.artifact_path,
                                                    "artifact_id": a.artifact_id} for a in made]}
 
@@ -83,14 +88,14 @@ class PopulationService:
             owners = [entry.principal] + ([entry.takes_over_from] if entry.takes_over_from else [])
             for who in owners:
                 for template in charter.sources:
-                    source_path = template.format(principal=who)
+                    source_path = fill_path(template, who)
                     found = self.store.accepted_at_path(tx, realm_id, source_path)
                     sources.append({"artifact_path": source_path, "of": who,
                                     "artifact_id": found.artifact_id if found else None,
                                     "summary": found.summary if found else None})
         return {**entry.model_dump(mode="json"), "charter_path": path,
                 "charter_id": charter_artifact.artifact_id if charter_artifact else None,
-                "handoff_path": charter.handoff_path.format(principal=entry.principal) if charter else None,
+                "handoff_path": fill_path(charter.handoff_path, entry.principal) if charter else None,
                 "sources": sources}
 
     # ---- the preliminary rule check (a dry run) -------------------------------------------------------

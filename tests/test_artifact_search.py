@@ -1,0 +1,121 @@
+"""Searching memory artifacts (seed 004, step 8) on SQLite and a real PostgreSQL: search by
+object with a query finds the object's artifacts however many others rank above them."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.recall.artifacts.artifact_search import ArtifactSearch
+from services.recall.artifacts.artifact_store import ArtifactStore
+from services.recall.artifacts.models import DraftInput, Role, Target
+from services.recall.artifacts.service import ArtifactService, Caller
+from shared.engine.api import Engine
+
+REALM = "acme-integrations"
+OWNER = Caller("lead", {REALM: Role.OWNER})
+MEMBER = Caller("member-1", {REALM: Role.MEMBER})
+
+
+@pytest.fixture
+def service(artifacts_db_url, tmp_path, embedder) -> ArtifactService:
+    return ArtifactService(ArtifactStore(artifacts_db_url), ArtifactSearch(tmp_path, Engine(embedder=embedder)), tmp_path)
+
+
+def accepted(service: ArtifactService, path: str, body: str, entity: str, kind: str = "dossier") -> str:
+    mode = "append" if kind == "worklog" else "replace"
+    made = service.create_draft(MEMBER, REALM, DraftInput(
+        artifact_path=path, artifact_kind=kind, write_mode=mode, body=body, summary=body[:80], source_ref="r",
+        source_context={}, targets=[Target(target_kind="entity", target_id=entity)]))
+    service.submit(MEMBER, REALM, made.artifact_id)
+    return service.accept(OWNER, REALM, made.artifact_id).artifact_id
+
+
+def test_search_by_object_with_a_query_finds_its_artifacts_below_the_realms_best_hits(service):
+    """The query was ranked over the whole realm's top few dozen passages and only then filtered by
+    target: an object whose artifacts ranked below them had "nothing" (the seed's step 8)."""
+    for entity in ("contract-7", "contract-8"):
+        service.register_entity(MEMBER, REALM, entity, entity, "contract")
+    for i in range(40):
+        accepted(service, f"dossiers/contract-8/retry-{i}",
+                 f"Retry field study {i}: the retry field of contract 8 changes its retry semantics in 2.1.", "contract-8")
+    mine = accepted(service, "dossiers/contract-7/notes", "Contract 7 notes: the vendor mentioned a retry once.", "contract-7")
+    decision = accepted(service, "decisions/contract-8/x", "Decision about the retry field of contract 8.", "contract-8", "decision")
+
+    found = service.search(MEMBER, REALM, "entity", "contract-7", None, "retry field semantics", 10)
+    assert [a["artifact_id"] for a in found] == [mine]
+    # A kind filter is exact too, whatever ranks above it.
+    found = service.search(MEMBER, REALM, None, None, "decision", "retry field study semantics", 10)
+    assert [a["artifact_id"] for a in found] == [decision]
+    # Without filters the query still ranks the realm, limit respected.
+    assert len(service.search(MEMBER, REALM, None, None, None, "retry field", 10)) == 10
+
+
+def index_texts(service: ArtifactService) -> str:
+    import sqlite3
+
+    conn = sqlite3.connect(service.index.home(REALM) / "memory" / "chunks.sqlite3")
+    try:
+        return "\n".join(r[0] for r in conn.execute("SELECT text FROM chunks"))
+    finally:
+        conn.close()
+
+
+def test_a_late_reindex_never_writes_an_older_state_of_a_journal(service):
+    """Each append re-indexed the artifact as its own transaction had seen it: when two ran at
+    once and the later one's refresh ran first, the earlier one's then wrote its older state
+    over it, and search lost the later entry. Here both appends commit while the index is busy,
+    in order, and their refreshes then run in whichever order the threads get it."""
+    import threading
+    import time
+
+    service.register_entity(MEMBER, REALM, "contract-7", "Contract 7", "contract")
+    writers = [Caller(f"agent-{i}", {REALM: Role.MEMBER}) for i in range(8)]
+    for round_ in range(6):
+        wl = accepted(service, f"agents/a{round_}/worklog", f"Worklog {round_} of contract 7.", "contract-7", "worklog")
+        threads = []
+        with service.index._refreshing:  # the index is busy: every append commits, then waits to refresh
+            for n, writer in enumerate(writers):
+                threads.append(threading.Thread(target=service.append, args=(
+                    writer, REALM, wl, f"Entry marker{round_}r{n}x checked.", "r", {})))
+                threads[-1].start()
+                deadline = time.monotonic() + 30
+                while len(service.get(MEMBER, REALM, wl).entries) < n + 1:
+                    assert time.monotonic() < deadline
+                    time.sleep(0.01)
+        for t in threads:
+            t.join()
+        texts = index_texts(service)
+        assert [n for n in range(len(writers)) if f"marker{round_}r{n}x" not in texts] == [], f"round {round_}"
+
+
+def test_a_failed_index_refresh_keeps_the_committed_change_and_heals_on_the_next(service):
+    """A refresh failing after the commit (here: its src/ is not a directory) made the accepted
+    change answer as an error, and the artifact stayed out of search for good."""
+    service.register_entity(MEMBER, REALM, "contract-7", "Contract 7", "contract")
+    src = service.index.home(REALM) / "src"
+    src.parent.mkdir(parents=True, exist_ok=True)
+    src.write_text("in the way")
+    first = accepted(service, "dossiers/contract-7/a", "Osprey migration dossier of contract 7.", "contract-7")
+    assert service.get(MEMBER, REALM, first).status.value == "accepted"
+    src.unlink()
+    second = accepted(service, "dossiers/contract-7/b", "Pelican rollout dossier of contract 7.", "contract-7")
+    assert [a["artifact_id"] for a in service.search(MEMBER, REALM, None, None, None, "Osprey migration", 1)] == [first]
+    assert [a["artifact_id"] for a in service.search(MEMBER, REALM, None, None, None, "Pelican rollout", 1)] == [second]
+    service.revoke(OWNER, REALM, first, "wrong")
+    assert "Osprey" not in index_texts(service)
+
+
+def test_search_reads_the_beginning_of_a_long_body_and_reading_gives_it_whole(service):
+    """A 200,000-character body took about a minute of CPU to accept (every character embedded,
+    under the lock all the process's acceptances wait on); MCP takes 4 MiB requests."""
+    from services.recall.artifacts.artifact_search import INDEXED_CHARS
+
+    service.register_entity(MEMBER, REALM, "contract-7", "Contract 7", "contract")
+    filler = " ".join(f"filler{i}" for i in range(40_000))
+    body = f"Opening OSPREYSTART note. {filler} Closing PELICANEND note."
+    assert len(body) > 10 * INDEXED_CHARS
+    aid = accepted(service, "dossiers/contract-7/long", body, "contract-7")
+    texts = index_texts(service)
+    assert "OSPREYSTART" in texts and "PELICANEND" not in texts
+    assert len(texts) < 2 * INDEXED_CHARS
+    assert service.get(MEMBER, REALM, aid).body == body
