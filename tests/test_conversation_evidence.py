@@ -100,6 +100,25 @@ def test_a_turn_is_judged_by_the_stems_bm25_indexed_for_it():
         assert distinct_stems(text) == set(index_text(text).split()), text
 
 
+def test_a_turns_clauses_are_every_clause_all_of_whose_stems_it_holds(memory):
+    """`covered` looks up the stems a turn holds; it equals testing every clause in turn, for
+    one-word clauses, phrases (`mt 1234`) and a stem in both."""
+    from shared.engine.text_analysis import held_stems
+
+    reader = MemoryReader(memory)
+    reader.refresh()
+    rows = reader.store.rows(reader.view.ids.tolist())
+    for question in [QUESTION, "MT-1234 ticket for the boiler", "ticket MT ticket 1234 MT-1234 MT-90a0 Lake",
+                     "October 8 boiler", "nothing held here", "MT-1234/MT-900, raised Noted"]:
+        clauses = hybrid_search.QueryClauses.of(reader, question)
+        assert clauses.phrases or "MT" not in question, "a phrase clause is tested"
+        for r in rows.values():
+            held = held_stems(r.text, r.ts, clauses.stems)
+            expected = sum(1 << i for i, c in enumerate(clauses.clauses) if held and held.issuperset(c))
+            assert clauses.covered(r.text, r.ts) == expected, (question, r.text)
+    reader.close()
+
+
 def test_a_judged_turn_forgotten_before_it_is_read_does_not_fail_the_recall(memory, embedder):
     # A forget can delete rows between the search and the SQLite read of its hits: the press
     # turns are judged for their conversations (they hold "ticket" and "raised") and vanish.

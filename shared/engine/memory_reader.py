@@ -35,6 +35,7 @@ from shared.engine.vector_file import (VectorFile, approximate_scores, conversat
 
 RESCORE_MIN = 64
 RESCORE_FACTOR = 4
+BM25_SLACK = 10  # hits read beyond the limit before reading the full depth (MemoryReader.bm25)
 # The reader's SQLite file is read through a memory map (WAL mode only: a map on a network
 # volume, where RECALL_SQLITE_JOURNAL_MODE=delete is used, turns an I/O error into a signal):
 # the re-score, hydration and neighbour statements then copy no page through read(2). This
@@ -86,6 +87,7 @@ class Mask:
 
     view: ReaderView
     bits: np.ndarray
+    filtered: bool = False  # a block type or harness was asked for (else only dead rows fail)
 
 
 def _empty_view(dim: int) -> ReaderView:
@@ -217,7 +219,7 @@ class MemoryReader:
         if harness:
             code = view.harnesses.get(harness)
             bits &= view.harness == (-1 if code is None else code)
-        return Mask(view, bits)
+        return Mask(view, bits, bool(block_type or harness))
 
     def passes(self, row_id: int, mask: Mask) -> bool:
         pos = mask.view.position(row_id)
@@ -232,9 +234,19 @@ class MemoryReader:
         return (found & mask.bits[pos]).tolist()
 
     def bm25(self, query, depth: int, limit: int, mask: Mask) -> list[tuple[int, float]]:
-        """The best `limit` of the store's top `depth` BM25 hits that `mask` lets through, in order."""
-        ids, scores = self.store.bm25(query, depth)
-        return list(islice(compress(zip(ids, scores), self.passing(ids, mask)), limit))
+        """The best `limit` of the store's top `depth` BM25 hits that `mask` lets through, in order.
+
+        Without a filter nearly every hit passes (only rows deleted since tantivy's last merge
+        fail), so the top `limit + BM25_SLACK` are read first and the full depth only when too
+        few of them pass: tantivy's top lists are prefixes of each other (ties ordered by
+        document), so the answer is the same, and a 300-deep leg reads 310 hits, not 610."""
+        first = depth if mask.filtered else min(depth, limit + BM25_SLACK)
+        ids, scores = self.store.bm25(query, first)
+        hits = list(islice(compress(zip(ids, scores), self.passing(ids, mask)), limit))
+        if len(hits) < limit and len(ids) == first < depth:
+            ids, scores = self.store.bm25(query, depth)
+            hits = list(islice(compress(zip(ids, scores), self.passing(ids, mask)), limit))
+        return hits
 
     def nearest(self, qvec: np.ndarray, limit: int, mask: Mask) -> list[int]:
         return [row_id for row_id, _ in self.nearest_scored(qvec, limit, mask)]
