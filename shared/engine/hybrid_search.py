@@ -24,8 +24,7 @@ from shared.engine.memory_reader import Mask, MemoryReader
 from shared.engine.relevance_floor import floor_for
 from shared.engine.reranker import Reranker
 from shared.engine.store import Row
-from shared.engine.text_analysis import (ANALYZER, STEMMED_ANALYZERS, held_stems, phrase, query_clauses,
-                                        query_terms)
+from shared.engine.text_analysis import ANALYZER, STEMMED_ANALYZERS, phrase, query_clauses, query_terms
 
 RRF_K = 60  # only the benchmarks' plain-RRF baseline uses it
 # Share of the dense leg in the fused score, per embedding model (docs/benchmarks.md, "Engine v2
@@ -253,14 +252,10 @@ class QueryClauses:
         phrases = [(1 << i, c) for i, c in enumerate(clauses) if len(c) != 1]
         return cls(clauses, idf, sum(idf), frozenset(terms), single, phrases)
 
-    def covered(self, text: str, ts: str) -> int:
-        """Which clauses a turn holds, as BM25 sees it (its stems and its date in words): bit i
-        set for clause i, so a conversation's clauses are its turns' OR."""
-        return self.bits(held_stems(text, ts, self.stems))
-
-    def bits(self, held: frozenset[str]) -> int:
-        """The clauses all of whose stems are in `held` (a turn's `held_stems`), as bits. Asked
-        of ~100 turns per recall: it looks up the few stems a turn holds, not every clause."""
+    def covered(self, held: frozenset[str]) -> int:
+        """Which clauses a turn holds, as BM25 sees it (`held`: its `held_stems`, from its text
+        and its date in words): bit i set for clause i, so a conversation's clauses are its
+        turns' OR. Asked of ~100 turns per recall: it looks up the few stems a turn holds."""
         if not held:
             return 0
         single = self.single
@@ -429,7 +424,7 @@ def _conversation_lift(reader: MemoryReader, query: str, rows: dict[int, Row], e
     information (idf) that the row and its conversation's judged turns hold between them; and
     the best turn of the CONVERSATION_POOL conversations holding the most."""
     clauses = QueryClauses.of(reader, query)
-    covered = {rid: clauses.covered(r.text, r.ts) for rid, r in rows.items()}
+    covered = {rid: clauses.covered(held) for rid, held in reader.held_stems(rows, clauses.stems, mask).items()}
     held = {code: reduce(or_, (covered.get(rid, 0) for rid in turns), 0) for code, turns in evidence.turns.items()}
     codes = reader.sessions_of(list(rows), mask).tolist()
     share = cache(clauses.share)  # few distinct sets of clauses per query, ~70 rows
