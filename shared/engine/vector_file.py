@@ -98,6 +98,10 @@ class VectorFile:
             self._vocabulary[:] = [{stem: i for i, stem in enumerate(blob.split("\n")) if stem}]
         return self._vocabulary[0]
 
+    def vocabulary_ram_bytes(self) -> int:
+        """About what the vocabulary dict holds once read (a short str and an int per stem)."""
+        return 0 if not self._vocabulary else 120 * len(self._vocabulary[0])
+
 
 def conversation_code(session_id: str) -> int:
     """A conversation's number: the same in every process and file, never 0 (0 = unknown),
