@@ -6,7 +6,7 @@ MCP (verified by the same verifier; the realm role comes from the token's `realm
     GET    /realms/{realm_id}/memory/{record_id}          read (any realm role)
     PATCH  /realms/{realm_id}/memory/{record_id}          change fields (owners, members)
     DELETE /realms/{realm_id}/memory/{record_id}?reason=  retire (owners, members)
-    GET    /realms/{realm_id}/memory/{record_id}/audit    every change
+    GET    /realms/{realm_id}/memory/{record_id}/audit?limit=&offset=    every change, a page at a time
 
 Errors are JSON `{"error": <rule or field>, "detail": …}`: 401 without a valid token, 403 for a
 realm or role refusal, 404 for an unknown record, 413 for a body over 1 MiB, 422 for invalid
@@ -33,7 +33,7 @@ from services.recall.artifacts.models import REALM_ID, TargetKind
 from services.recall.artifacts.nul_text import NulText, refuse_nul
 from services.recall.artifacts.realm_threads import in_realm_thread
 from services.recall.artifacts.rules import RuleBroken
-from services.recall.artifacts.service import Caller
+from services.recall.artifacts.service import AUDIT_PAGE, Caller
 from services.recall.artifacts.tool_access import CONCURRENT_CHANGE
 from services.recall.artifacts.tools import next_offset
 from services.recall.metrics import REALM_CALLS
@@ -133,7 +133,15 @@ def register_agent_memory_routes(mcp: FastMCP, service: AgentMemoryService) -> N
 
     @route(base + "/{record_id}/audit", "GET")
     async def memory_audit(request: Request, caller: Caller, realm_id: str) -> Any:
-        return {"events": await in_realm_thread(service.audit, caller, realm_id, request.path_params["record_id"])}
+        q = PageQuery.model_validate(dict(request.query_params))
+        events = await in_realm_thread(service.audit, caller, realm_id, request.path_params["record_id"], q.limit, q.offset)
+        return {"events": events, "next_offset": next_offset(events, q.limit, q.offset)}
+
+
+class PageQuery(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    limit: int = AUDIT_PAGE
+    offset: int = 0
 
 
 class SearchQuery(BaseModel):

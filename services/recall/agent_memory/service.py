@@ -14,7 +14,7 @@ from services.recall.agent_memory.models import MemoryRecord, RecordFields, Reco
 from services.recall.artifacts import rules
 from services.recall.artifacts.models import rfc3339
 from services.recall.artifacts.rules import RuleBroken
-from services.recall.artifacts.service import ArtifactService, Caller, check_page
+from services.recall.artifacts.service import AUDIT_PAGE, MAX_TRAIL_OFFSET, ArtifactService, Caller, check_page
 
 CHANGEABLE = ("memory_type", "title", "summary", "content", "reality", "valid_from", "valid_until")
 
@@ -98,11 +98,13 @@ class AgentMemoryService:
                                       valid_at=now if valid_now else None, limit=limit, offset=offset)
         return [r.compact(now) for r in found]
 
-    def audit(self, caller: Caller, realm_id: str, record_id: str) -> list[dict[str, Any]]:
+    def audit(self, caller: Caller, realm_id: str, record_id: str, limit: int = AUDIT_PAGE, offset: int = 0) -> list[dict[str, Any]]:
+        """A page of the record's audit trail, oldest first."""
         rules.role_in(caller.realms, realm_id)
+        check_page(limit, offset, MAX_TRAIL_OFFSET)
         with self.store.transaction() as tx:
             self._load(tx, realm_id, record_id)
-            return [{**e, "at": rfc3339(e["at"])} for e in self.store.audit(tx, record_id)]
+            return [{**e, "at": rfc3339(e["at"])} for e in self.store.audit(tx, record_id, limit, offset)]
 
     # ---- helpers ------------------------------------------------------------------------------------------
     def _load(self, tx, realm_id: str, record_id: str, lock: bool = False) -> MemoryRecord:

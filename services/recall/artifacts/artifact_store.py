@@ -56,6 +56,14 @@ COLUMNS = ("artifact_id, realm_id, artifact_path, artifact_kind, write_mode, sta
            " source_context, author, created_at, updated_at, supersedes_artifact_id, superseded_by_artifact_id, revoked_reason")
 
 
+# Which of an artifact's entries a read brings: (offset, limit) in their order, or all of them.
+Window = tuple[int, int] | None
+ALL_ENTRIES: Window = None  # what the search index reads
+NO_ENTRIES: Window = (0, 0)  # a compact listing: the count only
+ENTRIES_PAGE = 20  # entries a read shows unless asked for another page
+FIRST_PAGE: Window = (0, ENTRIES_PAGE)
+
+
 class Conflict(Exception):
     """The database refused a write that would break a uniqueness rule (the caller may retry)."""
 
@@ -204,25 +212,27 @@ class ArtifactStore:
         return sqlite3.IntegrityError
 
     # ---- reads ------------------------------------------------------------------------------------
-    def get(self, tx: Tx, artifact_id: str, lock: bool = False) -> Artifact | None:
+    def get(self, tx: Tx, artifact_id: str, lock: bool = False, entries: Window = FIRST_PAGE) -> Artifact | None:
         rows = tx.q(f"SELECT {COLUMNS} FROM artifacts WHERE artifact_id = ?" + (" FOR UPDATE" if lock and self.pg else ""),
                     (artifact_id,))
-        return self._hydrate(tx, rows[0]) if rows else None
+        return self._hydrate(tx, rows[0], entries) if rows else None
 
-    def accepted_at_path(self, tx: Tx, realm_id: str, path: str, lock: bool = False) -> Artifact | None:
+    def accepted_at_path(self, tx: Tx, realm_id: str, path: str, lock: bool = False,
+                         entries: Window = FIRST_PAGE) -> Artifact | None:
         rows = tx.q(f"SELECT {COLUMNS} FROM artifacts WHERE realm_id = ? AND artifact_path = ? AND status = 'accepted'"
                     + (" FOR UPDATE" if lock and self.pg else ""), (realm_id, path))
-        return self._hydrate(tx, rows[0]) if rows else None
+        return self._hydrate(tx, rows[0], entries) if rows else None
 
-    def own_open_draft(self, tx: Tx, realm_id: str, path: str, author: str) -> Artifact | None:
+    def own_open_draft(self, tx: Tx, realm_id: str, path: str, author: str, entries: Window = FIRST_PAGE) -> Artifact | None:
         rows = tx.q(f"SELECT {COLUMNS} FROM artifacts WHERE realm_id = ? AND artifact_path = ? AND author = ?"
                     " AND status IN ('draft', 'proposed') ORDER BY updated_at DESC LIMIT 1", (realm_id, path, author))
-        return self._hydrate(tx, rows[0]) if rows else None
+        return self._hydrate(tx, rows[0], entries) if rows else None
 
     def listed(self, tx: Tx, realm_id: str, artifact_ids: list[str] | None = None, target_kind: str | None = None,
                target_id: str | None = None, kind: str | None = None, limit: int = 50,
-               status: str = "accepted", offset: int = 0) -> list[Artifact]:
-        """Artifacts in one status (never pass "draft" for someone else: drafts are private), newest first."""
+               status: str = "accepted", offset: int = 0, entries: Window = NO_ENTRIES) -> list[Artifact]:
+        """Artifacts in one status (never pass "draft" for someone else: drafts are private), newest
+        first; with their entry counts, and their entries only when asked (`ALL_ENTRIES`: the index)."""
         if artifact_ids is not None and not artifact_ids:
             return []
         sql, params = self._where(realm_id, target_kind, target_id, kind, status)
@@ -231,7 +241,7 @@ class ArtifactStore:
             params += artifact_ids
         sql += " ORDER BY updated_at DESC, artifact_id LIMIT ? OFFSET ?"  # the id: pages that never overlap
         params += [limit, offset]
-        return self._hydrate_many(tx, tx.q(f"SELECT {COLUMNS} FROM artifacts a WHERE " + sql, tuple(params)))
+        return self._hydrate_many(tx, tx.q(f"SELECT {COLUMNS} FROM artifacts a WHERE " + sql, tuple(params)), entries)
 
     def accepted_ids(self, tx: Tx, realm_id: str, target_kind: str | None, target_id: str | None,
                      kind: str | None) -> set[str]:
@@ -264,16 +274,19 @@ class ArtifactStore:
             return bool(tx.q(sql, (realm_id, entity_id)))
         return bool(tx.q(sql + " AND entity_kind = ?", (realm_id, entity_id, entity_kind)))
 
-    def audit(self, tx: Tx, artifact_id: str) -> list[AuditEvent]:
+    def audit(self, tx: Tx, artifact_id: str, limit: int, offset: int = 0) -> list[AuditEvent]:
+        """A page of the artifact's audit trail, oldest first."""
         rows = tx.q("SELECT artifact_id, event, actor, at, detail FROM artifact_audit WHERE artifact_id = ?"
-                    " ORDER BY ordinal", (artifact_id,))
+                    " ORDER BY ordinal LIMIT ? OFFSET ?", (artifact_id, limit, offset))
         return [AuditEvent(artifact_id=r[0], event=r[1], actor=r[2], at=r[3], detail=json.loads(r[4])) for r in rows]
 
-    def _hydrate(self, tx: Tx, row: tuple) -> Artifact:
-        return self._hydrate_many(tx, [row])[0]
+    def _hydrate(self, tx: Tx, row: tuple, entries: Window) -> Artifact:
+        return self._hydrate_many(tx, [row], entries)[0]
 
-    def _hydrate_many(self, tx: Tx, rows: list[tuple]) -> list[Artifact]:
-        """Artifacts with their targets and entries: three queries, whatever the number of rows."""
+    def _hydrate_many(self, tx: Tx, rows: list[tuple], window: Window) -> list[Artifact]:
+        """Artifacts with their targets, entry counts and the `window` of their entries (all of
+        them for ALL_ENTRIES, none for NO_ENTRIES): a query each, whatever the number of rows,
+        plus one per artifact for a page of its entries."""
         if not rows:
             return []
         names = [c.strip() for c in COLUMNS.split(",")]
@@ -283,17 +296,30 @@ class ArtifactStore:
         for aid, kind, tid, role in tx.q("SELECT artifact_id, target_kind, target_id, role FROM artifact_targets"
                                          f" WHERE artifact_id IN ({marks}) ORDER BY role, target_kind, target_id", tuple(ids)):
             targets[aid].append(Target(target_kind=kind, target_id=tid, role=role))
+        totals = dict.fromkeys(ids, 0)
+        for aid, count in tx.q(f"SELECT artifact_id, COUNT(*) FROM artifact_entries WHERE artifact_id IN ({marks})"
+                               " GROUP BY artifact_id", tuple(ids)):
+            totals[aid] = int(count)
         entries: dict[str, list[Entry]] = {i: [] for i in ids}
-        for aid, seq, body, author, created, ref, ctx in tx.q(
-                "SELECT artifact_id, seq, body, author, created_at, source_ref, source_context FROM artifact_entries"
-                f" WHERE artifact_id IN ({marks}) ORDER BY seq", tuple(ids)):
+        select = "SELECT artifact_id, seq, body, author, created_at, source_ref, source_context FROM artifact_entries"
+        if window is ALL_ENTRIES:
+            found = tx.q(f"{select} WHERE artifact_id IN ({marks}) ORDER BY seq", tuple(ids))
+        else:
+            offset, limit = window
+            found = [row for aid in ids if limit and totals[aid] > offset
+                     for row in tx.q(f"{select} WHERE artifact_id = ? ORDER BY seq LIMIT ? OFFSET ?", (aid, limit, offset))]
+        for aid, seq, body, author, created, ref, ctx in found:
             entries[aid].append(Entry(seq=seq, body=body, author=author, created_at=created, source_ref=ref,
                                       source_context=json.loads(ctx)))
         out = []
         for row in rows:
             data = dict(zip(names, row))
             data["source_context"] = json.loads(data["source_context"])
-            out.append(Artifact.model_validate({**data, "targets": targets[row[0]], "entries": entries[row[0]]}))
+            aid = row[0]
+            shown_to = (0 if window is ALL_ENTRIES else window[0]) + len(entries[aid])
+            out.append(Artifact.model_validate({
+                **data, "targets": targets[aid], "entries": entries[aid], "entries_total": totals[aid],
+                "entries_next_offset": shown_to if window is not ALL_ENTRIES and window[1] and shown_to < totals[aid] else None}))
         return out
 
     # ---- writes -----------------------------------------------------------------------------------

@@ -88,13 +88,18 @@ class Artifact(BaseModel):
     superseded_by_artifact_id: str | None = None
     revoked_reason: str | None = None
     targets: list[Target]
+    # A journal's entries come a page at a time (a worklog grows for as long as it is kept):
+    # `entries` is the page, `entries_total` how many there are, `entries_next_offset` the
+    # `entries_offset` of the next page (None after the last).
     entries: list[Entry] = []
+    entries_total: int = 0
+    entries_next_offset: int | None = None
 
     def compact(self) -> dict[str, Any]:
         """What search returns: enough to choose, no body."""
         return {"artifact_id": self.artifact_id, "artifact_path": self.artifact_path, "artifact_kind": self.artifact_kind,
                 "status": self.status.value, "summary": self.summary, "author": self.author, "updated_at": rfc3339(self.updated_at),
-                "entries": len(self.entries), "targets": [t.model_dump(mode="json") for t in self.targets]}
+                "entries": self.entries_total, "targets": [t.model_dump(mode="json") for t in self.targets]}
 
 
 class AuditEvent(BaseModel):

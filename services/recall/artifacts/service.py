@@ -16,7 +16,7 @@ from typing import Any
 
 from services.recall.artifacts import kind_schemas, rules
 from services.recall.artifacts.artifact_search import ArtifactSearch
-from services.recall.artifacts.artifact_store import ArtifactStore, Conflict, Tx
+from services.recall.artifacts.artifact_store import ALL_ENTRIES, ENTRIES_PAGE, NO_ENTRIES, ArtifactStore, Conflict, Tx, Window
 from services.recall.artifacts.kind_schemas import AgentRegistry, Constitution
 from services.recall.artifacts.models import REALM_ID, Artifact, DraftInput, Role, Status, Target, TargetKind
 from services.recall.artifacts.rules import RuleBroken
@@ -29,16 +29,26 @@ CONFLICT_RETRIES = 20
 MAX_LIMIT = 100
 MAX_POOL = 4096  # passages ranked at most for one filtered artifact search
 MAX_OFFSET = 10_000
+# An audit trail and a journal's entries are read in their own order, by an index on it: pages
+# far into them cost little, so they reach further than a search's.
+MAX_TRAIL_OFFSET = 1_000_000
+AUDIT_PAGE = 50  # audit events listed unless asked for another page size
 SEARCHABLE = ("accepted", "proposed", "superseded", "revoked")
 LISTED_AT_MOST = 500  # newest artifacts a query over proposals or history looks through
 EVERY = 2**62  # a limit that never cuts (a realm's whole accepted set)
 
 
-def check_page(limit: int, offset: int) -> None:
+def check_page(limit: int, offset: int, max_offset: int = MAX_OFFSET, names: tuple[str, str] = ("limit", "offset")) -> None:
+    """A page request every list answers the same way: a refusal naming the field past its bound."""
     if not 1 <= limit <= MAX_LIMIT:
-        raise RuleBroken("limit", f"limit must be between 1 and {MAX_LIMIT}, not {limit}")
-    if not 0 <= offset <= MAX_OFFSET:
-        raise RuleBroken("offset", f"offset must be between 0 and {MAX_OFFSET}, not {offset}")
+        raise RuleBroken(names[0], f"{names[0]} must be between 1 and {MAX_LIMIT}, not {limit}")
+    if not 0 <= offset <= max_offset:
+        raise RuleBroken(names[1], f"{names[1]} must be between 0 and {max_offset}, not {offset}")
+
+
+def check_entries_page(entries_offset: int, entries_limit: int) -> tuple[int, int]:
+    check_page(entries_limit, entries_offset, MAX_TRAIL_OFFSET, ("entries_limit", "entries_offset"))
+    return entries_offset, entries_limit
 
 
 @dataclass(frozen=True)
@@ -64,9 +74,10 @@ class ArtifactService:
         self.data_dir = data_dir
 
     # ---- helpers ----------------------------------------------------------------------------------
-    def _load(self, tx: Tx, caller: Caller, realm_id: str, artifact_id: str, lock: bool = False) -> tuple[Artifact, Role]:
+    def _load(self, tx: Tx, caller: Caller, realm_id: str, artifact_id: str, lock: bool = False,
+              entries: Window = NO_ENTRIES) -> tuple[Artifact, Role]:
         role = rules.role_in(caller.realms, realm_id)
-        artifact = self.store.get(tx, artifact_id, lock=lock)
+        artifact = self.store.get(tx, artifact_id, lock=lock, entries=entries)
         if artifact is None or artifact.realm_id != realm_id:
             raise RuleBroken("not_found", f"no artifact {artifact_id!r} in realm {realm_id!r}")
         rules.check_can_see(artifact.status, artifact.author, caller.principal)
@@ -256,8 +267,8 @@ class ArtifactService:
         def current(whole: bool) -> list[Artifact]:
             with self.store.transaction() as tx:
                 if whole:
-                    return self.store.listed(tx, realm_id, limit=EVERY)
-                return [a for a in (self.store.get(tx, aid) for aid in artifact_ids) if a is not None]
+                    return self.store.listed(tx, realm_id, limit=EVERY, entries=ALL_ENTRIES)
+                return [a for a in (self.store.get(tx, aid, entries=ALL_ENTRIES) for aid in artifact_ids) if a is not None]
 
         try:
             self.index.refresh(realm_id, current)
@@ -271,23 +282,29 @@ class ArtifactService:
         self.store.record(tx, previous.artifact_id, "superseded", actor, superseded_by=by)
 
     # ---- reads ------------------------------------------------------------------------------------------
-    def get(self, caller: Caller, realm_id: str, artifact_id: str) -> Artifact:
+    def get(self, caller: Caller, realm_id: str, artifact_id: str, entries_offset: int = 0,
+            entries_limit: int = ENTRIES_PAGE) -> Artifact:
+        window = check_entries_page(entries_offset, entries_limit)
         with self.store.transaction() as tx:
-            return self._load(tx, caller, realm_id, artifact_id)[0]
+            return self._load(tx, caller, realm_id, artifact_id, entries=window)[0]
 
-    def get_by_path(self, caller: Caller, realm_id: str, artifact_path: str) -> Artifact:
+    def get_by_path(self, caller: Caller, realm_id: str, artifact_path: str, entries_offset: int = 0,
+                    entries_limit: int = ENTRIES_PAGE) -> Artifact:
+        window = check_entries_page(entries_offset, entries_limit)
         rules.role_in(caller.realms, realm_id)
         with self.store.transaction() as tx:
-            artifact = self.store.accepted_at_path(tx, realm_id, artifact_path)
+            artifact = self.store.accepted_at_path(tx, realm_id, artifact_path, entries=window)
         if artifact is None:
             raise RuleBroken("not_found", f"no accepted artifact at {artifact_path!r} in realm {realm_id!r}")
         return artifact
 
-    def own_draft_by_path(self, caller: Caller, realm_id: str, artifact_path: str, agent_principal: str | None) -> Artifact:
+    def own_draft_by_path(self, caller: Caller, realm_id: str, artifact_path: str, agent_principal: str | None,
+                          entries_offset: int = 0, entries_limit: int = ENTRIES_PAGE) -> Artifact:
+        window = check_entries_page(entries_offset, entries_limit)
         rules.check_principal(caller.principal, agent_principal)
         rules.role_in(caller.realms, realm_id)
         with self.store.transaction() as tx:
-            artifact = self.store.own_open_draft(tx, realm_id, artifact_path, caller.principal)
+            artifact = self.store.own_open_draft(tx, realm_id, artifact_path, caller.principal, entries=window)
         if artifact is None:
             raise RuleBroken("not_found", f"you have no draft or proposal at {artifact_path!r} in realm {realm_id!r}")
         return artifact
@@ -347,7 +364,9 @@ class ArtifactService:
                 return ranked[:limit]
             pool = min(pool * 4, MAX_POOL)
 
-    def audit(self, caller: Caller, realm_id: str, artifact_id: str) -> list[dict]:
+    def audit(self, caller: Caller, realm_id: str, artifact_id: str, limit: int = AUDIT_PAGE, offset: int = 0) -> list[dict]:
+        """A page of the artifact's audit trail, oldest first."""
+        check_page(limit, offset, MAX_TRAIL_OFFSET)
         with self.store.transaction() as tx:
             self._load(tx, caller, realm_id, artifact_id)
-            return [e.model_dump(mode="json") for e in self.store.audit(tx, artifact_id)]
+            return [e.model_dump(mode="json") for e in self.store.audit(tx, artifact_id, limit, offset)]

@@ -12,7 +12,8 @@ from fastmcp import FastMCP
 from pydantic import Field
 
 from services.recall.artifacts.models import ArtifactKind, DraftInput, Target, TargetKind, WriteMode
-from services.recall.artifacts.service import MAX_LIMIT, MAX_OFFSET, ArtifactService, Caller
+from services.recall.artifacts.artifact_store import ENTRIES_PAGE
+from services.recall.artifacts.service import AUDIT_PAGE, MAX_LIMIT, MAX_OFFSET, MAX_TRAIL_OFFSET, ArtifactService, Caller
 from services.recall.artifacts.tool_access import any_realm, owner_somewhere, run, writer_somewhere
 
 RealmId = Annotated[str, Field(description="The realm (team or project space): one of the realms your token names.")]
@@ -27,6 +28,11 @@ SourceContext = Annotated[dict[str, Any], Field(description="Free provenance det
 Targets = Annotated[list[Target], Field(description="At least one existing object this memory is anchored to.")]
 SearchStatus = Literal["accepted", "proposed", "superseded", "revoked"]
 Offset = Annotated[int, Field(ge=0, le=MAX_OFFSET, description="Results to skip: the next_offset of the previous page.")]
+TrailOffset = Annotated[int, Field(ge=0, le=MAX_TRAIL_OFFSET, description="Events to skip: the next_offset of the previous page.")]
+EntriesOffset = Annotated[int, Field(ge=0, le=MAX_TRAIL_OFFSET, description="A journal's entries to skip (oldest first): the "
+                                                                            "entries_next_offset of the previous read.")]
+EntriesLimit = Annotated[int, Field(ge=1, le=MAX_LIMIT, description=f"Most entries returned (1..{MAX_LIMIT}); entries_total "
+                                                                    "says how many there are.")]
 AgentPrincipal = Annotated[str | None, Field(description="Optional; when given it must equal your authenticated principal (no impersonation).")]
 
 
@@ -119,20 +125,24 @@ def register_artifact_tools(mcp: FastMCP, service: ArtifactService) -> None:
         return _dump(await run(service.supersede, realm_id, artifact_id, body, summary, source_ref, source_context, targets))
 
     @mcp.tool(auth=any_realm)
-    async def get_memory_artifact(realm_id: RealmId, artifact_id: ArtifactId) -> dict:
-        """The full artifact with its entries (a draft only for its author)."""
-        return _dump(await run(service.get, realm_id, artifact_id))
+    async def get_memory_artifact(realm_id: RealmId, artifact_id: ArtifactId, entries_offset: EntriesOffset = 0,
+                                  entries_limit: EntriesLimit = ENTRIES_PAGE) -> dict:
+        """The full artifact with a page of its entries (a draft only for its author)."""
+        return _dump(await run(service.get, realm_id, artifact_id, entries_offset, entries_limit))
 
     @mcp.tool(auth=any_realm)
-    async def get_memory_artifact_by_path(realm_id: RealmId, artifact_path: ArtifactPath) -> dict:
-        """The current accepted version at a logical path, with its body and entries."""
-        return _dump(await run(service.get_by_path, realm_id, artifact_path))
+    async def get_memory_artifact_by_path(realm_id: RealmId, artifact_path: ArtifactPath, entries_offset: EntriesOffset = 0,
+                                          entries_limit: EntriesLimit = ENTRIES_PAGE) -> dict:
+        """The current accepted version at a logical path, with its body and a page of its entries."""
+        return _dump(await run(service.get_by_path, realm_id, artifact_path, entries_offset, entries_limit))
 
     @mcp.tool(auth=writer_somewhere)
     async def get_own_memory_artifact_draft_by_path(realm_id: RealmId, artifact_path: ArtifactPath,
-                                                    agent_principal: AgentPrincipal = None) -> dict:
+                                                    agent_principal: AgentPrincipal = None, entries_offset: EntriesOffset = 0,
+                                                    entries_limit: EntriesLimit = ENTRIES_PAGE) -> dict:
         """Your own unfinished draft or proposal at a path (never shown to others)."""
-        return _dump(await run(service.own_draft_by_path, realm_id, artifact_path, agent_principal))
+        return _dump(await run(service.own_draft_by_path, realm_id, artifact_path, agent_principal, entries_offset,
+                               entries_limit))
 
     @mcp.tool(auth=any_realm)
     async def search_memory_artifacts(
@@ -154,6 +164,11 @@ def register_artifact_tools(mcp: FastMCP, service: ArtifactService) -> None:
         return {"artifacts": found, "next_offset": next_offset(found, limit, offset)}
 
     @mcp.tool(auth=any_realm)
-    async def list_memory_artifact_audit(realm_id: RealmId, artifact_id: ArtifactId) -> dict:
-        """Every change of an artifact: created, updated, appended, submitted, accepted, revoked, superseded (who, when)."""
-        return {"events": await run(service.audit, realm_id, artifact_id)}
+    async def list_memory_artifact_audit(
+            realm_id: RealmId, artifact_id: ArtifactId,
+            limit: Annotated[int, Field(ge=1, le=MAX_LIMIT, description=f"Most events returned (1..{MAX_LIMIT}).")] = AUDIT_PAGE,
+            offset: TrailOffset = 0) -> dict:
+        """Every change of an artifact, oldest first, a page at a time: created, updated, appended, submitted, accepted,
+        revoked, superseded (who, when)."""
+        events = await run(service.audit, realm_id, artifact_id, limit, offset)
+        return {"events": events, "next_offset": next_offset(events, limit, offset)}
