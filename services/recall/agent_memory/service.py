@@ -14,6 +14,7 @@ from services.recall.agent_memory.models import MemoryRecord, RecordFields, Reco
 from services.recall.artifacts import rules
 from services.recall.artifacts.models import rfc3339
 from services.recall.artifacts.rules import RuleBroken
+from services.recall.artifacts.text_limits import check_text
 from services.recall.artifacts.service import AUDIT_PAGE, MAX_TRAIL_OFFSET, ArtifactService, Caller, check_page
 
 CHANGEABLE = ("memory_type", "title", "summary", "content", "reality", "valid_from", "valid_until")
@@ -28,6 +29,7 @@ class AgentMemoryService:
     # ---- writes (people) ----------------------------------------------------------------------------
     def create(self, caller: Caller, realm_id: str, data: RecordInput) -> dict[str, Any]:
         rules.check_can_write(rules.role_in(caller.realms, realm_id), realm_id)
+        check_text("content", data.content, self.artifacts.max_text_bytes)
         check_citations(self.data_dir, caller.principal, data.citations or [])
         now = time.time()
         record = MemoryRecord(record_id=uuid.uuid4().hex, realm_id=realm_id, memory_type=data.memory_type,
@@ -46,6 +48,7 @@ class AgentMemoryService:
         changes = patch.model_dump(exclude_unset=True)
         if not changes:
             raise RuleBroken("fields", "nothing to change")
+        check_text("content", patch.content, self.artifacts.max_text_bytes)
         with self.store.transaction() as tx:
             record = self._load(tx, realm_id, record_id, lock=True)
             if record.status != "active":

@@ -45,6 +45,12 @@ SCHEMA = [
         event_id TEXT PRIMARY KEY, artifact_id TEXT NOT NULL, event TEXT NOT NULL, actor TEXT NOT NULL,
         at DOUBLE PRECISION NOT NULL, ordinal INTEGER NOT NULL, detail TEXT NOT NULL)""",
     "CREATE INDEX IF NOT EXISTS artifact_audit_by_artifact ON artifact_audit (artifact_id, ordinal)",
+    # Changes search has yet to see, written in the change's own transaction and removed once the
+    # realm's index has them: a process killed between the two leaves its row, and the realm's
+    # next refresh (any write, or a search: ArtifactService.catch_up) takes it along.
+    """CREATE TABLE IF NOT EXISTS artifact_index_outbox (
+        change_id TEXT PRIMARY KEY, realm_id TEXT NOT NULL, artifact_id TEXT NOT NULL, at DOUBLE PRECISION NOT NULL)""",
+    "CREATE INDEX IF NOT EXISTS artifact_index_outbox_by_realm ON artifact_index_outbox (realm_id, at)",
 ]
 CONNECT_TIMEOUT_S = 5  # an unreachable server is a quick "unavailable", not a request hanging for minutes
 # A server that vanishes mid-connection (network partition, host lost) without closing it: the
@@ -351,6 +357,26 @@ class ArtifactStore:
              " VALUES (?, ?, ?, ?, ?, ?, ?)", (artifact_id, seq, body, author, time.time(), source_ref, json.dumps(source_context)))
         self.update_fields(tx, artifact_id)
         return int(seq)
+
+    def mark_for_index(self, tx: Tx, realm_id: str, artifact_ids: list[str]) -> None:
+        """In the transaction of a change search must see: the outbox row that outlives a crash
+        before the index refresh."""
+        for artifact_id in artifact_ids:
+            tx.q("INSERT INTO artifact_index_outbox (change_id, realm_id, artifact_id, at) VALUES (?, ?, ?, ?)",
+                 (uuid.uuid4().hex, realm_id, artifact_id, time.time()))
+
+    def index_outbox(self, tx: Tx, realm_id: str) -> list[tuple[str, str]]:
+        """(change_id, artifact_id) of every change of the realm its index has yet to take."""
+        return [(r[0], r[1]) for r in tx.q("SELECT change_id, artifact_id FROM artifact_index_outbox WHERE realm_id = ?"
+                                           " ORDER BY at", (realm_id,))]
+
+    def oldest_unindexed(self, tx: Tx, realm_id: str) -> float | None:
+        """When the realm's oldest change not yet in its index was committed (None: none is)."""
+        return tx.q("SELECT MIN(at) FROM artifact_index_outbox WHERE realm_id = ?", (realm_id,))[0][0]
+
+    def indexed(self, tx: Tx, change_ids: list[str]) -> None:
+        for change_id in change_ids:
+            tx.q("DELETE FROM artifact_index_outbox WHERE change_id = ?", (change_id,))
 
     def record(self, tx: Tx, artifact_id: str, event: str, actor: str, **detail: Any) -> None:
         ordinal = tx.q("SELECT COALESCE(MAX(ordinal), 0) + 1 FROM artifact_audit WHERE artifact_id = ?", (artifact_id,))[0][0]

@@ -20,6 +20,8 @@ from services.recall.artifacts.artifact_store import ALL_ENTRIES, ENTRIES_PAGE, 
 from services.recall.artifacts.kind_schemas import AgentRegistry, Constitution
 from services.recall.artifacts.models import REALM_ID, Artifact, DraftInput, Role, Status, Target, TargetKind
 from services.recall.artifacts.rules import RuleBroken
+from services.recall.artifacts.text_limits import DEFAULT_MAX_TEXT_BYTES, check_json, check_text
+from shared.engine.fault_injection import fault_point
 from shared.logging_setup import get_logger
 from shared.tenant_paths import CONVERSATION_ID, TenantPaths
 
@@ -34,6 +36,8 @@ MAX_OFFSET = 10_000
 MAX_TRAIL_OFFSET = 1_000_000
 AUDIT_PAGE = 50  # audit events listed unless asked for another page size
 SEARCHABLE = ("accepted", "proposed", "superseded", "revoked")
+CATCH_UP_AFTER_S = 30.0  # a change older than this, not yet in search, was left behind by a dead process
+CATCH_UP_RETRY_S = 30.0
 LISTED_AT_MOST = 500  # newest artifacts a query over proposals or history looks through
 EVERY = 2**62  # a limit that never cuts (a realm's whole accepted set)
 
@@ -68,10 +72,20 @@ class Caller:
 
 
 class ArtifactService:
-    def __init__(self, store: ArtifactStore, search: ArtifactSearch, data_dir: Path) -> None:
+    def __init__(self, store: ArtifactStore, search: ArtifactSearch, data_dir: Path,
+                 max_text_bytes: int = DEFAULT_MAX_TEXT_BYTES) -> None:
         self.store = store
         self.index = search
         self.data_dir = data_dir
+        self.max_text_bytes = max_text_bytes  # RECALL_REALM_MAX_TEXT_BYTES (text_limits.py)
+        self.catch_up_after_s = CATCH_UP_AFTER_S
+        self._used_realms: set[str] = set()
+        self._catch_up_not_before: dict[str, float] = {}
+
+    def check_sizes(self, body: str | None = None, source_context: dict | None = None) -> None:
+        """Before any transaction: a field over the limit stores nothing."""
+        check_text("body", body, self.max_text_bytes)
+        check_json("source_context", source_context, self.max_text_bytes)
 
     # ---- helpers ----------------------------------------------------------------------------------
     def _load(self, tx: Tx, caller: Caller, realm_id: str, artifact_id: str, lock: bool = False,
@@ -142,6 +156,7 @@ class ArtifactService:
         rules.check_principal(caller.principal, agent_principal)
         rules.check_can_write(rules.role_in(caller.realms, realm_id), realm_id)
         rules.check_kind_and_mode(draft.artifact_kind, draft.write_mode)
+        self.check_sizes(draft.body, draft.source_context)
         now = time.time()
         artifact = Artifact(artifact_id=uuid.uuid4().hex, realm_id=realm_id, status=Status.DRAFT, author=caller.principal,
                             created_at=now, updated_at=now, **draft.model_dump())
@@ -159,6 +174,7 @@ class ArtifactService:
     def update_draft(self, caller: Caller, realm_id: str, artifact_id: str, changes: dict[str, Any]) -> Artifact:
         if not changes:
             raise RuleBroken("fields", "nothing to change: give body, summary, source_ref, source_context or targets")
+        self.check_sizes(changes.get("body"), changes.get("source_context"))
         with self.store.transaction() as tx:
             artifact, _ = self._load(tx, caller, realm_id, artifact_id, lock=True)
             rules.check_edit_draft(artifact.status, artifact.author, caller.principal)
@@ -176,12 +192,15 @@ class ArtifactService:
             return self.store.get(tx, artifact_id)
 
     def append(self, caller: Caller, realm_id: str, artifact_id: str, body: str, source_ref: str, source_context: dict) -> Artifact:
+        self.check_sizes(body, source_context)
         with self.store.transaction() as tx:
             artifact, role = self._load(tx, caller, realm_id, artifact_id, lock=True)
             rules.check_append(artifact.write_mode, artifact.status, artifact.author, caller.principal, role)
             self.governed(tx, caller, realm_id, "append")
             seq = self.store.add_entry(tx, artifact_id, body, caller.principal, source_ref, source_context)
             self.store.record(tx, artifact_id, "appended", caller.principal, seq=seq, source_ref=source_ref)
+            if artifact.status is Status.ACCEPTED:
+                self.store.mark_for_index(tx, realm_id, [artifact_id])
             result = self.store.get(tx, artifact_id)
         if result.status is Status.ACCEPTED:
             self.reindex(realm_id, [artifact_id])
@@ -212,6 +231,7 @@ class ArtifactService:
                 self.store.update_fields(tx, artifact_id, status=Status.ACCEPTED)
                 self.store.record(tx, artifact_id, "accepted", caller.principal,
                                   superseded=previous.artifact_id if previous else None)
+                self.store.mark_for_index(tx, realm_id, [artifact_id, *([previous.artifact_id] if previous else [])])
                 return self.store.get(tx, artifact_id), (self.store.get(tx, previous.artifact_id) if previous else None)
 
         accepted, previous = self._retrying(attempt)
@@ -225,6 +245,8 @@ class ArtifactService:
             self.governed(tx, caller, realm_id, "revoke")
             self.store.update_fields(tx, artifact_id, status=Status.REVOKED, revoked_reason=reason)
             self.store.record(tx, artifact_id, "revoked", caller.principal, reason=reason, was=artifact.status.value)
+            if artifact.status is Status.ACCEPTED:
+                self.store.mark_for_index(tx, realm_id, [artifact_id])
             result = self.store.get(tx, artifact_id)
         if artifact.status is Status.ACCEPTED:
             self.reindex(realm_id, [artifact_id])
@@ -232,6 +254,7 @@ class ArtifactService:
 
     def supersede(self, caller: Caller, realm_id: str, artifact_id: str, body: str, summary: str, source_ref: str,
                   source_context: dict, targets: list[Target] | None) -> Artifact:
+        self.check_sizes(body, source_context)
         def attempt() -> tuple[Artifact, Artifact]:
             with self.store.transaction() as tx:
                 current, role = self._load(tx, caller, realm_id, artifact_id, lock=True)
@@ -254,28 +277,61 @@ class ArtifactService:
                 self._supersede_row(tx, current, new.artifact_id, caller.principal)
                 self.store.update_fields(tx, new.artifact_id, status=Status.ACCEPTED)
                 self.store.record(tx, new.artifact_id, "accepted", caller.principal, superseded=artifact_id)
+                self.store.mark_for_index(tx, realm_id, [artifact_id, new.artifact_id])
                 return self.store.get(tx, new.artifact_id), self.store.get(tx, artifact_id)
 
         new, old = self._retrying(attempt)
         self.reindex(realm_id, [old.artifact_id, new.artifact_id])
         return new
 
-    def reindex(self, realm_id: str, artifact_ids: list[str]) -> None:
+    def reindex(self, realm_id: str, artifact_ids: list[str], wait: bool = True) -> bool:
         """After a commit: the realm's search index takes these artifacts as the database now has
-        them. A failure (the index locked for over a minute, a full disk) is logged, not raised:
-        the change itself is committed, and the realm's next reindex rebuilds its files whole."""
+        them, with every change still in the realm's index outbox (a process killed between its
+        commit and its refresh left it there). A failure (the index locked for over a minute, a
+        full disk) is logged, not raised: the change itself is committed, its outbox row stays,
+        and the realm's next refresh rebuilds its files whole. True when the index took them."""
+        fault_point("artifact_before_index_refresh")
+        taken: list[str] = []
+
         def current(whole: bool) -> list[Artifact]:
             with self.store.transaction() as tx:
+                pending = self.store.index_outbox(tx, realm_id)
+                taken[:] = [change_id for change_id, _ in pending]
                 if whole:
                     return self.store.listed(tx, realm_id, limit=EVERY, entries=ALL_ENTRIES)
-                return [a for a in (self.store.get(tx, aid, entries=ALL_ENTRIES) for aid in artifact_ids) if a is not None]
+                ids = dict.fromkeys([*artifact_ids, *(aid for _, aid in pending)])
+                return [a for a in (self.store.get(tx, aid, entries=ALL_ENTRIES) for aid in ids) if a is not None]
 
         try:
-            self.index.refresh(realm_id, current)
+            if not self.index.refresh(realm_id, current, wait):
+                return False
+            with self.store.transaction() as tx:
+                self.store.indexed(tx, taken)
+            return True
         except Exception as exc:  # noqa: BLE001 - whatever it was, the committed change stands
             log.warning("recall.artifact_index_behind", realm=self.index.home(realm_id).name,
                         error=repr(exc)[:300],
-                        hint="search may miss these changes until the realm's next accepted change rebuilds its index")
+                        hint="search may miss these changes until the realm's next refresh rebuilds its index")
+            return False
+
+    def catch_up(self, realm_id: str) -> None:
+        """Before a search: a realm whose index is behind its database — changes committed by a
+        process that died before its refresh — is brought up to date, on the realm's first
+        search in this process (a restart) or once the change is CATCH_UP_AFTER_S old (another
+        replica died), never while another refresh runs (it takes the change along), and after a
+        failed attempt not again for CATCH_UP_RETRY_S (a full disk must not slow every search)."""
+        now = time.monotonic()
+        if now < self._catch_up_not_before.get(realm_id, 0.0):
+            return
+        with self.store.transaction() as tx:
+            oldest = self.store.oldest_unindexed(tx, realm_id)
+        first_use = realm_id not in self._used_realms
+        self._used_realms.add(realm_id)
+        if oldest is None or (not first_use and time.time() - oldest < self.catch_up_after_s):
+            return
+        log.info("recall.artifact_index_catch_up", realm=self.index.home(realm_id).name, behind_s=round(time.time() - oldest, 1))
+        if not self.reindex(realm_id, [], wait=False):
+            self._catch_up_not_before[realm_id] = now + CATCH_UP_RETRY_S
 
     def _supersede_row(self, tx: Tx, previous: Artifact, by: str, actor: str) -> None:
         self.store.update_fields(tx, previous.artifact_id, status=Status.SUPERSEDED, superseded_by_artifact_id=by)
@@ -321,6 +377,8 @@ class ArtifactService:
         words = query.split() if query else []
         if status != "accepted":
             return self._listed(realm_id, status, target_kind, target_id, kind, words, limit, offset)
+        if words:
+            self.catch_up(realm_id)
         ranked = self._ranked(realm_id, query, target_kind, target_id, kind, offset + limit)[offset:] if words else None
         with self.store.transaction() as tx:
             # The database has the last word on status: the index may still hold one revoked a moment ago.

@@ -42,6 +42,7 @@ class PopulationService:
                 if self.store.accepted_at_path(tx, realm_id, CONSTITUTION_PATH, lock=True) is not None:
                     raise already
                 made = [self._accepted(tx, caller, realm_id, *doc) for doc in documents]
+                self.store.mark_for_index(tx, realm_id, [a.artifact_id for a in made])
         except Conflict:  # another owner initialised it at the same moment (the one-accepted-version index)
             raise already from None
         self.artifacts.reindex(realm_id, [a.artifact_id for a in made])
