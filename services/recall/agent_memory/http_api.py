@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastmcp import FastMCP
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -160,10 +160,11 @@ class SearchQuery(BaseModel):
     model_config = ConfigDict(extra="forbid")
     memory_type: MemoryType | None = None
     reality: Reality | None = None
-    tag: str | None = None
+    # As the MCP tool's: a query word is matched against every record (LIKE), whatever its length.
+    tag: str | None = Field(None, max_length=40)
     target_kind: TargetKind | None = None
-    target_id: str | None = None
-    q: str | None = None
+    target_id: str | None = Field(None, max_length=200)
+    q: str | None = Field(None, max_length=500)
     valid_now: bool = True
     limit: int = 10
     offset: int = 0

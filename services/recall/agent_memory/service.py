@@ -17,6 +17,7 @@ from services.recall.artifacts.rules import RuleBroken
 from services.recall.artifacts.text_limits import check_text
 from services.recall.artifacts.service import AUDIT_PAGE, MAX_TRAIL_OFFSET, ArtifactService, Caller, check_page
 
+MAX_REASON_CHARS = 1000  # as an artifact's revocation reason
 CHANGEABLE = ("memory_type", "title", "summary", "content", "reality", "valid_from", "valid_until")
 
 
@@ -74,6 +75,8 @@ class AgentMemoryService:
 
     def retire(self, caller: Caller, realm_id: str, record_id: str, reason: str | None) -> dict[str, Any]:
         rules.check_can_write(rules.role_in(caller.realms, realm_id), realm_id)
+        if reason is not None and len(reason) > MAX_REASON_CHARS:
+            raise RuleBroken("reason", f"at most {MAX_REASON_CHARS} characters, not {len(reason)}")
         with self.store.transaction() as tx:
             record = self._load(tx, realm_id, record_id, lock=True)
             if record.status != "active":

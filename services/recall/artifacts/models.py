@@ -9,6 +9,9 @@ from pydantic import BaseModel, Field, PlainSerializer, field_validator
 
 ARTIFACT_PATH = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}(/[a-z0-9][a-z0-9._-]{0,63}){0,7}")
 REALM_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")
+# Each target is checked in the write's transaction (SQLite's write lock held): 4 MiB of targets
+# held every writer of the database for as long as their checks took.
+MAX_TARGETS = 20
 ArtifactKind = Literal["worklog", "handoff", "decision", "strategy", "review_protocol", "dossier",
                        "constitution", "agent_registry", "charter"]
 WriteMode = Literal["append", "replace"]
@@ -120,7 +123,7 @@ class DraftInput(BaseModel):
     summary: str = Field(min_length=1, max_length=1000)
     source_ref: str = Field(min_length=1, max_length=500)
     source_context: dict[str, Any]
-    targets: list[Target] = Field(min_length=1)
+    targets: list[Target] = Field(min_length=1, max_length=MAX_TARGETS)
     supersedes_artifact_id: str | None = None
 
     @field_validator("artifact_path")

@@ -18,7 +18,7 @@ from services.recall.artifacts import kind_schemas, rules
 from services.recall.artifacts.artifact_search import ArtifactSearch
 from services.recall.artifacts.artifact_store import ALL_ENTRIES, ENTRIES_PAGE, NO_ENTRIES, ArtifactStore, Conflict, Tx, Window
 from services.recall.artifacts.kind_schemas import AgentRegistry, Constitution
-from services.recall.artifacts.models import REALM_ID, Artifact, DraftInput, Role, Status, Target, TargetKind
+from services.recall.artifacts.models import MAX_TARGETS, REALM_ID, Artifact, DraftInput, Role, Status, Target, TargetKind
 from services.recall.artifacts.rules import RuleBroken
 from services.recall.artifacts.text_limits import DEFAULT_MAX_TEXT_BYTES, check_json, check_text
 from shared.engine.fault_injection import fault_point
@@ -100,6 +100,8 @@ class ArtifactService:
     def check_targets(self, tx: Tx, caller: Caller, realm_id: str, targets: list[Target]) -> None:
         if not targets:
             raise RuleBroken("targets", "an artifact needs at least one target")
+        if len(targets) > MAX_TARGETS:
+            raise RuleBroken("targets", f"at most {MAX_TARGETS} targets, not {len(targets)}")
         for t in targets:
             if t.target_kind is TargetKind.REALM and t.target_id != realm_id:
                 raise RuleBroken("targets", f"a realm target must name this realm ({realm_id!r})")
