@@ -142,6 +142,8 @@ def test_a_text_over_the_limit_is_refused_naming_its_field_and_nothing_is_stored
         deep = {"d": deep}
     with pytest.raises(RuleBroken, match="^source_context: nested more than 32 levels"):
         service.create_draft(MEMBER, REALM, draft("dossiers/big", "fine", source_context=deep))
+    with pytest.raises(RuleBroken, match="^source_context: holds a number JSON cannot carry"):
+        service.create_draft(MEMBER, REALM, draft("dossiers/big", "fine", source_context={"score": float("nan")}))
 
     at_limit = service.create_draft(MEMBER, REALM, draft("agents/a/worklog", "я" * (LIMIT // 2), "worklog"))
     with pytest.raises(TextTooLarge, match="^body:"):

@@ -51,7 +51,11 @@ def check_json(field: str, value: Any, limit: int) -> None:
             raise RuleBroken(field, f"nested more than {MAX_JSON_DEPTH} levels deep; nothing was stored")
         children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
         stack.extend((child, depth + 1) for child in children)
-    check_text(field, json.dumps(value, ensure_ascii=False), limit)
+    try:
+        stored = json.dumps(value, ensure_ascii=False, allow_nan=False)
+    except ValueError:  # NaN or Infinity: kept as such, it was shown back as null
+        raise RuleBroken(field, "holds a number JSON cannot carry (NaN or Infinity); nothing was stored") from None
+    check_text(field, stored, limit)
 
 
 def request_bytes_for(limit: int, overhead: int = 64 * 1024) -> int:
