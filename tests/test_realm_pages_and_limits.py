@@ -225,3 +225,34 @@ async def test_over_http_and_mcp_a_large_text_is_a_4xx_naming_its_field_and_list
                           ({"page": 2}, "page")]:
         refused = http.get(f"/memory/{made['record_id']}/audit", params=params)
         assert refused.status_code == 422 and refused.json()["error"] == field, refused.text
+
+
+def test_citations_of_one_conversation_read_it_once_and_never_under_the_write_lock(service, monkeypatch):
+    """Twenty citations of one long conversation read it twenty times, and a change's citations
+    and every shown record's passages were read inside the transaction (on SQLite the database's
+    write lock, held for all other writers while the disk was read)."""
+    from services.recall.agent_memory import citations
+    from shared.tenant_paths import TenantPaths
+    from tests.conftest import write_conversation
+
+    write_conversation(TenantPaths.for_user(service.data_dir, MEMBER.principal).transcript("call").parent, "call",
+                       [f"turn {n} " + "talk " * 2000 for n in range(40)])
+    reads: list[bool] = []
+    real = citations.read_transcript
+
+    def read_and_note(path):
+        with service.store.transaction():  # no other transaction is open: it would wait on (SQLite) or hold the lock
+            pass
+        reads.append(True)
+        return real(path)
+    monkeypatch.setattr(citations, "read_transcript", read_and_note)
+    memory = AgentMemoryService(MemoryStore(service.store), service, service.data_dir)
+    cited = [{"session_id": "call", "turn_uuid": f"call-{n}"} for n in range(20)]
+    made = memory.create(MEMBER, REALM, RecordInput(memory_type="fact", title="t", summary="s", content="c",
+                                                    reality="current_state", citations=cited,
+                                                    targets=[Target(target_kind="entity", target_id="contract-7")]))
+    assert [c["status"] for c in made["citations"]] == ["shown"] * 20
+    assert len(reads) == 2  # once to check, once to show
+    memory.update(MEMBER, REALM, made["record_id"], RecordFields.model_validate({"citations": cited[:5]}))
+    memory.get(MEMBER, REALM, made["record_id"])
+    assert len(reads) == 5
