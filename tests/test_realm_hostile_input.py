@@ -118,3 +118,37 @@ async def test_concurrent_people_changing_one_record_each_get_an_answer_and_the_
         final = (await http.get(f"/memory/{rid}")).json()
         assert final["status"] == "retired" and len(final["tags"]) == 1
     assert "Traceback" not in serve.output()
+
+
+def test_a_sqlite_database_locked_by_another_process_answers_503_database_not_500(tmp_path, embedder):
+    """A SQLite file whose write lock another process held past the busy timeout (`recall memory`,
+    a backup tool) made every realm call a bare 500 / unnamed tool error."""
+    import sqlite3
+
+    from services.recall.agent_memory.memory_store import MemoryStore
+    from services.recall.agent_memory.models import RecordInput
+    from services.recall.agent_memory.service import AgentMemoryService
+    from services.recall.artifacts.artifact_search import ArtifactSearch
+    from services.recall.artifacts.artifact_store import ArtifactStore, StoreUnavailable
+    from services.recall.artifacts.models import Role
+    from services.recall.artifacts.service import ArtifactService, Caller
+    from shared.engine.api import Engine
+
+    url = f"sqlite:///{tmp_path / 'artifacts.sqlite3'}"
+    store = ArtifactStore(url)
+    store.sqlite_busy_s = 0.3
+    memory = AgentMemoryService(MemoryStore(store), ArtifactService(store, ArtifactSearch(tmp_path, Engine(embedder=embedder)),
+                                                                    tmp_path), tmp_path)
+    alice = Caller("alice", {REALM: Role.MEMBER})
+    data = RecordInput.model_validate(record(targets=REALM_TARGET))
+    memory.create(alice, REALM, data)
+    other = sqlite3.connect(tmp_path / "artifacts.sqlite3", isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    try:
+        with pytest.raises(StoreUnavailable):
+            memory.create(alice, REALM, data)
+    finally:
+        other.execute("ROLLBACK")
+    assert len(memory.search(alice, REALM)) == 1
+    memory.create(alice, REALM, data)
+    assert len(memory.search(alice, REALM)) == 2

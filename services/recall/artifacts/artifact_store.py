@@ -52,6 +52,7 @@ SCHEMA = [
         change_id TEXT PRIMARY KEY, realm_id TEXT NOT NULL, artifact_id TEXT NOT NULL, at DOUBLE PRECISION NOT NULL)""",
     "CREATE INDEX IF NOT EXISTS artifact_index_outbox_by_realm ON artifact_index_outbox (realm_id, at)",
 ]
+SQLITE_BUSY_S = 30  # how long a SQLite transaction waits for another's write lock
 CONNECT_TIMEOUT_S = 5  # an unreachable server is a quick "unavailable", not a request hanging for minutes
 # A server that vanishes mid-connection (network partition, host lost) without closing it: the
 # kernel gives the connection up after unacknowledged data for this long, or after 3 missed
@@ -104,6 +105,7 @@ class ArtifactStore:
         if not self.pg and not url.startswith("sqlite:///"):
             raise ValueError("RECALL_ARTIFACTS_DB_URL must be sqlite:///<path> or postgresql://…")
         self._local = threading.local()
+        self.sqlite_busy_s = SQLITE_BUSY_S
         # Tables are made by the first transaction, not here: a replica starting while
         # PostgreSQL is down still serves conversation recall, and its realm surface comes up
         # with the database.
@@ -145,7 +147,7 @@ class ArtifactStore:
         else:
             path = Path(self.url.removeprefix("sqlite:///"))
             path.parent.mkdir(parents=True, exist_ok=True)
-            conn = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
+            conn = sqlite3.connect(path, timeout=self.sqlite_busy_s, isolation_level=None, check_same_thread=False)
             conn.execute(f"PRAGMA journal_mode={journal_mode()}")  # RECALL_SQLITE_JOURNAL_MODE, as the engine
             conn.execute("PRAGMA foreign_keys=ON")
         self._local.conn = conn
@@ -199,6 +201,10 @@ class ArtifactStore:
         except self._db_error() as exc:
             if self.pg and conn.closed:
                 self._local.conn = None
+                raise StoreUnavailable(str(exc)) from exc
+            if not self.pg and "locked" in str(exc):
+                # Another process (`recall memory`, a backup, a second replica on this host) held
+                # the file's write lock for all of sqlite_busy_s: "retry later", not an unnamed error.
                 raise StoreUnavailable(str(exc)) from exc
             raise
         return cur
