@@ -144,6 +144,8 @@ def test_a_text_over_the_limit_is_refused_naming_its_field_and_nothing_is_stored
         service.create_draft(MEMBER, REALM, draft("dossiers/big", "fine", source_context=deep))
     with pytest.raises(RuleBroken, match="^source_context: holds a number JSON cannot carry"):
         service.create_draft(MEMBER, REALM, draft("dossiers/big", "fine", source_context={"score": float("nan")}))
+    with pytest.raises(RuleBroken, match="^source_context: holds a number JSON cannot carry"):
+        service.create_draft(MEMBER, REALM, draft("dossiers/big", "fine", source_context={"id": 10**5000}))
 
     at_limit = service.create_draft(MEMBER, REALM, draft("agents/a/worklog", "я" * (LIMIT // 2), "worklog"))
     with pytest.raises(TextTooLarge, match="^body:"):

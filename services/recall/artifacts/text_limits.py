@@ -53,8 +53,9 @@ def check_json(field: str, value: Any, limit: int) -> None:
         stack.extend((child, depth + 1) for child in children)
     try:
         stored = json.dumps(value, ensure_ascii=False, allow_nan=False)
-    except ValueError:  # NaN or Infinity: kept as such, it was shown back as null
-        raise RuleBroken(field, "holds a number JSON cannot carry (NaN or Infinity); nothing was stored") from None
+    except ValueError:  # NaN or Infinity (kept, it was shown back as null), or an integer Python will not print
+        raise RuleBroken(field, "holds a number JSON cannot carry (NaN, Infinity, or an integer of over 4,300 digits); "
+                                "nothing was stored") from None
     check_text(field, stored, limit)
 
 
