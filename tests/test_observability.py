@@ -147,7 +147,7 @@ def doc_refs(text: str) -> list[tuple[str, dict[str, tuple[str, str]], set[str]]
 
 def deploy_exprs() -> dict[str, str]:
     """Every PromQL expression the deployment ships, by where it is used."""
-    dashboard = json.loads((REPO / "deploy" / "grafana" / "recall.json").read_text())
+    dashboard = json.loads((REPO / "deploy" / "k8s" / "monitoring" / "dashboards" / "recall.json").read_text())
     exprs = {f"dashboard {p['title']} {t['refId']}": _with_all_selected(t["expr"], dashboard)
              for p in dashboard["panels"] for t in p["targets"]}
     for variable in dashboard["templating"]["list"]:
