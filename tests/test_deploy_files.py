@@ -508,7 +508,8 @@ def test_dashboard_is_valid_grafana_json_with_variables_and_every_topic():
     assert sum('instance=~"$instance"' in e for e in exprs) >= 4
     titles = " ".join(p["title"] for p in dash["panels"]).lower()
     for topic in ("latency", "calls per second", "unavailable", "pool", "stream", "index job", "ingest to searchable",
-                  "dead letters", "ingest request latency", "jobs running", "forget", "retention", "per instance"):
+                  "dead letters", "ingest request latency", "jobs running", "forget", "retention", "per instance",
+                  "unexpected errors"):
         assert topic in titles, topic
 
 
