@@ -288,6 +288,27 @@ def test_redis_requires_acl_users_never_evicts_and_has_a_headless_governing_serv
     assert not any("ingest-key=" in str(s) for s in objects(overlay, "Secret").values()), "no secret literal ships"
 
 
+def test_redis_and_postgresql_may_load_their_data_before_liveness_can_kill_them(overlay):
+    """docs/benchmarks.md, redis-restart-bench: Redis answers LOADING until its append-only file
+    is read back, in proportion to the backlog. The startup probe in front of liveness waits
+    four times the slowest measured rate extrapolated to maxmemory (a contended core); liveness
+    alone (30 s) killed a Redis restarted with a full backlog mid-load, again and again."""
+    doc = (REPO / "docs" / "benchmarks.md").read_text()
+    section = doc[doc.index("<!-- redis-restart-bench:start -->"):doc.index("<!-- redis-restart-bench:end -->")]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in section.splitlines() if re.match(r"\| [\d,]+ \|", line)]
+    seconds_per_mib = max(float(r[4]) / float(r[2]) for r in rows if int(r[0].replace(",", "")) > 0)
+    maxmemory = re.search(r"^maxmemory (\d+)gb$", (DEPLOY / "k8s" / "base" / "redis" / "redis.conf").read_text(), re.M)
+    full_load_s = seconds_per_mib * int(maxmemory[1]) * 10**9 / 2**20
+    for name in ("recall-redis", "recall-postgres"):
+        [container] = [c for c in objects(overlay, "StatefulSet")[name]["spec"]["template"]["spec"]["containers"]
+                       if c["name"] in ("redis", "postgres")]
+        startup = container["startupProbe"]
+        assert startup["exec"] == container["livenessProbe"]["exec"] == container["readinessProbe"]["exec"], name
+        assert startup["periodSeconds"] * startup["failureThreshold"] >= 4 * full_load_s, (name, full_load_s)
+        assert "initialDelaySeconds" not in container["livenessProbe"], name
+        assert all(container[p]["timeoutSeconds"] >= 3 for p in ("startupProbe", "readinessProbe", "livenessProbe")), name
+
+
 def test_every_pod_that_opens_memories_runs_on_the_node_of_the_one_data_volume(overlay):
     """docs/capacity.md, "Storage": SQLite (WAL) and tantivy are correct on one host only."""
     [pvc] = objects(overlay, "PersistentVolumeClaim").values()
