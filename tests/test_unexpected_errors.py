@@ -93,6 +93,8 @@ async def test_an_unexpected_recall_failure_is_counted_and_logged_on_both_surfac
         refused = await client.call_tool("get_agent_memory", {"realm_id": "other", "record_id": record_id},
                                          raise_on_error=False)
         assert refused.is_error and "internal error" not in refused.content[0].text
+        unknown = await client.call_tool("forget_everything", {}, raise_on_error=False)  # fastmcp's own answer
+        assert unknown.is_error and "Unknown tool" in unknown.content[0].text
     assert sample(url, 'recall_unexpected_errors_total{surface="http"}') == 1
     assert sample(url, 'recall_unexpected_errors_total{surface="mcp"}') == 1
 

@@ -15,9 +15,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from fastmcp.exceptions import FastMCPError, ToolError
+from fastmcp.exceptions import DisabledError, FastMCPError, NotFoundError, ToolError
 from fastmcp.server.dependencies import get_access_token
 from fastmcp.server.middleware import Middleware
+from mcp.shared.exceptions import MCPError
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -27,6 +28,8 @@ from shared.logging_setup import get_logger
 from shared.tenant_paths import user_hash
 
 log = get_logger("recall.service")
+# What fastmcp answers itself: refusals, unknown or disabled tools, invalid arguments, protocol errors.
+ANSWERED = (FastMCPError, NotFoundError, DisabledError, MCPError)
 
 
 def _hash_of(claims: dict | None) -> str | None:
@@ -61,11 +64,11 @@ class UnexpectedToolErrors(Middleware):
         except ToolError as exc:
             # A tool's own refusal has no cause (raised `from None` or plainly); fastmcp's mask of
             # an unexpected exception is raised `from` it.
-            if exc.__cause__ is None or isinstance(exc.__cause__, FastMCPError):
+            if exc.__cause__ is None or isinstance(exc.__cause__, ANSWERED):
                 raise
             failure: BaseException = exc.__cause__
-        except FastMCPError:
-            raise  # unknown tool, invalid arguments, not authorised: answered by fastmcp
+        except ANSWERED:
+            raise
         except Exception as exc:  # from a middleware, outside fastmcp's mask
             failure = exc
         token = get_access_token()
