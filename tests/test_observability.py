@@ -168,6 +168,20 @@ def deploy_exprs() -> dict[str, str]:
     return exprs
 
 
+def alert_test_refs() -> dict[str, list]:
+    """The series the promtool unit tests (alerts_test.yml) feed the alerts: each must be one the
+    services export, with the labels given (a unit test on an invented series or label proves
+    nothing about production). Label values are the tests' own: only the labels are checked."""
+    tests = yaml.safe_load((REPO / "deploy" / "prometheus" / "alerts_test.yml").read_text())["tests"]
+    refs: dict[str, list] = {}
+    for test in tests:
+        for item in test["input_series"]:
+            name, labels = re.fullmatch(r"(\w+)(?:\{(.*)\})?", item["series"]).groups()
+            matchers = {label: ("", "") for label in re.findall(r'(\w+)="', labels or "")}
+            refs.setdefault(f"alerts_test.yml {test['name']}", []).append((name, matchers, set()))
+    return refs
+
+
 def test_reference_extraction_finds_selectors_matchers_and_grouping():
     [(name, matchers, grouped)] = promql_refs(
         'histogram_quantile(0.95, sum by (le, outcome) (rate(recall_tool_latency_seconds_bucket{outcome=~"hit|empty"}[5m])))')
@@ -298,7 +312,7 @@ async def test_every_series_the_dashboard_rules_autoscaler_and_docs_use_is_expor
         for var in JOBS.values():
             declared |= set(re.findall(r"^# TYPE (\S+)", httpx.get(f"http://127.0.0.1:{env[var]}/metrics").text, re.M))
         refs = {where: promql_refs(expr) for where, expr in exprs.items()}
-        refs |= {doc: doc_refs((REPO / doc).read_text()) for doc in DOCS}
+        refs |= {doc: doc_refs((REPO / doc).read_text()) for doc in DOCS} | alert_test_refs()
         assert sum(len(r) for r in refs.values()) > 80
         cache: dict[str, list[dict]] = {}
         problems = mismatches(refs, lambda name: cache.setdefault(name, _series(url, name)), declared)
