@@ -322,6 +322,25 @@ def test_delete_on_a_users_retention_clears_the_override_and_forgets_nobody(inge
     assert r.xlen("recall:turns") == 0, "no forget of a user named 'alice/retention'"
 
 
+def test_a_user_whose_id_ends_in_retention_is_forgotten_through_the_query_form(ingest, r):
+    headers = {"x-ingest-key": INGEST_KEY}
+    resp = httpx.delete(f"{ingest}/users", params={"user": "alice/retention"}, headers=headers)
+    assert resp.status_code == 202, resp.text
+    (_, event), = r.xrange("recall:turns")
+    assert event["kind"] == "forget_user" and event["user_hash"] == user_hash("alice/retention")
+    resp = httpx.request("DELETE", f"{ingest}/users", headers=headers, json={"user": "bob"})
+    assert resp.status_code == 202 and r.xrange("recall:turns")[-1][1]["user_hash"] == user_hash("bob")
+
+
+@pytest.mark.parametrize("query, body", [(None, None), ("", None), ("bob", b'{"user": "alice"}'), (None, b'{"user": ""}')])
+def test_a_user_forget_without_one_clear_user_is_422_naming_user(ingest, r, query, body):
+    params = {} if query is None else {"user": query}
+    headers = {"x-ingest-key": INGEST_KEY, "content-type": "application/json"}
+    resp = httpx.request("DELETE", f"{ingest}/users", params=params, headers=headers, content=body)
+    assert resp.status_code == 422 and fields_of(resp) == {"user"}, resp.text
+    assert r.xlen("recall:turns") == 0
+
+
 NEXT_KEY = "Qx7pL2vR9mT4kW8zN3bY6cH1jD5fG0sA"  # random-looking, as the secret policy demands
 
 

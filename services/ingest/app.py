@@ -3,7 +3,8 @@ a bad request cannot damage what is stored, and it answers 202 only once Redis h
 (XADD returned; Redis persists it with AOF). Every error body names the field at fault.
 
 - `POST /turns`: a conversation snapshot (secrets redacted, recall echoes dropped);
-- `DELETE /conversations/{id}` (user in the query or body) and `DELETE /users/{user}`: forget,
+- `DELETE /conversations/{id}` (user in the query or body) and `DELETE /users/{user}` (or
+  `DELETE /users` with the user in the query or body, for any user id): forget,
   through the same stream so the order against in-flight turns is exact; both return a receipt;
 - `GET /deletions/{receipt}`: pending or done, with what was removed;
 - `PUT /users/{user}/retention`: a per-user retention override (`DELETE` clears it).
@@ -318,10 +319,9 @@ class IngestAPI:
                  receipt=record.receipt)
         return 202, record.model_dump()
 
-    async def delete_conversation(self, request: Request) -> tuple[int, dict]:
-        cid = request.path_params["conversation_id"]
-        if not CONVERSATION_ID.fullmatch(cid):
-            raise HTTPProblem(422, "invalid request", [("conversation_id", "must match [A-Za-z0-9_-]{1,128}")])
+    async def _user_from_query_or_body(self, request: Request) -> str:
+        """The user of a forget given as `?user=` or a body `{"user": …}`: path segments cannot carry
+        every user id (one ending in "/retention" names the retention route)."""
         in_query = request.query_params.get("user")
         body = await self._json(request, required=False)
         in_body = _validate(ForgetUser, body).user if body is not None else None
@@ -330,12 +330,20 @@ class IngestAPI:
         user = in_query if in_query is not None else in_body
         if user is None:
             raise HTTPProblem(422, "invalid request", [("user", "required, in the query string or the body")])
-        forget: ForgetUser = _validate(ForgetUser, {"user": user})
-        return await self._forget("forget_conversation", forget.user, cid)
+        return _validate(ForgetUser, {"user": user}).user
+
+    async def delete_conversation(self, request: Request) -> tuple[int, dict]:
+        cid = request.path_params["conversation_id"]
+        if not CONVERSATION_ID.fullmatch(cid):
+            raise HTTPProblem(422, "invalid request", [("conversation_id", "must match [A-Za-z0-9_-]{1,128}")])
+        return await self._forget("forget_conversation", await self._user_from_query_or_body(request), cid)
 
     async def delete_user(self, request: Request) -> tuple[int, dict]:
         forget: ForgetUser = _validate(ForgetUser, {"user": request.path_params["user"]})
         return await self._forget("forget_user", forget.user, None)
+
+    async def delete_user_named_elsewhere(self, request: Request) -> tuple[int, dict]:
+        return await self._forget("forget_user", await self._user_from_query_or_body(request), None)
 
     async def get_deletion(self, request: Request) -> tuple[int, dict]:
         receipt = request.path_params["receipt"]
@@ -402,6 +410,7 @@ def create_app(settings: IngestSettings) -> Starlette:
         routes=[
             api.route("/turns", api.post_turns, ["POST"]),
             api.route("/conversations/{conversation_id}", api.delete_conversation, ["DELETE"], frozenset({"user"})),
+            api.route("/users", api.delete_user_named_elsewhere, ["DELETE"], frozenset({"user"})),
             api.route("/users/{user:anytext}/retention", api.put_retention, ["PUT"]),
             api.route("/users/{user:anytext}/retention", api.delete_retention, ["DELETE"]),
             api.route("/users/{user:anytext}", api.delete_user, ["DELETE"]),

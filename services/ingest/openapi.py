@@ -58,6 +58,20 @@ def openapi_document() -> dict:
                               "422": err("No user, an empty user, query and body disagreeing, or an unsafe id"),
                               "503": err("Redis unreachable; retry")},
             }},
+            "/users": {"delete": {
+                "summary": "Forget everything of a user named in the query string or the body (any user id, "
+                           "including one ending in /retention)",
+                "security": [{"ingestKey": []}],
+                "parameters": [{"name": "user", "in": "query", "required": False,
+                                "schema": {"type": "string", "minLength": 1, "maxLength": 256}}],
+                "requestBody": {"required": False, "content": {"application/json": {"schema": ref("ForgetUser")}}},
+                "responses": {"202": {"description": "Receipt; poll GET /deletions/{receipt}",
+                                      "content": {"application/json": {"schema": ref("DeletionReceipt")}}},
+                              "400": err("Malformed JSON body"), "401": err("Missing or wrong ingest key"),
+                              "413": err("Body too large"), "415": err("A body that is not application/json"),
+                              "422": err("No user, an empty user, or query and body disagreeing"),
+                              "503": err("Redis unreachable; retry")},
+            }},
             "/users/{user}": {"delete": {
                 "summary": "Forget everything of a user",
                 "security": [{"ingestKey": []}],
