@@ -48,6 +48,7 @@ bench: install
 	$(PY) -m bench.embedder_bench
 	$(PY) -m bench.service_footprint_bench
 	$(PY) -m bench.redis_restart_bench
+	$(PY) -m bench.artifact_text_bench
 
 clean:
 	rm -rf $(VENV) .pytest_cache

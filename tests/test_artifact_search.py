@@ -107,13 +107,14 @@ def test_a_failed_index_refresh_keeps_the_committed_change_and_heals_on_the_next
 
 def test_search_reads_the_beginning_of_a_long_body_and_reading_gives_it_whole(service):
     """A 200,000-character body took about a minute of CPU to accept (every character embedded,
-    under the lock all the process's acceptances wait on); MCP takes 4 MiB requests."""
+    under the lock all the process's acceptances wait on); MCP takes 4 MiB requests. A body is now
+    at most RECALL_REALM_MAX_TEXT_BYTES (64 KiB), still three times what search reads of it."""
     from services.recall.artifacts.artifact_search import INDEXED_CHARS
 
     service.register_entity(MEMBER, REALM, "contract-7", "Contract 7", "contract")
-    filler = " ".join(f"filler{i}" for i in range(40_000))
+    filler = " ".join(f"filler{i}" for i in range(5_500))
     body = f"Opening OSPREYSTART note. {filler} Closing PELICANEND note."
-    assert len(body) > 10 * INDEXED_CHARS
+    assert 2.5 * INDEXED_CHARS < len(body.encode()) <= service.max_text_bytes
     aid = accepted(service, "dossiers/contract-7/long", body, "contract-7")
     texts = index_texts(service)
     assert "OSPREYSTART" in texts and "PELICANEND" not in texts

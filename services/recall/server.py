@@ -177,7 +177,8 @@ async def _drop_forgotten(s: RecallSettings, backend: RecallBackend) -> None:
 def build_artifact_service(s: RecallSettings) -> ArtifactService:
     url = s.artifacts_db_url or f"sqlite:///{(s.data_dir / 'artifacts.sqlite3').resolve()}"
     # Artifact search has its own engine handle (its own reader cache), sharing the loaded model.
-    return ArtifactService(ArtifactStore(url), ArtifactSearch(s.data_dir, Engine(max_readers=ARTIFACT_READERS)), s.data_dir)
+    return ArtifactService(ArtifactStore(url), ArtifactSearch(s.data_dir, Engine(max_readers=ARTIFACT_READERS)), s.data_dir,
+                           s.realm_max_text_bytes)
 
 
 def check_artifacts_db(store: ArtifactStore) -> None:

@@ -2,7 +2,8 @@
 die (os._exit, like kill -9: no cleanup, no flush) the moment it reaches that point.
 
 Points: `after_listing`, `mid_embedding`, `before_commit`, `after_tantivy_commit`,
-`after_sqlite_commit`. Unset (always in production) it costs one dict lookup per point.
+`after_sqlite_commit`; and the recall service's `artifact_before_index_refresh` (an artifact
+change committed, the realm's search index not yet refreshed). Unset (always in production) it costs one dict lookup per point.
 """
 
 from __future__ import annotations

@@ -20,16 +20,26 @@ from shared.engine.transcript import TranscriptTurn, parse_ts, read_transcript
 from shared.tenant_paths import TenantPaths
 
 
-def find_turn(data_dir: Path, user: str, citation: Citation) -> TranscriptTurn | None:
-    path = TenantPaths.for_user(data_dir, user).transcript(citation.session_id)
-    if not path.is_file():
-        return None
-    return next((t for t in read_transcript(path).turns if t.turn_uuid == citation.turn_uuid), None)
+class TurnFinder:
+    """The cited turns of one user's conversations, each conversation read once however many
+    citations name it (20 citations of one long conversation read it 20 times)."""
+
+    def __init__(self, data_dir: Path, user: str) -> None:
+        self.paths = TenantPaths.for_user(data_dir, user)
+        self.read: dict[str, dict[str, TranscriptTurn]] = {}
+
+    def __call__(self, citation: Citation) -> TranscriptTurn | None:
+        if citation.session_id not in self.read:
+            path = self.paths.transcript(citation.session_id)
+            turns = read_transcript(path).turns if path.is_file() else []
+            self.read[citation.session_id] = {t.turn_uuid: t for t in reversed(turns)}  # the first of a repeated id
+        return self.read[citation.session_id].get(citation.turn_uuid)
 
 
 def check_citations(data_dir: Path, author: str, citations: list[Citation]) -> None:
+    find_turn = TurnFinder(data_dir, author)
     for i, c in enumerate(citations):
-        if find_turn(data_dir, author, c) is None:
+        if find_turn(c) is None:
             raise RuleBroken("citations", f"citations.{i}: turn {c.turn_uuid!r} of session {c.session_id!r} is not in "
                              "your own recorded conversations (cite what recall_my_conversations showed you)")
 
@@ -39,8 +49,9 @@ def show_citations(data_dir: Path, author: str, reader: str, citations: list[Cit
         return [{"status": "withheld", "reason": "the cited passages belong to the author's own conversation memory"}
                 for _ in citations]
     shown = []
+    find_turn = TurnFinder(data_dir, author)
     for c in citations:
-        turn = find_turn(data_dir, author, c)
+        turn = find_turn(c)
         if turn is None:
             shown.append({"status": "forgotten", "session_id": c.session_id, "turn_uuid": c.turn_uuid})
             continue

@@ -7,7 +7,7 @@ which the audit records as `operator:<name>`.
     recall memory show   --realm R RECORD_ID
     recall memory change --realm R --as NAME RECORD_ID --file patch.json
     recall memory retire --realm R --as NAME RECORD_ID [--reason TEXT]
-    recall memory audit  --realm R RECORD_ID
+    recall memory audit  --realm R RECORD_ID [--limit N] [--offset N]
 """
 
 from __future__ import annotations
@@ -38,6 +38,9 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
             op.add_argument("--file", required=True, help="JSON record (see docs/artifacts.md), - for stdin")
         if name == "retire":
             op.add_argument("--reason")
+        if name == "audit":
+            op.add_argument("--limit", type=int, default=50, help="most events shown (1..100)")
+            op.add_argument("--offset", type=int, default=0, help="events to skip (the next page)")
         if name == "list":
             op.add_argument("--type", dest="memory_type")
             op.add_argument("--reality")
@@ -81,7 +84,7 @@ def run_memory_command(args: argparse.Namespace) -> int:
         elif args.memory_op == "show":
             out = service.get(caller, args.realm, args.record_id)
         elif args.memory_op == "audit":
-            out = service.audit(caller, args.realm, args.record_id)
+            out = service.audit(caller, args.realm, args.record_id, args.limit, args.offset)
         else:
             out = service.search(caller, args.realm, memory_type=args.memory_type, reality=args.reality, tag=args.tag,
                                  target_id=args.target_id, query=args.query, valid_now=not args.all, limit=args.limit,

@@ -6,10 +6,10 @@ MCP (verified by the same verifier; the realm role comes from the token's `realm
     GET    /realms/{realm_id}/memory/{record_id}          read (any realm role)
     PATCH  /realms/{realm_id}/memory/{record_id}          change fields (owners, members)
     DELETE /realms/{realm_id}/memory/{record_id}?reason=  retire (owners, members)
-    GET    /realms/{realm_id}/memory/{record_id}/audit    every change
+    GET    /realms/{realm_id}/memory/{record_id}/audit?limit=&offset=    every change, a page at a time
 
 Errors are JSON `{"error": <rule or field>, "detail": …}`: 401 without a valid token, 403 for a
-realm or role refusal, 404 for an unknown record, 413 for a body over 1 MiB, 422 for invalid
+realm or role refusal, 404 for an unknown record, 413 for a body over 1 MiB or a field over RECALL_REALM_MAX_TEXT_BYTES (naming it), 422 for invalid
 input (naming the field; a body nested too deeply to parse is `body`; text holding a NUL
 character, which PostgreSQL cannot store, is refused on either database), 503 `database` while the
 artifacts database cannot be reached.
@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastmcp import FastMCP
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -33,14 +33,15 @@ from services.recall.artifacts.models import REALM_ID, TargetKind
 from services.recall.artifacts.nul_text import NulText, refuse_nul
 from services.recall.artifacts.realm_threads import in_realm_thread
 from services.recall.artifacts.rules import RuleBroken
-from services.recall.artifacts.service import Caller
+from services.recall.artifacts.service import AUDIT_PAGE, Caller
+from services.recall.artifacts.text_limits import TextTooLarge, request_bytes_for
 from services.recall.artifacts.tool_access import CONCURRENT_CHANGE
 from services.recall.artifacts.tools import next_offset
 from services.recall.metrics import REALM_CALLS
 from shared.http_body import BodyTooLarge, read_body
 
 STATUS = {"realm_membership": 403, "realm_role": 403, "not_found": 404, "body_size": 413}
-MAX_BODY_BYTES = 2**20  # a valid record is far smaller (content at most 20,000 characters)
+MIN_BODY_BYTES = 2**20  # a valid record is far smaller, whatever the text limit
 Handler = Callable[[Request, Caller, str], Awaitable[Any]]
 
 
@@ -48,11 +49,18 @@ def _error(status: int, error: str, detail: str) -> JSONResponse:
     return JSONResponse({"error": error, "detail": detail}, status_code=status)
 
 
-async def _json(request: Request, model: type[BaseModel]) -> Any:
+def max_body_bytes(max_text_bytes: int) -> int:
+    """The largest request read: one that can carry a record whose content is at the text limit
+    (RECALL_REALM_MAX_TEXT_BYTES), however it is escaped, so such a record is refused naming
+    `content`, not the body; at least 1 MiB."""
+    return max(MIN_BODY_BYTES, request_bytes_for(max_text_bytes))
+
+
+async def _json(request: Request, model: type[BaseModel], limit: int) -> Any:
     try:
-        body = await read_body(request, MAX_BODY_BYTES)  # read no further than a record can be
+        body = await read_body(request, limit)  # read no further than a record can be
     except BodyTooLarge:
-        raise RuleBroken("body_size", f"the request body is over {MAX_BODY_BYTES} bytes") from None
+        raise RuleBroken("body_size", f"the request body is over {limit} bytes") from None
     try:
         raw = json.loads(body)
     except ValueError:  # malformed JSON or text that is not UTF-8
@@ -65,6 +73,7 @@ async def _json(request: Request, model: type[BaseModel]) -> Any:
 
 def register_agent_memory_routes(mcp: FastMCP, service: AgentMemoryService) -> None:
     verifier = mcp.auth
+    body_limit = max_body_bytes(service.artifacts.max_text_bytes)
 
     def route(path: str, method: str, status: int = 200) -> Callable[[Handler], None]:
         def wrap(handler: Handler) -> None:
@@ -79,6 +88,9 @@ def register_agent_memory_routes(mcp: FastMCP, service: AgentMemoryService) -> N
                 try:
                     refuse_nul({**request.query_params, **request.path_params})
                     result = await handler(request, Caller.from_claims(token.claims), realm_id)
+                except TextTooLarge as exc:
+                    REALM_CALLS.labels("http", "refused").inc()
+                    return _error(413, exc.rule, str(exc))
                 except RuleBroken as exc:
                     REALM_CALLS.labels("http", "refused").inc()
                     return _error(STATUS.get(exc.rule, 422), exc.rule, str(exc))
@@ -106,7 +118,7 @@ def register_agent_memory_routes(mcp: FastMCP, service: AgentMemoryService) -> N
 
     @route(base, "POST", 201)
     async def create_memory(request: Request, caller: Caller, realm_id: str) -> Any:
-        data = await _json(request, RecordInput)
+        data = await _json(request, RecordInput, body_limit)
         return await in_realm_thread(service.create, caller, realm_id, data)
 
     @route(base, "GET")
@@ -123,7 +135,7 @@ def register_agent_memory_routes(mcp: FastMCP, service: AgentMemoryService) -> N
 
     @route(base + "/{record_id}", "PATCH")
     async def change_memory(request: Request, caller: Caller, realm_id: str) -> Any:
-        patch = await _json(request, RecordFields)
+        patch = await _json(request, RecordFields, body_limit)
         return await in_realm_thread(service.update, caller, realm_id, request.path_params["record_id"], patch)
 
     @route(base + "/{record_id}", "DELETE")
@@ -133,17 +145,26 @@ def register_agent_memory_routes(mcp: FastMCP, service: AgentMemoryService) -> N
 
     @route(base + "/{record_id}/audit", "GET")
     async def memory_audit(request: Request, caller: Caller, realm_id: str) -> Any:
-        return {"events": await in_realm_thread(service.audit, caller, realm_id, request.path_params["record_id"])}
+        q = PageQuery.model_validate(dict(request.query_params))
+        events = await in_realm_thread(service.audit, caller, realm_id, request.path_params["record_id"], q.limit, q.offset)
+        return {"events": events, "next_offset": next_offset(events, q.limit, q.offset)}
+
+
+class PageQuery(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    limit: int = AUDIT_PAGE
+    offset: int = 0
 
 
 class SearchQuery(BaseModel):
     model_config = ConfigDict(extra="forbid")
     memory_type: MemoryType | None = None
     reality: Reality | None = None
-    tag: str | None = None
+    # As the MCP tool's: a query word is matched against every record (LIKE), whatever its length.
+    tag: str | None = Field(None, max_length=40)
     target_kind: TargetKind | None = None
-    target_id: str | None = None
-    q: str | None = None
+    target_id: str | None = Field(None, max_length=200)
+    q: str | None = Field(None, max_length=500)
     valid_now: bool = True
     limit: int = 10
     offset: int = 0

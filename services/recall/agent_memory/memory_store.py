@@ -109,8 +109,10 @@ class MemoryStore:
         params += [limit, offset]
         return self._hydrate(tx, tx.q(sql, tuple(params)))
 
-    def audit(self, tx: Tx, record_id: str) -> list[dict[str, Any]]:
-        rows = tx.q("SELECT event, actor, at, detail FROM agent_memory_audit WHERE record_id = ? ORDER BY ordinal", (record_id,))
+    def audit(self, tx: Tx, record_id: str, limit: int, offset: int = 0) -> list[dict[str, Any]]:
+        """A page of the record's audit trail, oldest first."""
+        rows = tx.q("SELECT event, actor, at, detail FROM agent_memory_audit WHERE record_id = ? ORDER BY ordinal"
+                    " LIMIT ? OFFSET ?", (record_id, limit, offset))
         return [{"event": r[0], "actor": r[1], "at": r[2], "detail": json.loads(r[3])} for r in rows]
 
     def _hydrate(self, tx: Tx, rows: list[tuple]) -> list[MemoryRecord]:

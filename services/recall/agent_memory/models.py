@@ -1,12 +1,12 @@
 from __future__ import annotations
 
 import re
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Annotated, Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from services.recall.artifacts.models import Target, Timestamp, rfc3339
+from services.recall.artifacts.models import MAX_TARGETS, Target, Timestamp, rfc3339
 from shared.tenant_paths import CONVERSATION_ID
 
 MemoryType = Literal["fact", "observation", "decision", "hypothesis", "historical"]
@@ -32,7 +32,7 @@ class RecordFields(BaseModel):
     summary: str | None = Field(None, min_length=1, max_length=1000)
     content: str | None = Field(None, min_length=1, max_length=20000)
     reality: Reality | None = Field(None, description="current_state, target_state, hypothesis, decision or historical_fact.")
-    targets: list[Target] | None = Field(None, min_length=1)
+    targets: list[Target] | None = Field(None, min_length=1, max_length=MAX_TARGETS)
     tags: list[Tag] | None = Field(None, max_length=20)
     valid_from: AwareDatetime | None = Field(None, description="RFC 3339 with an offset; from when it holds.")
     valid_until: AwareDatetime | None = Field(None, description="RFC 3339 with an offset; after this it is hidden from default searches.")
@@ -45,6 +45,18 @@ class RecordFields(BaseModel):
         # refuses (it was a 500). An empty list clears tags and citations.
         if v is None:
             raise ValueError("must not be null (only valid_from and valid_until can be cleared with null)")
+        return v
+
+    @field_validator("valid_from", "valid_until")
+    @classmethod
+    def _in_range(cls, v: datetime | None) -> datetime | None:
+        # 9999-12-31T23:59:59-23:59 is a valid time whose UTC lies in year 10000: stored, it could
+        # never be shown (rfc3339 raised), and the write answered a bare 500.
+        if v is not None:
+            try:
+                v.astimezone(timezone.utc)
+            except OverflowError:
+                raise ValueError("must stay within years 1-9999 once converted to UTC") from None
         return v
 
     @model_validator(mode="after")

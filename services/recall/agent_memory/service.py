@@ -14,8 +14,10 @@ from services.recall.agent_memory.models import MemoryRecord, RecordFields, Reco
 from services.recall.artifacts import rules
 from services.recall.artifacts.models import rfc3339
 from services.recall.artifacts.rules import RuleBroken
-from services.recall.artifacts.service import ArtifactService, Caller, check_page
+from services.recall.artifacts.text_limits import check_text
+from services.recall.artifacts.service import AUDIT_PAGE, MAX_TRAIL_OFFSET, ArtifactService, Caller, check_page
 
+MAX_REASON_CHARS = 1000  # as an artifact's revocation reason
 CHANGEABLE = ("memory_type", "title", "summary", "content", "reality", "valid_from", "valid_until")
 
 
@@ -28,6 +30,7 @@ class AgentMemoryService:
     # ---- writes (people) ----------------------------------------------------------------------------
     def create(self, caller: Caller, realm_id: str, data: RecordInput) -> dict[str, Any]:
         rules.check_can_write(rules.role_in(caller.realms, realm_id), realm_id)
+        check_text("content", data.content, self.artifacts.max_text_bytes)
         check_citations(self.data_dir, caller.principal, data.citations or [])
         now = time.time()
         record = MemoryRecord(record_id=uuid.uuid4().hex, realm_id=realm_id, memory_type=data.memory_type,
@@ -39,21 +42,23 @@ class AgentMemoryService:
             self.artifacts.check_targets(tx, caller, realm_id, record.targets)
             self.store.insert(tx, record)
             self.store.record(tx, record.record_id, "created", caller.principal, memory_type=record.memory_type)
-            return self._show(caller, self.store.get(tx, record.record_id))
+            stored = self.store.get(tx, record.record_id)
+        return self._show(caller, stored)
 
     def update(self, caller: Caller, realm_id: str, record_id: str, patch: RecordFields) -> dict[str, Any]:
         rules.check_can_write(rules.role_in(caller.realms, realm_id), realm_id)
         changes = patch.model_dump(exclude_unset=True)
         if not changes:
             raise RuleBroken("fields", "nothing to change")
+        check_text("content", patch.content, self.artifacts.max_text_bytes)
+        if patch.citations is not None:  # reading conversations, before the transaction holds the record
+            check_citations(self.data_dir, caller.principal, patch.citations)
         with self.store.transaction() as tx:
             record = self._load(tx, realm_id, record_id, lock=True)
             if record.status != "active":
                 raise RuleBroken("lifecycle", "a retired record is not changed")
-            if patch.citations is not None:
-                if record.author != caller.principal:
-                    raise RuleBroken("citations", "only the author cites their own conversations")
-                check_citations(self.data_dir, caller.principal, patch.citations)
+            if patch.citations is not None and record.author != caller.principal:
+                raise RuleBroken("citations", "only the author cites their own conversations")
             if patch.targets is not None:
                 self.artifacts.check_targets(tx, caller, realm_id, patch.targets)
             fields = {k: v for k, v in changes.items() if k in CHANGEABLE}
@@ -67,23 +72,28 @@ class AgentMemoryService:
             self.store.update_fields(tx, record_id, **fields)
             self.store.replace_links(tx, record_id, tags=patch.tags, targets=patch.targets, citations=patch.citations)
             self.store.record(tx, record_id, "updated", caller.principal, fields=sorted(changes))
-            return self._show(caller, self.store.get(tx, record_id))
+            stored = self.store.get(tx, record_id)
+        return self._show(caller, stored)
 
     def retire(self, caller: Caller, realm_id: str, record_id: str, reason: str | None) -> dict[str, Any]:
         rules.check_can_write(rules.role_in(caller.realms, realm_id), realm_id)
+        if reason is not None and len(reason) > MAX_REASON_CHARS:
+            raise RuleBroken("reason", f"at most {MAX_REASON_CHARS} characters, not {len(reason)}")
         with self.store.transaction() as tx:
             record = self._load(tx, realm_id, record_id, lock=True)
             if record.status != "active":
                 raise RuleBroken("lifecycle", "the record is already retired")
             self.store.update_fields(tx, record_id, status="retired")
             self.store.record(tx, record_id, "retired", caller.principal, reason=reason)
-            return self._show(caller, self.store.get(tx, record_id))
+            stored = self.store.get(tx, record_id)
+        return self._show(caller, stored)
 
     # ---- reads (agents and people) --------------------------------------------------------------------
     def get(self, caller: Caller, realm_id: str, record_id: str) -> dict[str, Any]:
         rules.role_in(caller.realms, realm_id)
         with self.store.transaction() as tx:
-            return self._show(caller, self._load(tx, realm_id, record_id))
+            record = self._load(tx, realm_id, record_id)
+        return self._show(caller, record)
 
     def search(self, caller: Caller, realm_id: str, *, memory_type: str | None = None, reality: str | None = None,
                tag: str | None = None, target_kind: str | None = None, target_id: str | None = None,
@@ -98,11 +108,13 @@ class AgentMemoryService:
                                       valid_at=now if valid_now else None, limit=limit, offset=offset)
         return [r.compact(now) for r in found]
 
-    def audit(self, caller: Caller, realm_id: str, record_id: str) -> list[dict[str, Any]]:
+    def audit(self, caller: Caller, realm_id: str, record_id: str, limit: int = AUDIT_PAGE, offset: int = 0) -> list[dict[str, Any]]:
+        """A page of the record's audit trail, oldest first."""
         rules.role_in(caller.realms, realm_id)
+        check_page(limit, offset, MAX_TRAIL_OFFSET)
         with self.store.transaction() as tx:
             self._load(tx, realm_id, record_id)
-            return [{**e, "at": rfc3339(e["at"])} for e in self.store.audit(tx, record_id)]
+            return [{**e, "at": rfc3339(e["at"])} for e in self.store.audit(tx, record_id, limit, offset)]
 
     # ---- helpers ------------------------------------------------------------------------------------------
     def _load(self, tx, realm_id: str, record_id: str, lock: bool = False) -> MemoryRecord:
@@ -112,6 +124,8 @@ class AgentMemoryService:
         return record
 
     def _show(self, caller: Caller, record: MemoryRecord) -> dict[str, Any]:
+        """The record as its reader sees it; reads the cited conversations, so never inside a
+        transaction (SQLite's write lock, a PostgreSQL row lock would wait on the disk)."""
         shown = record.model_dump(mode="json")
         shown["valid_now"] = record.valid_at(time.time())
         shown["citations"] = show_citations(self.data_dir, record.author, caller.principal, record.citations)

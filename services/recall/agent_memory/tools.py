@@ -26,7 +26,7 @@ def register_agent_memory_tools(mcp: FastMCP, service: AgentMemoryService) -> No
                                                                "or a historical_fact.")] = None,
             tag: Annotated[str | None, Field(max_length=40, description="Only records carrying this tag.")] = None,
             target_kind: Annotated[TargetKind | None, Field(description="Only records anchored to this kind of target.")] = None,
-            target_id: Annotated[str | None, Field(description="Only records anchored to this target id.")] = None,
+            target_id: Annotated[str | None, Field(max_length=200, description="Only records anchored to this target id.")] = None,
             query: Annotated[str | None, Field(max_length=500, description="Words that must all appear in the title, summary or content.")] = None,
             valid_now: Annotated[bool, Field(description="true (default): only records valid now; false: also expired and "
                                                          "not-yet-valid ones.")] = True,

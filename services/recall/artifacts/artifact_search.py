@@ -45,47 +45,66 @@ class ArtifactSearch:
     def home(self, realm_id: str) -> Path:
         return self.root / hashlib.sha256(realm_id.encode()).hexdigest()[:24]
 
-    def refresh(self, realm_id: str, current: Callable[[bool], list[Artifact]]) -> None:
+    def refresh(self, realm_id: str, current: Callable[[bool], list[Artifact]], wait: bool = True) -> bool:
         """Write (accepted) or remove (anything else) the transcripts of `current(False)` — the
         changed artifacts as the database has them *now*, read under the realm's lock, so a
         refresh that runs late never writes an older state over a newer one (two appends at
         once) — then index. A realm whose last refresh did not finish (the marker file stays) is
-        brought up to `current(True)`, every accepted artifact, whole."""
-        with self._refreshing, self._realm_lock(realm_id):
-            home = self.home(realm_id)
-            unfinished = home / "refresh.unfinished"
-            whole = unfinished.exists()
-            unfinished.touch()
-            src = home / "src"
-            src.mkdir(exist_ok=True)
-            artifacts = current(whole)
-            if whole:
-                keep = {f"{a.artifact_id}.funes.jsonl" for a in artifacts if a.status is Status.ACCEPTED}
-                for stale in src.iterdir():
-                    if stale.name not in keep:
-                        stale.unlink(missing_ok=True)
-            for a in artifacts:
-                path = src / f"{a.artifact_id}.funes.jsonl"
-                if a.status is Status.ACCEPTED:
-                    tmp = src / f".{a.artifact_id}.{uuid.uuid4().hex}.tmp"  # replicas sharing DATA_DIR never share one
-                    tmp.write_text(self._transcript(a))
-                    tmp.replace(path)
-                else:
-                    path.unlink(missing_ok=True)
-            if needs_reembed(home, self.engine.embedder):  # after a model change
-                reembed_memory(home, src, self.engine.embedder, lock_wait_s=60)
-            index_tree(home, src, self.engine.embedder, lock_wait_s=60)
-            unfinished.unlink()
+        brought up to `current(True)`, every accepted artifact, whole. With `wait=False` it
+        returns False at once, doing nothing, when another refresh holds a lock."""
+        if not self._refreshing.acquire(blocking=wait):
+            return False
+        try:
+            with self._realm_lock(realm_id, wait) as locked:
+                if locked:
+                    self._refresh_locked(realm_id, current)
+                return locked
+        finally:
+            self._refreshing.release()
+
+    def _refresh_locked(self, realm_id: str, current: Callable[[bool], list[Artifact]]) -> None:
+        home = self.home(realm_id)
+        unfinished = home / "refresh.unfinished"
+        whole = unfinished.exists()
+        unfinished.touch()
+        src = home / "src"
+        src.mkdir(exist_ok=True)
+        artifacts = current(whole)
+        if whole:
+            keep = {f"{a.artifact_id}.funes.jsonl" for a in artifacts if a.status is Status.ACCEPTED}
+            for stale in src.iterdir():
+                if stale.name not in keep:
+                    stale.unlink(missing_ok=True)
+        for a in artifacts:
+            path = src / f"{a.artifact_id}.funes.jsonl"
+            if a.status is Status.ACCEPTED:
+                text = self._transcript(a)
+                if path.is_file() and path.read_text() == text:
+                    continue  # unchanged: the index run need not read it again (a whole refresh)
+                tmp = src / f".{a.artifact_id}.{uuid.uuid4().hex}.tmp"  # replicas sharing DATA_DIR never share one
+                tmp.write_text(text)
+                tmp.replace(path)
+            else:
+                path.unlink(missing_ok=True)
+        if needs_reembed(home, self.engine.embedder):  # after a model change
+            reembed_memory(home, src, self.engine.embedder, lock_wait_s=60)
+        index_tree(home, src, self.engine.embedder, lock_wait_s=60)
+        unfinished.unlink()
 
     @contextmanager
-    def _realm_lock(self, realm_id: str) -> Iterator[None]:
-        """The realm's refreshes one at a time across the processes sharing DATA_DIR."""
+    def _realm_lock(self, realm_id: str, wait: bool = True) -> Iterator[bool]:
+        """The realm's refreshes one at a time across the processes sharing DATA_DIR; yields
+        False when `wait` is False and another process holds it."""
         home = self.home(realm_id)
         home.mkdir(parents=True, exist_ok=True)
         with open(home / "refresh.lock", "a") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
             try:
-                yield
+                fcntl.flock(f, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            except BlockingIOError:
+                yield False
+                return
+            try:
+                yield True
             finally:
                 fcntl.flock(f, fcntl.LOCK_UN)
 

@@ -45,7 +45,14 @@ SCHEMA = [
         event_id TEXT PRIMARY KEY, artifact_id TEXT NOT NULL, event TEXT NOT NULL, actor TEXT NOT NULL,
         at DOUBLE PRECISION NOT NULL, ordinal INTEGER NOT NULL, detail TEXT NOT NULL)""",
     "CREATE INDEX IF NOT EXISTS artifact_audit_by_artifact ON artifact_audit (artifact_id, ordinal)",
+    # Changes search has yet to see, written in the change's own transaction and removed once the
+    # realm's index has them: a process killed between the two leaves its row, and the realm's
+    # next refresh (any write, or a search: ArtifactService.catch_up) takes it along.
+    """CREATE TABLE IF NOT EXISTS artifact_index_outbox (
+        change_id TEXT PRIMARY KEY, realm_id TEXT NOT NULL, artifact_id TEXT NOT NULL, at DOUBLE PRECISION NOT NULL)""",
+    "CREATE INDEX IF NOT EXISTS artifact_index_outbox_by_realm ON artifact_index_outbox (realm_id, at)",
 ]
+SQLITE_BUSY_S = 30  # how long a SQLite transaction waits for another's write lock
 CONNECT_TIMEOUT_S = 5  # an unreachable server is a quick "unavailable", not a request hanging for minutes
 # A server that vanishes mid-connection (network partition, host lost) without closing it: the
 # kernel gives the connection up after unacknowledged data for this long, or after 3 missed
@@ -54,6 +61,14 @@ TCP_USER_TIMEOUT_MS = 20_000
 KEEPALIVES = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5, "keepalives_count": 3}
 COLUMNS = ("artifact_id, realm_id, artifact_path, artifact_kind, write_mode, status, body, summary, source_ref,"
            " source_context, author, created_at, updated_at, supersedes_artifact_id, superseded_by_artifact_id, revoked_reason")
+
+
+# Which of an artifact's entries a read brings: (offset, limit) in their order, or all of them.
+Window = tuple[int, int] | None
+ALL_ENTRIES: Window = None  # what the search index reads
+NO_ENTRIES: Window = (0, 0)  # a compact listing: the count only
+ENTRIES_PAGE = 20  # entries a read shows unless asked for another page
+FIRST_PAGE: Window = (0, ENTRIES_PAGE)
 
 
 class Conflict(Exception):
@@ -90,6 +105,7 @@ class ArtifactStore:
         if not self.pg and not url.startswith("sqlite:///"):
             raise ValueError("RECALL_ARTIFACTS_DB_URL must be sqlite:///<path> or postgresql://…")
         self._local = threading.local()
+        self.sqlite_busy_s = SQLITE_BUSY_S
         # Tables are made by the first transaction, not here: a replica starting while
         # PostgreSQL is down still serves conversation recall, and its realm surface comes up
         # with the database.
@@ -131,7 +147,7 @@ class ArtifactStore:
         else:
             path = Path(self.url.removeprefix("sqlite:///"))
             path.parent.mkdir(parents=True, exist_ok=True)
-            conn = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
+            conn = sqlite3.connect(path, timeout=self.sqlite_busy_s, isolation_level=None, check_same_thread=False)
             conn.execute(f"PRAGMA journal_mode={journal_mode()}")  # RECALL_SQLITE_JOURNAL_MODE, as the engine
             conn.execute("PRAGMA foreign_keys=ON")
         self._local.conn = conn
@@ -186,6 +202,10 @@ class ArtifactStore:
             if self.pg and conn.closed:
                 self._local.conn = None
                 raise StoreUnavailable(str(exc)) from exc
+            if not self.pg and "locked" in str(exc):
+                # Another process (`recall memory`, a backup, a second replica on this host) held
+                # the file's write lock for all of sqlite_busy_s: "retry later", not an unnamed error.
+                raise StoreUnavailable(str(exc)) from exc
             raise
         return cur
 
@@ -204,25 +224,27 @@ class ArtifactStore:
         return sqlite3.IntegrityError
 
     # ---- reads ------------------------------------------------------------------------------------
-    def get(self, tx: Tx, artifact_id: str, lock: bool = False) -> Artifact | None:
+    def get(self, tx: Tx, artifact_id: str, lock: bool = False, entries: Window = FIRST_PAGE) -> Artifact | None:
         rows = tx.q(f"SELECT {COLUMNS} FROM artifacts WHERE artifact_id = ?" + (" FOR UPDATE" if lock and self.pg else ""),
                     (artifact_id,))
-        return self._hydrate(tx, rows[0]) if rows else None
+        return self._hydrate(tx, rows[0], entries) if rows else None
 
-    def accepted_at_path(self, tx: Tx, realm_id: str, path: str, lock: bool = False) -> Artifact | None:
+    def accepted_at_path(self, tx: Tx, realm_id: str, path: str, lock: bool = False,
+                         entries: Window = FIRST_PAGE) -> Artifact | None:
         rows = tx.q(f"SELECT {COLUMNS} FROM artifacts WHERE realm_id = ? AND artifact_path = ? AND status = 'accepted'"
                     + (" FOR UPDATE" if lock and self.pg else ""), (realm_id, path))
-        return self._hydrate(tx, rows[0]) if rows else None
+        return self._hydrate(tx, rows[0], entries) if rows else None
 
-    def own_open_draft(self, tx: Tx, realm_id: str, path: str, author: str) -> Artifact | None:
+    def own_open_draft(self, tx: Tx, realm_id: str, path: str, author: str, entries: Window = FIRST_PAGE) -> Artifact | None:
         rows = tx.q(f"SELECT {COLUMNS} FROM artifacts WHERE realm_id = ? AND artifact_path = ? AND author = ?"
                     " AND status IN ('draft', 'proposed') ORDER BY updated_at DESC LIMIT 1", (realm_id, path, author))
-        return self._hydrate(tx, rows[0]) if rows else None
+        return self._hydrate(tx, rows[0], entries) if rows else None
 
     def listed(self, tx: Tx, realm_id: str, artifact_ids: list[str] | None = None, target_kind: str | None = None,
                target_id: str | None = None, kind: str | None = None, limit: int = 50,
-               status: str = "accepted", offset: int = 0) -> list[Artifact]:
-        """Artifacts in one status (never pass "draft" for someone else: drafts are private), newest first."""
+               status: str = "accepted", offset: int = 0, entries: Window = NO_ENTRIES) -> list[Artifact]:
+        """Artifacts in one status (never pass "draft" for someone else: drafts are private), newest
+        first; with their entry counts, and their entries only when asked (`ALL_ENTRIES`: the index)."""
         if artifact_ids is not None and not artifact_ids:
             return []
         sql, params = self._where(realm_id, target_kind, target_id, kind, status)
@@ -231,7 +253,7 @@ class ArtifactStore:
             params += artifact_ids
         sql += " ORDER BY updated_at DESC, artifact_id LIMIT ? OFFSET ?"  # the id: pages that never overlap
         params += [limit, offset]
-        return self._hydrate_many(tx, tx.q(f"SELECT {COLUMNS} FROM artifacts a WHERE " + sql, tuple(params)))
+        return self._hydrate_many(tx, tx.q(f"SELECT {COLUMNS} FROM artifacts a WHERE " + sql, tuple(params)), entries)
 
     def accepted_ids(self, tx: Tx, realm_id: str, target_kind: str | None, target_id: str | None,
                      kind: str | None) -> set[str]:
@@ -264,16 +286,19 @@ class ArtifactStore:
             return bool(tx.q(sql, (realm_id, entity_id)))
         return bool(tx.q(sql + " AND entity_kind = ?", (realm_id, entity_id, entity_kind)))
 
-    def audit(self, tx: Tx, artifact_id: str) -> list[AuditEvent]:
+    def audit(self, tx: Tx, artifact_id: str, limit: int, offset: int = 0) -> list[AuditEvent]:
+        """A page of the artifact's audit trail, oldest first."""
         rows = tx.q("SELECT artifact_id, event, actor, at, detail FROM artifact_audit WHERE artifact_id = ?"
-                    " ORDER BY ordinal", (artifact_id,))
+                    " ORDER BY ordinal LIMIT ? OFFSET ?", (artifact_id, limit, offset))
         return [AuditEvent(artifact_id=r[0], event=r[1], actor=r[2], at=r[3], detail=json.loads(r[4])) for r in rows]
 
-    def _hydrate(self, tx: Tx, row: tuple) -> Artifact:
-        return self._hydrate_many(tx, [row])[0]
+    def _hydrate(self, tx: Tx, row: tuple, entries: Window) -> Artifact:
+        return self._hydrate_many(tx, [row], entries)[0]
 
-    def _hydrate_many(self, tx: Tx, rows: list[tuple]) -> list[Artifact]:
-        """Artifacts with their targets and entries: three queries, whatever the number of rows."""
+    def _hydrate_many(self, tx: Tx, rows: list[tuple], window: Window) -> list[Artifact]:
+        """Artifacts with their targets, entry counts and the `window` of their entries (all of
+        them for ALL_ENTRIES, none for NO_ENTRIES): a query each, whatever the number of rows,
+        plus one per artifact for a page of its entries."""
         if not rows:
             return []
         names = [c.strip() for c in COLUMNS.split(",")]
@@ -283,17 +308,30 @@ class ArtifactStore:
         for aid, kind, tid, role in tx.q("SELECT artifact_id, target_kind, target_id, role FROM artifact_targets"
                                          f" WHERE artifact_id IN ({marks}) ORDER BY role, target_kind, target_id", tuple(ids)):
             targets[aid].append(Target(target_kind=kind, target_id=tid, role=role))
+        totals = dict.fromkeys(ids, 0)
+        for aid, count in tx.q(f"SELECT artifact_id, COUNT(*) FROM artifact_entries WHERE artifact_id IN ({marks})"
+                               " GROUP BY artifact_id", tuple(ids)):
+            totals[aid] = int(count)
         entries: dict[str, list[Entry]] = {i: [] for i in ids}
-        for aid, seq, body, author, created, ref, ctx in tx.q(
-                "SELECT artifact_id, seq, body, author, created_at, source_ref, source_context FROM artifact_entries"
-                f" WHERE artifact_id IN ({marks}) ORDER BY seq", tuple(ids)):
+        select = "SELECT artifact_id, seq, body, author, created_at, source_ref, source_context FROM artifact_entries"
+        if window is ALL_ENTRIES:
+            found = tx.q(f"{select} WHERE artifact_id IN ({marks}) ORDER BY seq", tuple(ids))
+        else:
+            offset, limit = window
+            found = [row for aid in ids if limit and totals[aid] > offset
+                     for row in tx.q(f"{select} WHERE artifact_id = ? ORDER BY seq LIMIT ? OFFSET ?", (aid, limit, offset))]
+        for aid, seq, body, author, created, ref, ctx in found:
             entries[aid].append(Entry(seq=seq, body=body, author=author, created_at=created, source_ref=ref,
                                       source_context=json.loads(ctx)))
         out = []
         for row in rows:
             data = dict(zip(names, row))
             data["source_context"] = json.loads(data["source_context"])
-            out.append(Artifact.model_validate({**data, "targets": targets[row[0]], "entries": entries[row[0]]}))
+            aid = row[0]
+            shown_to = (0 if window is ALL_ENTRIES else window[0]) + len(entries[aid])
+            out.append(Artifact.model_validate({
+                **data, "targets": targets[aid], "entries": entries[aid], "entries_total": totals[aid],
+                "entries_next_offset": shown_to if window is not ALL_ENTRIES and window[1] and shown_to < totals[aid] else None}))
         return out
 
     # ---- writes -----------------------------------------------------------------------------------
@@ -325,6 +363,26 @@ class ArtifactStore:
              " VALUES (?, ?, ?, ?, ?, ?, ?)", (artifact_id, seq, body, author, time.time(), source_ref, json.dumps(source_context)))
         self.update_fields(tx, artifact_id)
         return int(seq)
+
+    def mark_for_index(self, tx: Tx, realm_id: str, artifact_ids: list[str]) -> None:
+        """In the transaction of a change search must see: the outbox row that outlives a crash
+        before the index refresh."""
+        for artifact_id in artifact_ids:
+            tx.q("INSERT INTO artifact_index_outbox (change_id, realm_id, artifact_id, at) VALUES (?, ?, ?, ?)",
+                 (uuid.uuid4().hex, realm_id, artifact_id, time.time()))
+
+    def index_outbox(self, tx: Tx, realm_id: str) -> list[tuple[str, str]]:
+        """(change_id, artifact_id) of every change of the realm its index has yet to take."""
+        return [(r[0], r[1]) for r in tx.q("SELECT change_id, artifact_id FROM artifact_index_outbox WHERE realm_id = ?"
+                                           " ORDER BY at", (realm_id,))]
+
+    def oldest_unindexed(self, tx: Tx, realm_id: str) -> float | None:
+        """When the realm's oldest change not yet in its index was committed (None: none is)."""
+        return tx.q("SELECT MIN(at) FROM artifact_index_outbox WHERE realm_id = ?", (realm_id,))[0][0]
+
+    def indexed(self, tx: Tx, change_ids: list[str]) -> None:
+        for change_id in change_ids:
+            tx.q("DELETE FROM artifact_index_outbox WHERE change_id = ?", (change_id,))
 
     def record(self, tx: Tx, artifact_id: str, event: str, actor: str, **detail: Any) -> None:
         ordinal = tx.q("SELECT COALESCE(MAX(ordinal), 0) + 1 FROM artifact_audit WHERE artifact_id = ?", (artifact_id,))[0][0]

@@ -9,6 +9,9 @@ from pydantic import BaseModel, Field, PlainSerializer, field_validator
 
 ARTIFACT_PATH = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}(/[a-z0-9][a-z0-9._-]{0,63}){0,7}")
 REALM_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")
+# Each target is checked in the write's transaction (SQLite's write lock held): 4 MiB of targets
+# held every writer of the database for as long as their checks took.
+MAX_TARGETS = 20
 ArtifactKind = Literal["worklog", "handoff", "decision", "strategy", "review_protocol", "dossier",
                        "constitution", "agent_registry", "charter"]
 WriteMode = Literal["append", "replace"]
@@ -88,13 +91,18 @@ class Artifact(BaseModel):
     superseded_by_artifact_id: str | None = None
     revoked_reason: str | None = None
     targets: list[Target]
+    # A journal's entries come a page at a time (a worklog grows for as long as it is kept):
+    # `entries` is the page, `entries_total` how many there are, `entries_next_offset` the
+    # `entries_offset` of the next page (None after the last).
     entries: list[Entry] = []
+    entries_total: int = 0
+    entries_next_offset: int | None = None
 
     def compact(self) -> dict[str, Any]:
         """What search returns: enough to choose, no body."""
         return {"artifact_id": self.artifact_id, "artifact_path": self.artifact_path, "artifact_kind": self.artifact_kind,
                 "status": self.status.value, "summary": self.summary, "author": self.author, "updated_at": rfc3339(self.updated_at),
-                "entries": len(self.entries), "targets": [t.model_dump(mode="json") for t in self.targets]}
+                "entries": self.entries_total, "targets": [t.model_dump(mode="json") for t in self.targets]}
 
 
 class AuditEvent(BaseModel):
@@ -115,7 +123,7 @@ class DraftInput(BaseModel):
     summary: str = Field(min_length=1, max_length=1000)
     source_ref: str = Field(min_length=1, max_length=500)
     source_context: dict[str, Any]
-    targets: list[Target] = Field(min_length=1)
+    targets: list[Target] = Field(min_length=1, max_length=MAX_TARGETS)
     supersedes_artifact_id: str | None = None
 
     @field_validator("artifact_path")

@@ -16,10 +16,12 @@ from typing import Any
 
 from services.recall.artifacts import kind_schemas, rules
 from services.recall.artifacts.artifact_search import ArtifactSearch
-from services.recall.artifacts.artifact_store import ArtifactStore, Conflict, Tx
+from services.recall.artifacts.artifact_store import ALL_ENTRIES, ENTRIES_PAGE, NO_ENTRIES, ArtifactStore, Conflict, Tx, Window
 from services.recall.artifacts.kind_schemas import AgentRegistry, Constitution
-from services.recall.artifacts.models import REALM_ID, Artifact, DraftInput, Role, Status, Target, TargetKind
+from services.recall.artifacts.models import MAX_TARGETS, REALM_ID, Artifact, DraftInput, Role, Status, Target, TargetKind
 from services.recall.artifacts.rules import RuleBroken
+from services.recall.artifacts.text_limits import DEFAULT_MAX_TEXT_BYTES, check_json, check_text
+from shared.engine.fault_injection import fault_point
 from shared.logging_setup import get_logger
 from shared.tenant_paths import CONVERSATION_ID, TenantPaths
 
@@ -29,16 +31,28 @@ CONFLICT_RETRIES = 20
 MAX_LIMIT = 100
 MAX_POOL = 4096  # passages ranked at most for one filtered artifact search
 MAX_OFFSET = 10_000
+# An audit trail and a journal's entries are read in their own order, by an index on it: pages
+# far into them cost little, so they reach further than a search's.
+MAX_TRAIL_OFFSET = 1_000_000
+AUDIT_PAGE = 50  # audit events listed unless asked for another page size
 SEARCHABLE = ("accepted", "proposed", "superseded", "revoked")
+CATCH_UP_AFTER_S = 30.0  # a change older than this, not yet in search, was left behind by a dead process
+CATCH_UP_RETRY_S = 30.0
 LISTED_AT_MOST = 500  # newest artifacts a query over proposals or history looks through
 EVERY = 2**62  # a limit that never cuts (a realm's whole accepted set)
 
 
-def check_page(limit: int, offset: int) -> None:
+def check_page(limit: int, offset: int, max_offset: int = MAX_OFFSET, names: tuple[str, str] = ("limit", "offset")) -> None:
+    """A page request every list answers the same way: a refusal naming the field past its bound."""
     if not 1 <= limit <= MAX_LIMIT:
-        raise RuleBroken("limit", f"limit must be between 1 and {MAX_LIMIT}, not {limit}")
-    if not 0 <= offset <= MAX_OFFSET:
-        raise RuleBroken("offset", f"offset must be between 0 and {MAX_OFFSET}, not {offset}")
+        raise RuleBroken(names[0], f"{names[0]} must be between 1 and {MAX_LIMIT}, not {limit}")
+    if not 0 <= offset <= max_offset:
+        raise RuleBroken(names[1], f"{names[1]} must be between 0 and {max_offset}, not {offset}")
+
+
+def check_entries_page(entries_offset: int, entries_limit: int) -> tuple[int, int]:
+    check_page(entries_limit, entries_offset, MAX_TRAIL_OFFSET, ("entries_limit", "entries_offset"))
+    return entries_offset, entries_limit
 
 
 @dataclass(frozen=True)
@@ -58,15 +72,26 @@ class Caller:
 
 
 class ArtifactService:
-    def __init__(self, store: ArtifactStore, search: ArtifactSearch, data_dir: Path) -> None:
+    def __init__(self, store: ArtifactStore, search: ArtifactSearch, data_dir: Path,
+                 max_text_bytes: int = DEFAULT_MAX_TEXT_BYTES) -> None:
         self.store = store
         self.index = search
         self.data_dir = data_dir
+        self.max_text_bytes = max_text_bytes  # RECALL_REALM_MAX_TEXT_BYTES (text_limits.py)
+        self.catch_up_after_s = CATCH_UP_AFTER_S
+        self._used_realms: set[str] = set()
+        self._catch_up_not_before: dict[str, float] = {}
+
+    def check_sizes(self, body: str | None = None, source_context: dict | None = None) -> None:
+        """Before any transaction: a field over the limit stores nothing."""
+        check_text("body", body, self.max_text_bytes)
+        check_json("source_context", source_context, self.max_text_bytes)
 
     # ---- helpers ----------------------------------------------------------------------------------
-    def _load(self, tx: Tx, caller: Caller, realm_id: str, artifact_id: str, lock: bool = False) -> tuple[Artifact, Role]:
+    def _load(self, tx: Tx, caller: Caller, realm_id: str, artifact_id: str, lock: bool = False,
+              entries: Window = NO_ENTRIES) -> tuple[Artifact, Role]:
         role = rules.role_in(caller.realms, realm_id)
-        artifact = self.store.get(tx, artifact_id, lock=lock)
+        artifact = self.store.get(tx, artifact_id, lock=lock, entries=entries)
         if artifact is None or artifact.realm_id != realm_id:
             raise RuleBroken("not_found", f"no artifact {artifact_id!r} in realm {realm_id!r}")
         rules.check_can_see(artifact.status, artifact.author, caller.principal)
@@ -75,6 +100,8 @@ class ArtifactService:
     def check_targets(self, tx: Tx, caller: Caller, realm_id: str, targets: list[Target]) -> None:
         if not targets:
             raise RuleBroken("targets", "an artifact needs at least one target")
+        if len(targets) > MAX_TARGETS:
+            raise RuleBroken("targets", f"at most {MAX_TARGETS} targets, not {len(targets)}")
         for t in targets:
             if t.target_kind is TargetKind.REALM and t.target_id != realm_id:
                 raise RuleBroken("targets", f"a realm target must name this realm ({realm_id!r})")
@@ -131,6 +158,7 @@ class ArtifactService:
         rules.check_principal(caller.principal, agent_principal)
         rules.check_can_write(rules.role_in(caller.realms, realm_id), realm_id)
         rules.check_kind_and_mode(draft.artifact_kind, draft.write_mode)
+        self.check_sizes(draft.body, draft.source_context)
         now = time.time()
         artifact = Artifact(artifact_id=uuid.uuid4().hex, realm_id=realm_id, status=Status.DRAFT, author=caller.principal,
                             created_at=now, updated_at=now, **draft.model_dump())
@@ -148,6 +176,7 @@ class ArtifactService:
     def update_draft(self, caller: Caller, realm_id: str, artifact_id: str, changes: dict[str, Any]) -> Artifact:
         if not changes:
             raise RuleBroken("fields", "nothing to change: give body, summary, source_ref, source_context or targets")
+        self.check_sizes(changes.get("body"), changes.get("source_context"))
         with self.store.transaction() as tx:
             artifact, _ = self._load(tx, caller, realm_id, artifact_id, lock=True)
             rules.check_edit_draft(artifact.status, artifact.author, caller.principal)
@@ -165,12 +194,15 @@ class ArtifactService:
             return self.store.get(tx, artifact_id)
 
     def append(self, caller: Caller, realm_id: str, artifact_id: str, body: str, source_ref: str, source_context: dict) -> Artifact:
+        self.check_sizes(body, source_context)
         with self.store.transaction() as tx:
             artifact, role = self._load(tx, caller, realm_id, artifact_id, lock=True)
             rules.check_append(artifact.write_mode, artifact.status, artifact.author, caller.principal, role)
             self.governed(tx, caller, realm_id, "append")
             seq = self.store.add_entry(tx, artifact_id, body, caller.principal, source_ref, source_context)
             self.store.record(tx, artifact_id, "appended", caller.principal, seq=seq, source_ref=source_ref)
+            if artifact.status is Status.ACCEPTED:
+                self.store.mark_for_index(tx, realm_id, [artifact_id])
             result = self.store.get(tx, artifact_id)
         if result.status is Status.ACCEPTED:
             self.reindex(realm_id, [artifact_id])
@@ -201,6 +233,7 @@ class ArtifactService:
                 self.store.update_fields(tx, artifact_id, status=Status.ACCEPTED)
                 self.store.record(tx, artifact_id, "accepted", caller.principal,
                                   superseded=previous.artifact_id if previous else None)
+                self.store.mark_for_index(tx, realm_id, [artifact_id, *([previous.artifact_id] if previous else [])])
                 return self.store.get(tx, artifact_id), (self.store.get(tx, previous.artifact_id) if previous else None)
 
         accepted, previous = self._retrying(attempt)
@@ -214,6 +247,8 @@ class ArtifactService:
             self.governed(tx, caller, realm_id, "revoke")
             self.store.update_fields(tx, artifact_id, status=Status.REVOKED, revoked_reason=reason)
             self.store.record(tx, artifact_id, "revoked", caller.principal, reason=reason, was=artifact.status.value)
+            if artifact.status is Status.ACCEPTED:
+                self.store.mark_for_index(tx, realm_id, [artifact_id])
             result = self.store.get(tx, artifact_id)
         if artifact.status is Status.ACCEPTED:
             self.reindex(realm_id, [artifact_id])
@@ -221,6 +256,7 @@ class ArtifactService:
 
     def supersede(self, caller: Caller, realm_id: str, artifact_id: str, body: str, summary: str, source_ref: str,
                   source_context: dict, targets: list[Target] | None) -> Artifact:
+        self.check_sizes(body, source_context)
         def attempt() -> tuple[Artifact, Artifact]:
             with self.store.transaction() as tx:
                 current, role = self._load(tx, caller, realm_id, artifact_id, lock=True)
@@ -243,51 +279,90 @@ class ArtifactService:
                 self._supersede_row(tx, current, new.artifact_id, caller.principal)
                 self.store.update_fields(tx, new.artifact_id, status=Status.ACCEPTED)
                 self.store.record(tx, new.artifact_id, "accepted", caller.principal, superseded=artifact_id)
+                self.store.mark_for_index(tx, realm_id, [artifact_id, new.artifact_id])
                 return self.store.get(tx, new.artifact_id), self.store.get(tx, artifact_id)
 
         new, old = self._retrying(attempt)
         self.reindex(realm_id, [old.artifact_id, new.artifact_id])
         return new
 
-    def reindex(self, realm_id: str, artifact_ids: list[str]) -> None:
+    def reindex(self, realm_id: str, artifact_ids: list[str], wait: bool = True) -> bool:
         """After a commit: the realm's search index takes these artifacts as the database now has
-        them. A failure (the index locked for over a minute, a full disk) is logged, not raised:
-        the change itself is committed, and the realm's next reindex rebuilds its files whole."""
+        them, with every change still in the realm's index outbox (a process killed between its
+        commit and its refresh left it there). A failure (the index locked for over a minute, a
+        full disk) is logged, not raised: the change itself is committed, its outbox row stays,
+        and the realm's next refresh rebuilds its files whole. True when the index took them."""
+        fault_point("artifact_before_index_refresh")
+        taken: list[str] = []
+
         def current(whole: bool) -> list[Artifact]:
             with self.store.transaction() as tx:
+                pending = self.store.index_outbox(tx, realm_id)
+                taken[:] = [change_id for change_id, _ in pending]
                 if whole:
-                    return self.store.listed(tx, realm_id, limit=EVERY)
-                return [a for a in (self.store.get(tx, aid) for aid in artifact_ids) if a is not None]
+                    return self.store.listed(tx, realm_id, limit=EVERY, entries=ALL_ENTRIES)
+                ids = dict.fromkeys([*artifact_ids, *(aid for _, aid in pending)])
+                return [a for a in (self.store.get(tx, aid, entries=ALL_ENTRIES) for aid in ids) if a is not None]
 
         try:
-            self.index.refresh(realm_id, current)
+            if not self.index.refresh(realm_id, current, wait):
+                return False
+            with self.store.transaction() as tx:
+                self.store.indexed(tx, taken)
+            return True
         except Exception as exc:  # noqa: BLE001 - whatever it was, the committed change stands
             log.warning("recall.artifact_index_behind", realm=self.index.home(realm_id).name,
                         error=repr(exc)[:300],
-                        hint="search may miss these changes until the realm's next accepted change rebuilds its index")
+                        hint="search may miss these changes until the realm's next refresh rebuilds its index")
+            return False
+
+    def catch_up(self, realm_id: str) -> None:
+        """Before a search: a realm whose index is behind its database — changes committed by a
+        process that died before its refresh — is brought up to date, on the realm's first
+        search in this process (a restart) or once the change is CATCH_UP_AFTER_S old (another
+        replica died), never while another refresh runs (it takes the change along), and after a
+        failed attempt not again for CATCH_UP_RETRY_S (a full disk must not slow every search)."""
+        now = time.monotonic()
+        if now < self._catch_up_not_before.get(realm_id, 0.0):
+            return
+        with self.store.transaction() as tx:
+            oldest = self.store.oldest_unindexed(tx, realm_id)
+        first_use = realm_id not in self._used_realms
+        self._used_realms.add(realm_id)
+        if oldest is None or (not first_use and time.time() - oldest < self.catch_up_after_s):
+            return
+        log.info("recall.artifact_index_catch_up", realm=self.index.home(realm_id).name, behind_s=round(time.time() - oldest, 1))
+        if not self.reindex(realm_id, [], wait=False):
+            self._catch_up_not_before[realm_id] = now + CATCH_UP_RETRY_S
 
     def _supersede_row(self, tx: Tx, previous: Artifact, by: str, actor: str) -> None:
         self.store.update_fields(tx, previous.artifact_id, status=Status.SUPERSEDED, superseded_by_artifact_id=by)
         self.store.record(tx, previous.artifact_id, "superseded", actor, superseded_by=by)
 
     # ---- reads ------------------------------------------------------------------------------------------
-    def get(self, caller: Caller, realm_id: str, artifact_id: str) -> Artifact:
+    def get(self, caller: Caller, realm_id: str, artifact_id: str, entries_offset: int = 0,
+            entries_limit: int = ENTRIES_PAGE) -> Artifact:
+        window = check_entries_page(entries_offset, entries_limit)
         with self.store.transaction() as tx:
-            return self._load(tx, caller, realm_id, artifact_id)[0]
+            return self._load(tx, caller, realm_id, artifact_id, entries=window)[0]
 
-    def get_by_path(self, caller: Caller, realm_id: str, artifact_path: str) -> Artifact:
+    def get_by_path(self, caller: Caller, realm_id: str, artifact_path: str, entries_offset: int = 0,
+                    entries_limit: int = ENTRIES_PAGE) -> Artifact:
+        window = check_entries_page(entries_offset, entries_limit)
         rules.role_in(caller.realms, realm_id)
         with self.store.transaction() as tx:
-            artifact = self.store.accepted_at_path(tx, realm_id, artifact_path)
+            artifact = self.store.accepted_at_path(tx, realm_id, artifact_path, entries=window)
         if artifact is None:
             raise RuleBroken("not_found", f"no accepted artifact at {artifact_path!r} in realm {realm_id!r}")
         return artifact
 
-    def own_draft_by_path(self, caller: Caller, realm_id: str, artifact_path: str, agent_principal: str | None) -> Artifact:
+    def own_draft_by_path(self, caller: Caller, realm_id: str, artifact_path: str, agent_principal: str | None,
+                          entries_offset: int = 0, entries_limit: int = ENTRIES_PAGE) -> Artifact:
+        window = check_entries_page(entries_offset, entries_limit)
         rules.check_principal(caller.principal, agent_principal)
         rules.role_in(caller.realms, realm_id)
         with self.store.transaction() as tx:
-            artifact = self.store.own_open_draft(tx, realm_id, artifact_path, caller.principal)
+            artifact = self.store.own_open_draft(tx, realm_id, artifact_path, caller.principal, entries=window)
         if artifact is None:
             raise RuleBroken("not_found", f"you have no draft or proposal at {artifact_path!r} in realm {realm_id!r}")
         return artifact
@@ -304,6 +379,8 @@ class ArtifactService:
         words = query.split() if query else []
         if status != "accepted":
             return self._listed(realm_id, status, target_kind, target_id, kind, words, limit, offset)
+        if words:
+            self.catch_up(realm_id)
         ranked = self._ranked(realm_id, query, target_kind, target_id, kind, offset + limit)[offset:] if words else None
         with self.store.transaction() as tx:
             # The database has the last word on status: the index may still hold one revoked a moment ago.
@@ -347,7 +424,9 @@ class ArtifactService:
                 return ranked[:limit]
             pool = min(pool * 4, MAX_POOL)
 
-    def audit(self, caller: Caller, realm_id: str, artifact_id: str) -> list[dict]:
+    def audit(self, caller: Caller, realm_id: str, artifact_id: str, limit: int = AUDIT_PAGE, offset: int = 0) -> list[dict]:
+        """A page of the artifact's audit trail, oldest first."""
+        check_page(limit, offset, MAX_TRAIL_OFFSET)
         with self.store.transaction() as tx:
             self._load(tx, caller, realm_id, artifact_id)
-            return [e.model_dump(mode="json") for e in self.store.audit(tx, artifact_id)]
+            return [e.model_dump(mode="json") for e in self.store.audit(tx, artifact_id, limit, offset)]

@@ -11,8 +11,9 @@ from typing import Annotated, Any, Literal
 from fastmcp import FastMCP
 from pydantic import Field
 
-from services.recall.artifacts.models import ArtifactKind, DraftInput, Target, TargetKind, WriteMode
-from services.recall.artifacts.service import MAX_LIMIT, MAX_OFFSET, ArtifactService, Caller
+from services.recall.artifacts.models import MAX_TARGETS, ArtifactKind, DraftInput, Target, TargetKind, WriteMode
+from services.recall.artifacts.artifact_store import ENTRIES_PAGE
+from services.recall.artifacts.service import AUDIT_PAGE, MAX_LIMIT, MAX_OFFSET, MAX_TRAIL_OFFSET, ArtifactService, Caller
 from services.recall.artifacts.tool_access import any_realm, owner_somewhere, run, writer_somewhere
 
 RealmId = Annotated[str, Field(description="The realm (team or project space): one of the realms your token names.")]
@@ -24,9 +25,17 @@ Summary = Annotated[str, Field(min_length=1, max_length=1000, description="One o
 SourceRef = Annotated[str, Field(min_length=1, max_length=500, description="Where this comes from: a session, task or document id, "
                                                                             "e.g. codex-thread:<session id>.")]
 SourceContext = Annotated[dict[str, Any], Field(description="Free provenance details (agent, task, stage) to check the record later.")]
-Targets = Annotated[list[Target], Field(description="At least one existing object this memory is anchored to.")]
+Targets = Annotated[list[Target], Field(min_length=1, max_length=MAX_TARGETS,
+                                        description=f"At least one (at most {MAX_TARGETS}) existing object this memory is anchored to.")]
+TargetId = Annotated[str | None, Field(max_length=200, description="Only artifacts anchored to this target id.")]
 SearchStatus = Literal["accepted", "proposed", "superseded", "revoked"]
 Offset = Annotated[int, Field(ge=0, le=MAX_OFFSET, description="Results to skip: the next_offset of the previous page.")]
+TrailOffset = Annotated[int, Field(ge=0, le=MAX_TRAIL_OFFSET, description="Events to skip: the next_offset of the previous page.")]
+EntriesOffset = Annotated[int, Field(ge=0, le=MAX_TRAIL_OFFSET, description="A journal's entries to skip (oldest first): the "
+                                                                            "entries_next_offset of the previous read; "
+                                                                            "entries_total - entries_limit for the newest.")]
+EntriesLimit = Annotated[int, Field(ge=1, le=MAX_LIMIT, description=f"Most entries returned (1..{MAX_LIMIT}); entries_total "
+                                                                    "says how many there are.")]
 AgentPrincipal = Annotated[str | None, Field(description="Optional; when given it must equal your authenticated principal (no impersonation).")]
 
 
@@ -79,7 +88,8 @@ def register_artifact_tools(mcp: FastMCP, service: ArtifactService) -> None:
             summary: Annotated[str | None, Field(min_length=1, max_length=1000, description="New summary; omit to keep.")] = None,
             source_ref: Annotated[str | None, Field(min_length=1, max_length=500, description="New source reference; omit to keep.")] = None,
             source_context: Annotated[dict[str, Any] | None, Field(description="New provenance details; omit to keep.")] = None,
-            targets: Annotated[list[Target] | None, Field(description="New targets (replace all); omit to keep.")] = None,
+            targets: Annotated[list[Target] | None, Field(min_length=1, max_length=MAX_TARGETS,
+                                                          description="New targets (replace all); omit to keep.")] = None,
     ) -> dict:
         """Change your own draft (only while it is a draft)."""
         changes = {k: v for k, v in {"body": body, "summary": summary, "source_ref": source_ref,
@@ -114,31 +124,35 @@ def register_artifact_tools(mcp: FastMCP, service: ArtifactService) -> None:
     async def supersede_memory_artifact(realm_id: RealmId,
                                         artifact_id: Annotated[str, Field(description="The accepted version to replace.")],
                                         body: Body, summary: Summary, source_ref: SourceRef, source_context: SourceContext,
-                                        targets: Annotated[list[Target] | None, Field(description="Targets of the new version; omit to keep the current ones.")] = None) -> dict:
+                                        targets: Annotated[list[Target] | None, Field(min_length=1, max_length=MAX_TARGETS, description="Targets of the new version; omit to keep the current ones.")] = None) -> dict:
         """Realm owners: replace the accepted version with an accepted next version in one step (no review; audited)."""
         return _dump(await run(service.supersede, realm_id, artifact_id, body, summary, source_ref, source_context, targets))
 
     @mcp.tool(auth=any_realm)
-    async def get_memory_artifact(realm_id: RealmId, artifact_id: ArtifactId) -> dict:
-        """The full artifact with its entries (a draft only for its author)."""
-        return _dump(await run(service.get, realm_id, artifact_id))
+    async def get_memory_artifact(realm_id: RealmId, artifact_id: ArtifactId, entries_offset: EntriesOffset = 0,
+                                  entries_limit: EntriesLimit = ENTRIES_PAGE) -> dict:
+        """The full artifact with a page of its entries (a draft only for its author)."""
+        return _dump(await run(service.get, realm_id, artifact_id, entries_offset, entries_limit))
 
     @mcp.tool(auth=any_realm)
-    async def get_memory_artifact_by_path(realm_id: RealmId, artifact_path: ArtifactPath) -> dict:
-        """The current accepted version at a logical path, with its body and entries."""
-        return _dump(await run(service.get_by_path, realm_id, artifact_path))
+    async def get_memory_artifact_by_path(realm_id: RealmId, artifact_path: ArtifactPath, entries_offset: EntriesOffset = 0,
+                                          entries_limit: EntriesLimit = ENTRIES_PAGE) -> dict:
+        """The current accepted version at a logical path, with its body and a page of its entries."""
+        return _dump(await run(service.get_by_path, realm_id, artifact_path, entries_offset, entries_limit))
 
     @mcp.tool(auth=writer_somewhere)
     async def get_own_memory_artifact_draft_by_path(realm_id: RealmId, artifact_path: ArtifactPath,
-                                                    agent_principal: AgentPrincipal = None) -> dict:
+                                                    agent_principal: AgentPrincipal = None, entries_offset: EntriesOffset = 0,
+                                                    entries_limit: EntriesLimit = ENTRIES_PAGE) -> dict:
         """Your own unfinished draft or proposal at a path (never shown to others)."""
-        return _dump(await run(service.own_draft_by_path, realm_id, artifact_path, agent_principal))
+        return _dump(await run(service.own_draft_by_path, realm_id, artifact_path, agent_principal, entries_offset,
+                               entries_limit))
 
     @mcp.tool(auth=any_realm)
     async def search_memory_artifacts(
             realm_id: RealmId,
             target_kind: Annotated[TargetKind | None, Field(description="Only artifacts anchored to this kind of target.")] = None,
-            target_id: Annotated[str | None, Field(description="Only artifacts anchored to this target id.")] = None,
+            target_id: TargetId = None,
             kind: Annotated[ArtifactKind | None, Field(description="Only artifacts of this kind.")] = None,
             query: Annotated[str | None, Field(max_length=500, description="Words to rank by (hybrid search over summary, body, entries); omit to list newest first.")] = None,
             limit: Annotated[int, Field(ge=1, le=MAX_LIMIT, description=f"Most results returned (1..{MAX_LIMIT}).")] = 10,
@@ -154,6 +168,11 @@ def register_artifact_tools(mcp: FastMCP, service: ArtifactService) -> None:
         return {"artifacts": found, "next_offset": next_offset(found, limit, offset)}
 
     @mcp.tool(auth=any_realm)
-    async def list_memory_artifact_audit(realm_id: RealmId, artifact_id: ArtifactId) -> dict:
-        """Every change of an artifact: created, updated, appended, submitted, accepted, revoked, superseded (who, when)."""
-        return {"events": await run(service.audit, realm_id, artifact_id)}
+    async def list_memory_artifact_audit(
+            realm_id: RealmId, artifact_id: ArtifactId,
+            limit: Annotated[int, Field(ge=1, le=MAX_LIMIT, description=f"Most events returned (1..{MAX_LIMIT}).")] = AUDIT_PAGE,
+            offset: TrailOffset = 0) -> dict:
+        """Every change of an artifact, oldest first, a page at a time: created, updated, appended, submitted, accepted,
+        revoked, superseded (who, when)."""
+        events = await run(service.audit, realm_id, artifact_id, limit, offset)
+        return {"events": events, "next_offset": next_offset(events, limit, offset)}

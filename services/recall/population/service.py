@@ -15,8 +15,11 @@ from services.recall.artifacts.kind_schemas import (CONSTITUTION_PATH, PRINCIPAL
 from services.recall.artifacts.artifact_store import Conflict, Tx
 from services.recall.artifacts.models import Artifact, DraftInput, Role, Status, Target, rfc3339
 from services.recall.artifacts.rules import RuleBroken
-from services.recall.artifacts.service import ArtifactService, Caller
+from services.recall.artifacts.service import ArtifactService, Caller, check_page
 from services.recall.population.defaults import CHARTERS, charter_path, default_constitution
+
+
+AGENTS_PAGE = 20  # agents listed (each with its charter and sources resolved) unless asked for another page
 
 
 class PopulationService:
@@ -39,6 +42,7 @@ class PopulationService:
                 if self.store.accepted_at_path(tx, realm_id, CONSTITUTION_PATH, lock=True) is not None:
                     raise already
                 made = [self._accepted(tx, caller, realm_id, *doc) for doc in documents]
+                self.store.mark_for_index(tx, realm_id, [a.artifact_id for a in made])
         except Conflict:  # another owner initialised it at the same moment (the one-accepted-version index)
             raise already from None
         self.artifacts.reindex(realm_id, [a.artifact_id for a in made])
@@ -67,15 +71,19 @@ class PopulationService:
             raise RuleBroken("population", f"realm {realm_id!r} has no population yet (an owner runs init_population)")
         return c, parse_body("constitution", c.body), r, parse_body("agent_registry", r.body)  # type: ignore[return-value]
 
-    def list_agents(self, caller: Caller, realm_id: str, principal: str | None = None) -> dict[str, Any]:
+    def list_agents(self, caller: Caller, realm_id: str, principal: str | None = None, limit: int = AGENTS_PAGE,
+                    offset: int = 0) -> dict[str, Any]:
+        """A page of the registry's agents, in its order, each described (charter, sources)."""
         rules.role_in(caller.realms, realm_id)
+        check_page(limit, offset)
         with self.store.transaction() as tx:
             c, constitution, r, registry = self._state(tx, realm_id)
             entries = [a for a in registry.agents if principal is None or a.principal == principal]
-            agents = [self._describe(tx, realm_id, a) for a in entries]
+            agents = [self._describe(tx, realm_id, a) for a in entries[offset:offset + limit]]
         return {"constitution_id": c.artifact_id, "registry_id": r.artifact_id,
                 "roles": {name: policy.model_dump(mode="json") for name, policy in constitution.roles.items()},
-                "separate_author_and_reviewer": constitution.separate_author_and_reviewer, "agents": agents}
+                "separate_author_and_reviewer": constitution.separate_author_and_reviewer, "agents": agents,
+                "agents_total": len(entries), "next_offset": offset + len(agents) if offset + len(agents) < len(entries) else None}
 
     def _describe(self, tx: Tx, realm_id: str, entry: RegistryEntry) -> dict[str, Any]:
         """The registry entry, where its charter is, and its sources resolved to accepted artifacts."""

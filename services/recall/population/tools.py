@@ -11,8 +11,9 @@ from pydantic import Field
 from services.recall.artifacts.kind_schemas import CheckAction
 from services.recall.artifacts.models import ArtifactKind
 from services.recall.artifacts.tool_access import any_realm, owner_somewhere, run, writer_somewhere
-from services.recall.artifacts.tools import RealmId
-from services.recall.population.service import PopulationService
+from services.recall.artifacts.service import MAX_LIMIT
+from services.recall.artifacts.tools import Offset, RealmId
+from services.recall.population.service import AGENTS_PAGE, PopulationService
 
 Principal = Annotated[str, Field(min_length=1, max_length=128, description="An agent's principal: the sub of its token.")]
 
@@ -30,10 +31,13 @@ def register_population_tools(mcp: FastMCP, service: PopulationService) -> None:
     @mcp.tool(auth=any_realm)
     async def list_population_agents(
             realm_id: RealmId,
-            principal: Annotated[str | None, Field(description="Only this agent (e.g. yourself); omit for all.")] = None) -> dict:
-        """The realm's agents from the accepted registry: role, status, charter path, handoff path, and the sources
-        (accepted artifacts) each restores its working state from; plus the constitution's roles."""
-        return await run(service.list_agents, realm_id, principal)
+            principal: Annotated[str | None, Field(description="Only this agent (e.g. yourself); omit for all.")] = None,
+            limit: Annotated[int, Field(ge=1, le=MAX_LIMIT, description=f"Most agents returned (1..{MAX_LIMIT}).")] = AGENTS_PAGE,
+            offset: Offset = 0) -> dict:
+        """The realm's agents from the accepted registry, a page at a time (agents_total, next_offset): role, status,
+        charter path, handoff path, and the sources (accepted artifacts) each restores its working state from; plus
+        the constitution's roles."""
+        return await run(service.list_agents, realm_id, principal, limit, offset)
 
     @mcp.tool(auth=any_realm)
     async def check_population_rules(
