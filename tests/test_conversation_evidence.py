@@ -10,10 +10,10 @@ from shared.engine import hybrid_search
 from shared.engine.agent_format import parse_recall
 from shared.engine.api import Engine
 from shared.engine.hybrid_search import RecallParams
-from shared.engine.index_run import index_tree, memory_dir
+from shared.engine.index_run import forget_session, index_tree, memory_dir
 from shared.engine.memory_reader import MemoryReader
 from shared.engine.store import MemoryStore
-from shared.engine.text_analysis import distinct_stems, index_text, stem
+from shared.engine.text_analysis import distinct_stems, fts_text, held_stems, index_text, stem, turn_stems
 from tests.conftest import write_conversation
 
 # The right conversation names the machine and the site in its request and the person in its
@@ -98,6 +98,116 @@ def test_a_turn_is_judged_by_the_stems_bm25_indexed_for_it():
     for text in ["The boiler at Summit has a gland leak again, MT-1234.", "Насос Н-012 опять течёт, ёлка",
                  "MT-4471の件で東京に行きます", "mixed 東京 tokyo", ""]:
         assert distinct_stems(text) == set(index_text(text).split()), text
+
+
+QUESTIONS = [QUESTION, "MT-1234 ticket for the boiler", "ticket MT ticket 1234 MT-1234 Lake", "October 8 boiler",
+             "2026-10-08", "nothing held here", "MT-1234/MT-900, raised Noted", "Summit Priya press slow"]
+
+
+def test_a_turns_clauses_are_every_clause_all_of_whose_stems_it_holds(memory):
+    """`covered` looks up the stems a turn holds; it equals testing every clause in turn, for
+    one-word clauses, phrases (`mt 1234`) and a stem in both."""
+    reader = MemoryReader(memory)
+    reader.refresh()
+    rows = reader.store.rows(reader.view.ids.tolist())
+    for question in QUESTIONS:
+        clauses = hybrid_search.QueryClauses.of(reader, question)
+        assert clauses.phrases or "MT" not in question, "a phrase clause is tested"
+        for r in rows.values():
+            held = held_stems(r.text, r.ts, clauses.stems)
+            expected = sum(1 << i for i, c in enumerate(clauses.clauses) if held and held.issuperset(c))
+            assert clauses.covered(held) == expected, (question, r.text)
+    reader.close()
+
+
+def _held_by_both_paths(memory) -> tuple[MemoryReader, list[tuple[dict, dict]]]:
+    """For each question: the held stems the reader gives every row, and those of its text."""
+    reader = MemoryReader(memory)
+    reader.refresh()
+    mask = reader.filter_mask(None, None)
+    rows = reader.store.rows(reader.view.ids.tolist())
+    out = []
+    for question in QUESTIONS:
+        stems = hybrid_search.QueryClauses.of(reader, question).stems
+        out.append((reader.held_stems(rows, stems, mask), {rid: held_stems(r.text, r.ts, stems) for rid, r in rows.items()}))
+    return reader, out
+
+
+def test_the_snapshot_holds_each_turns_stems_and_a_recall_reads_them_instead_of_stemming(memory, monkeypatch):
+    from shared.engine import memory_reader
+
+    reader, both = _held_by_both_paths(memory)
+    assert reader.view.base.stem_ids is not None and reader.view.n_base == reader.view.n
+    assert all(snapshot == texts for snapshot, texts in both) and any(any(h) for h, _ in both)
+    monkeypatch.setattr(memory_reader, "held_stems", lambda *_: pytest.fail("stemmed a turn's text"))
+    rows = reader.store.rows(reader.view.ids.tolist())
+    reader.held_stems(rows, frozenset({"boiler", "aiko", "octob"}), reader.filter_mask(None, None))
+    reader.close()
+
+
+def test_turns_after_the_snapshot_and_a_snapshot_without_stems_are_stemmed_from_their_text(tmp_path, embedder):
+    import json
+    import struct
+
+    from shared.engine.vector_file import VECTOR_FILE
+
+    src, memory = _three_conversations(tmp_path, embedder)
+    write_conversation(src, "later", ["a boiler turn after the snapshot", "Summit"])
+    index_tree(tmp_path / "home", src, embedder)  # too few rows for a new snapshot
+    reader, both = _held_by_both_paths(memory)
+    assert reader.view.n > reader.view.n_base > 0 and reader.view.base.stem_ids is not None
+    assert all(snapshot == texts for snapshot, texts in both)
+    reader.close()
+    # The file as the previous release wrote it: its header names no stems.
+    raw = bytearray((memory / VECTOR_FILE).read_bytes())
+    (hlen,) = struct.unpack("<I", raw[8:12])
+    header = json.loads(raw[12 : 12 + hlen])
+    del header["stems"]
+    blob = json.dumps(header).encode()
+    raw[8:12], raw[12 : 12 + hlen] = struct.pack("<I", len(blob)), blob.ljust(hlen)
+    (memory / VECTOR_FILE).write_bytes(bytes(raw))
+    reader, both = _held_by_both_paths(memory)
+    assert reader.view.base.stem_ids is None and all(snapshot == texts for snapshot, texts in both)
+    reader.close()
+    store = MemoryStore.open(memory)
+    store.publish_vectors()  # not forced: the missing stems alone make it rewrite
+    store.close()
+    reader, both = _held_by_both_paths(memory)
+    assert reader.view.base.stem_ids is not None and reader.view.n_base == reader.view.n
+    assert all(snapshot == texts for snapshot, texts in both)
+    reader.close()
+
+
+def test_a_memory_written_before_stored_stems_gets_them_and_a_forget_removes_them(tmp_path, embedder):
+    src, memory = _three_conversations(tmp_path, embedder)
+    store = MemoryStore.open(memory)
+    store.conn.execute("DROP TABLE chunk_stems")  # as the previous release left a memory
+    store.publish_vectors(force=True)  # the snapshot stems the turns and stores what it stemmed
+    stored = dict(store.conn.execute("SELECT row_id, stems FROM chunk_stems").fetchall())
+    rows = store.rows(list(stored))
+    assert len(stored) == 6 and stored == {rid: turn_stems(fts_text(r.text, r.ts)) for rid, r in rows.items()}
+    store.close()
+    reader, both = _held_by_both_paths(memory)
+    assert reader.view.base.stem_ids is not None and all(snapshot == texts for snapshot, texts in both)
+    reader.close()
+    assert forget_session(tmp_path / "home", "c1") == 2
+    store = MemoryStore.open(memory)
+    left = store.conn.execute("SELECT stems FROM chunk_stems").fetchall()
+    assert len(left) == 4 and not any("c1" in s for (s,) in left), "the forgotten turns' stems are gone"
+    store.close()
+
+
+def test_stems_of_another_analyzer_are_not_read(tmp_path, embedder, monkeypatch):
+    from shared.engine import memory_reader
+
+    _, memory = _three_conversations(tmp_path, embedder)
+    stemmed = []
+    monkeypatch.setattr(memory_reader, "ANALYZER", "some-later-analyzer")
+    monkeypatch.setattr(memory_reader, "held_stems", lambda text, ts, stems: stemmed.append(text) or held_stems(text, ts, stems))
+    reader, both = _held_by_both_paths(memory)
+    assert reader.view.base.stem_ids is not None and all(snapshot == texts for snapshot, texts in both)
+    assert len(stemmed) == 6 * len(QUESTIONS), "every turn stemmed from its text"
+    reader.close()
 
 
 def test_a_judged_turn_forgotten_before_it_is_read_does_not_fail_the_recall(memory, embedder):

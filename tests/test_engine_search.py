@@ -5,7 +5,7 @@ from __future__ import annotations
 from shared.engine.agent_format import NO_RESULTS, parse_recall
 from shared.engine.api import Engine
 from shared.engine.hybrid_search import RecallParams, bm25_leg, bm25_query_text
-from shared.engine.identifiers import query_identifiers
+from shared.engine.identifiers import IdentifierPattern, query_identifiers
 from shared.engine.index_run import index_tree, memory_dir
 from shared.engine.memory_reader import MemoryReader
 from shared.engine.store import MemoryStore
@@ -347,3 +347,20 @@ def test_bm25_finds_a_cjk_turn_from_a_question_worded_differently(tmp_path, embe
             assert expected in reader.store.rows([legs[0][0]])[legs[0][0]].text, question
     finally:
         reader.close()
+
+
+def test_an_identifier_matches_as_its_full_expression_would_and_compiles_only_for_texts_holding_its_digits():
+    import re
+
+    def plain(ident: str) -> re.Pattern[str]:  # the expression, tested against every text
+        body = r"[-\s_]?".join(re.escape(p) for p in re.findall(r"[^\W\d_]+|\d+", ident))
+        return re.compile(rf"(?<![^\W_]){body}(?![^\W_])", re.IGNORECASE)
+
+    texts = [*PROBES.values(), *DECOYS, "mt4471 again", "MT 4471.", "xMT-4471", "MT-44711", "MT_4471", "MT--4471",
+             "\u212aA-047 (Kelvin sign)", "ka-047", "INV-80239-B shipped", "inv 80239 b", "MT-٤٤٧١", "", "4471"]
+    for ident in ["MT-4471", "N-11", "K-047", "KA-047", "INV-80239-B", "MT-٤٤٧١"]:
+        fast, slow = IdentifierPattern(ident), plain(ident)
+        for text in texts:
+            assert fast.search(text) == (slow.search(text) is not None), (ident, text)
+    unseen = IdentifierPattern("QZ-9182")
+    assert not any(unseen.search(t) for t in texts) and unseen._regex is None, "no text held 9182: nothing compiled"

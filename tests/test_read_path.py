@@ -118,6 +118,40 @@ def test_bm25_reads_only_the_documents_it_needs_and_keeps_the_same_hits(memory):
     reader.close()
 
 
+def test_bm25_reads_a_shallow_top_list_first_and_answers_as_the_full_depth_would(tmp_path, embedder):
+    """Several index runs (several tantivy segments) of lines repeated word for word (tied
+    scores): tantivy's shorter top lists are prefixes of its longer ones, so reading `limit +
+    BM25_SLACK` hits first changes nothing, also when dead rows make it read the full depth."""
+    src = tmp_path / "src"
+    for run in range(3):
+        for i in range(12):
+            write_conversation(src, f"r{run}c{i:02d}", [f"The {UNITS[i % 6]} at {SITES[i % 4]} has a gland leak again.",
+                                                        "thanks!", f"Lena owns the round for the {UNITS[(i + run) % 6]}."])
+        index_tree(tmp_path / "home", src, embedder)
+    reader = MemoryReader(memory_dir(tmp_path / "home"))
+    reader.refresh()
+    store = reader.store
+    assert len(list((memory_dir(tmp_path / "home") / "fts").glob("*.idx"))) > 1, "several segments"
+    unfiltered = reader.filter_mask(None, None)
+    dead = reader.filter_mask(None, None)
+    dead.bits[::2] = False  # as if every other row had been forgotten since tantivy's last merge
+    assert not dead.filtered
+    for question in [*QUESTIONS, "gland leak", "thanks", "Lena round"]:
+        text = bm25_query_text(question, reader.fts_analyzer)
+        if not text:
+            continue
+        query = store.fts.parse_query(text, ["text"])
+        full_ids, full_scores = store.bm25(query, 500)
+        for depth in range(1, 60):
+            assert store.bm25(query, depth) == (full_ids[:depth], full_scores[:depth])
+        for mask in (unfiltered, dead, reader.filter_mask("text", None)):
+            for depth, limit in ((70, 30), (26, 8), (5, 8), (500, 100)):
+                ids, scores = store.bm25(query, depth)
+                expected = [hit for hit, ok in zip(zip(ids, scores), reader.passing(ids, mask)) if ok][:limit]
+                assert reader.bm25(query, depth, limit, mask) == expected, (question, depth, limit)
+    reader.close()
+
+
 def test_passing_agrees_with_passes_for_any_row_id(memory):
     reader = MemoryReader(memory)
     reader.refresh()

@@ -19,13 +19,12 @@ from operator import or_
 import numpy as np
 
 from shared.engine.embedder import E5_MODEL_ID, Embedder
-from shared.engine.identifiers import count_identifiers, identifier_pattern, query_identifiers
+from shared.engine.identifiers import IdentifierPattern, count_identifiers, query_identifiers
 from shared.engine.memory_reader import Mask, MemoryReader
 from shared.engine.relevance_floor import floor_for
 from shared.engine.reranker import Reranker
 from shared.engine.store import Row
-from shared.engine.text_analysis import (ANALYZER, STEMMED_ANALYZERS, held_stems, phrase, query_clauses,
-                                        query_terms)
+from shared.engine.text_analysis import ANALYZER, STEMMED_ANALYZERS, phrase, query_clauses, query_terms
 
 RRF_K = 60  # only the benchmarks' plain-RRF baseline uses it
 # Share of the dense leg in the fused score, per embedding model (docs/benchmarks.md, "Engine v2
@@ -234,6 +233,9 @@ class QueryClauses:
     idf: list[float]
     total: float  # sum of idf
     stems: frozenset[str]  # every stem of every clause
+    # Clause i as bit i: by stem for the one-stem clauses (most), listed for the phrases.
+    single: dict[str, int]
+    phrases: list[tuple[int, tuple[str, ...]]]
 
     @classmethod
     def of(cls, reader: MemoryReader, query: str) -> "QueryClauses":
@@ -243,13 +245,27 @@ class QueryClauses:
         df = dict(zip(terms, freqs))
         # A clause no turn holds weighs nothing: it cannot tell one conversation from another.
         idf = [math.log(1 + (n - m + 0.5) / (m + 0.5)) if m else 0.0 for m in (min(df[t] for t in c) for c in clauses)]
-        return cls(clauses, idf, sum(idf), frozenset(terms))
+        single: dict[str, int] = {}
+        for i, c in enumerate(clauses):
+            if len(c) == 1:
+                single[c[0]] = single.get(c[0], 0) | 1 << i
+        phrases = [(1 << i, c) for i, c in enumerate(clauses) if len(c) != 1]
+        return cls(clauses, idf, sum(idf), frozenset(terms), single, phrases)
 
-    def covered(self, text: str, ts: str) -> int:
-        """Which clauses a turn holds, as BM25 sees it (its stems and its date in words): bit i
-        set for clause i, so a conversation's clauses are its turns' OR."""
-        held = held_stems(text, ts, self.stems)
-        return sum(1 << i for i, c in enumerate(self.clauses) if held.issuperset(c)) if held else 0
+    def covered(self, held: frozenset[str]) -> int:
+        """Which clauses a turn holds, as BM25 sees it (`held`: its `held_stems`, from its text
+        and its date in words): bit i set for clause i, so a conversation's clauses are its
+        turns' OR. Asked of ~100 turns per recall: it looks up the few stems a turn holds."""
+        if not held:
+            return 0
+        single = self.single
+        bits = 0
+        for stem in held:
+            bits |= single.get(stem, 0)
+        for bit, phrase_stems in self.phrases:
+            if held.issuperset(phrase_stems):
+                bits |= bit
+        return bits
 
     def share(self, covered: int) -> float:
         return sum(w for i, w in enumerate(self.idf) if covered >> i & 1) / self.total if self.total > 0 else 0.0
@@ -324,7 +340,7 @@ def recall(
             fused[rid] += conv_lift.get(rid, 0.0)
         for rid, _ in ident_leg:
             fused.setdefault(rid, 0.0)
-        patterns = [identifier_pattern(i) for i in idents]
+        patterns = [IdentifierPattern(i) for i in idents]
         boost = {rid: IDENTIFIER_BOOST * count_identifiers(rows[rid].text, patterns) / len(patterns)
                  for rid in rows} if patterns else {}
         if params.floor and not any(boost.values()) and not _clears_floor(embedder, query, legs, rows, c):
@@ -408,7 +424,7 @@ def _conversation_lift(reader: MemoryReader, query: str, rows: dict[int, Row], e
     information (idf) that the row and its conversation's judged turns hold between them; and
     the best turn of the CONVERSATION_POOL conversations holding the most."""
     clauses = QueryClauses.of(reader, query)
-    covered = {rid: clauses.covered(r.text, r.ts) for rid, r in rows.items()}
+    covered = {rid: clauses.covered(held) for rid, held in reader.held_stems(rows, clauses.stems, mask).items()}
     held = {code: reduce(or_, (covered.get(rid, 0) for rid in turns), 0) for code, turns in evidence.turns.items()}
     codes = reader.sessions_of(list(rows), mask).tolist()
     share = cache(clauses.share)  # few distinct sets of clauses per query, ~70 rows

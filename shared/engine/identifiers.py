@@ -24,12 +24,29 @@ def query_identifiers(query: str) -> list[str]:
     return list(seen)
 
 
-def identifier_pattern(ident: str) -> re.Pattern[str]:
-    """`MT-4471` also matches `MT 4471` and `mt4471`, never `MT-44711` or `XMT-4471`."""
-    parts = re.findall(r"[^\W\d_]+|\d+", ident)
-    body = r"[-\s_]?".join(re.escape(p) for p in parts)
-    return re.compile(rf"(?<![^\W_]){body}(?![^\W_])", re.IGNORECASE)
+class IdentifierPattern:
+    """`MT-4471` also matches `MT 4471` and `mt4471`, never `MT-44711` or `XMT-4471`.
+
+    A match holds every digit run of the identifier as it is (digits have no case), so a text
+    without them is answered by a substring test; the expression is compiled only for a text
+    that passes it (a recall tests ~70 turns, and most questions name a new identifier)."""
+
+    def __init__(self, ident: str) -> None:
+        self.ident = ident
+        self.digits = re.findall(r"\d+", ident)
+        self._regex: re.Pattern[str] | None = None
+
+    @property
+    def regex(self) -> re.Pattern[str]:
+        if self._regex is None:
+            parts = re.findall(r"[^\W\d_]+|\d+", self.ident)
+            body = r"[-\s_]?".join(re.escape(p) for p in parts)
+            self._regex = re.compile(rf"(?<![^\W_]){body}(?![^\W_])", re.IGNORECASE)
+        return self._regex
+
+    def search(self, text: str) -> bool:
+        return all(d in text for d in self.digits) and self.regex.search(text) is not None
 
 
-def count_identifiers(text: str, patterns: list[re.Pattern[str]]) -> int:
+def count_identifiers(text: str, patterns: list[IdentifierPattern]) -> int:
     return sum(1 for p in patterns if p.search(text))

@@ -29,12 +29,14 @@ from pathlib import Path
 
 import numpy as np
 
-from shared.engine.store import FTS_DIR, MemoryStore, journal_mode
+from shared.engine.store import FTS_DIR, MemoryStore, Row, journal_mode
+from shared.engine.text_analysis import ANALYZER, held_stems
 from shared.engine.vector_file import (VectorFile, approximate_scores, conversation_code, current_inode,
                                        open_vector_file)
 
 RESCORE_MIN = 64
 RESCORE_FACTOR = 4
+BM25_SLACK = 10  # hits read beyond the limit before reading the full depth (MemoryReader.bm25)
 # The reader's SQLite file is read through a memory map (WAL mode only: a map on a network
 # volume, where RECALL_SQLITE_JOURNAL_MODE=delete is used, turns an I/O error into a signal):
 # the re-score, hydration and neighbour statements then copy no page through read(2). This
@@ -86,6 +88,7 @@ class Mask:
 
     view: ReaderView
     bits: np.ndarray
+    filtered: bool = False  # a block type or harness was asked for (else only dead rows fail)
 
 
 def _empty_view(dim: int) -> ReaderView:
@@ -154,9 +157,11 @@ class MemoryReader:
         return self._view.n
 
     def resident_bytes(self) -> int:
-        """What this reader keeps in memory: owned arrays, the mapped snapshot, the BM25 index."""
+        """What this reader keeps in memory: owned arrays, the mapped snapshot (and its stems'
+        vocabulary once read), the BM25 index."""
         view = self._view
-        mapped = 0 if view.base is None else view.base.mapped_bytes + view.base.scanner.packed_bytes
+        mapped = 0 if view.base is None else (view.base.mapped_bytes + view.base.scanner.packed_bytes
+                                              + view.base.vocabulary_ram_bytes())
         return view.ram_bytes() + mapped + self._fts_bytes
 
     # ---- refresh -------------------------------------------------------------------------
@@ -217,7 +222,7 @@ class MemoryReader:
         if harness:
             code = view.harnesses.get(harness)
             bits &= view.harness == (-1 if code is None else code)
-        return Mask(view, bits)
+        return Mask(view, bits, bool(block_type or harness))
 
     def passes(self, row_id: int, mask: Mask) -> bool:
         pos = mask.view.position(row_id)
@@ -232,9 +237,19 @@ class MemoryReader:
         return (found & mask.bits[pos]).tolist()
 
     def bm25(self, query, depth: int, limit: int, mask: Mask) -> list[tuple[int, float]]:
-        """The best `limit` of the store's top `depth` BM25 hits that `mask` lets through, in order."""
-        ids, scores = self.store.bm25(query, depth)
-        return list(islice(compress(zip(ids, scores), self.passing(ids, mask)), limit))
+        """The best `limit` of the store's top `depth` BM25 hits that `mask` lets through, in order.
+
+        Without a filter nearly every hit passes (only rows deleted since tantivy's last merge
+        fail), so the top `limit + BM25_SLACK` are read first and the full depth only when too
+        few of them pass: tantivy's top lists are prefixes of each other (ties ordered by
+        document), so the answer is the same, and a 300-deep leg reads 310 hits, not 610."""
+        first = depth if mask.filtered else min(depth, limit + BM25_SLACK)
+        ids, scores = self.store.bm25(query, first)
+        hits = list(islice(compress(zip(ids, scores), self.passing(ids, mask)), limit))
+        if len(hits) < limit and len(ids) == first < depth:
+            ids, scores = self.store.bm25(query, depth)
+            hits = list(islice(compress(zip(ids, scores), self.passing(ids, mask)), limit))
+        return hits
 
     def nearest(self, qvec: np.ndarray, limit: int, mask: Mask) -> list[int]:
         return [row_id for row_id, _ in self.nearest_scored(qvec, limit, mask)]
@@ -294,6 +309,37 @@ class MemoryReader:
             return np.zeros(len(row_ids), np.int64)
         pos, found = _locate(view.ids, np.asarray(row_ids, np.int64))
         return np.where(found, self.conversation_codes(view)[pos], 0)
+
+    def held_stems(self, rows: dict[int, Row], stems: frozenset[str], mask: Mask) -> dict[int, frozenset[str]]:
+        """Which of `stems` BM25 holds for each row (text_analysis.held_stems): read from the
+        snapshot's stems for its rows (~100 rows per recall: a few array operations instead of
+        stemming texts a per-text cache has not seen), from the text for later rows or a
+        snapshot without them."""
+        base = mask.view.base
+        out: dict[int, frozenset[str]] = {}
+        if base is not None and base.stem_ids is not None and base.stems_analyzer == ANALYZER and rows:
+            vocabulary = base.vocabulary()
+            asked = {vocabulary[s]: s for s in stems if s in vocabulary}
+            row_ids = np.fromiter(rows, np.int64, len(rows))
+            pos, found = _locate(mask.view.ids, row_ids)
+            mapped = found & (pos < base.n)
+            pos = pos[mapped]
+            held: list[set[str]] = [set() for _ in range(len(pos))]
+            if asked and len(pos):
+                starts = base.stem_start[pos]
+                counts = base.stem_start[pos + 1] - starts
+                ends = np.cumsum(counts)
+                # The stems of every row in turn: row j's run starts at starts[j].
+                every = np.arange(int(ends[-1])) + np.repeat(starts - (ends - counts), counts)
+                ids = base.stem_ids[every]
+                hit = np.isin(ids, np.fromiter(asked, np.int64, len(asked)))
+                for j, stem_id in zip(np.repeat(np.arange(len(pos)), counts)[hit].tolist(), ids[hit].tolist()):
+                    held[j].add(asked[stem_id])
+            out = dict(zip(row_ids[mapped].tolist(), map(frozenset, held)))
+        for rid, row in rows.items():
+            if rid not in out:
+                out[rid] = held_stems(row.text, row.ts, stems)
+        return out
 
     def epoch_of(self, row_id: int) -> float | None:
         view = self._view

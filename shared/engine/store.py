@@ -38,7 +38,7 @@ import tantivy
 
 from shared.engine.chunking import Chunk
 from shared.engine.fault_injection import fault_point
-from shared.engine.text_analysis import ANALYZER, date_words, index_text
+from shared.engine.text_analysis import ANALYZER, fts_text, turn_stems
 from shared.engine.vector_file import open_vector_file, write_vector_file
 
 SCHEMA_VERSION = "1"
@@ -50,6 +50,11 @@ TOMBSTONE_KEEP = 500  # generations of tombstones kept for incremental reader re
 # generations behind (tombstones older than TOMBSTONE_KEEP are gone).
 SNAPSHOT_LAG_ROWS = 2048
 SNAPSHOT_LAG_GENERATIONS = 400
+
+# Each row's distinct BM25 stems (text_analysis.turn_stems) as written with it, so the int8
+# snapshot can carry them for conversation evidence without stemming every turn again. A memory
+# written before this table gets it at its next write; the snapshot stems its rows meanwhile.
+STEMS_TABLE = "CREATE TABLE IF NOT EXISTS chunk_stems (row_id INTEGER PRIMARY KEY, stems TEXT NOT NULL)"
 
 ROW_COLUMNS = (
     "row_id, chunk_key, session_id, turn_uuid, seq, ts, ts_epoch, role, harness, workdir,"
@@ -121,12 +126,6 @@ def _connect(path: Path, create: bool = False) -> sqlite3.Connection:
     return conn
 
 
-def fts_text(chunk_text: str, ts: str) -> str:
-    """What BM25 sees: the chunk's stems (text_analysis) plus its date in words, since many
-    questions match only the date."""
-    return index_text(f"{chunk_text}\n{date_words(ts)}" if ts else chunk_text)
-
-
 class MemoryStore:
     """Open handle on one memory directory. Writes need the memory lock held by the caller."""
 
@@ -191,6 +190,7 @@ class MemoryStore:
             COMMIT;
             """
         )
+        conn.execute(STEMS_TABLE)
         stamp = {"schema_version": SCHEMA_VERSION, "model_id": model_id, "dim": str(dim), "memory_id": uuid.uuid4().hex,
                  "generation": "0", "max_row_id": "0", "tombstone_floor": "0", "last_indexed": "",
                  "fts_analyzer": ANALYZER}
@@ -345,12 +345,14 @@ class MemoryStore:
             self.rebuild_fts()  # built by an older analyzer: re-analyse the live rows once
         meta = self.meta()
         max_row_id = int(meta["max_row_id"])
+        self.conn.execute(STEMS_TABLE)  # a memory written before the table
         writer = self.fts.writer(heap_size=50_000_000, num_threads=1)
         try:
             writer.delete_documents_by_query(self._row_range(max_row_id + 1, None))
             new_ids = range(max_row_id + 1, max_row_id + 1 + len(added))
-            for row_id, row in zip(new_ids, added):
-                writer.add_document(tantivy.Document(row_id=row_id, text=fts_text(row.chunk.text, row.chunk.ts)))
+            analysed = [fts_text(row.chunk.text, row.chunk.ts) for row in added]
+            for row_id, fts in zip(new_ids, analysed):
+                writer.add_document(tantivy.Document(row_id=row_id, text=fts))
             writer.commit()
             fault_point("after_tantivy_commit")  # crash tests: tantivy committed, SQLite not yet
 
@@ -370,7 +372,10 @@ class MemoryStore:
                         for rid, r in zip(new_ids, added)
                     ],
                 )
+                c.executemany("INSERT OR REPLACE INTO chunk_stems (row_id, stems) VALUES (?, ?)",
+                              [(rid, turn_stems(fts)) for rid, fts in zip(new_ids, analysed)])
                 c.executemany("DELETE FROM chunks WHERE row_id=?", [(i,) for i in dead])
+                c.executemany("DELETE FROM chunk_stems WHERE row_id=?", [(i,) for i in dead])
                 c.executemany("INSERT INTO tombstones (row_id, generation) VALUES (?, ?)", [(i, generation) for i in dead])
                 c.executemany("INSERT OR IGNORE INTO fts_pending_delete (row_id) VALUES (?)", [(i,) for i in dead])
                 c.executemany("INSERT OR REPLACE INTO sources (path, signature) VALUES (?, ?)", sources_set.items())
@@ -404,15 +409,31 @@ class MemoryStore:
 
     def rebuild_fts(self) -> None:
         """The BM25 index from the live rows, with the current analyzer (memory lock held)."""
+        reanalysed = self.fts_analyzer() != ANALYZER  # the stored stems are the old analyzer's too
+        stems: list[tuple[int, str]] = []
         writer = self.fts.writer(heap_size=50_000_000, num_threads=1)
         try:
             writer.delete_all_documents()
             for row_id, text, ts in self.conn.execute("SELECT row_id, text, ts FROM chunks"):
-                writer.add_document(tantivy.Document(row_id=row_id, text=fts_text(text, ts)))
+                fts = fts_text(text, ts)
+                writer.add_document(tantivy.Document(row_id=row_id, text=fts))
+                if reanalysed:
+                    stems.append((row_id, turn_stems(fts)))
             writer.commit()
             writer.garbage_collect_files()
-            self.conn.execute("DELETE FROM fts_pending_delete")
-            self.conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('fts_analyzer', ?)", (ANALYZER,))
+            c = self.conn
+            c.execute("BEGIN IMMEDIATE")
+            try:
+                c.execute("DELETE FROM fts_pending_delete")
+                if reanalysed:
+                    c.execute(STEMS_TABLE)
+                    c.execute("DELETE FROM chunk_stems")
+                    c.executemany("INSERT INTO chunk_stems (row_id, stems) VALUES (?, ?)", stems)
+                c.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('fts_analyzer', ?)", (ANALYZER,))
+                c.execute("COMMIT")
+            except BaseException:
+                c.execute("ROLLBACK")
+                raise
         finally:
             del writer
         self.fts.reload()
@@ -433,8 +454,9 @@ class MemoryStore:
                 self.conn.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('memory_id', ?)", (uuid.uuid4().hex,))
         meta = self.meta()
         snapshot = None if force else open_vector_file(self.path, self.dim)
-        # A snapshot written before files held conversation codes is rewritten at the next run.
-        if snapshot is not None and snapshot.memory_id == meta["memory_id"] and snapshot.conversation is not None:
+        # A snapshot written before files held conversation codes or stems is rewritten at the next run.
+        if (snapshot is not None and snapshot.memory_id == meta["memory_id"] and snapshot.conversation is not None
+                and snapshot.stem_ids is not None):
             lag_rows = int(meta["max_row_id"]) - snapshot.max_row_id
             lag_generations = int(meta["generation"]) - snapshot.generation
             with self.lock:
@@ -444,6 +466,7 @@ class MemoryStore:
                     and lag_generations < SNAPSHOT_LAG_GENERATIONS):
                 return
         with self.lock:
+            self.conn.execute(STEMS_TABLE)  # a memory written before the table: the snapshot fills it
             write_vector_file(self.path, self.conn, self.dim)
 
     def _flush_fts_deletes(self, writer: tantivy.IndexWriter) -> None:

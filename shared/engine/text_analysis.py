@@ -121,7 +121,7 @@ def forget_cached_texts() -> None:
 
 
 def held_stems(text: str, ts: str, stems: frozenset[str]) -> frozenset[str]:
-    """Which of `stems` BM25 holds for a turn (store.fts_text): in its text or its date. Asked
+    """Which of `stems` BM25 holds for a turn (`fts_text`): in its text or its date. Asked
     for a query's few stems of ~70 turns per recall, so no union of the turn's stems is built."""
     return (stems & distinct_stems(text)) | (stems & _date_stems(ts[:10]))  # date words: the day alone
 
@@ -129,6 +129,19 @@ def held_stems(text: str, ts: str, stems: frozenset[str]) -> frozenset[str]:
 @lru_cache(maxsize=4096)
 def _date_stems(day: str) -> frozenset[str]:
     return frozenset(map(stem, words(date_words(day)))) if day else frozenset()
+
+
+def fts_text(chunk_text: str, ts: str) -> str:
+    """What BM25 indexes for a turn: its text's stems plus its date in words, since many
+    questions match only the date."""
+    return index_text(f"{chunk_text}\n{date_words(ts)}" if ts else chunk_text)
+
+
+def turn_stems(fts: str) -> str:
+    """A turn's distinct indexed stems (of its `fts_text`), space-separated, as stored beside it
+    (store.py) so a recall reads them instead of stemming the turn again: for every turn they
+    equal `held_stems`' text and date stems (tested)."""
+    return " ".join(dict.fromkeys(fts.split()))
 
 
 def index_text(text: str) -> str:

@@ -6,10 +6,17 @@ derived from `chunks.sqlite3` (which keeps the float32 vectors and stays the tru
     "RECALLV1" | u32 header length | JSON header (generation, max_row_id, n, dim, facet names,
     section offsets) | row ids int64[n] (ascending) | scale float32[n] | bias int32[n] |
     block code int32[n] | harness code int32[n] | ts_epoch float64[n] | int8 matrix [dim, n] |
-    conversation code int64[n] (`conversation_code` of the row's session id)
+    conversation code int64[n] (`conversation_code` of the row's session id) |
+    stem start int64[n + 1] | stem ids int32[m] | vocabulary (the stems, UTF-8, one per line)
 
-A file written before the conversation codes has no such section (`VectorFile.conversation`
-is None) and stays readable: the reader then reads the session ids from SQLite.
+Row i's BM25 stems (text_analysis.turn_stems, as SQLite's `chunk_stems` holds them) are the
+vocabulary's lines `stem_ids[stem_start[i]:stem_start[i + 1]]`, stamped with the analyzer that
+made them: conversation evidence reads which query stems a turn holds here instead of stemming
+its text on every recall.
+
+A file written before the conversation codes or the stems has no such section
+(`VectorFile.conversation` or `stem_ids` is None) and stays readable: the reader then reads the
+session ids from SQLite and stems the turns' texts.
 
 Each row is quantised to int8 with its own scale (max |x| / 127); the matrix is stored
 transposed so one onnxruntime `MatMulInteger` scans it without a copy. The scan's scores only
@@ -32,12 +39,14 @@ import os
 import sqlite3
 import struct
 import threading
+from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from shared.engine.native_threads import ort_session_options
+from shared.engine.text_analysis import ANALYZER, fts_text, turn_stems
 
 VECTOR_FILE = "vectors.i8"
 MAGIC = b"RECALLV1"
@@ -71,11 +80,27 @@ class VectorFile:
     conversation: np.ndarray | None  # int64 [n]; None in a file written before it
     mapped_bytes: int
     _map: mmap.mmap
+    stem_start: np.ndarray | None = None  # int64 [n + 1]; None in a file written before the stems
+    stem_ids: np.ndarray | None = None  # int32 [m]
+    vocabulary_bytes: np.ndarray | None = None  # uint8: the stems, one per line
+    stems_analyzer: str = ""
     scanner: "Scanner" = field(default_factory=lambda: Scanner(), compare=False, repr=False)
+    _vocabulary: list = field(default_factory=list, compare=False, repr=False)
 
     @property
     def n(self) -> int:
         return len(self.ids)
+
+    def vocabulary(self) -> dict[str, int]:
+        """Stem -> id, read on first use (racing callers build the same dict)."""
+        if not self._vocabulary:
+            blob = self.vocabulary_bytes.tobytes().decode("utf-8", "surrogatepass") if self.vocabulary_bytes is not None else ""
+            self._vocabulary[:] = [{stem: i for i, stem in enumerate(blob.split("\n")) if stem}]
+        return self._vocabulary[0]
+
+    def vocabulary_ram_bytes(self) -> int:
+        """About what the vocabulary dict holds once read (a short str and an int per stem)."""
+        return 0 if not self._vocabulary else 120 * len(self._vocabulary[0])
 
 
 def conversation_code(session_id: str) -> int:
@@ -92,9 +117,14 @@ def _sections(n: int, dim: int) -> list[tuple[str, str, tuple[int, ...]]]:
             ("conversation", "<i8", (n,))]
 
 
-def _layout(n: int, dim: int, header_room: int) -> tuple[dict[str, int], int]:
+def _stem_sections(n: int, stems: dict) -> list[tuple[str, str, tuple[int, ...]]]:
+    return [("stem_start", "<i8", (n + 1,)), ("stem_ids", "<i4", (int(stems["count"]),)),
+            ("vocabulary_bytes", "u1", (int(stems["vocabulary_bytes"]),))]
+
+
+def _layout(n: int, dim: int, header_room: int, sections=None) -> tuple[dict[str, int], int]:
     offsets, pos = {}, header_room
-    for name, dtype, shape in _sections(n, dim):
+    for name, dtype, shape in sections or _sections(n, dim):
         pos = -(-pos // _ALIGN) * _ALIGN
         offsets[name] = pos
         pos += int(np.dtype(dtype).itemsize * int(np.prod(shape)))
@@ -123,11 +153,14 @@ def open_vector_file(memory: Path, dim: int) -> VectorFile | None:
     if int(header["dim"]) != dim:
         return None
     offsets = header["offsets"]
+    stems = header.get("stems")
+    sections = _sections(n, dim) + (_stem_sections(n, stems) if stems else [])
     arrays = {name: np.ndarray(shape, dtype=np.dtype(dtype), buffer=mapping, offset=offsets[name]) if name in offsets else None
-              for name, dtype, shape in _sections(n, dim)}
+              for name, dtype, shape in sections}
     return VectorFile(path=path, inode=st.st_ino, memory_id=header.get("memory_id", ""), generation=int(header["generation"]),
                       max_row_id=int(header["max_row_id"]), dim=dim, block_types=header["block_types"],
-                      harnesses=header["harnesses"], mapped_bytes=st.st_size, _map=mapping, **arrays)
+                      harnesses=header["harnesses"], mapped_bytes=st.st_size, _map=mapping,
+                      stems_analyzer=stems["analyzer"] if stems else "", **arrays)
 
 
 def current_inode(memory: Path) -> int | None:
@@ -166,7 +199,20 @@ def write_vector_file(memory: Path, conn: sqlite3.Connection, dim: int) -> bool:
         out = np.memmap(tmp, dtype=np.uint8, mode="r+", shape=(size,))
         arrays = {name: np.ndarray(shape, dtype=np.dtype(dtype), buffer=out, offset=offsets[name])
                   for name, dtype, shape in _sections(n, dim)}
-        cur = conn.execute("SELECT row_id, vector, block_type, harness, ts_epoch, session_id FROM chunks ORDER BY row_id")
+        # Each row's stems as written with it; a row written before `chunk_stems` existed is
+        # stemmed here (and its stems stored below, once). Stems of another analyzer than this
+        # code's are left out: readers would stem the texts anyway.
+        analyzer = meta.get("fts_analyzer", "")
+        with_stems = analyzer == ANALYZER
+        has_table = conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='chunk_stems'").fetchone()
+        stored = "s.stems" if has_table else "NULL"
+        join = " LEFT JOIN chunk_stems s ON s.row_id = c.row_id" if has_table else ""
+        cur = conn.execute(f"SELECT c.row_id, c.vector, c.block_type, c.harness, c.ts_epoch, c.session_id, {stored},"
+                           f" CASE WHEN {stored} IS NULL THEN c.text END, c.ts FROM chunks c{join} ORDER BY c.row_id")
+        vocabulary: dict[str, int] = {}
+        stem_ids = array("i")
+        stem_start = array("q", [0])
+        stemmed: list[tuple[int, str]] = []
         at = 0
         while rows := cur.fetchmany(_BATCH):
             sl = slice(at, at + len(rows))
@@ -180,9 +226,33 @@ def write_vector_file(memory: Path, conn: sqlite3.Connection, dim: int) -> bool:
             arrays["epoch"][sl] = [np.nan if r[4] is None else r[4] for r in rows]
             arrays["matrix_t"][:, sl] = q.T
             arrays["conversation"][sl] = [conversation_code(r[5]) for r in rows]
+            if with_stems:
+                batch_stems = [r[6] for r in rows]
+                for i, r in enumerate(rows):
+                    if r[6] is None:
+                        batch_stems[i] = turn_stems(fts_text(r[7], r[8]))
+                        stemmed.append((r[0], batch_stems[i]))
+                tokens = " ".join(batch_stems).split()
+                for t in dict.fromkeys(tokens):
+                    if t not in vocabulary:
+                        vocabulary[t] = len(vocabulary)
+                stem_ids.extend(map(vocabulary.__getitem__, tokens))
+                ends = np.cumsum([stems.count(" ") + 1 if stems else 0 for stems in batch_stems]) + stem_start[-1]
+                stem_start.extend(ends.tolist())
             at += len(rows)
     finally:
         conn.execute("COMMIT")
+    if with_stems:
+        vocab_blob = "\n".join(vocabulary).encode("utf-8", "surrogatepass")
+        stems_header = {"analyzer": analyzer, "count": len(stem_ids), "vocabulary_bytes": len(vocab_blob)}
+        stem_offsets, total = _layout(n, dim, size, _stem_sections(n, stems_header))
+        with open(tmp, "r+b") as f:
+            f.truncate(total)
+            for name, data in (("stem_start", stem_start), ("stem_ids", stem_ids), ("vocabulary_bytes", vocab_blob)):
+                f.seek(stem_offsets[name])
+                f.write(bytes(data) if isinstance(data, bytes) else data.tobytes())
+        offsets = {**offsets, **stem_offsets}
+        header["stems"] = stems_header
     header.update(block_types=list(block_types), harnesses=list(harnesses), offsets=offsets)
     blob = json.dumps(header).encode()
     if 12 + len(blob) > room:  # thousands of distinct harness names: no snapshot, readers use SQLite
@@ -207,6 +277,14 @@ def write_vector_file(memory: Path, conn: sqlite3.Connection, dim: int) -> bool:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+    if stemmed and has_table:  # once: the next snapshot reads them
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.executemany("INSERT OR IGNORE INTO chunk_stems (row_id, stems) VALUES (?, ?)", stemmed)
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
     return True
 
 
