@@ -47,6 +47,7 @@ bench: install
 	$(PY) -m bench.redaction_bench
 	$(PY) -m bench.embedder_bench
 	$(PY) -m bench.service_footprint_bench
+	$(PY) -m bench.redis_restart_bench
 	$(PY) -m bench.artifact_text_bench
 
 clean:

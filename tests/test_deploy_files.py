@@ -25,6 +25,9 @@ from services.stack import StackSettings
 from tests.conftest import REPO
 
 DEPLOY = REPO / "deploy"
+# The one dashboard file: kustomize reads no file outside its directory, so deploy/k8s/monitoring
+# owns it (its ConfigMap for Grafana's sidecar) and compose mounts it from there.
+DASHBOARD = DEPLOY / "k8s" / "monitoring" / "dashboards" / "recall.json"
 BIN = Path(sys.executable).parent
 # Variables read by something other than our settings classes.
 FOREIGN_ENV = {"HF_HUB_OFFLINE", "HF_HOME", "FASTMCP_LOG_ENABLED", "PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED",
@@ -87,13 +90,17 @@ def pod_specs(docs: list[dict]) -> dict[str, dict]:
 @needs_kubectl
 @pytest.mark.skipif(tool("kubernetes-validate") is None, reason="kubernetes-validate is not installed (dev extra)")
 @pytest.mark.parametrize("k8s_version", ["1.29.0", "1.37.0"])
-def test_rendered_overlay_passes_strict_schema_validation(tmp_path, k8s_version):
-    out = run(KUBECTL, "kustomize", str(DEPLOY / "k8s" / "overlays" / "example"))
+@pytest.mark.parametrize("kustomization", ["overlays/example", "monitoring"])
+def test_rendered_kustomizations_pass_strict_schema_validation(tmp_path, k8s_version, kustomization):
+    """Every core object; the Prometheus Operator's kinds (no schema here) are checked against
+    their CRDs by test_monitoring_objects_match_the_prometheus_operator_crd_schemas."""
+    out = run(KUBECTL, "kustomize", str(DEPLOY / "k8s" / kustomization))
     assert out.returncode == 0, out.stderr
     (tmp_path / "all.yaml").write_text(out.stdout)
     checked = run(tool("kubernetes-validate"), "--strict", "-k", k8s_version, str(tmp_path / "all.yaml"))
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert checked.stdout.count("passed") == len([d for d in yaml.safe_load_all(out.stdout) if d])
+    core = [d for d in yaml.safe_load_all(out.stdout) if d and not d["apiVersion"].startswith("monitoring.coreos.com/")]
+    assert core and checked.stdout.count("passed") == len(core), checked.stdout
 
 
 def test_every_pod_meets_the_restricted_pod_security_level(overlay):
@@ -281,6 +288,27 @@ def test_redis_requires_acl_users_never_evicts_and_has_a_headless_governing_serv
     assert not any("ingest-key=" in str(s) for s in objects(overlay, "Secret").values()), "no secret literal ships"
 
 
+def test_redis_and_postgresql_may_load_their_data_before_liveness_can_kill_them(overlay):
+    """docs/benchmarks.md, redis-restart-bench: Redis answers LOADING until its append-only file
+    is read back, in proportion to the backlog. The startup probe in front of liveness waits
+    four times the slowest measured rate extrapolated to maxmemory (a contended core); liveness
+    alone (30 s) killed a Redis restarted with a full backlog mid-load, again and again."""
+    doc = (REPO / "docs" / "benchmarks.md").read_text()
+    section = doc[doc.index("<!-- redis-restart-bench:start -->"):doc.index("<!-- redis-restart-bench:end -->")]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in section.splitlines() if re.match(r"\| [\d,]+ \|", line)]
+    seconds_per_mib = max(float(r[4]) / float(r[2]) for r in rows if int(r[0].replace(",", "")) > 0)
+    maxmemory = re.search(r"^maxmemory (\d+)gb$", (DEPLOY / "k8s" / "base" / "redis" / "redis.conf").read_text(), re.M)
+    full_load_s = seconds_per_mib * int(maxmemory[1]) * 10**9 / 2**20
+    for name in ("recall-redis", "recall-postgres"):
+        [container] = [c for c in objects(overlay, "StatefulSet")[name]["spec"]["template"]["spec"]["containers"]
+                       if c["name"] in ("redis", "postgres")]
+        startup = container["startupProbe"]
+        assert startup["exec"] == container["livenessProbe"]["exec"] == container["readinessProbe"]["exec"], name
+        assert startup["periodSeconds"] * startup["failureThreshold"] >= 4 * full_load_s, (name, full_load_s)
+        assert "initialDelaySeconds" not in container["livenessProbe"], name
+        assert all(container[p]["timeoutSeconds"] >= 3 for p in ("startupProbe", "readinessProbe", "livenessProbe")), name
+
+
 def test_every_pod_that_opens_memories_runs_on_the_node_of_the_one_data_volume(overlay):
     """docs/capacity.md, "Storage": SQLite (WAL) and tantivy are correct on one host only."""
     [pvc] = objects(overlay, "PersistentVolumeClaim").values()
@@ -318,6 +346,29 @@ def test_monitoring_objects_match_the_prometheus_operator_crd_schemas():
 def test_prometheus_rule_object_carries_exactly_the_alert_file():
     rule = yaml.safe_load((DEPLOY / "k8s" / "monitoring" / "prometheusrule.yaml").read_text())
     assert rule["spec"]["groups"] == yaml.safe_load((DEPLOY / "prometheus" / "alerts.yml").read_text())["groups"]
+
+
+# kubectl apply (client-side) copies the whole object into its last-applied-configuration
+# annotation, and all annotations of an object together may hold at most 256 KiB.
+CLIENT_SIDE_APPLY_LIMIT = 256 * 1024
+
+
+@needs_kubectl
+def test_grafana_sidecar_gets_the_dashboard_file_itself_in_a_labelled_configmap():
+    """kube-prometheus-stack's Grafana sidecar loads ConfigMaps labelled grafana_dashboard: "1";
+    the one generated here holds the dashboard file byte for byte, keeps its name when the
+    dashboard changes (a hash suffix would leave the old copy behind, a second dashboard of the
+    same uid), stays small enough for a client-side `kubectl apply -k`, and names the datasource
+    uid the stack's default Prometheus datasource has."""
+    [dashboard] = [d for d in render(DEPLOY / "k8s" / "monitoring")
+                   if d["kind"] == "ConfigMap" and d["metadata"]["labels"].get("grafana_dashboard") == "1"]
+    assert dashboard["metadata"]["name"] == "recall-grafana-dashboard"
+    assert dashboard["metadata"]["namespace"] == "recall"
+    assert dashboard["data"] == {"recall.json": DASHBOARD.read_text()}
+    assert len(json.dumps(dashboard)) < CLIENT_SIDE_APPLY_LIMIT
+    dash = json.loads(dashboard["data"]["recall.json"])
+    assert dash["uid"] == "recall"
+    assert {t["datasource"]["uid"] for p in dash["panels"] for t in p["targets"]} == {"prometheus"}
 
 
 # ---- images -------------------------------------------------------------------------------------
@@ -432,6 +483,20 @@ def test_compose_refuses_to_start_without_its_secrets():
     assert out.returncode != 0 and "GF_SECURITY_ADMIN_PASSWORD" in out.stderr
 
 
+@needs_compose
+def test_compose_grafana_mounts_the_dashboard_file_kustomize_packs():
+    grafana = json.loads(compose_config(COMPOSE_ENV).stdout)["services"]["grafana"]
+    mounts = {m["target"]: m for m in grafana["volumes"] if m["type"] == "bind"}
+    provider = yaml.safe_load((DEPLOY / "grafana" / "provisioning" / "dashboards" / "recall.yaml").read_text())
+    [folder] = [p["options"]["path"] for p in provider["providers"]]
+    mount = mounts[f"{folder}/recall.json"]
+    assert Path(mount["source"]).resolve() == DASHBOARD.resolve() and mount["read_only"] is True
+    generated = yaml.safe_load((DEPLOY / "k8s" / "monitoring" / "kustomization.yaml").read_text())["configMapGenerator"]
+    assert [(DEPLOY / "k8s" / "monitoring" / f).resolve() for g in generated for f in g["files"]
+            if f.endswith(".json")] == [DASHBOARD.resolve()]
+    assert not [p for p in DEPLOY.rglob("*.json") if p.resolve() != DASHBOARD.resolve()], "one dashboard file, no copy"
+
+
 def test_env_example_names_only_real_settings_and_ships_no_secret_value():
     all_settings = set().union(*(setting_names(c) for c in SETTINGS.values()))
     for line in (DEPLOY / ".env.example").read_text().splitlines():
@@ -457,14 +522,15 @@ def test_nginx_accepts_the_load_balancer_config(tmp_path):
 
 # ---- Prometheus and Grafana ---------------------------------------------------------------------
 def test_dashboard_is_valid_grafana_json_with_variables_and_every_topic():
-    dash = json.loads((DEPLOY / "grafana" / "recall.json").read_text())
+    dash = json.loads(DASHBOARD.read_text())
     exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
     assert len(exprs) >= 25 and all(t["datasource"]["uid"] == "prometheus" for p in dash["panels"] for t in p["targets"])
     assert {v["name"] for v in dash["templating"]["list"]} == {"job", "instance"}
     assert sum('instance=~"$instance"' in e for e in exprs) >= 4
     titles = " ".join(p["title"] for p in dash["panels"]).lower()
     for topic in ("latency", "calls per second", "unavailable", "pool", "stream", "index job", "ingest to searchable",
-                  "dead letters", "ingest request latency", "jobs running", "forget", "retention", "per instance"):
+                  "dead letters", "ingest request latency", "jobs running", "forget", "retention", "per instance",
+                  "unexpected errors"):
         assert topic in titles, topic
 
 
@@ -491,7 +557,7 @@ def test_amtool_accepts_the_alertmanager_config():
 def test_promtool_parses_every_dashboard_expression(tmp_path):
     """Each panel's PromQL (template variables at "All"), checked as a recording rule: a syntax
     error in a panel shows here, without a running Prometheus."""
-    dash = json.loads((DEPLOY / "grafana" / "recall.json").read_text())
+    dash = json.loads(DASHBOARD.read_text())
     every = {f"${v['name']}": v["allValue"] for v in dash["templating"]["list"]}
     rules = []
     for panel in dash["panels"]:

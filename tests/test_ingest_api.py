@@ -372,7 +372,7 @@ def test_every_documented_operation_answers_as_its_schema_says(services, service
     services("ingest")  # default limits: generated bodies stay below them, so a 413 never masks a verdict
     schema = schemathesis.openapi.from_url(f"{ingest_url(service_env)}/openapi.json")
     operations = [result.ok() for result in schema.get_all_operations()]
-    assert len(operations) == 9
+    assert len(operations) == 10
     for operation in operations:
         @given(case=operation.as_strategy(GenerationMode(mode)))
         @settings(max_examples=100, deadline=None, database=None, suppress_health_check=list(HealthCheck))

@@ -1,7 +1,8 @@
 """`recall up` and the Redis exporter with a real Prometheus scraping them and evaluating
 deploy/prometheus/alerts.yml: every series the dashboard, the alert rules, the prometheus-adapter
 rule, the HPA and the operations docs name is exported, with the labels and label values they
-use; the dashboard's panels return data; presence alerts stay quiet on a fresh stack."""
+use; the dashboard's panels return data; presence alerts stay quiet on a fresh stack; the
+unexpected-error alerts fire on the first real failure."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import json
 import os
 import re
 import shutil
+import sqlite3
 import subprocess
 import time
 from pathlib import Path
@@ -147,7 +149,7 @@ def doc_refs(text: str) -> list[tuple[str, dict[str, tuple[str, str]], set[str]]
 
 def deploy_exprs() -> dict[str, str]:
     """Every PromQL expression the deployment ships, by where it is used."""
-    dashboard = json.loads((REPO / "deploy" / "grafana" / "recall.json").read_text())
+    dashboard = json.loads((REPO / "deploy" / "k8s" / "monitoring" / "dashboards" / "recall.json").read_text())
     exprs = {f"dashboard {p['title']} {t['refId']}": _with_all_selected(t["expr"], dashboard)
              for p in dashboard["panels"] for t in p["targets"]}
     for variable in dashboard["templating"]["list"]:
@@ -164,6 +166,20 @@ def deploy_exprs() -> dict[str, str]:
             if metric["type"] == "External":
                 exprs[f"HPA {hpa['metadata']['name']}"] = metric["external"]["metric"]["name"]
     return exprs
+
+
+def alert_test_refs() -> dict[str, list]:
+    """The series the promtool unit tests (alerts_test.yml) feed the alerts: each must be one the
+    services export, with the labels given (a unit test on an invented series or label proves
+    nothing about production). Label values are the tests' own: only the labels are checked."""
+    tests = yaml.safe_load((REPO / "deploy" / "prometheus" / "alerts_test.yml").read_text())["tests"]
+    refs: dict[str, list] = {}
+    for test in tests:
+        for item in test["input_series"]:
+            name, labels = re.fullmatch(r"(\w+)(?:\{(.*)\})?", item["series"]).groups()
+            matchers = {label: ("", "") for label in re.findall(r'(\w+)="', labels or "")}
+            refs.setdefault(f"alerts_test.yml {test['name']}", []).append((name, matchers, set()))
+    return refs
 
 
 def test_reference_extraction_finds_selectors_matchers_and_grouping():
@@ -259,6 +275,24 @@ async def test_every_series_the_dashboard_rules_autoscaler_and_docs_use_is_expor
         receipt = httpx.delete(f"{ingest}/users/alice", headers={"x-ingest-key": INGEST_KEY}).json()["receipt"]
         assert wait_until(lambda: httpx.get(f"{ingest}/deletions/{receipt}", headers={"x-ingest-key": INGEST_KEY})
                           .json()["status"] == "done", 30)
+        # Unexpected failures, for real: a receipt record damaged in Redis (ingest answers 500) and
+        # a table gone from the artifacts database (a realm tool fails). Both alerts fire on the
+        # first one: their series were exported at 0 before it, so increase() sees it.
+        from shared.stream_schema import deletion_key
+
+        with redis.Redis(port=int(env["RECALL_EMBEDDED_REDIS_PORT"])) as damaged:
+            damaged.hset(deletion_key(receipt), "record", "{}")
+        assert httpx.get(f"{ingest}/deletions/{receipt}", headers={"x-ingest-key": INGEST_KEY}).status_code == 500
+        with sqlite3.connect(Path(env["RECALL_DATA_DIR"]) / "artifacts.sqlite3") as db:
+            db.execute("DROP TABLE realm_entities")
+        async with Client(f"http://127.0.0.1:{env['RECALL_RECALL_PORT']}/mcp",
+                          auth=BearerAuth(mint("alice", realms={"acme": "member"}))) as client:
+            failed = await client.call_tool("register_realm_entity", {"realm_id": "acme", "entity_id": "contract-8",
+                                                                      "title": "Support contract"}, raise_on_error=False)
+            assert failed.is_error and "internal error" in failed.content[0].text
+        unexpected = {"RecallIngestUnexpectedErrors", "RecallServiceUnexpectedErrors"}
+        assert wait_until(lambda: {r["name"] for r in _rules(url) if r["state"] == "firing"} >= unexpected, 15), \
+            [(r["name"], r["state"]) for r in _rules(url) if r["name"] in unexpected]
         time.sleep(4)  # rate() needs two scrapes after the traffic
 
         # The traffic reached the metrics (a counter that never moves would pass every check below).
@@ -278,7 +312,7 @@ async def test_every_series_the_dashboard_rules_autoscaler_and_docs_use_is_expor
         for var in JOBS.values():
             declared |= set(re.findall(r"^# TYPE (\S+)", httpx.get(f"http://127.0.0.1:{env[var]}/metrics").text, re.M))
         refs = {where: promql_refs(expr) for where, expr in exprs.items()}
-        refs |= {doc: doc_refs((REPO / doc).read_text()) for doc in DOCS}
+        refs |= {doc: doc_refs((REPO / doc).read_text()) for doc in DOCS} | alert_test_refs()
         assert sum(len(r) for r in refs.values()) > 80
         cache: dict[str, list[dict]] = {}
         problems = mismatches(refs, lambda name: cache.setdefault(name, _series(url, name)), declared)

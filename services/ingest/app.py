@@ -38,6 +38,7 @@ from services.ingest.metrics import INGEST_LATENCY, INGEST_REDACTIONS, INGEST_RE
 from services.ingest.openapi import openapi_document
 from services.ingest.redaction import Redactor
 from services.ingest.settings import IngestSettings
+from shared.error_site import exception_site, new_incident
 from shared.http_body import BodyTooLarge, read_body
 from shared.logging_setup import get_logger
 from shared.metrics_http import metrics_endpoint
@@ -100,6 +101,16 @@ def _redis_problem(exc: Exception) -> str:
     return "unreachable"
 
 
+def _user_hash_of(request: Request) -> str | None:
+    """The tenant of a request, hashed, as far as it was read (body, path or query); None for
+    none, or for an id no tenant can have (a lone surrogate)."""
+    user = getattr(request.state, "user", None) or request.path_params.get("user") or request.query_params.get("user")
+    try:
+        return user_hash(user) if isinstance(user, str) else None
+    except UnicodeEncodeError:
+        return None
+
+
 def _is_json(content_type: str) -> bool:
     media = content_type.split(";", 1)[0].strip().lower()
     return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
@@ -142,6 +153,7 @@ class IngestAPI:
 
     # ---- plumbing -------------------------------------------------------------------------------
     def route(self, path: str, handler, methods: list[str], query: frozenset[str] = frozenset()) -> Route:
+        INGEST_REQUESTS.labels(path, "500")  # at 0 from the start: increase() sees the first unexpected error
         async def endpoint(request: Request) -> Response:
             started = time.perf_counter()
             try:
@@ -164,6 +176,15 @@ class IngestAPI:
                 log.warning("ingest.redis_unavailable", error=type(exc).__name__)
                 status, body = 503, {"error": "memory store unavailable, retry later",
                                      "fields": [{"field": "redis", "message": _redis_problem(exc)}]}
+            except Exception as exc:
+                # A bug, or a failure nothing above expected (a corrupt record in Redis): a JSON
+                # 500 that shows nothing of the internals, counted (RecallIngestUnexpectedErrors)
+                # and logged where it was raised, never with its message (it may quote the request).
+                incident = new_incident()
+                log.error("ingest.unexpected_error", route=path, method=request.method, user_hash=_user_hash_of(request),
+                          incident=incident, **exception_site(exc))
+                status, body = 500, {"error": "internal error", "fields": [
+                    {"field": "server", "message": f"unexpected error, logged as incident {incident}"}]}
             INGEST_REQUESTS.labels(path, str(status)).inc()
             INGEST_LATENCY.labels(path).observe(time.perf_counter() - started)
             return JSONResponse(body, status_code=status)
@@ -196,6 +217,7 @@ class IngestAPI:
             raise HTTPProblem(400, "malformed JSON", [("body", "nested too deeply")]) from None
         if not isinstance(payload, dict):
             raise HTTPProblem(400, "malformed JSON", [("body", "expected a JSON object")])
+        request.state.user = payload.get("user")  # hashed by the log line of an unexpected error
         return payload
 
     # ---- POST /turns ------------------------------------------------------------------------------

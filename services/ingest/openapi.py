@@ -20,6 +20,22 @@ def openapi_document() -> dict:
     schemas = defs["$defs"]
     ref = lambda name: {"$ref": f"#/components/schemas/{name}"}  # noqa: E731
     err = lambda text: {"description": text, "content": {"application/json": {"schema": ref("ErrorBody")}}}  # noqa: E731
+
+    def forget_naming_the_user(summary: str, path_params: list[dict], unprocessable: str) -> dict:
+        """A forget whose user comes as `?user=` or a body `{"user": …}` (never in the path)."""
+        return {
+            "summary": summary,
+            "security": [{"ingestKey": []}],
+            "parameters": [*path_params, {"name": "user", "in": "query", "required": False, "schema": USER_PARAM}],
+            "requestBody": {"required": False, "content": {"application/json": {"schema": ref("ForgetUser")}}},
+            "responses": {"202": {"description": "Receipt; poll GET /deletions/{receipt}",
+                                  "content": {"application/json": {"schema": ref("DeletionReceipt")}}},
+                          "400": err("Malformed JSON body"), "401": err("Missing or wrong ingest key"),
+                          "413": err("Body too large"), "415": err("A body that is not application/json"),
+                          "422": err(unprocessable),
+                          "503": err("Redis unreachable; retry")},
+        }
+
     return {
         "openapi": "3.1.0",
         "info": {"title": "recall ingest API", "version": "1",
@@ -43,35 +59,15 @@ def openapi_document() -> dict:
                     "503": err("Redis unreachable, or the data dir is not writable; retry"),
                 },
             }},
-            "/conversations/{conversation_id}": {"delete": {
-                "summary": "Forget one conversation of a user (user in the query string or the body)",
-                "security": [{"ingestKey": []}],
-                "parameters": [{"name": "conversation_id", "in": "path", "required": True,
-                                "schema": {"type": "string", "pattern": f"^{CONVERSATION_ID.pattern}$"}},
-                               {"name": "user", "in": "query", "required": False,
-                                "schema": {"type": "string", "minLength": 1, "maxLength": 256}}],
-                "requestBody": {"required": False, "content": {"application/json": {"schema": ref("ForgetUser")}}},
-                "responses": {"202": {"description": "Receipt; poll GET /deletions/{receipt}",
-                                      "content": {"application/json": {"schema": ref("DeletionReceipt")}}},
-                              "400": err("Malformed JSON body"), "401": err("Missing or wrong ingest key"),
-                              "413": err("Body too large"), "415": err("A body that is not application/json"),
-                              "422": err("No user, an empty user, query and body disagreeing, or an unsafe id"),
-                              "503": err("Redis unreachable; retry")},
-            }},
-            "/users": {"delete": {
-                "summary": "Forget everything of a user named in the query string or the body (any user id, "
-                           "including one ending in /retention)",
-                "security": [{"ingestKey": []}],
-                "parameters": [{"name": "user", "in": "query", "required": False,
-                                "schema": {"type": "string", "minLength": 1, "maxLength": 256}}],
-                "requestBody": {"required": False, "content": {"application/json": {"schema": ref("ForgetUser")}}},
-                "responses": {"202": {"description": "Receipt; poll GET /deletions/{receipt}",
-                                      "content": {"application/json": {"schema": ref("DeletionReceipt")}}},
-                              "400": err("Malformed JSON body"), "401": err("Missing or wrong ingest key"),
-                              "413": err("Body too large"), "415": err("A body that is not application/json"),
-                              "422": err("No user, an empty user, or query and body disagreeing"),
-                              "503": err("Redis unreachable; retry")},
-            }},
+            "/conversations/{conversation_id}": {"delete": forget_naming_the_user(
+                "Forget one conversation of a user (user in the query string or the body)",
+                [{"name": "conversation_id", "in": "path", "required": True,
+                  "schema": {"type": "string", "pattern": f"^{CONVERSATION_ID.pattern}$"}}],
+                "No user, an empty user, query and body disagreeing, or an unsafe id")},
+            "/users": {"delete": forget_naming_the_user(
+                "Forget everything of a user named in the query string or the body (any user id, "
+                "including one ending in /retention)", [],
+                "No user, an empty user, or query and body disagreeing")},
             "/users/{user}": {"delete": {
                 "summary": "Forget everything of a user",
                 "security": [{"ingestKey": []}],

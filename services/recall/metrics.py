@@ -31,3 +31,10 @@ REALM_CALLS = Counter("recall_realm_calls_total", "Realm (memory artifacts, popu
 for _surface in ("mcp", "http"):
     for _outcome in ("ok", "refused", "database_unavailable"):
         REALM_CALLS.labels(_surface, _outcome)
+
+# Failures nothing expected (a bug, a damaged database): a tool call answered with a masked
+# tool error, an HTTP request with a JSON 500. Each is one `recall.unexpected_error` log line.
+UNEXPECTED_ERRORS = Counter("recall_unexpected_errors_total", "MCP tool calls and HTTP requests that failed unexpectedly, by surface.",
+                            ["surface"])
+for _surface in ("mcp", "http"):
+    UNEXPECTED_ERRORS.labels(_surface)

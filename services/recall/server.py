@@ -18,6 +18,7 @@ from fastmcp import FastMCP
 from fastmcp.exceptions import ToolError
 from fastmcp.server.dependencies import get_access_token
 from pydantic import Field
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -35,6 +36,7 @@ from services.recall.settings import RecallSettings
 from services.recall.time_window import find_time_window
 from services.recall.tokens import build_verifier
 from services.recall.tool_output import TOOL_DESCRIPTION, AgentHit, render_for_agent
+from services.recall.unexpected_errors import UnexpectedHTTPErrors, UnexpectedToolErrors
 from shared.engine.api import Engine, MemoryState, NoIndex
 from shared.logging_setup import configure_logging, get_logger
 from shared.metrics_http import metrics_endpoint
@@ -197,6 +199,7 @@ def build_app(settings: RecallSettings | None = None):
     mcp = FastMCP("recall", auth=build_verifier(s), mask_error_details=True,
                   instructions="Memory of this user's earlier conversations. If the user refers to earlier work, "
                                "recall first, then answer.")
+    mcp.add_middleware(UnexpectedToolErrors())  # first: the outermost
 
     @mcp.tool(name="recall_my_conversations", description=TOOL_DESCRIPTION)
     async def recall_my_conversations(
@@ -220,7 +223,7 @@ def build_app(settings: RecallSettings | None = None):
     async def metrics(request: Request) -> Response:
         return await metrics_endpoint(request)
 
-    app = mcp.http_app(path="/mcp", stateless_http=True)
+    app = mcp.http_app(path="/mcp", stateless_http=True, middleware=[Middleware(UnexpectedHTTPErrors)])
     inner_lifespan = app.router.lifespan_context
 
     @asynccontextmanager

@@ -1,0 +1,106 @@
+"""Unexpected failures of the recall service, on both of its surfaces, answered without
+internals, counted in `recall_unexpected_errors_total{surface}` (RecallServiceUnexpectedErrors)
+and logged once as `recall.unexpected_error` with the caller's user hash, the exception's type
+and where it was raised, never its message (it may quote stored or requested text).
+
+- MCP tool calls: fastmcp turns an exception it does not know into a masked tool error
+  (raised `from` the exception) and logs its traceback, message included; that line is
+  replaced by ours, and the caller gets the incident id.
+- HTTP routes (AgentMemory's API, the probes): Starlette answered a plain-text 500 and uvicorn
+  logged the traceback; now a JSON 500 like the API's other errors.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastmcp.exceptions import DisabledError, FastMCPError, NotFoundError, ToolError
+from fastmcp.server.dependencies import get_access_token
+from fastmcp.server.middleware import Middleware
+from mcp.shared.exceptions import MCPError
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from services.recall.metrics import UNEXPECTED_ERRORS
+from shared.error_site import exception_site, new_incident
+from shared.logging_setup import get_logger
+from shared.tenant_paths import user_hash
+
+log = get_logger("recall.service")
+# What fastmcp answers itself: refusals, unknown or disabled tools, invalid arguments, protocol errors.
+ANSWERED = (FastMCPError, NotFoundError, DisabledError, MCPError)
+
+
+def _hash_of(claims: dict | None) -> str | None:
+    subject = (claims or {}).get("sub")
+    return user_hash(subject) if isinstance(subject, str) and subject else None
+
+
+def _record(surface: str, exc: BaseException, user: str | None, **where: Any) -> str:
+    incident = new_incident()
+    UNEXPECTED_ERRORS.labels(surface).inc()
+    log.error("recall.unexpected_error", surface=surface, user_hash=user, incident=incident, **where, **exception_site(exc))
+    return incident
+
+
+class _DropMaskedToolTracebacks(logging.Filter):
+    """fastmcp's "Error calling tool" line with a traceback (an unexpected exception; the tool's
+    own refusals come without one): the middleware below logs it, without the message."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and str(record.msg).startswith("Error calling tool"))
+
+
+class UnexpectedToolErrors(Middleware):
+    """Register first (outermost), so it sees what every other middleware and tool raise."""
+
+    def __init__(self) -> None:
+        logging.getLogger("fastmcp.server.server").addFilter(_DropMaskedToolTracebacks())
+
+    async def on_call_tool(self, context, call_next):
+        try:
+            return await call_next(context)
+        except ToolError as exc:
+            # A tool's own refusal has no cause (raised `from None` or plainly); fastmcp's mask of
+            # an unexpected exception is raised `from` it.
+            if exc.__cause__ is None or isinstance(exc.__cause__, ANSWERED):
+                raise
+            failure: BaseException = exc.__cause__
+        except ANSWERED:
+            raise
+        except Exception as exc:  # from a middleware, outside fastmcp's mask
+            failure = exc
+        token = get_access_token()
+        incident = _record("mcp", failure, _hash_of(token.claims if token else None), tool=context.message.name)
+        raise ToolError(f"internal error, logged as incident {incident}") from None
+
+
+class UnexpectedHTTPErrors:
+    """ASGI middleware inside Starlette's ServerErrorMiddleware (after authentication, so the
+    verified token's subject is known)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def send_tracked(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_tracked)
+        except Exception as exc:
+            token = getattr(scope.get("user"), "access_token", None)
+            incident = _record("http", exc, _hash_of(getattr(token, "claims", None)), method=scope["method"],
+                               route=getattr(scope.get("route"), "path", "unmatched"))
+            if started:
+                return  # the answer is under way: the connection just ends
+            await JSONResponse({"error": "internal", "detail": f"unexpected error, logged as incident {incident}"},
+                               status_code=500)(scope, receive, send)

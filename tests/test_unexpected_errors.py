@@ -1,0 +1,113 @@
+"""A failure nothing in the services expected, injected for real into running services (a damaged
+record in Redis, a table gone from the artifacts database): the caller gets a JSON error that
+shows nothing of the internals; the failure is counted in the series the alerts watch
+(RecallIngestUnexpectedErrors, RecallServiceUnexpectedErrors), and logged once, with the user
+hash, the exception's type and where it was raised, never its message or the stored text."""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+from pathlib import Path
+
+import httpx
+from fastmcp import Client
+from fastmcp.client.auth import BearerAuth
+
+from shared.stream_schema import deletion_key
+from shared.tenant_paths import user_hash
+from tests.conftest import INGEST_KEY, ingest_url, mint, recall_url, wait_until
+
+# Planted in what the failure reads: in no answer and no log line afterwards.
+PLANTED = "PLANTED-TEXT-MT4471-do-not-log"
+
+
+def sample(url: str, series: str) -> float | None:
+    """One sample of the service's /metrics (None: no such series)."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    found = re.search(rf"^{re.escape(series)} (\S+)$", text, re.M)
+    return float(found[1]) if found else None
+
+
+def log_events(output: str, event: str) -> list[dict]:
+    lines = [json.loads(line) for line in output.splitlines() if line.startswith("{")]
+    return [line for line in lines if line.get("event") == event]
+
+
+def test_an_unexpected_ingest_failure_is_a_json_500_counted_and_logged_without_its_text(services, service_env, r):
+    proc = services("ingest")
+    url, headers = ingest_url(service_env), {"x-ingest-key": INGEST_KEY}
+    series = 'recall_ingest_requests_total{route="/deletions/{receipt}",status="500"}'
+    assert sample(url, series) == 0, "at 0 from the start, so increase() sees the first one"
+    receipt = httpx.delete(f"{url}/users/alice", headers=headers, timeout=10).json()["receipt"]
+    # The receipt's record damaged in Redis (a hand edit, an incompatible older writer).
+    r.hset(deletion_key(receipt), "record", json.dumps({"receipt": receipt, "status": PLANTED}))
+
+    resp = httpx.get(f"{url}/deletions/{receipt}", headers=headers, timeout=10)
+    assert resp.status_code == 500 and resp.headers["content-type"] == "application/json", resp.text
+    body = resp.json()
+    assert body["error"] == "internal error" and [f["field"] for f in body["fields"]] == ["server"]
+    incident = re.search(r"incident ([0-9a-f]{12})$", body["fields"][0]["message"])[1]
+    assert PLANTED not in resp.text and "ValidationError" not in resp.text
+    assert sample(url, series) == 1
+    assert sample(url, 'recall_ingest_requests_total{route="/deletions/{receipt}",status="200"}') is None
+
+    assert wait_until(lambda: log_events(proc.output(), "ingest.unexpected_error"), 10), proc.output()[-3000:]
+    [event] = log_events(proc.output(), "ingest.unexpected_error")
+    assert event["level"] == "error" and event["incident"] == incident
+    assert (event["route"], event["method"]) == ("/deletions/{receipt}", "GET")
+    assert event["error"].endswith("ValidationError")
+    assert any(re.fullmatch(r"services/ingest/app\.py:\d+ get_deletion", frame) for frame in event["at"]), event["at"]
+    assert PLANTED not in proc.output() and "Exception in ASGI application" not in proc.output()
+    # The service goes on: a forget of a user names that user's hash if it fails, and works here.
+    again = httpx.delete(f"{url}/users/bob", headers=headers, timeout=10)
+    assert again.status_code == 202 and sample(url, series) == 1
+
+
+async def test_an_unexpected_recall_failure_is_counted_and_logged_on_both_surfaces(services, service_env):
+    """AgentMemory over HTTP and over MCP, after a table of the artifacts database (SQLite)
+    disappeared under the running service (a botched migration or restore)."""
+    proc = services("serve")
+    url = recall_url(service_env)
+    realm = "acme"
+    token = mint("alice", realms={realm: "member"})
+    auth = {"Authorization": f"Bearer {token}"}
+    assert sample(url, 'recall_unexpected_errors_total{surface="http"}') == 0
+    assert sample(url, 'recall_unexpected_errors_total{surface="mcp"}') == 0
+    made = httpx.post(f"{url}/realms/{realm}/memory", headers=auth, timeout=30, json={
+        "memory_type": "fact", "title": "Proxy port", "summary": "The billing proxy listens on 8443.",
+        "content": PLANTED, "reality": "current_state", "targets": [{"target_kind": "realm", "target_id": realm}]})
+    assert made.status_code == 201, made.text
+    record_id = made.json()["record_id"]
+    with sqlite3.connect(Path(service_env["RECALL_DATA_DIR"]) / "artifacts.sqlite3") as db:
+        db.execute("DROP TABLE agent_memory_tags")
+
+    resp = httpx.get(f"{url}/realms/{realm}/memory/{record_id}", headers=auth, timeout=30)
+    assert resp.status_code == 500 and resp.json()["error"] == "internal", resp.text
+    assert PLANTED not in resp.text and "sqlite" not in resp.text.lower()
+    async with Client(f"{url}/mcp", auth=BearerAuth(token)) as client:
+        failed = await client.call_tool("get_agent_memory", {"realm_id": realm, "record_id": record_id}, raise_on_error=False)
+        assert failed.is_error and re.fullmatch(r"internal error, logged as incident [0-9a-f]{12}", failed.content[0].text)
+        # A refusal the tool meant is neither counted nor logged as unexpected.
+        refused = await client.call_tool("get_agent_memory", {"realm_id": "other", "record_id": record_id},
+                                         raise_on_error=False)
+        assert refused.is_error and "internal error" not in refused.content[0].text
+        unknown = await client.call_tool("forget_everything", {}, raise_on_error=False)  # fastmcp's own answer
+        assert unknown.is_error and "Unknown tool" in unknown.content[0].text
+    assert sample(url, 'recall_unexpected_errors_total{surface="http"}') == 1
+    assert sample(url, 'recall_unexpected_errors_total{surface="mcp"}') == 1
+
+    assert wait_until(lambda: len(log_events(proc.output(), "recall.unexpected_error")) == 2, 10), proc.output()[-3000:]
+    http, tool = sorted(log_events(proc.output(), "recall.unexpected_error"), key=lambda e: e["surface"])
+    assert (http["surface"], http["method"], http["route"]) == ("http", "GET", "/realms/{realm_id}/memory/{record_id}")
+    assert (tool["surface"], tool["tool"]) == ("mcp", "get_agent_memory")
+    for event in (http, tool):
+        assert event["level"] == "error" and event["user_hash"] == user_hash("alice")
+        assert event["error"] == "sqlite3.OperationalError" and event["at"], event
+    assert http["incident"] in resp.text and tool["incident"] in failed.content[0].text
+    out = proc.output()
+    assert PLANTED not in out and "no such table" not in out, "no exception message, no stored text"
+    assert "Exception in ASGI application" not in out
+    # fastmcp's line for the failed call carried the traceback with the message; ours replaces it.
+    assert not [line for line in out.splitlines() if '"exception"' in line]
