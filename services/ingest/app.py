@@ -76,9 +76,17 @@ class StorageState(NamedTuple):
     maxmemory: int  # 0: no limit
 
 
+# An error body lists at most this many fields: a 2 MB body of 200,000 unknown keys (or a URL of
+# thousands of unknown query parameters) must not earn a reply several times its own size.
+MAX_LISTED_FIELDS = 20
+
+
 class HTTPProblem(Exception):
     def __init__(self, status: int, error: str, fields: list[tuple[str, str]]) -> None:
-        self.status, self.error, self.fields = status, error, fields
+        self.status, self.error = status, error
+        unlisted = len(fields) - MAX_LISTED_FIELDS
+        self.fields = fields if unlisted <= 0 else [
+            *fields[:MAX_LISTED_FIELDS], ("body", f"{unlisted} more problems not listed; fix the ones above first")]
 
 
 def _printable(text: str) -> str:
@@ -116,20 +124,53 @@ def _is_json(content_type: str) -> bool:
     return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
 
 
-class DuplicateKey(Exception):
-    def __init__(self, key: str) -> None:
+class _KeyGivenTwice(dict):
+    """A parsed JSON object in which `key` was given more than once (the first such key)."""
+
+    def __init__(self, pairs: list[tuple[str, Any]], key: str) -> None:
+        super().__init__(pairs)
         self.key = key
 
 
-def _object_without_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+def _object_marking_a_duplicate_key(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     """json.loads keeps the last of two equal keys, where another reader of the same body (a
-    proxy, an audit log) may take the first: {"user": "a", "user": "b"} must name no tenant."""
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise DuplicateKey(key)
-        out[key] = value
-    return out
+    proxy, an audit log) may take the first: {"user": "a", "user": "b"} must name no tenant.
+    The object is only marked here: objects are built innermost first, so where it sits
+    (`turns[3].text`) is known once the whole body is parsed."""
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            return _KeyGivenTwice(pairs, key)
+        seen.add(key)
+    return dict(pairs)
+
+
+def _loads_marking_duplicate_keys(raw: bytes) -> tuple[Any, bool]:
+    """The parsed body, and whether some object in it gave a key twice."""
+    given_twice = False
+
+    def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        nonlocal given_twice
+        obj = _object_marking_a_duplicate_key(pairs)
+        given_twice = given_twice or isinstance(obj, _KeyGivenTwice)
+        return obj
+
+    return json.loads(raw, object_pairs_hook=hook), given_twice
+
+
+def _path_of_a_key_given_twice(payload: Any) -> str | None:
+    """The location of the first key given twice, in document order; None when there is none.
+    Iterative: the body may be nested as deeply as json.loads allows."""
+    stack: list[tuple[Any, tuple]] = [(payload, ())]
+    while stack:
+        value, loc = stack.pop()
+        if isinstance(value, _KeyGivenTwice):
+            return _loc((*loc, value.key))
+        if isinstance(value, dict):
+            stack.extend((v, (*loc, k)) for k, v in reversed(value.items()))
+        elif isinstance(value, list):
+            stack.extend((v, (*loc, i)) for i, v in reversed(list(enumerate(value))))
+    return None
 
 
 def _validate(model: type[BaseModel], payload: Any) -> Any:
@@ -208,15 +249,16 @@ class IngestAPI:
         if not _is_json(request.headers.get("content-type", "")):
             raise HTTPProblem(415, "unsupported media type", [("content-type", "must be application/json")])
         try:
-            payload = json.loads(raw, object_pairs_hook=_object_without_duplicate_keys)
-        except DuplicateKey as exc:
-            raise HTTPProblem(422, "invalid request", [(_printable(exc.key), "given more than once in one JSON object")]) from None
+            payload, given_twice = _loads_marking_duplicate_keys(raw)
         except (ValueError, UnicodeDecodeError) as exc:
             raise HTTPProblem(400, "malformed JSON", [("body", _printable(str(exc)))])
         except RecursionError:
             raise HTTPProblem(400, "malformed JSON", [("body", "nested too deeply")]) from None
         if not isinstance(payload, dict):
             raise HTTPProblem(400, "malformed JSON", [("body", "expected a JSON object")])
+        if given_twice:  # walked for its path only then: a body may hold millions of values
+            raise HTTPProblem(422, "invalid request", [(_path_of_a_key_given_twice(payload) or "body",
+                                                        "given more than once in one JSON object")])
         request.state.user = payload.get("user")  # hashed by the log line of an unexpected error
         return payload
 
