@@ -52,3 +52,40 @@ def test_a_key_given_twice_is_422_naming_where_it_is_in_the_body(ingest, r, raw,
     assert resp.status_code == 422, resp.text
     assert resp.json()["fields"] == [{"field": field, "message": "given more than once in one JSON object"}]
     assert r.xlen("recall:turns") == 0
+
+
+def delete(url: str, path_and_query: str) -> httpx.Response:
+    return httpx.request("DELETE", f"{url}{path_and_query}", headers={"x-ingest-key": INGEST_KEY}, timeout=10)
+
+
+@pytest.mark.parametrize("path_and_query", ["/users?user=alice&user=bob", "/conversations/c?user=alice&user=bob",
+                                            "/users?user=alice&user=alice"])
+def test_a_user_given_twice_in_the_query_forgets_nobody_and_is_422_naming_user(ingest, r, path_and_query):
+    """Starlette kept the last `user`, where a proxy or an audit log reads the first: one request
+    named two tenants and erased one of them."""
+    resp = delete(ingest, path_and_query)
+    assert resp.status_code == 422, resp.text
+    assert resp.json()["fields"] == [{"field": "user", "message": "given more than once in the query string"}]
+    assert r.xlen("recall:turns") == 0
+
+
+@pytest.mark.parametrize("path_and_query, field", [
+    ("/users?user=%ff%fe", "user"),
+    ("/users?user=%ED%A0%80", "user"),  # a lone surrogate, UTF-8-encoded
+    ("/conversations/c?user=al%C3ice", "user"),
+    ("/users/%ff%fe", "user"),
+    ("/users/al%ED%A0%80ice/retention", "user"),
+])
+def test_a_user_id_that_is_not_utf8_in_the_url_forgets_nobody_and_is_422_naming_user(ingest, r, path_and_query, field):
+    """Its bytes were replaced by U+FFFD: a forget of "\ufffd\ufffd" was accepted (202, then
+    `done`) while the user the gateway meant kept everything."""
+    resp = delete(ingest, path_and_query)
+    assert resp.status_code == 422, resp.text
+    assert resp.json()["fields"] == [{"field": field, "message": "not UTF-8 once percent-decoded"}]
+    assert r.xlen("recall:turns") == 0
+
+
+def test_a_user_id_holding_a_real_replacement_character_is_still_forgotten(ingest, r):
+    resp = delete(ingest, "/users?user=al%EF%BF%BDice+b")
+    assert resp.status_code == 202, resp.text
+    assert r.xlen("recall:turns") == 1

@@ -23,6 +23,7 @@ import time
 from collections import Counter
 from contextlib import asynccontextmanager
 from typing import Any, NamedTuple
+from urllib.parse import unquote_plus, unquote_to_bytes
 
 import redis.asyncio as aioredis
 from redis.exceptions import OutOfMemoryError
@@ -124,6 +125,38 @@ def _is_json(content_type: str) -> bool:
     return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
 
 
+def _query_and_path_problems(request: Request, allowed: frozenset[str]) -> list[tuple[str, str]]:
+    """What is wrong with the URL, checked on its raw bytes: Starlette keeps the last of two equal
+    parameters (`?user=a&user=b`: a proxy or audit log may read the first, and a forget would
+    erase another tenant than the one logged) and replaces bytes that are not UTF-8 with U+FFFD,
+    so `?user=%ff` would forget a user named "\ufffd" and answer 202 for it."""
+    problems: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    for pair in request.scope.get("query_string", b"").decode("latin-1").split("&"):
+        if not pair:
+            continue
+        raw_name, _, raw_value = pair.partition("=")
+        name = unquote_plus(raw_name)
+        if name not in allowed:  # like unknown body fields: a typo must not be silently ignored
+            problems.append((_printable(name), "unknown query parameter"))
+        elif name in seen:
+            problems.append((name, "given more than once in the query string"))
+        elif not _is_utf8(unquote_to_bytes(raw_value.replace("+", " "))):
+            problems.append((name, "not UTF-8 once percent-decoded"))
+        seen.add(name)
+    if not _is_utf8(unquote_to_bytes(request.scope.get("raw_path", b"").decode("latin-1"))):
+        problems.extend((name, "not UTF-8 once percent-decoded") for name in request.path_params)
+    return problems
+
+
+def _is_utf8(raw: bytes) -> bool:
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 class _KeyGivenTwice(dict):
     """A parsed JSON object in which `key` was given more than once (the first such key)."""
 
@@ -200,9 +233,9 @@ class IngestAPI:
             try:
                 if not self._key_matches(request.headers.get("x-ingest-key", "").encode()):
                     raise HTTPProblem(401, "missing or wrong ingest key", [("x-ingest-key", "does not match RECALL_INGEST_KEY")])
-                unknown = sorted(set(request.query_params) - query)
-                if unknown:  # like unknown body fields: a typo must not be silently ignored
-                    raise HTTPProblem(422, "invalid request", [(_printable(k), "unknown query parameter") for k in unknown])
+                problems = _query_and_path_problems(request, query)
+                if problems:
+                    raise HTTPProblem(422, "invalid request", problems)
                 status, body = await handler(request)
             except HTTPProblem as p:
                 status, body = p.status, {"error": p.error, "fields": [{"field": f, "message": m} for f, m in p.fields]}
