@@ -197,6 +197,31 @@ def test_a_memory_written_before_stored_stems_gets_them_and_a_forget_removes_the
     store.close()
 
 
+def test_a_memory_of_an_older_analyzer_keeps_its_snapshot_through_index_runs_that_change_nothing(tmp_path, embedder,
+                                                                                                   monkeypatch):
+    """Its snapshot cannot carry stems (they would be another analyzer's) until its next write
+    re-analyses it: an index run with nothing to do must not rewrite the whole file each time."""
+    from shared.engine import store as store_module
+
+    src, memory = _three_conversations(tmp_path, embedder)
+    store = MemoryStore.open(memory)
+    store.conn.execute("UPDATE meta SET value='snowball-en-ru-2' WHERE key='fts_analyzer'")
+    store.publish_vectors(force=True)  # as such a memory's snapshot is: no stems
+    store.close()
+    written = []
+    write = store_module.write_vector_file
+    monkeypatch.setattr(store_module, "write_vector_file", lambda *a: written.append(a) or write(*a))
+    for _ in range(2):
+        index_tree(tmp_path / "home", src, embedder)
+    assert not written, "a run that changed nothing rewrote the snapshot"
+    write_conversation(src, "c9", ["a new turn", "and its answer"])
+    index_tree(tmp_path / "home", src, embedder)  # the write re-analyses it: now the stems come
+    reader = MemoryReader(memory)
+    reader.refresh()
+    assert written and reader.view.base.stem_ids is not None
+    reader.close()
+
+
 def test_stems_of_another_analyzer_are_not_read(tmp_path, embedder, monkeypatch):
     from shared.engine import memory_reader
 
