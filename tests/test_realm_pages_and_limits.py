@@ -258,3 +258,16 @@ def test_citations_of_one_conversation_read_it_once_and_never_under_the_write_lo
     memory.update(MEMBER, REALM, made["record_id"], RecordFields.model_validate({"citations": cited[:5]}))
     memory.get(MEMBER, REALM, made["record_id"])
     assert len(reads) == 5
+
+
+def test_next_offset_is_never_an_offset_the_next_call_refuses():
+    # A full page ending past the offset bound pointed at a page every list refuses (offset out of
+    # range): a client following next_offset ended on an error instead of the last page.
+    from services.recall.artifacts.service import MAX_OFFSET, MAX_TRAIL_OFFSET
+    from services.recall.artifacts.tools import next_offset
+
+    assert next_offset([0] * 10, 10, 0) == 10 and next_offset([0] * 9, 10, 0) is None
+    assert next_offset([0] * 100, 100, MAX_OFFSET - 100) == MAX_OFFSET  # still a valid offset
+    assert next_offset([0] * 100, 100, MAX_OFFSET - 50) is None
+    assert next_offset([0] * 100, 100, MAX_OFFSET - 50, MAX_TRAIL_OFFSET) == MAX_OFFSET + 50
+    assert next_offset([0] * 100, 100, MAX_TRAIL_OFFSET, MAX_TRAIL_OFFSET) is None
