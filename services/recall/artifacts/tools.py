@@ -33,7 +33,7 @@ Offset = Annotated[int, Field(ge=0, le=MAX_OFFSET, description="Results to skip:
 TrailOffset = Annotated[int, Field(ge=0, le=MAX_TRAIL_OFFSET, description="Events to skip: the next_offset of the previous page.")]
 EntriesOffset = Annotated[int, Field(ge=0, le=MAX_TRAIL_OFFSET, description="A journal's entries to skip (oldest first): the "
                                                                             "entries_next_offset of the previous read; "
-                                                                            "entries_total - entries_limit for the newest.")]
+                                                                            "max(0, entries_total - entries_limit) for the newest.")]
 EntriesLimit = Annotated[int, Field(ge=1, le=MAX_LIMIT, description=f"Most entries returned (1..{MAX_LIMIT}); entries_total "
                                                                     "says how many there are.")]
 AgentPrincipal = Annotated[str | None, Field(description="Optional; when given it must equal your authenticated principal (no impersonation).")]
