@@ -222,6 +222,26 @@ def test_a_memory_of_an_older_analyzer_keeps_its_snapshot_through_index_runs_tha
     reader.close()
 
 
+def test_a_forget_removes_stems_a_release_without_them_left_behind(tmp_path, embedder):
+    """A release that knows no `chunk_stems` (a rollback, an old pod in a rolling upgrade) deletes
+    rows and leaves their stems; the next forget by this release leaves none of them on disk."""
+    src, memory = _three_conversations(tmp_path, embedder)
+    write_conversation(src, "secret", ["the Zanzibarquux plan", "ok"])
+    index_tree(tmp_path / "home", src, embedder)
+    needle = stem("zanzibarquux").encode()
+    store = MemoryStore.open(memory)
+    with store.lock:  # as the older release forgets "secret": chunks and their index, not the stems
+        store.conn.execute("DELETE FROM chunks WHERE session_id='secret'")
+    store.close()
+    (src / "secret.funes.jsonl").unlink()
+    assert forget_session(tmp_path / "home", "c1") == 2  # this release's next forget
+    store = MemoryStore.open(memory)
+    orphans = store.conn.execute("SELECT COUNT(*) FROM chunk_stems WHERE row_id NOT IN (SELECT row_id FROM chunks)").fetchone()[0]
+    store.close()
+    assert orphans == 0
+    assert not [p for p in memory.rglob("*") if p.is_file() and needle in p.read_bytes()]
+
+
 def test_stems_of_another_analyzer_are_not_read(tmp_path, embedder, monkeypatch):
     from shared.engine import memory_reader
 

@@ -468,6 +468,10 @@ class MemoryStore:
                 return
         with self.lock:
             self.conn.execute(STEMS_TABLE)  # a memory written before the table: the snapshot fills it
+            # Stems of rows a release without this table deleted (a rollback, an old pod in a rolling
+            # upgrade): never read, but a forgotten text's words on disk. A rewrite reads every row
+            # anyway, and a forget always rewrites (rebuild_fts).
+            self.conn.execute("DELETE FROM chunk_stems WHERE row_id NOT IN (SELECT row_id FROM chunks)")
             write_vector_file(self.path, self.conn, self.dim)
 
     def _flush_fts_deletes(self, writer: tantivy.IndexWriter) -> None:
