@@ -197,6 +197,51 @@ def test_a_memory_written_before_stored_stems_gets_them_and_a_forget_removes_the
     store.close()
 
 
+def test_a_memory_of_an_older_analyzer_keeps_its_snapshot_through_index_runs_that_change_nothing(tmp_path, embedder,
+                                                                                                   monkeypatch):
+    """Its snapshot cannot carry stems (they would be another analyzer's) until its next write
+    re-analyses it: an index run with nothing to do must not rewrite the whole file each time."""
+    from shared.engine import store as store_module
+
+    src, memory = _three_conversations(tmp_path, embedder)
+    store = MemoryStore.open(memory)
+    store.conn.execute("UPDATE meta SET value='snowball-en-ru-2' WHERE key='fts_analyzer'")
+    store.publish_vectors(force=True)  # as such a memory's snapshot is: no stems
+    store.close()
+    written = []
+    write = store_module.write_vector_file
+    monkeypatch.setattr(store_module, "write_vector_file", lambda *a: written.append(a) or write(*a))
+    for _ in range(2):
+        index_tree(tmp_path / "home", src, embedder)
+    assert not written, "a run that changed nothing rewrote the snapshot"
+    write_conversation(src, "c9", ["a new turn", "and its answer"])
+    index_tree(tmp_path / "home", src, embedder)  # the write re-analyses it: now the stems come
+    reader = MemoryReader(memory)
+    reader.refresh()
+    assert written and reader.view.base.stem_ids is not None
+    reader.close()
+
+
+def test_a_forget_removes_stems_a_release_without_them_left_behind(tmp_path, embedder):
+    """A release that knows no `chunk_stems` (a rollback, an old pod in a rolling upgrade) deletes
+    rows and leaves their stems; the next forget by this release leaves none of them on disk."""
+    src, memory = _three_conversations(tmp_path, embedder)
+    write_conversation(src, "secret", ["the Zanzibarquux plan", "ok"])
+    index_tree(tmp_path / "home", src, embedder)
+    needle = stem("zanzibarquux").encode()
+    store = MemoryStore.open(memory)
+    with store.lock:  # as the older release forgets "secret": chunks and their index, not the stems
+        store.conn.execute("DELETE FROM chunks WHERE session_id='secret'")
+    store.close()
+    (src / "secret.funes.jsonl").unlink()
+    assert forget_session(tmp_path / "home", "c1") == 2  # this release's next forget
+    store = MemoryStore.open(memory)
+    orphans = store.conn.execute("SELECT COUNT(*) FROM chunk_stems WHERE row_id NOT IN (SELECT row_id FROM chunks)").fetchone()[0]
+    store.close()
+    assert orphans == 0
+    assert not [p for p in memory.rglob("*") if p.is_file() and needle in p.read_bytes()]
+
+
 def test_stems_of_another_analyzer_are_not_read(tmp_path, embedder, monkeypatch):
     from shared.engine import memory_reader
 

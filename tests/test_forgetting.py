@@ -17,6 +17,7 @@ from services.indexer.index_job import EmbeddedIndexJob
 from services.indexer.retention import RetentionSweeper
 from services.indexer.settings import IndexerSettings
 from services.ingest.redaction import Redactor
+from shared.engine.text_analysis import stem
 from shared.recall_answer_format import NO_MEMORY, looks_like_recall_answer
 from shared.tenant_paths import TenantPaths, user_hash
 from tests.conftest import INGEST_KEY, call_recall, engine_cli, indexed_chunks, ingest_url, mint, post_conversation, wait_until
@@ -66,6 +67,11 @@ async def test_forget_a_conversation(stack, r):
     env = stack
     token = mint("alice")
     assert "BLUEHERON" in await call_recall(env, token, "Q-731 codename")  # also warms the pool child
+    tenant = Path(env["RECALL_DATA_DIR"]) / user_hash("alice")
+    # The text, and its words as BM25 stems (lower case: chunk_stems, the snapshot's vocabulary).
+    needles = (b"BLUEHERON", stem("blueheron").encode())
+    stored = {n for p in tenant.rglob("*") if p.is_file() for n in needles if n in p.read_bytes()}
+    assert stored == set(needles), "the grep below looks for what is stored"
     receipt = delete(env, "/conversations/secret-plan", user="alice")
     assert receipt["status"] == "pending" and receipt["kind"] == "forget_conversation"
     assert wait_until(lambda: receipt_done(env, receipt["receipt"]) is not None, 30)
@@ -76,8 +82,7 @@ async def test_forget_a_conversation(stack, r):
     src = TenantPaths.for_user(Path(env["RECALL_DATA_DIR"]), "alice").src
     assert not (src / "secret-plan.funes.jsonl").exists() and (src / "keep.funes.jsonl").exists()
     assert "BLUEHERON" not in stream_text(r)
-    tenant = Path(env["RECALL_DATA_DIR"]) / user_hash("alice")
-    leftovers = [p for p in tenant.rglob("*") if p.is_file() and b"BLUEHERON" in p.read_bytes()]
+    leftovers = [(p, n) for p in tenant.rglob("*") if p.is_file() for n in needles if n in p.read_bytes()]
     assert not leftovers, f"deleted text still on disk in {leftovers}"
 
 

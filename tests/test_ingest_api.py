@@ -341,6 +341,14 @@ def test_a_user_forget_without_one_clear_user_is_422_naming_user(ingest, r, quer
     assert r.xlen("recall:turns") == 0
 
 
+@pytest.mark.parametrize("path", ["/users", "/conversations/c1"])
+def test_a_forget_naming_two_users_in_its_query_is_422_naming_user_and_forgets_nobody(ingest, r, path):
+    # `?user=alice&user=bob` used to forget bob alone (the last value) and answer 202.
+    resp = httpx.delete(f"{ingest}{path}", params=[("user", "alice"), ("user", "bob")], headers={"x-ingest-key": INGEST_KEY})
+    assert resp.status_code == 422 and fields_of(resp) == {"user"}, resp.text
+    assert r.xlen("recall:turns") == 0
+
+
 NEXT_KEY = "Qx7pL2vR9mT4kW8zN3bY6cH1jD5fG0sA"  # random-looking, as the secret policy demands
 
 

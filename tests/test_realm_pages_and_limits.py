@@ -258,3 +258,31 @@ def test_citations_of_one_conversation_read_it_once_and_never_under_the_write_lo
     memory.update(MEMBER, REALM, made["record_id"], RecordFields.model_validate({"citations": cited[:5]}))
     memory.get(MEMBER, REALM, made["record_id"])
     assert len(reads) == 5
+
+
+def test_next_offset_is_never_an_offset_the_next_call_refuses():
+    # A full page ending past the offset bound pointed at a page every list refuses (offset out of
+    # range): a client following next_offset ended on an error instead of the last page.
+    from services.recall.artifacts.service import MAX_OFFSET, MAX_TRAIL_OFFSET
+    from services.recall.artifacts.tools import next_offset
+
+    assert next_offset([0] * 10, 10, 0) == 10 and next_offset([0] * 9, 10, 0) is None
+    assert next_offset([0] * 100, 100, MAX_OFFSET - 100) == MAX_OFFSET  # still a valid offset
+    assert next_offset([0] * 100, 100, MAX_OFFSET - 50) is None
+    assert next_offset([0] * 100, 100, MAX_OFFSET - 50, MAX_TRAIL_OFFSET) == MAX_OFFSET + 50
+    assert next_offset([0] * 100, 100, MAX_TRAIL_OFFSET, MAX_TRAIL_OFFSET) is None
+
+
+def test_a_source_context_within_the_limit_is_stored_within_it(service):
+    # The limit is checked on the context's UTF-8 JSON; it was stored ASCII-escaped, a parrot
+    # (4 bytes) as 12 ("\ud83e\udd9c"): up to three times the limit on disk and in every read.
+    context = {"notes": "🦜" * 1000}
+    assert len(json.dumps(context, ensure_ascii=False).encode()) <= LIMIT
+    made = service.create_draft(MEMBER, REALM, draft("agents/a/worklog", "fine", "worklog", source_context=context))
+    service.append(MEMBER, REALM, made.artifact_id, "an entry", "r", context)
+    with service.store.transaction() as tx:
+        stored = [r[0] for r in tx.q("SELECT source_context FROM artifacts WHERE artifact_id = ?", (made.artifact_id,))]
+        stored += [r[0] for r in tx.q("SELECT source_context FROM artifact_entries WHERE artifact_id = ?", (made.artifact_id,))]
+    assert len(stored) == 2 and all(len(s.encode()) <= LIMIT and json.loads(s) == context for s in stored)
+    got = service.get(MEMBER, REALM, made.artifact_id)
+    assert got.source_context == context and got.entries[0].source_context == context

@@ -397,7 +397,10 @@ class IngestAPI:
     async def _user_from_query_or_body(self, request: Request) -> str:
         """The user of a forget given as `?user=` or a body `{"user": …}`: path segments cannot carry
         every user id (one ending in "/retention" names the retention route)."""
-        in_query = request.query_params.get("user")
+        named = request.query_params.getlist("user")
+        if len(named) > 1:  # a forget must name one user: the last value would be taken silently
+            raise HTTPProblem(422, "invalid request", [("user", f"given {len(named)} times in the query; give it once")])
+        in_query = named[0] if named else None
         body = await self._json(request, required=False)
         in_body = _validate(ForgetUser, body).user if body is not None else None
         if in_query is not None and in_body is not None and in_query != in_body:

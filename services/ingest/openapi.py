@@ -63,11 +63,11 @@ def openapi_document() -> dict:
                 "Forget one conversation of a user (user in the query string or the body)",
                 [{"name": "conversation_id", "in": "path", "required": True,
                   "schema": {"type": "string", "pattern": f"^{CONVERSATION_ID.pattern}$"}}],
-                "No user, an empty user, query and body disagreeing, or an unsafe id")},
+                "No user, an empty user, a user named twice in the query, query and body disagreeing, or an unsafe id")},
             "/users": {"delete": forget_naming_the_user(
                 "Forget everything of a user named in the query string or the body (any user id, "
                 "including one ending in /retention)", [],
-                "No user, an empty user, or query and body disagreeing")},
+                "No user, an empty user, a user named twice in the query, or query and body disagreeing")},
             "/users/{user}": {"delete": {
                 "summary": "Forget everything of a user",
                 "security": [{"ingestKey": []}],

@@ -454,9 +454,10 @@ class MemoryStore:
                 self.conn.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('memory_id', ?)", (uuid.uuid4().hex,))
         meta = self.meta()
         snapshot = None if force else open_vector_file(self.path, self.dim)
-        # A snapshot written before files held conversation codes or stems is rewritten at the next run.
+        # A snapshot written before files held conversation codes or stems is rewritten at the next run;
+        # one of a memory analysed by an older analyzer has none to hold until a write re-analyses it.
         if (snapshot is not None and snapshot.memory_id == meta["memory_id"] and snapshot.conversation is not None
-                and snapshot.stem_ids is not None):
+                and (snapshot.stem_ids is not None or meta.get("fts_analyzer") != ANALYZER)):
             lag_rows = int(meta["max_row_id"]) - snapshot.max_row_id
             lag_generations = int(meta["generation"]) - snapshot.generation
             with self.lock:
@@ -467,6 +468,10 @@ class MemoryStore:
                 return
         with self.lock:
             self.conn.execute(STEMS_TABLE)  # a memory written before the table: the snapshot fills it
+            # Stems of rows a release without this table deleted (a rollback, an old pod in a rolling
+            # upgrade): never read, but a forgotten text's words on disk. A rewrite reads every row
+            # anyway, and a forget always rewrites (rebuild_fts).
+            self.conn.execute("DELETE FROM chunk_stems WHERE row_id NOT IN (SELECT row_id FROM chunks)")
             write_vector_file(self.path, self.conn, self.dim)
 
     def _flush_fts_deletes(self, writer: tantivy.IndexWriter) -> None:

@@ -33,7 +33,7 @@ from services.recall.artifacts.models import REALM_ID, TargetKind
 from services.recall.artifacts.nul_text import NulText, refuse_nul
 from services.recall.artifacts.realm_threads import in_realm_thread
 from services.recall.artifacts.rules import RuleBroken
-from services.recall.artifacts.service import AUDIT_PAGE, Caller
+from services.recall.artifacts.service import AUDIT_PAGE, MAX_TRAIL_OFFSET, Caller
 from services.recall.artifacts.text_limits import TextTooLarge, request_bytes_for
 from services.recall.artifacts.tool_access import CONCURRENT_CHANGE
 from services.recall.artifacts.tools import next_offset
@@ -147,7 +147,7 @@ def register_agent_memory_routes(mcp: FastMCP, service: AgentMemoryService) -> N
     async def memory_audit(request: Request, caller: Caller, realm_id: str) -> Any:
         q = PageQuery.model_validate(dict(request.query_params))
         events = await in_realm_thread(service.audit, caller, realm_id, request.path_params["record_id"], q.limit, q.offset)
-        return {"events": events, "next_offset": next_offset(events, q.limit, q.offset)}
+        return {"events": events, "next_offset": next_offset(events, q.limit, q.offset, MAX_TRAIL_OFFSET)}
 
 
 class PageQuery(BaseModel):

@@ -71,6 +71,12 @@ ENTRIES_PAGE = 20  # entries a read shows unless asked for another page
 FIRST_PAGE: Window = (0, ENTRIES_PAGE)
 
 
+def stored_json(value: Any) -> str:
+    """A `source_context` as stored: the UTF-8 JSON its size limit is checked on (text_limits.py),
+    not ASCII escapes, which made a parrot 12 bytes instead of 4."""
+    return json.dumps(value, ensure_ascii=False)
+
+
 class Conflict(Exception):
     """The database refused a write that would break a uniqueness rule (the caller may retry)."""
 
@@ -338,7 +344,7 @@ class ArtifactStore:
     def insert(self, tx: Tx, a: Artifact) -> None:
         tx.q(f"INSERT INTO artifacts ({COLUMNS}) VALUES ({','.join('?' * 16)})",
              (a.artifact_id, a.realm_id, a.artifact_path, a.artifact_kind, a.write_mode, a.status.value, a.body, a.summary,
-              a.source_ref, json.dumps(a.source_context), a.author, a.created_at, a.updated_at, a.supersedes_artifact_id,
+              a.source_ref, stored_json(a.source_context), a.author, a.created_at, a.updated_at, a.supersedes_artifact_id,
               a.superseded_by_artifact_id, a.revoked_reason))
         self.replace_targets(tx, a.artifact_id, a.targets)
 
@@ -351,7 +357,7 @@ class ArtifactStore:
     def update_fields(self, tx: Tx, artifact_id: str, **fields: Any) -> None:
         fields["updated_at"] = time.time()
         if "source_context" in fields:
-            fields["source_context"] = json.dumps(fields["source_context"])
+            fields["source_context"] = stored_json(fields["source_context"])
         if "status" in fields and isinstance(fields["status"], Status):
             fields["status"] = fields["status"].value
         sets = ", ".join(f"{k} = ?" for k in fields)
@@ -360,7 +366,7 @@ class ArtifactStore:
     def add_entry(self, tx: Tx, artifact_id: str, body: str, author: str, source_ref: str, source_context: dict) -> int:
         seq = tx.q("SELECT COALESCE(MAX(seq), 0) + 1 FROM artifact_entries WHERE artifact_id = ?", (artifact_id,))[0][0]
         tx.q("INSERT INTO artifact_entries (artifact_id, seq, body, author, created_at, source_ref, source_context)"
-             " VALUES (?, ?, ?, ?, ?, ?, ?)", (artifact_id, seq, body, author, time.time(), source_ref, json.dumps(source_context)))
+             " VALUES (?, ?, ?, ?, ?, ?, ?)", (artifact_id, seq, body, author, time.time(), source_ref, stored_json(source_context)))
         self.update_fields(tx, artifact_id)
         return int(seq)
 

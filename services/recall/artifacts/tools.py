@@ -33,15 +33,17 @@ Offset = Annotated[int, Field(ge=0, le=MAX_OFFSET, description="Results to skip:
 TrailOffset = Annotated[int, Field(ge=0, le=MAX_TRAIL_OFFSET, description="Events to skip: the next_offset of the previous page.")]
 EntriesOffset = Annotated[int, Field(ge=0, le=MAX_TRAIL_OFFSET, description="A journal's entries to skip (oldest first): the "
                                                                             "entries_next_offset of the previous read; "
-                                                                            "entries_total - entries_limit for the newest.")]
+                                                                            "max(0, entries_total - entries_limit) for the newest.")]
 EntriesLimit = Annotated[int, Field(ge=1, le=MAX_LIMIT, description=f"Most entries returned (1..{MAX_LIMIT}); entries_total "
                                                                     "says how many there are.")]
 AgentPrincipal = Annotated[str | None, Field(description="Optional; when given it must equal your authenticated principal (no impersonation).")]
 
 
-def next_offset(page: list, limit: int, offset: int) -> int | None:
-    """Where the next page starts; None when this one was the last."""
-    return offset + len(page) if len(page) == limit else None
+def next_offset(page: list, limit: int, offset: int, max_offset: int = MAX_OFFSET) -> int | None:
+    """Where the next page starts; None when this one was the last, or the next would start past
+    the list's offset bound (a page the next call would refuse)."""
+    after = offset + len(page)
+    return after if len(page) == limit and after <= max_offset else None
 
 
 def _dump(artifact) -> dict:
@@ -175,4 +177,4 @@ def register_artifact_tools(mcp: FastMCP, service: ArtifactService) -> None:
         """Every change of an artifact, oldest first, a page at a time: created, updated, appended, submitted, accepted,
         revoked, superseded (who, when)."""
         events = await run(service.audit, realm_id, artifact_id, limit, offset)
-        return {"events": events, "next_offset": next_offset(events, limit, offset)}
+        return {"events": events, "next_offset": next_offset(events, limit, offset, MAX_TRAIL_OFFSET)}
