@@ -32,3 +32,25 @@ def exception_site(exc: BaseException) -> dict[str, object]:
     kind = type(exc)
     return {"error": kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}",
             "at": [f"{_short(f.filename)}:{f.lineno} {f.name}" for f in frames]}
+
+
+# Exceptions whose message is written by the system, never a copy of stored or posted text: an
+# OS error's strerror ("No space left on device"), SQLite's and Redis's fixed phrases ("database
+# is locked", "OOM command not allowed"). Any other message may quote what it was given.
+def _system_reason(exc: BaseException) -> str | None:
+    import sqlite3
+
+    from redis.exceptions import RedisError
+
+    if isinstance(exc, OSError):
+        return exc.strerror or None
+    if isinstance(exc, (sqlite3.Error, RedisError)):
+        return str(exc).splitlines()[0][:200] if str(exc) else None
+    return None
+
+
+def loggable_failure(exc: BaseException) -> dict[str, object]:
+    """An expected-but-failed step for a log line: `exception_site`, plus `reason` where the
+    message is the system's own (see `_system_reason`), so an operator still reads "disk full"."""
+    reason = _system_reason(exc)
+    return exception_site(exc) | ({"reason": reason} if reason else {})

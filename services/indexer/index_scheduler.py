@@ -22,6 +22,7 @@ from services.indexer import redis_keys as keys
 from services.indexer.index_job import IndexJob
 from services.indexer.metrics import INDEX_JOB_FAILURES, INDEX_JOB_SECONDS, INDEX_RUNNING, INGEST_TO_SEARCHABLE
 from shared.engine.memory_lock import MemoryBusy
+from shared.error_site import loggable_failure
 from shared.logging_setup import get_logger
 from shared.redis_lock import LockLost, RedisLock
 from shared.tenant_paths import TenantPaths
@@ -125,7 +126,7 @@ class IndexScheduler:
         except Exception as exc:
             outcome = "failed"
             INDEX_JOB_FAILURES.inc()
-            log.error("index.failed", user_hash=uhash, error=str(exc)[:300])
+            log.error("index.failed", user_hash=uhash, **loggable_failure(exc))
             await self._stay_due(uhash, 5.0)
         finally:
             INDEX_JOB_SECONDS.labels(outcome).observe(time.monotonic() - started)

@@ -15,6 +15,7 @@ from services.indexer.metrics import REEMBED_PENDING, REEMBED_PROGRESS, REEMBEDS
 from shared.engine.embedder import Embedder
 from shared.engine.index_run import Checkpoint
 from shared.engine.reembed import needs_reembed, reembed_memory
+from shared.error_site import loggable_failure
 from shared.logging_setup import get_logger
 from shared.tenant_paths import USER_HASH, TenantPaths
 
@@ -54,7 +55,7 @@ def _stale(tenant: Path, embedder: Embedder) -> bool:
     try:
         return needs_reembed(tenant, embedder)
     except Exception as exc:
-        log.warning("reembed.memory_unreadable", user_hash=tenant.name, error=f"{type(exc).__name__}: {str(exc)[:200]}")
+        log.warning("reembed.memory_unreadable", user_hash=tenant.name, **loggable_failure(exc))
         return False
 
 

@@ -20,6 +20,7 @@ from services.indexer.metrics import RETENTION_ERRORS, RETENTION_EXPIRED, RETENT
 from services.indexer.settings import IndexerSettings
 from services.indexer.snapshot_writer import snapshot_version
 from shared.engine.transcript import TRANSCRIPT_SUFFIX, parse_ts
+from shared.error_site import loggable_failure
 from shared.logging_setup import get_logger
 from shared.redis_lock import RedisLock
 from shared.stream_schema import MAX_RETENTION_DAYS, RETENTION_OVERRIDES, request_forget
@@ -65,7 +66,7 @@ class RetentionSweeper:
                 log.warning("retention.redis_error", error=type(exc).__name__)
             except Exception as exc:
                 RETENTION_ERRORS.labels("sweep").inc()
-                log.error("retention.sweep_failed", error=f"{type(exc).__name__}: {str(exc)[:200]}")
+                log.error("retention.sweep_failed", **loggable_failure(exc))
             await asyncio.sleep(self.s.retention_sweep_s)
 
     async def sweep_once(self) -> int:
@@ -95,7 +96,7 @@ class RetentionSweeper:
                 except Exception as exc:  # one tenant's bad file must not stop the others
                     RETENTION_ERRORS.labels("tenant").inc()
                     log.error("retention.tenant_failed", user_hash=tenant.name,
-                              error=f"{type(exc).__name__}: {str(exc)[:200]}")
+                              **loggable_failure(exc))
             RETENTION_SWEEPS.inc()
             RETENTION_EXPIRED.inc(expired)
             log.info("retention.sweep", tenants=tenants, expired_conversations=expired,

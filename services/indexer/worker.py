@@ -27,6 +27,7 @@ from services.indexer.retention import RetentionSweeper
 from services.indexer.settings import IndexerSettings
 from services.indexer.storage_probe import StorageProbe
 from services.indexer.stream_consumer import StreamConsumer
+from shared.error_site import loggable_failure
 from shared.logging_setup import get_logger
 from shared.metrics_http import metrics_endpoint
 from shared.stream_schema import decode_fields, ensure_group, ensure_group_async
@@ -51,7 +52,7 @@ def build_broker(settings: IndexerSettings, consumer: StreamConsumer) -> RedisBr
         try:
             await consumer.handle(entry_id, decode_fields(raw["data"]), await msg.get_delivery_count())
         except Exception as exc:
-            log.warning("message.failed", entry_id=entry_id, error=f"{type(exc).__name__}: {str(exc)[:200]}")
+            log.warning("message.failed", entry_id=entry_id, **loggable_failure(exc))
             raise  # stays pending; the reclaimer redelivers it
 
     return broker

@@ -22,6 +22,7 @@ from services.recall.artifacts.models import MAX_TARGETS, REALM_ID, Artifact, Dr
 from services.recall.artifacts.rules import RuleBroken
 from services.recall.artifacts.text_limits import DEFAULT_MAX_TEXT_BYTES, check_json, check_text
 from shared.engine.fault_injection import fault_point
+from shared.error_site import loggable_failure
 from shared.logging_setup import get_logger
 from shared.tenant_paths import CONVERSATION_ID, TenantPaths
 
@@ -312,7 +313,7 @@ class ArtifactService:
             return True
         except Exception as exc:  # noqa: BLE001 - whatever it was, the committed change stands
             log.warning("recall.artifact_index_behind", realm=self.index.home(realm_id).name,
-                        error=repr(exc)[:300],
+                        **loggable_failure(exc),
                         hint="search may miss these changes until the realm's next refresh rebuilds its index")
             return False
 
