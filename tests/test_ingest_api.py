@@ -349,6 +349,13 @@ def test_a_forget_naming_two_users_in_its_query_is_422_naming_user_and_forgets_n
     assert r.xlen("recall:turns") == 0
 
 
+@pytest.mark.parametrize("method, path", [("DELETE", "/users/"), ("DELETE", "/users//retention"), ("PUT", "/users//retention")])
+def test_an_empty_user_in_the_path_is_422_naming_user_not_a_redirect(ingest, r, method, path):
+    resp = httpx.request(method, f"{ingest}{path}", headers={"x-ingest-key": INGEST_KEY}, json={"days": 30})
+    assert resp.status_code == 422 and fields_of(resp) == {"user"}, resp.text
+    assert r.xlen("recall:turns") == 0 and r.hlen("recall:retention:days") == 0
+
+
 NEXT_KEY = "Qx7pL2vR9mT4kW8zN3bY6cH1jD5fG0sA"  # random-looking, as the secret policy demands
 
 

@@ -62,9 +62,10 @@ RECEIPT = re.compile(r"[0-9a-f]{24}")
 
 
 class AnyText(PathConvertor):
-    """A user id in the path may hold any character, newlines included (`path` stops at them)."""
+    """A user id in the path may hold any character, newlines included (`path` stops at them).
+    It may be empty so that `DELETE /users/` is a 422 naming `user`, not a redirect to `/users`."""
 
-    regex = "(?s:.+)"
+    regex = "(?s:.*)"
 
 
 register_url_convertor("anytext", AnyText())
