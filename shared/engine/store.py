@@ -22,6 +22,7 @@ A kill -9 at any step leaves the last committed generation fully searchable.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sqlite3
@@ -112,6 +113,18 @@ def journal_mode() -> str:
     if mode not in ("wal", "delete"):
         raise ValueError("RECALL_SQLITE_JOURNAL_MODE must be wal or delete")
     return mode
+
+
+@contextlib.contextmanager
+def _immediate(conn: sqlite3.Connection):
+    """One write transaction, taken at once (readers keep reading under WAL), rolled back on any error."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
 
 
 def _connect(path: Path, create: bool = False) -> sqlite3.Connection:
@@ -358,8 +371,7 @@ class MemoryStore:
 
             generation = int(meta["generation"]) + 1
             c = self.conn
-            c.execute("BEGIN IMMEDIATE")
-            try:
+            with _immediate(c):
                 c.executemany(
                     "INSERT INTO chunks (row_id, chunk_key, session_id, turn_uuid, seq, ts, ts_epoch, role, harness,"
                     " workdir, block_type, block_idx, split_idx, source_path, text, text_hash, vector)"
@@ -388,10 +400,6 @@ class MemoryStore:
                     (str(floor), "tombstone_floor"),
                     (time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "last_indexed"),
                 ])
-                c.execute("COMMIT")
-            except BaseException:
-                c.execute("ROLLBACK")
-                raise
             self._flush_fts_deletes(writer)
         finally:
             del writer  # releases tantivy's writer lock
@@ -422,18 +430,13 @@ class MemoryStore:
             writer.commit()
             writer.garbage_collect_files()
             c = self.conn
-            c.execute("BEGIN IMMEDIATE")
-            try:
+            with _immediate(c):
                 c.execute("DELETE FROM fts_pending_delete")
                 if reanalysed:
                     c.execute(STEMS_TABLE)
                     c.execute("DELETE FROM chunk_stems")
                     c.executemany("INSERT INTO chunk_stems (row_id, stems) VALUES (?, ?)", stems)
                 c.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('fts_analyzer', ?)", (ANALYZER,))
-                c.execute("COMMIT")
-            except BaseException:
-                c.execute("ROLLBACK")
-                raise
         finally:
             del writer
         self.fts.reload()

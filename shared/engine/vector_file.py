@@ -178,7 +178,8 @@ def quantise_rows(vecs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def write_vector_file(memory: Path, conn: sqlite3.Connection, dim: int) -> bool:
-    """Snapshot the committed rows of `conn` into `vectors.i8` (memory lock held by the caller).
+    """Snapshot the committed rows of `conn` into `vectors.i8` (memory lock held by the caller,
+    who has made sure the `chunk_stems` table exists).
 
     Streams the rows in batches into a file beside the old one, fsyncs, then renames it into
     place: readers see the old snapshot or the new one, never a mix."""
@@ -204,11 +205,9 @@ def write_vector_file(memory: Path, conn: sqlite3.Connection, dim: int) -> bool:
         # code's are left out: readers would stem the texts anyway.
         analyzer = meta.get("fts_analyzer", "")
         with_stems = analyzer == ANALYZER
-        has_table = conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='chunk_stems'").fetchone()
-        stored = "s.stems" if has_table else "NULL"
-        join = " LEFT JOIN chunk_stems s ON s.row_id = c.row_id" if has_table else ""
-        cur = conn.execute(f"SELECT c.row_id, c.vector, c.block_type, c.harness, c.ts_epoch, c.session_id, {stored},"
-                           f" CASE WHEN {stored} IS NULL THEN c.text END, c.ts FROM chunks c{join} ORDER BY c.row_id")
+        cur = conn.execute("SELECT c.row_id, c.vector, c.block_type, c.harness, c.ts_epoch, c.session_id, s.stems,"
+                           " CASE WHEN s.stems IS NULL THEN c.text END, c.ts"
+                           " FROM chunks c LEFT JOIN chunk_stems s ON s.row_id = c.row_id ORDER BY c.row_id")
         vocabulary: dict[str, int] = {}
         stem_ids = array("i")
         stem_start = array("q", [0])
@@ -277,7 +276,7 @@ def write_vector_file(memory: Path, conn: sqlite3.Connection, dim: int) -> bool:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
-    if stemmed and has_table:  # once: the next snapshot reads them
+    if stemmed:  # once: the next snapshot reads them
         conn.execute("BEGIN IMMEDIATE")
         try:
             conn.executemany("INSERT OR IGNORE INTO chunk_stems (row_id, stems) VALUES (?, ?)", stemmed)
