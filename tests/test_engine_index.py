@@ -235,3 +235,34 @@ def test_a_checkpoint_that_raises_aborts_the_run_with_nothing_committed(tmp_path
     assert seen == ["after_listing", "mid_embedding", "before_commit"]
     assert "late" not in {r[0] for r in rows_of(home)}
     assert index_tree(home, src, embedder).chunks == 1, "the next run does the work"
+
+
+def test_a_long_run_stopped_after_a_slice_keeps_it_and_the_next_run_goes_on(tmp_path, embedder, monkeypatch):
+    import shared.engine.index_run as index_run
+
+    monkeypatch.setattr(index_run, "COMMIT_SLICE", 2)  # each conversation of CONVS is a slice of its own
+    src = tmp_path / "src"
+    for cid, msgs in CONVS.items():
+        write_conversation(src, cid, msgs)
+    home = tmp_path / "home"
+    commits = []
+
+    class Stopped(Exception):
+        pass
+
+    def stop_at_the_second_commit(point: str) -> None:
+        commits.extend([point] if point == "before_commit" else [])
+        if len(commits) == 2:
+            raise Stopped()
+
+    with pytest.raises(Stopped):
+        index_tree(home, src, embedder, checkpoint=stop_at_the_second_commit)
+    kept = {r[0] for r in rows_of(home)}
+    assert len(kept) == 1 and len(rows_of(home)) == 2, "the first slice is committed, whole"
+    (kept_id,) = kept
+    passage = CONVS[kept_id][1]
+    assert passage[:40] in Engine(embedder=embedder).recall(memory_dir(home), passage, RecallParams(k=1))
+
+    report = index_tree(home, src, embedder)
+    assert (report.sessions, report.skipped, report.chunks) == (2, 1, 4), "only what was left is embedded"
+    assert {r[0] for r in rows_of(home)} == set(CONVS)

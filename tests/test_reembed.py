@@ -9,6 +9,7 @@ from shared.engine.embedder import E5_MODEL_ID, MINILM_MODEL_ID, EmbedderSetting
 from shared.engine.hybrid_search import RecallParams
 from shared.engine.index_run import index_tree, memory_dir
 from shared.engine.reembed import STAGING, reembed_memory, stamp_of
+from shared.engine.store import MemoryStore
 from shared.tenant_paths import TenantPaths
 from tests.conftest import write_conversation
 
@@ -109,3 +110,83 @@ async def test_the_indexer_re_embeds_a_stale_tenant_and_reports_it_in_metrics(ol
     finally:
         await client.delete(keys.DUE)
         await client.aclose()
+
+
+class CountingEmbedder:
+    """The configured model, counting the passages it embeds."""
+
+    def __init__(self, embedder) -> None:
+        self.spec, self.dim, self._embedder, self.embedded = embedder.spec, embedder.dim, embedder, 0
+
+    def embed_query(self, text: str):
+        return self._embedder.embed_query(text)
+
+    def text_log_prob(self, text: str):
+        return self._embedder.text_log_prob(text)
+
+    def embed(self, texts: list[str], batch_size: int = 32):
+        self.embedded += len(texts)
+        return self._embedder.embed(texts, batch_size)
+
+
+def _stop_at_the_second_commit():
+    commits = []
+
+    def checkpoint(point: str) -> None:
+        commits.extend([point] if point == "before_commit" else [])
+        if len(commits) == 2:
+            raise RuntimeError("index lock yielded to a forget")
+
+    return checkpoint
+
+
+@pytest.fixture()
+def half_re_embedded(old_memory, embedder, monkeypatch) -> TenantPaths:
+    """A stale memory whose re-embed was stopped after committing one conversation (of two)."""
+    import shared.engine.index_run as index_run
+
+    monkeypatch.setattr(index_run, "COMMIT_SLICE", 4)  # each conversation is a slice of its own
+    with pytest.raises(RuntimeError, match="yielded"):
+        reembed_memory(old_memory.root, old_memory.src, embedder, checkpoint=_stop_at_the_second_commit())
+    assert stamp_of(old_memory.root)[0] == MINILM_MODEL_ID
+    assert stamp_of(old_memory.root / STAGING)[0] == E5_MODEL_ID
+    return old_memory
+
+
+def test_a_stopped_re_embed_goes_on_from_its_committed_slices(half_re_embedded, embedder):
+    counting = CountingEmbedder(embedder)
+    chunks = reembed_memory(half_re_embedded.root, half_re_embedded.src, counting)
+    assert chunks == 8 and counting.embedded == 4, "the second attempt embeds only the other conversation"
+    assert stamp_of(half_re_embedded.root)[0] == E5_MODEL_ID and not (half_re_embedded.root / STAGING).exists()
+    memory = memory_dir(half_re_embedded.root)
+    assert "P-301" in Engine(embedder=embedder).recall(memory, "P-301 gland leak", RecallParams(k=1))
+    assert "Котёл" in Engine(embedder=embedder).recall(memory, "перегрев котла", RecallParams(k=1))
+
+
+def test_a_forget_during_a_re_embed_reaches_both_memories_without_waiting_for_it(half_re_embedded, embedder):
+    from shared.engine.reembed import remove_deleted_sources
+
+    for word in (b"gland", "Котёл".encode()):  # on disk in the live memory and, for one, in the staging one
+        assert any(word in f.read_bytes() for f in half_re_embedded.root.rglob("*") if f.is_file())
+    (half_re_embedded.src / "pump.funes.jsonl").unlink()
+    (half_re_embedded.src / "boiler.funes.jsonl").unlink()
+    counting = CountingEmbedder(embedder)
+    remove_deleted_sources(half_re_embedded.root, half_re_embedded.src, counting)
+
+    assert counting.embedded == 0 and stamp_of(half_re_embedded.root)[0] == MINILM_MODEL_ID, "no re-embed first"
+    for home in (half_re_embedded.root, half_re_embedded.root / STAGING):
+        assert MemoryStore.open(memory_dir(home)).counts()[0] == 0
+    leftovers = [f for f in half_re_embedded.root.rglob("*") if f.is_file()
+                 and (b"gland" in f.read_bytes() or "Котёл".encode() in f.read_bytes())]
+    assert leftovers == [], "the forgotten text is on no file of either memory"
+
+
+async def test_the_indexer_forgets_in_a_stale_memory_without_re_embedding_it(old_memory):
+    from services.indexer.index_job import EmbeddedIndexJob
+
+    job = EmbeddedIndexJob(timeout_s=900)
+    (old_memory.src / "pump.funes.jsonl").unlink()
+    await job.remove_deleted(old_memory)
+    assert stamp_of(old_memory.root)[0] == MINILM_MODEL_ID, "the re-embed is left to the next index run"
+    assert "P-301" not in Engine(embedder=job.embedder).recall(memory_dir(old_memory.root), "P-301 gland leak",
+                                                              RecallParams(k=3))

@@ -8,6 +8,7 @@ import os
 import shutil
 import signal
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 from shared.engine.memory_lock import CONTENTION_MESSAGE, MemoryBusy
@@ -50,33 +51,39 @@ class EmbeddedIndexJob:
         self.embedder = shared_embedder()
         self.timeout_s = timeout_s
 
-    async def run(self, paths: TenantPaths, purge: bool = False, lock: RedisLock | None = None) -> None:
+    async def run(self, paths: TenantPaths, lock: RedisLock | None = None) -> None:
         from shared.engine.index_run import index_tree
         from services.indexer.reembed_job import reembed_if_stale
 
         if not paths.src.is_dir():
             return  # the tenant was forgotten after this run was scheduled
+        # A re-embed after a model change takes as long as the tenant's memory needs (the old
+        # memory answers meanwhile); only a lost (or yielded) lock stops it.
+        await asyncio.to_thread(reembed_if_stale, paths, self.embedder, self._checkpoint(lock, None))
+        await asyncio.to_thread(index_tree, paths.root, paths.src, self.embedder, 5.0, False,
+                                self._checkpoint(lock, time.monotonic() + self.timeout_s))
+
+    async def remove_deleted(self, paths: TenantPaths, lock: RedisLock | None = None) -> None:
+        # Beyond funes: the rows of deleted sources go at once, and the purge scrubs their text
+        # from the index files too, in a memory awaiting a re-embed and in the re-embed's own.
+        from shared.engine.reembed import remove_deleted_sources
+
+        if paths.src.is_dir():
+            await asyncio.to_thread(remove_deleted_sources, paths.root, paths.src, self.embedder,
+                                    self._checkpoint(lock, time.monotonic() + self.timeout_s))
+
+    def _checkpoint(self, lock: RedisLock | None, deadline: float | None) -> Callable[[str], None]:
+        """Stops a run at its next checkpoint once `deadline` passed or the lock was lost, and
+        re-confirms the lock in Redis right before each commit (a fence)."""
         fence = lock.fence() if lock is not None else None
 
-        def fenced(point: str) -> None:
+        def checkpoint(point: str) -> None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise IndexJobFailed(f"index timed out after {self.timeout_s:.0f}s")
             if fence is not None and (point == "before_commit" or lock.lost):
                 fence()
 
-        def checkpoint(point: str) -> None:
-            if time.monotonic() > deadline:
-                raise IndexJobFailed(f"index timed out after {self.timeout_s:.0f}s")
-            fenced(point)
-
-        # A re-embed after a model change takes as long as the tenant's memory needs (the old
-        # memory answers meanwhile); only a lost lock stops it.
-        await asyncio.to_thread(reembed_if_stale, paths, self.embedder, fenced)
-        deadline = time.monotonic() + self.timeout_s
-        await asyncio.to_thread(index_tree, paths.root, paths.src, self.embedder, 5.0, purge, checkpoint)
-
-    async def remove_deleted(self, paths: TenantPaths, lock: RedisLock | None = None) -> None:
-        # Beyond funes: an index run removes the rows of deleted sources at once, and the
-        # purge scrubs their text from the index files too.
-        await self.run(paths, purge=True, lock=lock)
+        return checkpoint
 
     def forget_cached_texts(self) -> None:
         # Indexing stems every word it stores (a process-wide cache of user words, all tenants).

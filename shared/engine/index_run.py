@@ -47,6 +47,11 @@ def open_or_create(home: Path, embedder: Embedder) -> MemoryStore:
 
 Checkpoint = Callable[[str], None]
 EMBED_BATCH = 256  # chunks embedded between checkpoints: bounds how late an abort takes effect
+# Chunks embedded per commit. A long run (a first import of a large history, a re-embed) that is
+# stopped (a timeout, a lost or yielded lock, kill -9) keeps what it committed, and the next run
+# goes on from there instead of starting over; readers see a large import as it progresses.
+# Each commit holds whole sources, so a conversation is never half indexed.
+COMMIT_SLICE = 2048
 
 
 def _no_checkpoint(point: str) -> None:
@@ -54,21 +59,25 @@ def _no_checkpoint(point: str) -> None:
 
 
 def index_tree(home: Path, src: Path, embedder: Embedder, lock_wait_s: float = 0.0, purge: bool = False,
-               checkpoint: Checkpoint = _no_checkpoint) -> IndexReport:
+               checkpoint: Checkpoint = _no_checkpoint, only_removals: bool = False) -> IndexReport:
     """Index `src` into `$home/memory` under the memory lock (MemoryBusy if it is held).
 
-    With `purge`, removed rows are also scrubbed from the files on disk (a forget request).
-    `checkpoint(point)` is called between phases and embedding batches, last just before the
-    commit; an exception it raises aborts the run with nothing committed (a timeout, a lost
-    lock). Sources may be deleted or replaced while the run reads them (snapshot undo,
+    With `purge`, removed rows are also scrubbed from the files on disk (a forget request;
+    always, since an earlier attempt that was stopped may have committed the removal).
+    The run commits every COMMIT_SLICE new chunks, whole sources at a time. `checkpoint(point)`
+    is called between phases and embedding batches, and just before each commit; an exception
+    it raises aborts the run, keeping only the slices committed before it (a timeout, a lost
+    lock): the next run goes on from there. Sources may be deleted or replaced while the run reads them (snapshot undo,
     retention, forget): a vanished file counts as deleted, and a replaced one is re-read next run."""
     if not src.exists():
         raise FileNotFoundError(f"no such path: {src}")
     with memory_lock(home, lock_wait_s):
         store = open_or_create(home, embedder)
         try:
-            report = _sync(store, src.resolve(), embedder, checkpoint)
-            if purge and report.removed:
+            # A snapshot between slices keeps readers of a growing memory off SQLite's tail.
+            report = _sync(store, src.resolve(), embedder, checkpoint, between_commits=store.publish_vectors,
+                           only_removals=only_removals)
+            if purge:
                 store.purge_deleted_text()
             store.publish_vectors()
             return report
@@ -91,45 +100,75 @@ def _checkpoint(checkpoint: Checkpoint, point: str) -> None:
     checkpoint(point)
 
 
-def _sync(store: MemoryStore, src: Path, embedder: Embedder, checkpoint: Checkpoint = _no_checkpoint) -> IndexReport:
+class _Slice:
+    """Sources parsed since the last commit: what they add and remove, committed together."""
+
+    def __init__(self) -> None:
+        self.to_add: list[tuple[Chunk, str]] = []
+        self.dead: list[int] = []
+        self.sources: dict[str, str] = {}
+        self.gone: list[str] = []
+
+    def __bool__(self) -> bool:
+        return bool(self.to_add or self.dead or self.sources or self.gone)
+
+
+def _sync(store: MemoryStore, src: Path, embedder: Embedder, checkpoint: Checkpoint = _no_checkpoint,
+          between_commits: Callable[[], None] = lambda: None, only_removals: bool = False) -> IndexReport:
     known = store.sources()
     signatures = _signatures({str(p): p for p in discover_transcripts(src).values()})
     _checkpoint(checkpoint, "after_listing")
-    changed = [key for key in signatures if known.get(key) != signatures[key]]
+    changed = [] if only_removals else [key for key in signatures if known.get(key) != signatures[key]]
+    if not changed and all(key in signatures for key in known):
+        return IndexReport(0, len(signatures), 0, 0, 0, store.generation())
 
-    to_add: list[tuple[Chunk, str]] = []
-    dead: list[int] = []
-    malformed = 0
-    for key in list(changed):
+    # Deleted sources go in the first commit, so a forget's rows are gone at its first commit.
+    current = _Slice()
+    current.gone = [key for key in known if key not in signatures]
+    for key in current.gone:
+        current.dead += [row_id for row_id, _ in store.rows_of_source(key).values()]
+    sessions = added = removed = malformed = 0
+    generation = store.generation()
+    for key in changed:
         try:
             parsed = read_transcript(Path(key))
         except FileNotFoundError:  # removed between the listing and now
-            changed.remove(key)
             del signatures[key]
+            if key in known:
+                current.gone.append(key)
+                current.dead += [row_id for row_id, _ in store.rows_of_source(key).values()]
             continue
+        sessions += 1
         malformed += parsed.malformed_lines
         wanted = {c.chunk_key: c for turn in parsed.turns for c in chunk_turn(turn)}
         stored = store.rows_of_source(key)
         for ck, chunk in wanted.items():
             old = stored.get(ck)
             if old is None or old[1] != chunk.text_hash:
-                to_add.append((chunk, key))
-        dead += [row_id for ck, (row_id, h) in stored.items() if ck not in wanted or wanted[ck].text_hash != h]
-    gone = [key for key in known if key not in signatures]
-    for key in gone:
-        dead += [row_id for row_id, _ in store.rows_of_source(key).values()]
+                current.to_add.append((chunk, key))
+        current.dead += [row_id for ck, (row_id, h) in stored.items() if ck not in wanted or wanted[ck].text_hash != h]
+        current.sources[key] = signatures[key]
+        if len(current.to_add) >= COMMIT_SLICE:
+            generation = _commit(store, current, embedder, checkpoint)
+            between_commits()
+            added, removed, current = added + len(current.to_add), removed + len(set(current.dead)), _Slice()
+    if current:
+        generation = _commit(store, current, embedder, checkpoint)
+        added, removed = added + len(current.to_add), removed + len(set(current.dead))
+    return IndexReport(sessions, len(signatures) - sessions, added, removed, malformed, generation)
 
-    if not changed and not gone:
-        return IndexReport(0, len(signatures), 0, 0, 0, store.generation())
+
+def _commit(store: MemoryStore, work: _Slice, embedder: Embedder, checkpoint: Checkpoint) -> int:
+    """Embed one slice's new chunks and commit it with its sources' signatures (atomically)."""
     vectors = []
-    for start in range(0, len(to_add), EMBED_BATCH):
-        vectors += list(embedder.embed([c.text for c, _ in to_add[start:start + EMBED_BATCH]]))
+    for start in range(0, len(work.to_add), EMBED_BATCH):
+        vectors += list(embedder.embed([c.text for c, _ in work.to_add[start:start + EMBED_BATCH]]))
         _checkpoint(checkpoint, "mid_embedding")
-    added = [NewRow(chunk=c, source_path=key, vector=v) for (c, key), v in zip(to_add, vectors)]
+    added = [NewRow(chunk=c, source_path=key, vector=v) for (c, key), v in zip(work.to_add, vectors)]
     _checkpoint(checkpoint, "before_commit")
-    generation = store.commit_changes(added, dead, {k: signatures[k] for k in changed}, gone)
+    generation = store.commit_changes(added, work.dead, work.sources, work.gone)
     fault_point("after_sqlite_commit")
-    return IndexReport(len(changed), len(signatures) - len(changed), len(added), len(dead), malformed, generation)
+    return generation
 
 
 def forget_session(home: Path, session_id: str, lock_wait_s: float = 5.0) -> int:

@@ -10,9 +10,12 @@ one and exchanges the two directories in one step:
    `src/` holds now (purging anything deleted meanwhile), then `renameat2(RENAME_EXCHANGE)`
    swaps `memory/` and `.reembed/memory/` atomically, and the old memory is deleted.
 A reader sees the old memory or the new one, never a mix: the engine reopens a memory whose
-database file changed under its path. An abort (a lost lock) or a crash before the exchange
-leaves the live memory untouched and the next attempt starts over; `.reembed/` is removed at
-the end of every attempt, or by the next one after a crash.
+database file changed under its path. An abort (a lost or yielded lock) or a crash before the
+exchange leaves the live memory untouched. The build commits in slices (index_run.py), so the
+next attempt goes on from what `.reembed/` holds when it was built with the same model (else it
+starts over): a tenant whose forgets keep interrupting a long re-embed still gets there.
+A forget meanwhile reaches both memories without waiting for the re-embed
+(`remove_deleted_sources`); `.reembed/` is removed after the switch.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from shared.engine.embedder import Embedder
+from shared.engine.embedder import Embedder, embedder_for_stamp
 from shared.engine.index_run import Checkpoint, index_tree, memory_dir
 from shared.engine.memory_lock import memory_lock
 from shared.engine.store import MemoryStore
@@ -57,10 +60,10 @@ def needs_reembed(home: Path, embedder: Embedder) -> bool:
 class _ReportingEmbedder:
     """The new model, counting what the build has embedded (the index run embeds in batches)."""
 
-    def __init__(self, embedder: Embedder, progress: Progress, total: int) -> None:
+    def __init__(self, embedder: Embedder, progress: Progress, total: int, done: int) -> None:
         self.spec, self.dim = embedder.spec, embedder.dim
         self._embedder, self._progress, self._total = embedder, progress, total
-        self._done = 0
+        self._done = done  # what an earlier attempt committed
 
     def embed_query(self, text: str) -> np.ndarray:
         return self._embedder.embed_query(text)
@@ -77,7 +80,9 @@ class _ReportingEmbedder:
 
 
 def _live_chunks(home: Path) -> int:
-    """Chunks of the memory under `home` now."""
+    """Chunks of the memory under `home` now (0 when there is none)."""
+    if not MemoryStore.exists(memory_dir(home)):
+        return 0
     store = MemoryStore.open(memory_dir(home))
     try:
         return store.counts()[0]
@@ -85,28 +90,58 @@ def _live_chunks(home: Path) -> int:
         store.close()
 
 
+def _keep_staging_of(home: Path, embedder: Embedder) -> Path:
+    """The staging home, holding an earlier attempt's committed slices only when they were
+    embedded by `embedder` (a staging memory that cannot be read is never trusted)."""
+    staging = home / STAGING
+    try:
+        reusable = stamp_of(staging) in (None, (embedder.spec.model_id, embedder.dim))
+    except Exception:
+        reusable = False
+    if not reusable:
+        shutil.rmtree(staging, ignore_errors=True)
+    return staging
+
+
 def reembed_memory(home: Path, src: Path, embedder: Embedder, progress: Progress | None = None,
                    lock_wait_s: float = 5.0, checkpoint: Checkpoint | None = None) -> int:
     """Rebuild `$home/memory` with `embedder` beside the live one and switch atomically.
     Returns the number of chunks of the new memory. MemoryBusy if the live lock stays held;
     an exception from `checkpoint` (called as in `index_tree`, and once more right before the
-    switch) aborts with the live memory untouched."""
-    staging = home / STAGING
-    shutil.rmtree(staging, ignore_errors=True)  # a crashed attempt's leftovers, never trusted
+    switch) aborts with the live memory untouched and the build's committed slices kept."""
+    staging = _keep_staging_of(home, embedder)
     kwargs = {"checkpoint": checkpoint} if checkpoint else {}
-    try:
-        building = _ReportingEmbedder(embedder, progress, _live_chunks(home)) if progress else embedder
-        index_tree(staging, src, building, **kwargs)
-        with memory_lock(home, lock_wait_s):
-            if not src.is_dir() or not MemoryStore.exists(memory_dir(home)):
-                return 0  # forgotten meanwhile: nothing to replace, nothing may stay behind
-            index_tree(staging, src, embedder, purge=True, **kwargs)
-            if checkpoint:
-                checkpoint("before_commit")
-            exchange(memory_dir(staging), memory_dir(home))
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)  # the old memory after a switch, else the unused new one
+    building = (_ReportingEmbedder(embedder, progress, _live_chunks(home), _live_chunks(staging))
+                if progress else embedder)
+    index_tree(staging, src, building, **kwargs)
+    with memory_lock(home, lock_wait_s):
+        if not src.is_dir() or not MemoryStore.exists(memory_dir(home)):
+            shutil.rmtree(staging, ignore_errors=True)  # forgotten meanwhile: nothing may stay behind
+            return 0
+        index_tree(staging, src, embedder, purge=True, **kwargs)
+        if checkpoint:
+            checkpoint("before_commit")
+        exchange(memory_dir(staging), memory_dir(home))
+    shutil.rmtree(staging, ignore_errors=True)  # the old memory
     return _live_chunks(home)
+
+
+def remove_deleted_sources(home: Path, src: Path, embedder: Embedder, checkpoint: Checkpoint | None = None) -> None:
+    """After sources were deleted (a forget): scrub their rows from the live memory and from a
+    re-embed's staging memory, without doing the re-embed first — it can take many minutes, and
+    a forget must not wait for it. The live memory is brought up to date with the model it was
+    built with; the staging memory only loses rows. A live memory of a model that cannot run
+    here is re-embedded first (nothing else can write to it)."""
+    kwargs = {"checkpoint": checkpoint} if checkpoint else {}
+    stamp = stamp_of(home)
+    own_model = embedder if stamp in (None, (embedder.spec.model_id, embedder.dim)) else embedder_for_stamp(stamp[0])
+    if own_model is None:
+        reembed_memory(home, src, embedder, **kwargs)
+        own_model = embedder
+    index_tree(home, src, own_model, lock_wait_s=5.0, purge=True, **kwargs)
+    staging = _keep_staging_of(home, embedder)
+    if MemoryStore.exists(memory_dir(staging)):
+        index_tree(staging, src, embedder, lock_wait_s=5.0, purge=True, only_removals=True, **kwargs)
 
 
 _RENAME_EXCHANGE = 2
