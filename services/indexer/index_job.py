@@ -26,7 +26,7 @@ class IndexJob(Protocol):
         """Bring the tenant's memory up to date with its src/. MemoryBusy if another run holds it.
 
         With `lock` (the user's index lock, kept alive by the caller): if it is lost, the job is
-        aborted and commits nothing (LockLost)."""
+        aborted and commits nothing more (LockLost)."""
         ...
 
     async def remove_deleted(self, paths: TenantPaths, lock: RedisLock | None = None) -> None:

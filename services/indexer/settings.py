@@ -21,7 +21,7 @@ class IndexerSettings(CommonSettings):
     index_debounce_s: float = Field(1.0, ge=0, description="Wait after a user's first new write before indexing.")
     index_concurrency: int = Field(2, ge=1, description="Index jobs one worker runs at once, for different users (onnxruntime, SQLite and tantivy release the GIL).")
     index_lock_ttl_s: float = Field(30.0, gt=0, description="Expiry of a user's index lock; renewed while the job runs.")
-    index_timeout_s: float = Field(900.0, gt=0, description="An index job is stopped after this long (funes: the child is killed; embedded: it stops at its next checkpoint, committing nothing).")
+    index_timeout_s: float = Field(900.0, gt=0, description="An index job is stopped after this long (funes: the child is killed; embedded: it stops at its next checkpoint; what it committed before, every 2,048 new chunks, stays and the next run goes on from there).")
     max_deliveries: int = Field(5, ge=1, description="Deliveries before a message goes to the dead-letter stream.")
     reclaim_idle_ms: int = Field(10_000, ge=100, description="Idle time after which another worker claims a pending message.")
     retry_backoff_s: float = Field(0.5, ge=0, description="Base of the exponential backoff between deliveries.")
