@@ -117,7 +117,7 @@ class IndexScheduler:
             await self._stay_due(uhash, max(self.debounce_s, 0.5))
         except LockLost:
             # Another worker may own the user now, or a forget asked for the lock; this run
-            # committed nothing. It stays due.
+            # commits nothing more (what it committed before stays). It stays due.
             outcome = "yielded" if lock.yielded else "lock_lost"
             await self._stay_due(uhash, max(self.debounce_s, 0.5))
         except asyncio.CancelledError:
