@@ -118,16 +118,20 @@ async def test_a_killed_indexer_is_started_again_and_what_was_posted_meanwhile_b
 
 
 def test_a_service_that_keeps_dying_stops_the_stack_with_one_line_naming_it_and_its_exit_code(start_stack):
-    stack = start_stack(RECALL_CHILD_RESTART_LIMIT="1")
-    first = stack.child("ingest")
-    first.send_signal(signal.SIGTERM)
-    assert wait_until(lambda: "recall up: ingest is ready again" in stack.output(), 120, 0.2), stack.output()[-3000:]
-    assert "ingest exited with -15 (SIGTERM); starting it again in 1 s (restart 1 of 1 within 120 s)" in stack.output()
+    stack = start_stack(RECALL_CHILD_RESTART_LIMIT="2")
+    ready_again = lambda n: stack.output().count("recall up: ingest is ready again") == n  # noqa: E731
+    stack.child("ingest").send_signal(signal.SIGTERM)
+    assert wait_until(lambda: ready_again(1), 120, 0.2), stack.output()[-3000:]
+    stack.child("ingest").kill()
+    assert wait_until(lambda: ready_again(2), 120, 0.2), stack.output()[-3000:]
+    restarts = [ln for ln in stack.output().splitlines() if "starting it again" in ln]
+    assert restarts == ["recall up: ingest exited with -15 (SIGTERM); starting it again in 1 s (restart 1 of 2 within 120 s)",
+                        "recall up: ingest exited with -9 (SIGKILL); starting it again in 2 s (restart 2 of 2 within 120 s)"]
     stack.child("ingest").kill()
 
     assert stack.proc.wait(90) == 1, stack.output()[-3000:]
     given_up = [ln for ln in stack.output().splitlines() if "stopping everything" in ln]
-    assert given_up == ["recall up: ingest exited with -9 (SIGKILL) after 1 restart within 120 s; stopping everything"]
+    assert given_up == ["recall up: ingest exited with -9 (SIGKILL) after 2 restarts within 120 s; stopping everything"]
     assert re.search(r"recall up: stopped\s*$", stack.output())
     assert wait_until(lambda: not stack.leftovers(), 30), [p.cmdline() for p in stack.leftovers()]
 
