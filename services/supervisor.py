@@ -47,9 +47,6 @@ class Supervisor:
         self.children = children
         self.restart_limit = restart_limit
 
-    def running(self) -> list[subprocess.Popen]:
-        return [c.proc for c in self.children if c.restart_at is None]
-
     def poll(self) -> str | None:
         """Restart what is due; None while the stack goes on, else the line to stop it with."""
         now = time.monotonic()
