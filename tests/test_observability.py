@@ -1,4 +1,4 @@
-"""`recall up` and the Redis exporter with a real Prometheus scraping them and evaluating
+"""`recall up` and the Redis and PostgreSQL exporters with a real Prometheus scraping them and evaluating
 deploy/prometheus/alerts.yml: every series the dashboard, the alert rules, the prometheus-adapter
 rule, the HPA and the operations docs name is exported, with the labels and label values they
 use; the dashboard's panels return data; presence alerts stay quiet on a fresh stack; the
@@ -12,7 +12,9 @@ import re
 import shutil
 import sqlite3
 import subprocess
+import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -67,11 +69,15 @@ def test_recall_up_prints_how_to_use_it_and_demo_works(stack_up):
 
 
 REDIS_EXPORTER = shutil.which("prometheus-redis-exporter") or shutil.which("redis_exporter")
+POSTGRES_EXPORTER = shutil.which("prometheus-postgres-exporter") or shutil.which("postgres_exporter")
+needs_postgres_exporter = pytest.mark.skipif(
+    POSTGRES_EXPORTER is None,
+    reason="the PostgreSQL exporter is not installed (Debian package prometheus-postgres-exporter); make tools installs it as root")
 # The jobs as the Kubernetes ServiceMonitors name them (the Service names) and compose names them.
 JOBS = {"recall": "RECALL_RECALL_PORT", "recall-indexer": "RECALL_INDEXER_PORT", "recall-ingest": "RECALL_INGEST_PORT"}
 # Names in backticks in the docs that look like metrics and are not.
 NOT_METRICS = {"recall_my_conversations", "recall_cpu_bench"}
-METRIC = r"(?:recall|redis|process)_[a-z0-9_]*[a-z0-9]|up"
+METRIC = r"(?:recall|redis|pg|process)_[a-z0-9_]*[a-z0-9]|up"
 DOCS = ("docs/operations.md", "docs/capacity.md", "docs/architecture.md", "README.md")
 
 
@@ -222,7 +228,9 @@ def mismatches(refs: dict[str, list], series_of, declared: set[str]) -> list[str
 
 @pytest.mark.skipif(PROMETHEUS is None, reason="prometheus is not installed (Debian package prometheus); make test installs it where it can")
 @pytest.mark.skipif(REDIS_EXPORTER is None, reason="the Redis exporter is not installed (Debian package prometheus-redis-exporter); make tools installs it as root")
-async def test_every_series_the_dashboard_rules_autoscaler_and_docs_use_is_exported_with_its_labels(stack_up, tmp_path):
+@needs_postgres_exporter
+async def test_every_series_the_dashboard_rules_autoscaler_and_docs_use_is_exported_with_its_labels(stack_up, postgres_url,
+                                                                                                   tmp_path):
     from fastmcp import Client
     from fastmcp.client.auth import BearerAuth
 
@@ -233,7 +241,9 @@ async def test_every_series_the_dashboard_rules_autoscaler_and_docs_use_is_expor
     exporter = subprocess.Popen([REDIS_EXPORTER, "-redis.addr", f"redis://127.0.0.1:{env['RECALL_EMBEDDED_REDIS_PORT']}",
                                  "-web.listen-address", f"127.0.0.1:{exporter_port}"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    targets = {job: f"127.0.0.1:{env[var]}" for job, var in JOBS.items()} | {"recall-redis": f"127.0.0.1:{exporter_port}"}
+    pg_exporter, pg_exporter_at = _start_postgres_exporter(postgres_url)
+    targets = {job: f"127.0.0.1:{env[var]}" for job, var in JOBS.items()} | {"recall-redis": f"127.0.0.1:{exporter_port}",
+                                                                           "recall-postgres": pg_exporter_at}
     prom, url = _prometheus(tmp_path, targets)
     try:
         # Freshly started, before any traffic: every target is scraped and no presence alert is
@@ -241,7 +251,7 @@ async def test_every_series_the_dashboard_rules_autoscaler_and_docs_use_is_expor
         assert wait_until(lambda: _targets_up(url) == len(targets), 30), _query(url, "up")
         time.sleep(3)
         presence = {"RecallTargetDown", "RecallIndexerMetricsAbsent", "RecallServiceMetricsAbsent",
-                    "RecallIngestMetricsAbsent", "RecallRedisDown"}
+                    "RecallIngestMetricsAbsent", "RecallRedisDown", "RecallPostgresDown", "RecallPostgresMetricsAbsent"}
         loaded = _rules(url)
         assert presence <= {r["name"] for r in loaded}
         assert not [(r["name"], r["state"]) for r in loaded if r["name"] in presence and r["state"] != "inactive"]
@@ -326,6 +336,7 @@ async def test_every_series_the_dashboard_rules_autoscaler_and_docs_use_is_expor
         prom.terminate()
         prom.wait(30)
         stop(exporter, 10)
+        stop(pg_exporter, 10)
 
 
 def test_sigterm_stops_every_part_of_recall_up(stack_up):
@@ -368,3 +379,88 @@ async def test_realm_calls_failing_on_an_unreachable_database_are_counted_for_th
         counted[(pairs["surface"], pairs["outcome"])] = float(value)
     assert counted[("mcp", "database_unavailable")] == 1 and counted[("http", "database_unavailable")] == 1, counted
     assert counted[("mcp", "ok")] == 0 and counted[("http", "ok")] == 0
+
+
+# ---- PostgreSQL: the exporter the deployment runs beside it, scraped by a real Prometheus ------------
+
+
+def _start_postgres_exporter(database_url: str) -> tuple[subprocess.Popen, str]:
+    """prometheus-community's postgres_exporter on a free port, configured as deploy/ configures it."""
+    port = free_port()
+    proc = subprocess.Popen([POSTGRES_EXPORTER, f"--web.listen-address=127.0.0.1:{port}"],
+                            env={**os.environ, "DATA_SOURCE_NAME": f"{database_url}?sslmode=disable"},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    assert wait_until(lambda: _ok(f"http://127.0.0.1:{port}/metrics") or proc.poll() is not None, 30)
+    assert proc.poll() is None, "postgres_exporter exited"
+    return proc, f"127.0.0.1:{port}"
+
+
+@pytest.fixture
+def own_postgres(tmp_path) -> Iterator[tuple[str, Callable[[], None]]]:
+    """A PostgreSQL cluster of this test alone (Debian's server binaries), and a way to stop it."""
+    bins = sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True)
+    if not bins:
+        pytest.skip("PostgreSQL server binaries (initdb, pg_ctl) are not installed; make tools installs them as root")
+    as_user: list[str] = []
+    base = Path(tempfile.mkdtemp(prefix="recall-pg-", dir="/tmp"))
+    if os.geteuid() == 0:
+        import pwd
+
+        pw = pwd.getpwnam("postgres")
+        os.chown(base, pw.pw_uid, pw.pw_gid)
+        as_user = ["runuser", "-u", "postgres", "--"]
+    pg_ctl, port = str(bins[0] / "pg_ctl"), free_port()
+    subprocess.run([*as_user, str(bins[0] / "initdb"), "-D", str(base / "data"), "-U", "postgres", "--auth=trust"],
+                   check=True, capture_output=True)
+    subprocess.run([*as_user, pg_ctl, "-D", str(base / "data"), "-l", str(base / "log"), "-w", "start", "-o",
+                    f"-p {port} -k {base} -c listen_addresses=127.0.0.1 -F"], check=True, capture_output=True)
+    stop = lambda: subprocess.run([*as_user, pg_ctl, "-D", str(base / "data"), "-m", "fast", "-w", "stop"],  # noqa: E731
+                                  capture_output=True)
+    try:
+        yield f"postgresql://postgres@127.0.0.1:{port}/postgres", stop
+    finally:
+        stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.mark.skipif(PROMETHEUS is None, reason="prometheus is not installed (Debian package prometheus); make tools installs it as root")
+@needs_postgres_exporter
+def test_postgresql_going_down_turns_pg_up_to_0_and_the_alert_pending_and_a_lost_exporter_is_noticed(own_postgres, tmp_path):
+    """The real exporter against a real PostgreSQL, scraped by a real Prometheus evaluating
+    deploy/prometheus/alerts.yml: the dashboard's PostgreSQL row has data, no PostgreSQL alert is
+    pending while all is well; PostgreSQL stopped makes RecallPostgresDown pending, the exporter
+    gone makes RecallPostgresMetricsAbsent pending."""
+    import psycopg
+
+    from shared.child_process import stop
+
+    database_url, stop_postgres = own_postgres
+    dashboard = json.loads((REPO / "deploy" / "k8s" / "monitoring" / "dashboards" / "recall.json").read_text())
+    panels = [p for p in dashboard["panels"] if "pg_" in " ".join(t["expr"] for t in p["targets"])]
+    states = lambda url: {r["name"]: r["state"] for r in _rules(url) if r["name"].startswith("RecallPostgres")}  # noqa: E731
+    exporter, exporter_at = _start_postgres_exporter(database_url)
+    prom, url = _prometheus(tmp_path, {"recall-postgres": exporter_at})
+    try:
+        assert wait_until(lambda: _query(url, "pg_up")["data"]["result"], 30), _query(url, "up")
+        assert _query(url, "pg_up")["data"]["result"][0]["value"][1] == "1"
+        with psycopg.connect(database_url, autocommit=True) as conn:  # traffic for the transaction rate
+            for _ in range(20):
+                conn.execute("SELECT 1")
+        time.sleep(3)  # rate() needs two scrapes after the traffic
+        assert len(panels) == 3
+        for panel in panels:
+            for target in panel["targets"]:
+                assert _query(url, _with_all_selected(target["expr"], dashboard))["data"]["result"], target["expr"]
+        assert states(url) == {"RecallPostgresDown": "inactive", "RecallPostgresMetricsAbsent": "inactive"}
+
+        stop_postgres()
+        assert wait_until(lambda: _query(url, "pg_up == 0")["data"]["result"], 30), _query(url, "pg_up")
+        assert wait_until(lambda: states(url)["RecallPostgresDown"] == "pending", 15), states(url)
+        assert states(url)["RecallPostgresMetricsAbsent"] == "inactive", "the exporter still answers"
+
+        stop(exporter, 10)
+        assert wait_until(lambda: states(url)["RecallPostgresMetricsAbsent"] == "pending", 30), states(url)
+    finally:
+        prom.terminate()
+        prom.wait(30)
+        stop(exporter, 10)
