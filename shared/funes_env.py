@@ -3,9 +3,14 @@ model loading, and nothing else of ours (no keys or secrets of the parent proces
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import os
+import signal
+from collections.abc import Sequence
 from pathlib import Path
 
+from shared.child_process import die_with_parent
 from shared.engine.embedder import EmbedderSettings
 
 # Model and locale settings a funes child may legitimately need from the parent.
@@ -21,3 +26,13 @@ def funes_environment(funes_home: Path) -> dict[str, str]:
     # its model graphs once per tenant home instead of reading the parent's cache.
     env["RECALL_EMBED_CACHE_DIR"] = str(EmbedderSettings().embed_cache_dir)
     return env
+
+
+async def start_funes(binary: str, args: Sequence[str], funes_home: Path) -> asyncio.subprocess.Process:
+    """One funes command for one tenant, its output piped. It runs in a session of its own (a
+    timeout kills its whole group) and is killed with this process: an indexer killed with -9
+    must not leave an index run behind that holds the tenant's memory from the next one."""
+    return await asyncio.create_subprocess_exec(
+        binary, *args, env=funes_environment(funes_home), stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True,
+        preexec_fn=functools.partial(die_with_parent, signal.SIGKILL))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sqlite3
 import stat
@@ -334,6 +335,40 @@ async def test_a_funes_job_is_killed_when_its_lock_is_lost(tmp_path, redis_url, 
         assert not paths.memory.exists()
     finally:
         await client.aclose()
+
+
+def test_a_funes_index_run_dies_with_an_indexer_killed_with_9(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    funes = tmp_path / "funes"  # an index run that would hold the tenant's memory for a minute
+    funes.write_text('#!/usr/bin/env bash\necho $$ > "$FUNES_HOME/index.pid"\nexec sleep 60\n')
+    funes.chmod(0o755)
+    paths = _tenant_with_conversations(tmp_path / "data", "olga", 1)
+    worker = subprocess.Popen([sys.executable, "-c", (
+        "import asyncio, sys; from services.indexer.index_job import FunesIndexJob; "
+        "from shared.tenant_paths import TenantPaths; "
+        "asyncio.run(FunesIndexJob(sys.argv[1], timeout_s=120).run(TenantPaths(__import__('pathlib').Path(sys.argv[2]))))"),
+        str(funes), str(paths.root)])
+    try:
+        assert wait_until(lambda: (paths.root / "index.pid").is_file() and (paths.root / "index.pid").read_text().strip(), 30)
+        child = int((paths.root / "index.pid").read_text())
+        worker.send_signal(signal.SIGKILL)
+        worker.wait(10)
+
+        def gone() -> bool:
+            try:
+                return Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+            except FileNotFoundError:
+                return True
+
+        assert wait_until(gone, 5), "the funes child outlived its indexer"
+    finally:
+        worker.kill()
+        with contextlib.suppress(ProcessLookupError, ValueError, FileNotFoundError):
+            os.kill(int((paths.root / "index.pid").read_text()), signal.SIGKILL)
 
 
 async def test_an_embedded_job_past_its_timeout_stops_and_commits_nothing(tmp_path):

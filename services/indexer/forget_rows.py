@@ -9,7 +9,7 @@ import re
 from typing import Protocol
 
 from services.indexer.index_job import IndexJob
-from shared.funes_env import funes_environment
+from shared.funes_env import start_funes
 from shared.logging_setup import get_logger
 from shared.redis_lock import RedisLock
 from shared.tenant_paths import TenantPaths
@@ -80,9 +80,7 @@ class FunesRows:
         return max(0, before - await self.count(paths))
 
     async def _run(self, paths: TenantPaths, *args: str) -> tuple[int, str, str]:
-        proc = await asyncio.create_subprocess_exec(
-            self.binary, *args, env=funes_environment(paths.root), stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True)
+        proc = await start_funes(self.binary, args, paths.root)
         try:
             out, err = await asyncio.wait_for(proc.communicate(), self.timeout_s)
         except (asyncio.TimeoutError, asyncio.CancelledError):

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from shared.engine.memory_lock import CONTENTION_MESSAGE, MemoryBusy
-from shared.funes_env import funes_environment
+from shared.funes_env import start_funes
 from shared.redis_lock import RedisLock
 from shared.tenant_paths import TenantPaths
 
@@ -114,10 +114,7 @@ class FunesIndexJob:
     async def _run(self, paths: TenantPaths) -> None:
         if not paths.src.is_dir():
             return  # the tenant was forgotten after this run was scheduled
-        proc = await asyncio.create_subprocess_exec(
-            self.binary, "index", "--yes", str(paths.src.resolve()), env=funes_environment(paths.root),
-            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            start_new_session=True)
+        proc = await start_funes(self.binary, ["index", "--yes", str(paths.src.resolve())], paths.root)
         try:
             _, err = await asyncio.wait_for(proc.communicate(), self.timeout_s)
         except asyncio.TimeoutError:
