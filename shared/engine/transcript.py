@@ -7,6 +7,7 @@ a half-written trailing line from a crashed writer must not stop an index run.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from dataclasses import dataclass
@@ -86,13 +87,18 @@ def transcript_signatures(root: Path) -> dict[str, str]:
     outside itself. One `scandir` pass: every index run lists the whole tree (a warm indexer's
     one-conversation run at 10k conversations spent 130 ms in `os.walk`, `Path` and two stats
     per file; this is ~30 ms, docs/benchmarks.md "Round 10")."""
-    if root.is_file():
-        return {str(root): _signature(root.stat())}
     found: dict[str, str] = {}
+    if root.is_file():
+        with contextlib.suppress(FileNotFoundError):  # removed since: treated as deleted
+            found[str(root)] = _signature(root.stat())
+        return found
 
     def walk(directory: str) -> None:
-        with os.scandir(directory) as entries:
-            listed = sorted(entries, key=lambda e: e.name)
+        try:
+            with os.scandir(directory) as entries:
+                listed = sorted(entries, key=lambda e: e.name)
+        except FileNotFoundError:
+            return  # a directory removed during the walk: its files count as deleted, as os.walk had it
         for entry in listed:
             if entry.name.endswith(TRANSCRIPT_SUFFIX) and not entry.name.startswith(".") and entry.is_file(follow_symlinks=False):
                 try:
