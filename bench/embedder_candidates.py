@@ -1,6 +1,8 @@
-"""Candidate e5 graphs (bench only), each a change to `shared/engine/e5_graph.py`'s output that
-`bench.embedder_profile` measures against the shipped graph: CPU per call and cosine to the
-shipped vectors. None is shipped; docs/benchmarks.md ("Where an embedding's CPU goes") says why.
+"""Candidate graphs (bench only). e5 graphs, each a change to `shared/engine/e5_graph.py`'s output
+that `bench.embedder_profile` measures against the shipped graph: CPU per call and cosine to the
+shipped vectors; and a MiniLM whose vectors do not depend on their batch (`minilm_int8_blocks`),
+measured by `bench.index_profile`. None is shipped; docs/benchmarks.md ("Where an embedding's CPU
+goes", "Round 10") says why.
 """
 
 from __future__ import annotations
@@ -90,3 +92,44 @@ def fused_attention_graph(packed: PackedE5):
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)])
     model.ir_version = 8
     return model
+
+
+def minilm_int8_blocks(folded, bits: int = 8, block: int = 32):
+    """MiniLM with every weight matrix as `MatMulNBits` (symmetric `bits`-bit blocks of `block`
+    along K, onnxruntime's default zero point) at `accuracy_level` 4, as e5 computes: activations
+    quantised per row and block of 32 instead of `quantize_dynamic`'s one scale per padded batch,
+    so a text's vector no longer depends on what it is batched with. `folded`: the exported model
+    after constant folding (an onnx ModelProto), as `shared/engine/int8_model.py` folds it."""
+    from onnx import helper, numpy_helper
+
+    graph = folded.graph
+    weights = {t.name: t for t in graph.initializer}
+    nodes, replaced = [], set()
+    for n in graph.node:
+        if n.op_type != "MatMul" or n.input[1] not in weights or len(weights[n.input[1]].dims) != 2:
+            nodes.append(n)
+            continue
+        w = numpy_helper.to_array(weights[n.input[1]]).astype(np.float32)  # (K, N)
+        k, cols = w.shape
+        rows = w.T.reshape(cols, k // block, block)
+        top = 2 ** (bits - 1) - 1
+        scale = np.abs(rows).max(axis=2, keepdims=True) / top
+        scale[scale == 0] = 1.0
+        q = (np.clip(np.rint(rows / scale), -top - 1, top) + 2 ** (bits - 1)).astype(np.uint8)
+        if bits == 4:
+            q = q[..., 0::2] | (q[..., 1::2] << 4)
+        name = n.input[1]
+        graph.initializer.extend([numpy_helper.from_array(np.ascontiguousarray(q), name + ".q"),
+                                  numpy_helper.from_array(scale.reshape(-1).astype(np.float32), name + ".scale")])
+        nodes.append(helper.make_node("MatMulNBits", [n.input[0], name + ".q", name + ".scale"], list(n.output), name=name + ".mm",
+                                      domain="com.microsoft", K=k, N=cols, bits=bits, block_size=block,
+                                      accuracy_level=INT8_ACTIVATIONS))
+        replaced.add(name)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    kept = [t for t in graph.initializer if t.name not in replaced]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    if not any(o.domain == "com.microsoft" for o in folded.opset_import):
+        folded.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    return folded

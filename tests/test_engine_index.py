@@ -193,14 +193,14 @@ def test_a_source_removed_mid_run_counts_as_deleted(tmp_path, embedder, monkeypa
     write_conversation(src, "doomed", ["The Q-731 plan that is being deleted right now."])
     victim = src / "doomed.funes.jsonl"
     if vanishes == "after_listing":
-        real_discover = index_run.discover_transcripts
+        real_listing = index_run.transcript_signatures
 
-        def discover_then_delete(root):
-            found = real_discover(root)
+        def list_then_delete(root):
+            found = real_listing(root)
             victim.unlink()
             return found
 
-        monkeypatch.setattr(index_run, "discover_transcripts", discover_then_delete)
+        monkeypatch.setattr(index_run, "transcript_signatures", list_then_delete)
     else:
         real_read = index_run.read_transcript
 
@@ -266,3 +266,30 @@ def test_a_long_run_stopped_after_a_slice_keeps_it_and_the_next_run_goes_on(tmp_
     report = index_tree(home, src, embedder)
     assert (report.sessions, report.skipped, report.chunks) == (2, 1, 4), "only what was left is embedded"
     assert {r[0] for r in rows_of(home)} == set(CONVS)
+
+
+def test_the_listing_walks_sorted_and_keeps_only_regular_transcripts_inside_the_tree(tmp_path):
+    """One scandir pass replaced os.walk + two stats per file; what counts as a source must not move."""
+    import os
+
+    from shared.engine.transcript import transcript_signatures
+
+    outside = tmp_path / "outside"
+    (outside / "dir").mkdir(parents=True)
+    (outside / "leak.funes.jsonl").write_text("{}\n")
+    src = tmp_path / "src"
+    (src / "sub" / "deeper").mkdir(parents=True)
+    for rel in ("b.funes.jsonl", "a.funes.jsonl", "sub/c.funes.jsonl", "sub/deeper/d.funes.jsonl", "z.funes.jsonl.tmp",
+                ".hidden.funes.jsonl", "sub/notes.txt"):
+        (src / rel).write_text("{}\n" * len(rel))
+    (src / "linked.funes.jsonl").symlink_to(outside / "leak.funes.jsonl")
+    (src / "linked-dir").symlink_to(outside / "dir")
+    (src / "dir.funes.jsonl").mkdir()
+    os.mkfifo(src / "pipe.funes.jsonl")
+
+    found = transcript_signatures(src)
+
+    assert list(found) == [str(src / rel) for rel in ("a.funes.jsonl", "b.funes.jsonl", "sub/c.funes.jsonl", "sub/deeper/d.funes.jsonl")]
+    st = (src / "a.funes.jsonl").stat()
+    assert found[str(src / "a.funes.jsonl")] == f"{st.st_size}:{st.st_mtime_ns}"
+    assert transcript_signatures(src / "a.funes.jsonl") == {str(src / "a.funes.jsonl"): f"{st.st_size}:{st.st_mtime_ns}"}

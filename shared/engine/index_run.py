@@ -16,7 +16,7 @@ from shared.engine.embedder import Embedder
 from shared.engine.fault_injection import fault_point
 from shared.engine.memory_lock import memory_lock
 from shared.engine.store import MemoryStore, NewRow
-from shared.engine.transcript import discover_transcripts, read_transcript, source_signature
+from shared.engine.transcript import read_transcript, transcript_signatures
 
 
 @dataclass(frozen=True)
@@ -85,16 +85,6 @@ def index_tree(home: Path, src: Path, embedder: Embedder, lock_wait_s: float = 0
             store.close()
 
 
-def _signatures(present: dict[str, Path]) -> dict[str, str]:
-    out = {}
-    for key, path in present.items():
-        try:
-            out[key] = source_signature(path)
-        except FileNotFoundError:
-            continue  # removed since it was listed: treated as deleted
-    return out
-
-
 def _checkpoint(checkpoint: Checkpoint, point: str) -> None:
     fault_point(point)
     checkpoint(point)
@@ -116,7 +106,7 @@ class _Slice:
 def _sync(store: MemoryStore, src: Path, embedder: Embedder, checkpoint: Checkpoint = _no_checkpoint,
           between_commits: Callable[[], None] = lambda: None, only_removals: bool = False) -> IndexReport:
     known = store.sources()
-    signatures = _signatures({str(p): p for p in discover_transcripts(src).values()})
+    signatures = transcript_signatures(src)
     _checkpoint(checkpoint, "after_listing")
     changed = [] if only_removals else [key for key in signatures if known.get(key) != signatures[key]]
     if not changed and all(key in signatures for key in known):
