@@ -1,5 +1,7 @@
 from prometheus_client import Counter, Gauge, Histogram
 
+from shared.unexpected_http import UNEXPECTED_ERRORS
+
 RECALL_LATENCY = Histogram(
     "recall_tool_latency_seconds", "recall_my_conversations latency by outcome (hit, empty, no_memory, unavailable, busy).",
     ["outcome"], buckets=(0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1, 2.5, 5, 10, 30))
@@ -34,7 +36,5 @@ for _surface in ("mcp", "http"):
 
 # Failures nothing expected (a bug, a damaged database): a tool call answered with a masked
 # tool error, an HTTP request with a JSON 500. Each is one `recall.unexpected_error` log line.
-UNEXPECTED_ERRORS = Counter("recall_unexpected_errors_total", "MCP tool calls and HTTP requests that failed unexpectedly, by surface.",
-                            ["surface"])
 for _surface in ("mcp", "http"):
     UNEXPECTED_ERRORS.labels(_surface)

@@ -6,8 +6,9 @@ and where it was raised, never its message (it may quote stored or requested tex
 - MCP tool calls: fastmcp turns an exception it does not know into a masked tool error
   (raised `from` the exception) and logs its traceback, message included; that line is
   replaced by ours, and the caller gets the incident id.
-- HTTP routes (AgentMemory's API, the probes): Starlette answered a plain-text 500 and uvicorn
-  logged the traceback; now a JSON 500 like the API's other errors.
+- HTTP requests (AgentMemory's API, the probes, and the verification of any request's bearer
+  token): Starlette answered a plain-text 500 and uvicorn logged the traceback; now a JSON 500
+  like the API's other errors (shared/unexpected_http.py).
 """
 
 from __future__ import annotations
@@ -19,13 +20,13 @@ from fastmcp.exceptions import DisabledError, FastMCPError, NotFoundError, ToolE
 from fastmcp.server.dependencies import get_access_token
 from fastmcp.server.middleware import Middleware
 from mcp.shared.exceptions import MCPError
-from starlette.responses import JSONResponse
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Scope
 
 from services.recall.metrics import UNEXPECTED_ERRORS
 from shared.error_site import exception_site, new_incident
 from shared.logging_setup import get_logger
 from shared.tenant_paths import user_hash
+from shared.unexpected_http import route_of
 
 log = get_logger("recall.service")
 # What fastmcp answers itself: refusals, unknown or disabled tools, invalid arguments, protocol errors.
@@ -76,31 +77,8 @@ class UnexpectedToolErrors(Middleware):
         raise ToolError(f"internal error, logged as incident {incident}") from None
 
 
-class UnexpectedHTTPErrors:
-    """ASGI middleware inside Starlette's ServerErrorMiddleware (after authentication, so the
-    verified token's subject is known)."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = False
-
-        async def send_tracked(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_tracked)
-        except Exception as exc:
-            token = getattr(scope.get("user"), "access_token", None)
-            incident = _record("http", exc, _hash_of(getattr(token, "claims", None)), method=scope["method"],
-                               route=getattr(scope.get("route"), "path", "unmatched"))
-            if started:
-                return  # the answer is under way: the connection just ends
-            await JSONResponse({"error": "internal", "detail": f"unexpected error, logged as incident {incident}"},
-                               status_code=500)(scope, receive, send)
+def record_http_failure(exc: BaseException, scope: Scope) -> str:
+    """`record` of shared/unexpected_http.py: the verified token's subject, when authentication
+    got that far."""
+    token = getattr(scope.get("user"), "access_token", None)
+    return _record("http", exc, _hash_of(getattr(token, "claims", None)), method=scope["method"], route=route_of(scope))
