@@ -235,3 +235,36 @@ def test_the_indexers_http_routes_count_an_unexpected_failure(services, service_
     assert resp.status_code == 500 and resp.headers["content-type"] == "application/json", resp.text
     assert re.fullmatch(r"unexpected error, logged as incident [0-9a-f]{12}", resp.json()["detail"]) and PLANTED not in resp.text
     assert REGISTRY.get_sample_value("recall_unexpected_errors_total", {"surface": "indexer_http"}) == before + 1
+
+
+async def test_a_tool_that_runs_out_of_time_reads_busy_and_is_counted_as_busy_not_unexpected():
+    """fastmcp's own tool timeout, and a TimeoutError raised inside a tool: both are a loaded
+    server, not a bug. They were "internal error, logged as incident …" (or fastmcp's bare
+    "Error calling tool") and counted in recall_unexpected_errors_total, which pages."""
+    from fastmcp import FastMCP
+    from prometheus_client import REGISTRY
+
+    from services.recall.unexpected_errors import TOOL_BUSY, UnexpectedToolErrors
+
+    mcp = FastMCP("timeouts", mask_error_details=True)
+    mcp.add_middleware(UnexpectedToolErrors())
+
+    @mcp.tool(timeout=0.2)
+    async def slow_past_its_timeout() -> str:
+        await asyncio.sleep(5)
+        return "late"
+
+    @mcp.tool
+    async def waits_on_something_that_times_out() -> str:
+        return await asyncio.wait_for(asyncio.sleep(5), 0.05)
+
+    def count(name: str, labels: dict) -> float:
+        return REGISTRY.get_sample_value(name, labels) or 0
+
+    busy, unexpected = count("recall_busy_total", {"reason": "tool_timeout"}), count("recall_unexpected_errors_total", {"surface": "mcp"})
+    async with Client(mcp) as client:
+        for tool in ("slow_past_its_timeout", "waits_on_something_that_times_out"):
+            result = await client.call_tool(tool, {}, raise_on_error=False)
+            assert result.is_error and result.content[0].text == TOOL_BUSY, (tool, result.content)
+    assert count("recall_busy_total", {"reason": "tool_timeout"}) == busy + 2
+    assert count("recall_unexpected_errors_total", {"surface": "mcp"}) == unexpected
