@@ -268,3 +268,21 @@ async def test_a_tool_that_runs_out_of_time_reads_busy_and_is_counted_as_busy_no
             assert result.is_error and result.content[0].text == TOOL_BUSY, (tool, result.content)
     assert count("recall_busy_total", {"reason": "tool_timeout"}) == busy + 2
     assert count("recall_unexpected_errors_total", {"surface": "mcp"}) == unexpected
+
+
+async def test_a_stored_constitution_that_fails_validation_is_an_internal_error_not_the_callers_refusal(services, service_env):
+    """The realm's accepted constitution edited under the service: every caller was refused with
+    "body: constitution body: …", as if their own call were wrong."""
+    proc = services("serve")
+    url, realm = recall_url(service_env), "acme"
+    async with Client(f"{url}/mcp", auth=BearerAuth(mint("lead", realms={realm: "owner"}))) as client:
+        await client.call_tool("init_population", {"realm_id": realm})
+        with sqlite3.connect(Path(service_env["RECALL_DATA_DIR"]) / "artifacts.sqlite3") as db:
+            db.execute("UPDATE artifacts SET body = ? WHERE artifact_path = 'population/constitution'",
+                       (json.dumps({"roles": PLANTED}),))
+        failed = await client.call_tool("list_population_agents", {"realm_id": realm}, raise_on_error=False)
+    assert failed.is_error and re.fullmatch(r"internal error, logged as incident [0-9a-f]{12}", failed.content[0].text)
+    assert sample(url, 'recall_unexpected_errors_total{surface="mcp"}') == 1
+    assert wait_until(lambda: log_events(proc.output(), "recall.unexpected_error"), 10), proc.output()[-3000:]
+    [event] = log_events(proc.output(), "recall.unexpected_error")
+    assert event["error"] == "services.recall.artifacts.artifact_store.DamagedRow" and PLANTED not in proc.output()
