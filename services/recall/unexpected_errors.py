@@ -79,10 +79,8 @@ class UnexpectedToolErrors(Middleware):
             if exc.__cause__ is None or (isinstance(exc.__cause__, ANSWERED) and not _timed_out(exc.__cause__)):
                 raise
             failure: BaseException = exc.__cause__
-        except ANSWERED as exc:
-            if not _timed_out(exc):
-                raise
-            failure = exc
+        except ANSWERED:
+            raise
         except Exception as exc:  # from a middleware, outside fastmcp's mask
             failure = exc
         token = get_access_token()
