@@ -3,10 +3,14 @@ names what is wrong and stays small, and nothing is stored."""
 
 from __future__ import annotations
 
+import codecs
+import json
+
 import httpx
 import pytest
 
-from tests.conftest import INGEST_KEY, ingest_url
+from shared.stream_schema import RETENTION_OVERRIDES
+from tests.conftest import INGEST_KEY, conversation_payload, ingest_url
 
 
 @pytest.fixture
@@ -78,3 +82,76 @@ def test_a_user_id_holding_a_real_replacement_character_is_still_forgotten(inges
     resp = delete(ingest, "/users?user=al%EF%BF%BDice+b")
     assert resp.status_code == 202, resp.text
     assert r.xlen("recall:turns") == 1
+
+
+# ---- round hard10: control characters, body encodings, integers Python will not convert -------
+@pytest.mark.parametrize("mutate, field, char", [
+    (lambda b: b["turns"][2].update(text="before\x00after"), "turns[2].text", "a NUL character (U+0000)"),
+    (lambda b: b.update(user="ali\x00ce"), "user", "a NUL character (U+0000)"),
+    (lambda b: b["turns"][0].update(text="\x1b[2J\x1b[Hcleared"), "turns[0].text", "the control character U+001B"),
+    (lambda b: b["turns"][1].update(role="tool", tool_name="grep\x07"), "turns[1].tool_name", "the control character U+0007"),
+])
+def test_a_nul_or_control_character_in_a_field_is_422_naming_it_and_nothing_is_stored(ingest, r, mutate, field, char):
+    """A NUL reached the agent raw (and PostgreSQL-backed agent memory refuses it); ESC and the
+    other C0 controls rewrite a terminal that prints the turn."""
+    body = conversation_payload("alice", "c", ["one", "two", "three"])
+    mutate(body)
+    resp = post_raw(ingest, json.dumps(body).encode())
+    assert resp.status_code == 422, resp.text
+    [problem] = resp.json()["fields"]
+    assert problem["field"] == field and char in problem["message"], problem
+    assert "tab, newline and carriage return are allowed" in problem["message"]
+    assert r.xlen("recall:turns") == 0
+
+
+def test_tab_newline_and_carriage_return_in_text_are_kept(ingest, r):
+    body = conversation_payload("alice", "c", ["col1\tcol2\r\nline two\n"])
+    resp = post_raw(ingest, json.dumps(body).encode())
+    assert resp.status_code == 202, resp.text
+    [(_, fields)] = r.xrange("recall:turns")
+    assert [t["text"] for t in json.loads(fields["event"])["turns"]] == ["col1\tcol2\r\nline two\n"]
+
+
+@pytest.mark.parametrize("method, path_and_query", [
+    ("DELETE", "/users/ali%00ce"),
+    ("DELETE", "/users?user=ali%00ce"),
+    ("DELETE", "/conversations/c?user=%1B%5B2J"),
+    ("PUT", "/users/ali%00ce/retention"),
+])
+def test_a_nul_or_control_character_in_a_user_id_of_the_url_is_422_naming_user_and_nothing_happens(ingest, r, method, path_and_query):
+    resp = httpx.request(method, f"{ingest}{path_and_query}", headers={"x-ingest-key": INGEST_KEY}, timeout=10,
+                         json={"days": 30} if method == "PUT" else None)
+    assert resp.status_code == 422, resp.text
+    [problem] = resp.json()["fields"]
+    assert problem["field"] == "user" and "control" in problem["message"], problem
+    assert r.xlen("recall:turns") == 0 and r.hlen(RETENTION_OVERRIDES) == 0
+
+
+@pytest.mark.parametrize("raw, named", [
+    (codecs.BOM_UTF8 + b'{"user": "alice", "conversation_id": "c", "turns": []}', "byte order mark"),
+    ('{"user": "alice", "conversation_id": "c", "turns": []}'.encode("utf-16"), "is UTF-16LE (with a byte order mark)"),
+    ('{"user": "alice", "conversation_id": "c", "turns": []}'.encode("utf-16-be"), "is UTF-16BE (by its NUL bytes)"),
+    ('{"user": "alice", "conversation_id": "c", "turns": []}'.encode("utf-32"), "is UTF-32LE (with a byte order mark)"),
+])
+def test_a_body_that_is_not_plain_utf8_is_415_naming_its_encoding(ingest, r, raw, named):
+    """Python's json guessed the encoding and took these (RFC 8259: JSON between systems is UTF-8,
+    and a sender must not add a BOM); the same body posted correctly is then a 422 on its turns."""
+    resp = post_raw(ingest, raw)
+    assert resp.status_code == 415, resp.text
+    [problem] = resp.json()["fields"]
+    assert problem["field"] == "body" and named in problem["message"] and "RFC 8259" in problem["message"], problem
+    assert r.xlen("recall:turns") == 0
+
+
+@pytest.mark.parametrize("method, path, raw, field", [
+    ("POST", "/turns", b'{"user": "alice", "conversation_id": "c", "turns": [{"role": "user", "text": "a", "ts": ' + b"7" * 5000
+     + b"}]}", "turns[0].ts"),
+    ("PUT", "/users/alice/retention", b'{"days": -' + b"9" * 5000 + b"}", "days"),
+])
+def test_an_integer_of_5000_digits_is_422_naming_its_field_in_the_projects_words(ingest, r, method, path, raw, field):
+    resp = httpx.request(method, f"{ingest}{path}", content=raw, timeout=10,
+                         headers={"content-type": "application/json", "x-ingest-key": INGEST_KEY})
+    assert resp.status_code == 422, resp.text
+    assert resp.json()["fields"] == [{"field": field, "message": "an integer of 5,000 digits; no field takes one of more than 4,300"}]
+    assert "sys.set_int_max_str_digits" not in resp.text
+    assert r.xlen("recall:turns") == 0 and r.hlen(RETENTION_OVERRIDES) == 0

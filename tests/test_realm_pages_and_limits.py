@@ -7,6 +7,7 @@ stored and carried back by every read."""
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import pytest
@@ -165,6 +166,18 @@ def test_a_text_over_the_limit_is_refused_naming_its_field_and_nothing_is_stored
                                                  reality="current_state",
                                                  targets=[Target(target_kind="entity", target_id="contract-7")]))
     assert memory.search(MEMBER, REALM) == []
+
+
+def test_a_huge_flat_source_context_is_refused_naming_it_after_bounded_work(service):
+    """Two million numbers (MCP's 4 MiB request): every one was walked and written out as JSON
+    (~1 s of CPU) before the refusal; now the walk stops once there are more values than bytes."""
+    huge = draft("dossiers/big", "fine", source_context={"scores": list(range(2_000_000))})
+    started = time.process_time()
+    with pytest.raises(TextTooLarge, match=r"^source_context: more than 4,096 values, each at least a byte of JSON, over the limit"):
+        service.create_draft(MEMBER, REALM, huge)
+    assert time.process_time() - started < 0.1
+    with pytest.raises(RuleBroken, match="not_found"):
+        service.own_draft_by_path(MEMBER, REALM, "dossiers/big", None)
 
 
 def test_the_default_text_limit_holds_what_search_reads_and_the_http_limit_carries_it():

@@ -338,7 +338,11 @@ def test_tokens_without_exp_beyond_the_lifetime_cap_or_without_a_user_get_401(se
                          "exp past the cap": {**base, "exp": now + 2 * 3600, "iat": None},
                          "exp - iat past the cap": {**base, "iat": now - 3600, "exp": now + 600},
                          "no sub": {**base, "sub": None}, "empty sub": {**base, "sub": ""},
-                         "blank sub": {**base, "sub": "   "}, "sub not a string": {**base, "sub": 42}}.items():
+                         "blank sub": {**base, "sub": "   "}, "sub not a string": {**base, "sub": 42},
+                         # JSON as Python reads it allows Infinity and NaN: an infinite exp was a 500
+                         # (fastmcp's int(exp)), an infinite or NaN iat passed the lifetime check.
+                         "exp infinite": {**base, "exp": float("inf")}, "iat infinite": {**base, "iat": float("inf")},
+                         "iat not a number": {**base, "iat": float("nan")}}.items():
         headers = {"Authorization": f"Bearer {_signed(claims)}"}
         assert _initialize(service_env, headers).status_code == 401, name
 

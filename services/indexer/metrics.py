@@ -1,5 +1,7 @@
 from prometheus_client import Counter, Gauge, Histogram
 
+from shared.unexpected_http import UNEXPECTED_ERRORS
+
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 1.5, 2, 3, 5, 10, 30, 60, 120, 300, 900)
 
 SNAPSHOTS = Counter("recall_indexer_snapshots_total", "Conversation snapshots handled, by result.", ["result"])
@@ -41,3 +43,6 @@ REEMBED_PENDING = Gauge("recall_reembed_pending_memories",
                         "Memories stamped with another embedding model, found by this worker's last sweep.")
 for _outcome in ("ok", "failed"):
     REEMBEDS.labels(_outcome)
+# Its HTTP routes (probes, /metrics) failing unexpectedly: the recall service's series, with a
+# surface of its own, so RecallServiceUnexpectedErrors covers the indexer too.
+UNEXPECTED_ERRORS.labels("indexer_http")

@@ -12,25 +12,28 @@ import uvicorn
 from faststream import AckPolicy
 from faststream.redis import RedisBroker, RedisStreamMessage, StreamSub
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
+from starlette.types import Scope
 
 from services.indexer import redis_keys
 from services.indexer.consumer_reaper import reap_forever
 from services.indexer.forgetting import Forgetter
 from services.indexer.index_job import EmbeddedIndexJob, make_index_job
 from services.indexer.index_scheduler import IndexScheduler
-from services.indexer.metrics import INDEX_DUE, STREAM_LENGTH, STREAM_PENDING
+from services.indexer.metrics import INDEX_DUE, STREAM_LENGTH, STREAM_PENDING, UNEXPECTED_ERRORS
 from services.indexer.reembed_job import schedule_stale_tenants
 from services.indexer.retention import RetentionSweeper
 from services.indexer.settings import IndexerSettings
 from services.indexer.storage_probe import StorageProbe
 from services.indexer.stream_consumer import StreamConsumer
-from shared.error_site import loggable_failure
+from shared.error_site import exception_site, loggable_failure, new_incident
 from shared.logging_setup import get_logger
 from shared.metrics_http import metrics_endpoint
 from shared.stream_schema import decode_fields, ensure_group, ensure_group_async
+from shared.unexpected_http import UnexpectedHTTPErrors, route_of
 
 log = get_logger("recall.indexer")
 
@@ -88,6 +91,16 @@ async def _keep_consuming(broker: RedisBroker, client: aioredis.Redis, settings:
             log.warning("indexer.consumers_restart_failed", error=type(exc).__name__)
 
 
+def _record_http_failure(exc: BaseException, scope: Scope) -> str:
+    """A probe or /metrics failing unexpectedly (a bug): counted with the recall service's
+    (`recall_unexpected_errors_total{surface="indexer_http"}`), logged without the message."""
+    incident = new_incident()
+    UNEXPECTED_ERRORS.labels("indexer_http").inc()
+    log.error("indexer.unexpected_error", route=route_of(scope), method=scope["method"], incident=incident,
+              **exception_site(exc))
+    return incident
+
+
 def _http_app(client: aioredis.Redis, storage: StorageProbe) -> Starlette:
     async def healthz(request: Request) -> JSONResponse:
         return JSONResponse({"status": "ok"})
@@ -101,7 +114,8 @@ def _http_app(client: aioredis.Redis, storage: StorageProbe) -> Starlette:
             return JSONResponse({"status": f"data dir not writable: {storage.reason}"}, status_code=503)
         return JSONResponse({"status": "ready"})
 
-    return Starlette(routes=[Route("/healthz", healthz), Route("/readyz", readyz), Route("/metrics", metrics_endpoint)])
+    return Starlette(routes=[Route("/healthz", healthz), Route("/readyz", readyz), Route("/metrics", metrics_endpoint)],
+                     middleware=[Middleware(UnexpectedHTTPErrors, record=_record_http_failure)])
 
 
 async def run_worker(settings: IndexerSettings) -> None:

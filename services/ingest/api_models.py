@@ -17,16 +17,27 @@ ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}[T ]")
 MAX_CLOCK_SKEW = timedelta(days=1)  # how far a gateway's clock may run ahead of ingest's
 
 
-def _encodable(value: str) -> str:
+# NUL and the other C0 controls, but tab, newline and carriage return (text holds those). A NUL
+# cuts C strings and PostgreSQL text (agent memory refuses it, `nul_text.py`); the others are no
+# text a person wrote, and ESC starts a terminal escape sequence wherever a turn is printed.
+CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f]")
+TEXT_PATTERN = r"^[^\u0000-\u0008\u000b\u000c\u000e-\u001f]*$"  # the same rule, for the OpenAPI document
+
+
+def _storable(value: str) -> str:
     # JSON may carry lone surrogates ("\\ud800"); they cannot be stored as UTF-8 anywhere downstream.
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
         raise ValueError("contains a lone surrogate (not valid Unicode text)") from None
+    if found := CONTROL.search(value):
+        what = "a NUL character (U+0000)" if found[0] == "\x00" else f"the control character U+{ord(found[0]):04X}"
+        raise ValueError(f"contains {what} at character {found.start()}; of the control characters only tab, "
+                         "newline and carriage return are allowed") from None
     return value
 
 
-Text = Annotated[str, AfterValidator(_encodable)]
+Text = Annotated[str, AfterValidator(_storable), Field(json_schema_extra={"pattern": TEXT_PATTERN})]
 
 
 def _one_token(value: str) -> str:

@@ -16,9 +16,11 @@ dir is not writable (`STORAGE_UNWRITABLE` in Redis, refreshed by the indexers' p
 from __future__ import annotations
 
 import asyncio
+import codecs
 import hmac
 import json
 import re
+import sys
 import time
 from collections import Counter
 from contextlib import asynccontextmanager
@@ -144,12 +146,45 @@ def _query_and_path_problems(request: Request, allowed: frozenset[str]) -> list[
     return problems
 
 
+def _utf8_text(raw: bytes) -> str:
+    """The body as text. JSON between systems is UTF-8 without a byte order mark (RFC 8259
+    §8.1); json.loads would also take UTF-16 or UTF-32 and skip a UTF-8 BOM, where another reader
+    of the same body (a proxy, an audit log) may not: both are refused, naming the encoding."""
+    encoding = json.detect_encoding(raw)  # the guess json.loads makes, from a BOM or NUL bytes
+    if encoding == "utf-8-sig":
+        raise HTTPProblem(415, "unsupported body encoding", [("body", "starts with a UTF-8 byte order mark (EF BB BF): "
+                                                                      "send UTF-8 without one (RFC 8259 §8.1)")])
+    if encoding != "utf-8":
+        raise HTTPProblem(415, "unsupported body encoding", [("body", f"is {_encoding_name(raw, encoding)}, not UTF-8: "
+                                                                      "JSON must be sent as UTF-8 (RFC 8259 §8.1)")])
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise HTTPProblem(400, "malformed JSON", [("body", f"not UTF-8: byte {raw[exc.start]:#04x} at offset {exc.start}")]) from None
+
+
+def _encoding_name(raw: bytes, encoding: str) -> str:
+    if encoding in ("utf-16", "utf-32"):  # json saw a BOM: its first bytes give the byte order
+        order = "LE" if raw.startswith(codecs.BOM_LE) else "BE"
+        return f"{encoding.upper()}{order} (with a byte order mark)"
+    return f"{encoding.upper().replace('-LE', 'LE').replace('-BE', 'BE')} (by its NUL bytes)"
+
+
 def _is_utf8(raw: bytes) -> bool:
     try:
         raw.decode("utf-8")
     except UnicodeDecodeError:
         return False
     return True
+
+
+class _HugeInteger:
+    """An integer of more digits than Python converts (sys.get_int_max_str_digits(), 4,300), in
+    place of its value: json.loads would stop at it with Python's own hint (use
+    sys.set_int_max_str_digits), where the answer must name the field it sits in."""
+
+    def __init__(self, digits: int) -> None:
+        self.digits = digits
 
 
 class _KeyGivenTwice(dict):
@@ -173,32 +208,43 @@ def _object_marking_a_duplicate_key(pairs: list[tuple[str, Any]]) -> dict[str, A
     return dict(pairs)
 
 
-def _loads_marking_duplicate_keys(raw: bytes) -> tuple[Any, bool]:
-    """The parsed body, and whether some object in it gave a key twice."""
-    given_twice = False
+def _loads_marking_problems(text: str) -> tuple[Any, bool]:
+    """The parsed body, and whether some object in it gave a key twice or some integer was too
+    long for Python."""
+    marked = False
 
     def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        nonlocal given_twice
+        nonlocal marked
         obj = _object_marking_a_duplicate_key(pairs)
-        given_twice = given_twice or isinstance(obj, _KeyGivenTwice)
+        marked = marked or isinstance(obj, _KeyGivenTwice)
         return obj
 
-    return json.loads(raw, object_pairs_hook=hook), given_twice
+    def parse_int(digits: str) -> int | _HugeInteger:
+        nonlocal marked
+        try:
+            return int(digits)
+        except ValueError:
+            marked = True
+            return _HugeInteger(len(digits.lstrip("-")))
+
+    return json.loads(text, object_pairs_hook=hook, parse_int=parse_int), marked
 
 
-def _path_of_a_key_given_twice(payload: Any) -> str | None:
-    """The location of the first key given twice, in document order; None when there is none.
+def _first_marked_problem(payload: Any) -> tuple[str, str]:
+    """Where the first key given twice or integer too long is, in document order, and what it is.
     Iterative: the body may be nested as deeply as json.loads allows."""
     stack: list[tuple[Any, tuple]] = [(payload, ())]
     while stack:
         value, loc = stack.pop()
         if isinstance(value, _KeyGivenTwice):
-            return _loc((*loc, value.key))
+            return _loc((*loc, value.key)), "given more than once in one JSON object"
+        if isinstance(value, _HugeInteger):
+            return _loc(loc), f"an integer of {value.digits:,} digits; no field takes one of more than {sys.get_int_max_str_digits():,}"
         if isinstance(value, dict):
             stack.extend((v, (*loc, k)) for k, v in reversed(value.items()))
         elif isinstance(value, list):
             stack.extend((v, (*loc, i)) for i, v in reversed(list(enumerate(value))))
-    return None
+    raise AssertionError("walked only once json.loads marked something in it")
 
 
 def _validate(model: type[BaseModel], payload: Any) -> Any:
@@ -277,16 +323,15 @@ class IngestAPI:
         if not _is_json(request.headers.get("content-type", "")):
             raise HTTPProblem(415, "unsupported media type", [("content-type", "must be application/json")])
         try:
-            payload, given_twice = _loads_marking_duplicate_keys(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
+            payload, marked = _loads_marking_problems(_utf8_text(raw))
+        except ValueError as exc:  # a UnicodeDecodeError is answered by _utf8_text
             raise HTTPProblem(400, "malformed JSON", [("body", _printable(str(exc)))])
         except RecursionError:
             raise HTTPProblem(400, "malformed JSON", [("body", "nested too deeply")]) from None
         if not isinstance(payload, dict):
             raise HTTPProblem(400, "malformed JSON", [("body", "expected a JSON object")])
-        if given_twice:  # walked for its path only then: a body may hold millions of values
-            raise HTTPProblem(422, "invalid request", [(_path_of_a_key_given_twice(payload) or "body",
-                                                        "given more than once in one JSON object")])
+        if marked:  # walked for the path only then: a body may hold millions of values
+            raise HTTPProblem(422, "invalid request", [_first_marked_problem(payload)])
         request.state.user = payload.get("user")  # hashed by the log line of an unexpected error
         return payload
 

@@ -1,11 +1,13 @@
 from prometheus_client import Counter, Gauge, Histogram
 
+from shared.unexpected_http import UNEXPECTED_ERRORS
+
 RECALL_LATENCY = Histogram(
     "recall_tool_latency_seconds", "recall_my_conversations latency by outcome (hit, empty, no_memory, unavailable, busy).",
     ["outcome"], buckets=(0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1, 2.5, 5, 10, 30))
 RECALL_IN_FLIGHT = Gauge("recall_in_flight", "Searches running in this replica (one whose caller timed out counts until it stops).")
 RECALL_QUEUED = Gauge("recall_queued", "Recalls waiting for a free slot.")
-RECALL_BUSY = Counter("recall_busy_total", "Recalls answered 'busy, try again': the queue was full, no slot freed in time, or the search ran past its deadline.", ["reason"])
+RECALL_BUSY = Counter("recall_busy_total", "Calls answered 'busy, try again': the queue was full, no slot freed in time, the search ran past its deadline, or a tool call ran out of time.", ["reason"])
 RECALL_CONCURRENCY_LIMIT = Gauge("recall_concurrency_limit", "RECALL_MAX_CONCURRENCY of this replica.")
 POOL_SIZE = Gauge("recall_pool_processes", "Live engine children (funes mode) or open tenant memories (embedded).")
 READER_CACHE_BYTES = Gauge("recall_reader_cache_bytes", "Embedded engine: bytes of vectors and indexes held by open tenant memories.")
@@ -16,7 +18,7 @@ POOL_CRASH_RESTARTS = Counter("recall_pool_crash_restarts_total", "Children repl
 # Series exist from the start (at 0), so dashboards and alerts see them before the first event.
 for _outcome in ("hit", "empty", "no_memory", "unavailable", "busy"):
     RECALL_LATENCY.labels(_outcome)
-for _reason in ("queue_full", "queue_timeout", "search_deadline"):
+for _reason in ("queue_full", "queue_timeout", "search_deadline", "tool_timeout"):
     RECALL_BUSY.labels(_reason)
 for _reason in ("lru", "idle"):
     POOL_EVICTIONS.labels(_reason)
@@ -34,7 +36,5 @@ for _surface in ("mcp", "http"):
 
 # Failures nothing expected (a bug, a damaged database): a tool call answered with a masked
 # tool error, an HTTP request with a JSON 500. Each is one `recall.unexpected_error` log line.
-UNEXPECTED_ERRORS = Counter("recall_unexpected_errors_total", "MCP tool calls and HTTP requests that failed unexpectedly, by surface.",
-                            ["surface"])
 for _surface in ("mcp", "http"):
     UNEXPECTED_ERRORS.labels(_surface)

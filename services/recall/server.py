@@ -18,7 +18,6 @@ from fastmcp import FastMCP
 from fastmcp.exceptions import ToolError
 from fastmcp.server.dependencies import get_access_token
 from pydantic import Field
-from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -36,13 +35,14 @@ from services.recall.settings import RecallSettings
 from services.recall.time_window import find_time_window
 from services.recall.tokens import build_verifier
 from services.recall.tool_output import TOOL_DESCRIPTION, AgentHit, render_for_agent
-from services.recall.unexpected_errors import UnexpectedHTTPErrors, UnexpectedToolErrors
+from services.recall.unexpected_errors import UnexpectedToolErrors, record_http_failure
 from shared.engine.api import Engine, MemoryState, NoIndex
 from shared.logging_setup import configure_logging, get_logger
 from shared.metrics_http import metrics_endpoint
 from shared.recall_answer_format import BUSY, EMPTY_QUERY, NO_MEMORY, NOTHING, UNAVAILABLE
 from shared.stream_schema import FORGET_CHANNEL
 from shared.tenant_paths import TenantPaths, user_hash
+from shared.unexpected_http import UnexpectedHTTPErrors
 
 log = get_logger("recall.service")
 TIME_WINDOW_POOL = 4  # passages asked of the engine per returned one when the query names a time
@@ -223,7 +223,10 @@ def build_app(settings: RecallSettings | None = None):
     async def metrics(request: Request) -> Response:
         return await metrics_endpoint(request)
 
-    app = mcp.http_app(path="/mcp", stateless_http=True, middleware=[Middleware(UnexpectedHTTPErrors)])
+    app = mcp.http_app(path="/mcp", stateless_http=True)
+    # Outermost: an exception while a bearer token is verified (an identity provider's JWKS
+    # that breaks the verifier) is counted too, not Starlette's plain 500.
+    app.add_middleware(UnexpectedHTTPErrors, record=record_http_failure)
     inner_lifespan = app.router.lifespan_context
 
     @asynccontextmanager

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 
 from fastmcp.server.auth import AccessToken
@@ -26,7 +27,11 @@ class RecallTokenVerifier(JWTVerifier):
         self.max_lifetime_s = max_lifetime_s
 
     async def load_access_token(self, token: str) -> AccessToken | None:
-        access = await super().load_access_token(token)
+        try:
+            access = await super().load_access_token(token)
+        except OverflowError:  # an `exp` of Infinity (JSON as Python reads it): fastmcp's int(exp) fails
+            log.info("token.rejected", reason="time claim not finite")
+            return None
         if access is None:
             return None
         problem = token_problem(access.claims, self.max_lifetime_s, time.time())
@@ -46,7 +51,8 @@ def token_problem(claims: dict, max_lifetime_s: int, now: float) -> str | None:
         return "no exp"
     if exp > now + max_lifetime_s + CLOCK_SKEW_S:
         return "lifetime over the maximum"
-    if iat is not None and (isinstance(iat, bool) or not isinstance(iat, (int, float)) or exp - iat > max_lifetime_s):
+    if iat is not None and (isinstance(iat, bool) or not isinstance(iat, (int, float)) or not math.isfinite(iat)
+                            or exp - iat > max_lifetime_s):
         return "lifetime over the maximum"
     return None
 

@@ -5,36 +5,48 @@ and where it was raised, never its message (it may quote stored or requested tex
 
 - MCP tool calls: fastmcp turns an exception it does not know into a masked tool error
   (raised `from` the exception) and logs its traceback, message included; that line is
-  replaced by ours, and the caller gets the incident id.
-- HTTP routes (AgentMemory's API, the probes): Starlette answered a plain-text 500 and uvicorn
-  logged the traceback; now a JSON 500 like the API's other errors.
+  replaced by ours, and the caller gets the incident id. A call that ran out of time (a
+  TimeoutError, or fastmcp's own tool timeout) is load, not a bug: it reads "busy, try again",
+  as recall_my_conversations' own busy answers do, and is counted in
+  `recall_busy_total{reason="tool_timeout"}`.
+- HTTP requests (AgentMemory's API, the probes, and the verification of any request's bearer
+  token): Starlette answered a plain-text 500 and uvicorn logged the traceback; now a JSON 500
+  like the API's other errors (shared/unexpected_http.py).
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 from fastmcp.exceptions import DisabledError, FastMCPError, NotFoundError, ToolError
 from fastmcp.server.dependencies import get_access_token
 from fastmcp.server.middleware import Middleware
 from mcp.shared.exceptions import MCPError
-from starlette.responses import JSONResponse
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Scope
 
-from services.recall.metrics import UNEXPECTED_ERRORS
+from services.recall.metrics import RECALL_BUSY, UNEXPECTED_ERRORS
 from shared.error_site import exception_site, new_incident
 from shared.logging_setup import get_logger
 from shared.tenant_paths import user_hash
+from shared.unexpected_http import route_of
 
 log = get_logger("recall.service")
 # What fastmcp answers itself: refusals, unknown or disabled tools, invalid arguments, protocol errors.
 ANSWERED = (FastMCPError, NotFoundError, DisabledError, MCPError)
+# fastmcp's answer to a tool past its `timeout` (function_tool.py): an MCPError told apart by its text alone.
+FASTMCP_TIMEOUT = re.compile(r"Tool '.*' execution timed out after ")
+TOOL_BUSY = "busy right now: the call took too long on a loaded server; try again in a moment"
 
 
 def _hash_of(claims: dict | None) -> str | None:
     subject = (claims or {}).get("sub")
     return user_hash(subject) if isinstance(subject, str) and subject else None
+
+
+def _timed_out(exc: BaseException | None) -> bool:
+    return isinstance(exc, TimeoutError) or (isinstance(exc, MCPError) and bool(FASTMCP_TIMEOUT.match(exc.error.message)))
 
 
 def _record(surface: str, exc: BaseException, user: str | None, **where: Any) -> str:
@@ -64,7 +76,7 @@ class UnexpectedToolErrors(Middleware):
         except ToolError as exc:
             # A tool's own refusal has no cause (raised `from None` or plainly); fastmcp's mask of
             # an unexpected exception is raised `from` it.
-            if exc.__cause__ is None or isinstance(exc.__cause__, ANSWERED):
+            if exc.__cause__ is None or (isinstance(exc.__cause__, ANSWERED) and not _timed_out(exc.__cause__)):
                 raise
             failure: BaseException = exc.__cause__
         except ANSWERED:
@@ -72,35 +84,17 @@ class UnexpectedToolErrors(Middleware):
         except Exception as exc:  # from a middleware, outside fastmcp's mask
             failure = exc
         token = get_access_token()
-        incident = _record("mcp", failure, _hash_of(token.claims if token else None), tool=context.message.name)
+        user = _hash_of(token.claims if token else None)
+        if _timed_out(failure):
+            RECALL_BUSY.labels("tool_timeout").inc()
+            log.warning("recall.busy", reason="tool_timeout", tool=context.message.name, user_hash=user)
+            raise ToolError(TOOL_BUSY) from None
+        incident = _record("mcp", failure, user, tool=context.message.name)
         raise ToolError(f"internal error, logged as incident {incident}") from None
 
 
-class UnexpectedHTTPErrors:
-    """ASGI middleware inside Starlette's ServerErrorMiddleware (after authentication, so the
-    verified token's subject is known)."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = False
-
-        async def send_tracked(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_tracked)
-        except Exception as exc:
-            token = getattr(scope.get("user"), "access_token", None)
-            incident = _record("http", exc, _hash_of(getattr(token, "claims", None)), method=scope["method"],
-                               route=getattr(scope.get("route"), "path", "unmatched"))
-            if started:
-                return  # the answer is under way: the connection just ends
-            await JSONResponse({"error": "internal", "detail": f"unexpected error, logged as incident {incident}"},
-                               status_code=500)(scope, receive, send)
+def record_http_failure(exc: BaseException, scope: Scope) -> str:
+    """`record` of shared/unexpected_http.py: the verified token's subject, when authentication
+    got that far."""
+    token = getattr(scope.get("user"), "access_token", None)
+    return _record("http", exc, _hash_of(getattr(token, "claims", None)), method=scope["method"], route=route_of(scope))

@@ -10,7 +10,7 @@ import uuid
 from typing import Any
 
 from services.recall.agent_memory.models import Citation, MemoryRecord
-from services.recall.artifacts.artifact_store import ArtifactStore, Tx
+from services.recall.artifacts.artifact_store import ArtifactStore, Tx, reads_stored_rows
 from services.recall.artifacts.models import Target
 
 TABLES = [
@@ -115,6 +115,7 @@ class MemoryStore:
                     " LIMIT ? OFFSET ?", (record_id, limit, offset))
         return [{"event": r[0], "actor": r[1], "at": r[2], "detail": json.loads(r[3])} for r in rows]
 
+    @reads_stored_rows("agent_memory_records")
     def _hydrate(self, tx: Tx, rows: list[tuple]) -> list[MemoryRecord]:
         """Records with their tags, targets and citations: four queries, whatever the number of rows."""
         if not rows:

@@ -13,11 +13,38 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import wraps
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import ValidationError
 
 from shared.engine.store import journal_mode
 from services.recall.artifacts.models import Artifact, AuditEvent, Entry, Status, Target
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class DamagedRow(RuntimeError):
+    """A stored row the models refuse (a hand edit, a botched migration or restore, a writer of
+    another version): the server's fault, never the caller's. Without this its pydantic error
+    was answered as the caller's invalid input (422, an "invalid …" tool error); now it is an
+    unexpected error, counted and logged with an incident id. The message names the table and
+    the fields, never a stored value."""
+
+
+def reads_stored_rows(table: str) -> Callable[[F], F]:
+    def wrap(fn: F) -> F:
+        @wraps(fn)
+        def reading(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(*args, **kwargs)
+            except ValidationError as exc:
+                fields = sorted({".".join(str(p) for p in e["loc"]) for e in exc.errors(include_url=False)})
+                raise DamagedRow(f"a stored row of {table} fails validation at {', '.join(fields)}") from None
+        return reading  # type: ignore[return-value]
+    return wrap
+
 
 SCHEMA = [
     """CREATE TABLE IF NOT EXISTS realm_entities (
@@ -292,6 +319,7 @@ class ArtifactStore:
             return bool(tx.q(sql, (realm_id, entity_id)))
         return bool(tx.q(sql + " AND entity_kind = ?", (realm_id, entity_id, entity_kind)))
 
+    @reads_stored_rows("artifact_audit")
     def audit(self, tx: Tx, artifact_id: str, limit: int, offset: int = 0) -> list[AuditEvent]:
         """A page of the artifact's audit trail, oldest first."""
         rows = tx.q("SELECT artifact_id, event, actor, at, detail FROM artifact_audit WHERE artifact_id = ?"
@@ -301,6 +329,7 @@ class ArtifactStore:
     def _hydrate(self, tx: Tx, row: tuple, entries: Window) -> Artifact:
         return self._hydrate_many(tx, [row], entries)[0]
 
+    @reads_stored_rows("artifacts")
     def _hydrate_many(self, tx: Tx, rows: list[tuple], window: Window) -> list[Artifact]:
         """Artifacts with their targets, entry counts and the `window` of their entries (all of
         them for ALL_ENTRIES, none for NO_ENTRIES): a query each, whatever the number of rows,

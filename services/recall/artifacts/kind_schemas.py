@@ -13,6 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from services.recall.artifacts.artifact_store import DamagedRow
 from services.recall.artifacts.models import ARTIFACT_PATH
 from services.recall.artifacts.rules import RuleBroken
 
@@ -154,6 +155,16 @@ def parse_body(kind: str, body: str) -> Strict | None:
         first = exc.errors(include_url=False)[0]
         where = ".".join(str(p) for p in first["loc"]) or kind
         raise RuleBroken("body", f"{kind} body: {where}: {first['msg']}") from None
+
+
+def parse_stored_body(kind: str, body: str) -> Strict | None:
+    """The typed body of a stored artifact (an accepted constitution, registry or charter): one
+    that no longer validates (a hand edit, a restore from another version) is damaged data, the
+    server's fault, not a refusal of whoever happened to call."""
+    try:
+        return parse_body(kind, body)
+    except RuleBroken:
+        raise DamagedRow(f"a stored {kind} body fails validation") from None
 
 
 def check_place(path: str, body: Strict | None) -> None:

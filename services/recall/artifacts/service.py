@@ -121,7 +121,7 @@ class ArtifactService:
     def constitution(self, tx: Tx, realm_id: str) -> Constitution | None:
         """The realm's accepted constitution, if its population was initialised."""
         current = self.store.accepted_at_path(tx, realm_id, kind_schemas.CONSTITUTION_PATH)
-        return kind_schemas.parse_body("constitution", current.body) if current else None  # type: ignore[return-value]
+        return kind_schemas.parse_stored_body("constitution", current.body) if current else None  # type: ignore[return-value]
 
     def governed(self, tx: Tx, caller: Caller, realm_id: str, action: str, kind: str | None = None) -> Constitution | None:
         """The constitution's word on a registered agent's action (people are governed by their realm
@@ -130,7 +130,7 @@ class ArtifactService:
         registry = self.store.accepted_at_path(tx, realm_id, kind_schemas.REGISTRY_PATH) if constitution else None
         if constitution is None or registry is None:
             return constitution
-        agents: AgentRegistry = kind_schemas.parse_body("agent_registry", registry.body)  # type: ignore[assignment]
+        agents: AgentRegistry = kind_schemas.parse_stored_body("agent_registry", registry.body)  # type: ignore[assignment]
         if agents.find(caller.principal) is not None:
             refusals = kind_schemas.agent_refusals(constitution, agents, caller.principal, action, kind)
             if refusals:

@@ -25,10 +25,13 @@ MAX_JSON_DEPTH = 32  # provenance details are a few flat fields; a deeper value 
 
 
 class TextTooLarge(RuleBroken):
-    """A field over the limit: nothing was stored (HTTP 413 naming the field)."""
+    """A field over the limit: nothing was stored (HTTP 413 naming the field). `size` None: known
+    to be over it without being measured."""
 
-    def __init__(self, field: str, size: int, limit: int) -> None:
-        super().__init__(field, f"{size:,} bytes of UTF-8, over the limit of {limit:,} ({SETTING}); nothing was stored")
+    def __init__(self, field: str, size: int | None, limit: int) -> None:
+        measured = f"{size:,} bytes of UTF-8" if size is not None else \
+            f"more than {limit:,} values, each at least a byte of JSON"
+        super().__init__(field, f"{measured}, over the limit of {limit:,} ({SETTING}); nothing was stored")
 
 
 def check_text(field: str, text: str | None, limit: int) -> None:
@@ -41,15 +44,22 @@ def check_text(field: str, text: str | None, limit: int) -> None:
 
 def check_json(field: str, value: Any, limit: int) -> None:
     """`value` as it is stored (its JSON) within the limit, nested at most MAX_JSON_DEPTH deep
-    (deeper, storing and reading it back recursed until Python gave up: a bare error)."""
+    (deeper, storing and reading it back recursed until Python gave up: a bare error).
+
+    Every value takes at least one byte of JSON, so a value of more than `limit` values is over
+    the limit without being written out: the walk stops there, and a 4 MiB list of two million
+    numbers is refused after `limit` of them, not after walking and dumping them all (~1 s)."""
     if value is None:
         return
-    stack = [(value, 1)]
+    stack, values = [(value, 1)], 1
     while stack:
         item, depth = stack.pop()
         if depth > MAX_JSON_DEPTH:
             raise RuleBroken(field, f"nested more than {MAX_JSON_DEPTH} levels deep; nothing was stored")
         children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        values += len(children)
+        if values > limit:
+            raise TextTooLarge(field, None, limit)
         stack.extend((child, depth + 1) for child in children)
     try:
         stored = json.dumps(value, ensure_ascii=False, allow_nan=False)

@@ -11,7 +11,7 @@ from typing import Any
 from services.recall.artifacts import rules
 from services.recall.artifacts.kind_schemas import (CONSTITUTION_PATH, PRINCIPAL, REGISTRY_PATH, AgentRegistry, Charter,
                                                     Constitution, RegistryEntry, agent_refusals, dump, fill_path,
-                                                    parse_body)
+                                                    parse_stored_body)
 from services.recall.artifacts.artifact_store import Conflict, Tx
 from services.recall.artifacts.models import Artifact, DraftInput, Role, Status, Target, rfc3339
 from services.recall.artifacts.rules import RuleBroken
@@ -69,7 +69,7 @@ class PopulationService:
         r = self.store.accepted_at_path(tx, realm_id, REGISTRY_PATH)
         if c is None or r is None:
             raise RuleBroken("population", f"realm {realm_id!r} has no population yet (an owner runs init_population)")
-        return c, parse_body("constitution", c.body), r, parse_body("agent_registry", r.body)  # type: ignore[return-value]
+        return c, parse_stored_body("constitution", c.body), r, parse_stored_body("agent_registry", r.body)  # type: ignore[return-value]
 
     def list_agents(self, caller: Caller, realm_id: str, principal: str | None = None, limit: int = AGENTS_PAGE,
                     offset: int = 0) -> dict[str, Any]:
@@ -92,7 +92,7 @@ class PopulationService:
         sources: list[dict[str, Any]] = []
         charter: Charter | None = None
         if charter_artifact is not None:
-            charter = parse_body("charter", charter_artifact.body)  # type: ignore[assignment]
+            charter = parse_stored_body("charter", charter_artifact.body)  # type: ignore[assignment]
             owners = [entry.principal] + ([entry.takes_over_from] if entry.takes_over_from else [])
             for who in owners:
                 for template in charter.sources:
