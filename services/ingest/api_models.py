@@ -17,27 +17,34 @@ ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}[T ]")
 MAX_CLOCK_SKEW = timedelta(days=1)  # how far a gateway's clock may run ahead of ingest's
 
 
-# NUL and the other C0 controls, but tab, newline and carriage return (text holds those). A NUL
-# cuts C strings and PostgreSQL text (agent memory refuses it, `nul_text.py`); the others are no
-# text a person wrote, and ESC starts a terminal escape sequence wherever a turn is printed.
+# What a field may hold of the control characters. A NUL cuts C strings and PostgreSQL text
+# (agent memory refuses it, `nul_text.py`), so no field takes one. A turn's text takes the rest:
+# copilots' tool turns carry terminal output (ESC colour codes, backspaces, form feeds) and a
+# refused turn would leave its whole conversation unstorable; the agent gets it as JSON data.
+# A name (user, tool, turn id) takes none but tab, newline and carriage return: no person
+# writes one there, and ESC in a name rewrites a terminal that prints it (logs, `recall demo`).
+NUL = re.compile("\x00")
 CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f]")
-TEXT_PATTERN = r"^[^\u0000-\u0008\u000b\u000c\u000e-\u001f]*$"  # the same rule, for the OpenAPI document
+TEXT_PATTERN = r"^[^\u0000]*$"  # the rules, for the OpenAPI document
+NAME_PATTERN = r"^[^\u0000-\u0008\u000b\u000c\u000e-\u001f]*$"
 
 
-def _storable(value: str) -> str:
+def _storable(value: str, refused: re.Pattern[str]) -> str:
     # JSON may carry lone surrogates ("\\ud800"); they cannot be stored as UTF-8 anywhere downstream.
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
         raise ValueError("contains a lone surrogate (not valid Unicode text)") from None
-    if found := CONTROL.search(value):
-        what = "a NUL character (U+0000)" if found[0] == "\x00" else f"the control character U+{ord(found[0]):04X}"
-        raise ValueError(f"contains {what} at character {found.start()}; of the control characters only tab, "
-                         "newline and carriage return are allowed") from None
+    if found := refused.search(value):
+        if found[0] == "\x00":
+            raise ValueError(f"contains a NUL character (U+0000) at character {found.start()}") from None
+        raise ValueError(f"contains the control character U+{ord(found[0]):04X} at character {found.start()}; "
+                         "of the control characters only tab, newline and carriage return are allowed") from None
     return value
 
 
-Text = Annotated[str, AfterValidator(_storable), Field(json_schema_extra={"pattern": TEXT_PATTERN})]
+Text = Annotated[str, AfterValidator(lambda v: _storable(v, NUL)), Field(json_schema_extra={"pattern": TEXT_PATTERN})]
+Name = Annotated[str, AfterValidator(lambda v: _storable(v, CONTROL)), Field(json_schema_extra={"pattern": NAME_PATTERN})]
 
 
 def _one_token(value: str) -> str:
@@ -49,7 +56,7 @@ def _one_token(value: str) -> str:
     return value
 
 
-TurnId = Annotated[Text, AfterValidator(_one_token)]
+TurnId = Annotated[Name, AfterValidator(_one_token)]
 TURN_ID_PATTERN = r"^[^\s\x00-\x1f\x7f-\x9f]+$"  # the same rule, for the OpenAPI document
 
 
@@ -60,7 +67,7 @@ class IngestTurn(BaseModel):
     role: Literal["user", "assistant", "system", "tool"]
     text: Text
     ts: datetime = Field(description="ISO-8601 date-time of the turn (a string); without a zone it is taken as UTC.")
-    tool_name: Text | None = Field(None, max_length=128, description="For tool turns: the tool whose output this is.")
+    tool_name: Name | None = Field(None, max_length=128, description="For tool turns: the tool whose output this is.")
 
     @field_validator("ts", mode="before")
     @classmethod
@@ -86,7 +93,7 @@ class IngestTurn(BaseModel):
 
 class IngestRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    user: Text = Field(min_length=1, max_length=256, description="The end user this conversation belongs to.")
+    user: Name = Field(min_length=1, max_length=256, description="The end user this conversation belongs to.")
     conversation_id: str = Field(pattern=f"^{CONVERSATION_ID.pattern}$", description="[A-Za-z0-9_-]{1,128}; names a file.")
     # At least one: the newest snapshot replaces the stored one, so an empty list would erase
     # the conversation (forgetting is DELETE /conversations/{id}, with a receipt).
@@ -124,7 +131,7 @@ class Accepted(BaseModel):
 
 class ForgetUser(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    user: Text = Field(min_length=1, max_length=256)
+    user: Name = Field(min_length=1, max_length=256)
 
 
 class RetentionOverride(BaseModel):
