@@ -11,10 +11,13 @@ import pytest
 
 from shared.engine import agent_format, vector_file
 from shared.engine.api import Engine
-from shared.engine.hybrid_search import RecallParams, bm25_query_text, recall
+from shared.engine.hybrid_search import (CONVERSATION_DEPTH, MIN_LEG_DEPTH, RecallParams, bm25_leg, bm25_query_text,
+                                         conversation_candidates, recall, search_legs)
+from shared.engine.identifiers import query_identifiers
 from shared.engine.index_run import index_tree, memory_dir
 from shared.engine.memory_reader import MemoryReader
 from shared.engine.store import MemoryStore
+from shared.engine.text_analysis import phrase
 from shared.engine.vector_file import open_vector_file, quantise_query
 from tests.conftest import write_conversation
 
@@ -238,3 +241,31 @@ def test_the_rescore_reads_sqlites_float32_vectors_from_the_snapshot_and_answers
     store.publish_vectors()  # the next index run rewrites a snapshot of the previous format
     assert open_vector_file(old, 384).exact is not None
     store.close()
+
+
+def test_turns_read_only_to_judge_their_conversation_are_not_read_from_sqlite(memory, embedder, monkeypatch):
+    """The snapshot holds every turn's stems, so conversation evidence judges its ~3 turns per
+    conversation without SQLite; the one read of rows holds the legs' turns and the best turns
+    of the best conversations (a first turn), which the pool may show."""
+    reader = MemoryReader(memory)
+    reader.refresh()
+    mask = reader.filter_mask(None, None)
+    read: list[int] = []
+    original = MemoryStore.rows
+    monkeypatch.setattr(MemoryStore, "rows", lambda self, ids: read.extend(ids) or original(self, ids))
+    skipped = 0
+    for question in QUESTIONS:
+        legs = search_legs(reader, embedder.embed_query(question), question, MIN_LEG_DEPTH, mask, CONVERSATION_DEPTH)
+        idents = query_identifiers(question)
+        ident_leg = bm25_leg(reader, " ".join(f'"{phrase(i)}"' for i in idents), 8, mask) if idents else []
+        found = {rid for leg in (legs.dense, legs.bm25, ident_leg) for rid, _ in leg}
+        turns = conversation_candidates(reader, legs.bm25_deep, mask).turns.values()
+        firsts = {judged[0] for judged in turns}
+        judged_only = {rid for judged in turns for rid in judged} - found - firsts
+        read.clear()
+        recall(reader, embedder, question, RecallParams(k=3, candidates=8), now=NOW)
+        assert set(read) <= found | firsts, question
+        assert not set(read) & judged_only
+        skipped += len(judged_only)
+    assert skipped > 20, "the questions judge turns the legs did not find"
+    reader.close()
