@@ -13,8 +13,9 @@ writer lock and are never blocked by an index run.
 
 Dense search: the int8 scan picks the best `max(64, 4 * limit)` snapshot rows, which are
 re-scored exactly from their float32 vectors (the snapshot's copy, or SQLite for a snapshot
-written before it held them); rows after the snapshot are scored exactly in float32. The top `limit` equals an exact float32 search unless a true top row falls
-outside the rescored pool (int8 error is ~1e-3 of a cosine; tested).
+written before it held them); rows after the snapshot are scored exactly in float32. The top
+`limit` equals an exact float32 search unless a true top row falls outside the rescored pool
+(int8 error is ~1e-3 of a cosine; tested).
 """
 
 from __future__ import annotations

@@ -17,8 +17,9 @@ its text on every recall.
 
 The float32 rows are what the dense leg re-scores its best candidates with: a few hundred
 rows gathered from the map instead of a SQLite statement stepping through them (10k
-conversations, 120 rows: ~0.02 vs ~0.35 ms of CPU per recall). They cost 4 * dim bytes a row
-on disk and, once read, in page cache (10k conversations: 92 MB beside the int8 matrix's 23).
+conversations, 120 rows: 0.26 ms less CPU per recall, the two paths alternated call by call).
+They cost 4 * dim bytes a row on disk and, once read, in page cache (10k conversations: 92 MB
+beside the int8 matrix's 23), which the reader cache counts with the rest of the mapped file.
 
 A file written before the conversation codes, the float32 rows or the stems has no such section
 (`VectorFile.conversation`, `exact` or `stem_ids` is None) and stays readable: the reader then
