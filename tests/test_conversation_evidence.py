@@ -272,7 +272,9 @@ def test_a_judged_turn_forgotten_before_it_is_read_does_not_fail_the_recall(memo
 def test_a_forget_leaves_no_turn_text_in_the_search_caches(memory, embedder):
     engine = Engine(embedder=embedder)
     engine.recall(memory, QUESTION, RecallParams(k=3))
-    assert distinct_stems.cache_info().currsize > 0  # conversation evidence read the turns
+    # Turns the snapshot holds are judged by their stored stems; one after it is stemmed from its text.
+    held_stems(RIGHT[0], "2026-10-08T10:00:00Z", frozenset({"boiler"}))
+    assert distinct_stems.cache_info().currsize > 0
     engine.forget(memory)
     assert distinct_stems.cache_info().currsize == 0 and engine.open_readers == 0
     assert stem.cache_info().currsize == 0  # nor the turns' words

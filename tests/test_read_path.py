@@ -4,15 +4,20 @@ and a refresh that skips its transaction still sees every commit."""
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 
 from shared.engine import agent_format, vector_file
 from shared.engine.api import Engine
-from shared.engine.hybrid_search import RecallParams, bm25_query_text, recall
+from shared.engine.hybrid_search import (CONVERSATION_DEPTH, MIN_LEG_DEPTH, RecallParams, bm25_leg, bm25_query_text,
+                                         conversation_candidates, recall, search_legs)
+from shared.engine.identifiers import query_identifiers
 from shared.engine.index_run import index_tree, memory_dir
 from shared.engine.memory_reader import MemoryReader
 from shared.engine.store import MemoryStore
+from shared.engine.text_analysis import phrase
 from shared.engine.vector_file import open_vector_file, quantise_query
 from tests.conftest import write_conversation
 
@@ -171,7 +176,7 @@ def test_neighbours_of_all_hits_in_one_statement_equal_each_window_alone(memory)
     store.close()
 
 
-def test_a_warm_recall_asks_sqlite_four_statements_and_still_sees_every_commit(tmp_path, embedder):
+def test_a_warm_recall_asks_sqlite_three_statements_and_still_sees_every_commit(tmp_path, embedder):
     src = tmp_path / "src"
     write_conversation(src, "a", ["The N-11 upgrade is approved.", "ok"])
     index_tree(tmp_path / "home", src, embedder)
@@ -183,7 +188,8 @@ def test_a_warm_recall_asks_sqlite_four_statements_and_still_sees_every_commit(t
     with engine.lease(memory) as reader:
         reader.store.conn.set_trace_callback(statements.append)
         engine.recall(memory, "N-11 upgrade", params)
-        assert [s.split()[0] for s in statements] == ["PRAGMA", "SELECT", "SELECT", "SELECT"], statements
+        # The generation check, the hits' rows, their neighbours: the re-score reads the snapshot.
+        assert [s.split()[0] for s in statements] == ["PRAGMA", "SELECT", "SELECT"], statements
         statements.clear()
         # A commit that does not move the generation (another connection) is still noticed.
         other = MemoryStore.open(memory)
@@ -194,3 +200,72 @@ def test_a_warm_recall_asks_sqlite_four_statements_and_still_sees_every_commit(t
     write_conversation(src, "b", ["Ticket MT-9001 covers the conveyor belt slip.", "ok"])
     index_tree(tmp_path / "home", src, embedder)
     assert "MT-9001" in engine.recall(memory, "MT-9001 conveyor", params), "a new generation is picked up"
+
+
+def _without_float32_rows(memory) -> None:
+    """Rewrite `vectors.i8` as the previous release wrote it: its header names no float32 rows."""
+    import json
+    import struct
+
+    raw = bytearray((memory / vector_file.VECTOR_FILE).read_bytes())
+    (hlen,) = struct.unpack("<I", raw[8:12])
+    header = json.loads(raw[12 : 12 + hlen])
+    del header["offsets"]["exact"]
+    blob = json.dumps(header).encode()
+    raw[8:12] = struct.pack("<I", len(blob))
+    raw[12 : 12 + hlen] = blob + b" " * (hlen - len(blob))
+    (memory / vector_file.VECTOR_FILE).write_bytes(bytes(raw))
+
+
+def test_the_rescore_reads_sqlites_float32_vectors_from_the_snapshot_and_answers_the_same(tmp_path, memory, embedder,
+                                                                                          monkeypatch):
+    vf = open_vector_file(memory, 384)
+    store = MemoryStore.open(memory)
+    ids, vecs = store.vectors_of(vf.ids.tolist())
+    assert np.array_equal(ids, vf.ids) and vf.exact.tobytes() == vecs.tobytes(), "bit for bit"
+    store.close()
+    params = RecallParams(k=3, candidates=8, explain=True)
+    read = []
+    original = MemoryStore.vectors_of
+    monkeypatch.setattr(MemoryStore, "vectors_of", lambda self, row_ids: read.append(row_ids) or original(self, row_ids))
+    mapped = _answers(MemoryReader(memory), embedder, params)
+    assert read == [], "no SQLite statement re-scores a snapshot row"
+    old = tmp_path / "old"
+    shutil.copytree(memory, old)
+    _without_float32_rows(old)
+    reader = MemoryReader(old)
+    assert _answers(reader, embedder, params) == mapped and read, "a snapshot without them re-scores from SQLite"
+    assert reader.view.base.exact is None
+    reader.close()
+    store = MemoryStore.open(old)
+    store.publish_vectors()  # the next index run rewrites a snapshot of the previous format
+    assert open_vector_file(old, 384).exact is not None
+    store.close()
+
+
+def test_turns_read_only_to_judge_their_conversation_are_not_read_from_sqlite(memory, embedder, monkeypatch):
+    """The snapshot holds every turn's stems, so conversation evidence judges its ~3 turns per
+    conversation without SQLite; the one read of rows holds the legs' turns and the best turns
+    of the best conversations (a first turn), which the pool may show."""
+    reader = MemoryReader(memory)
+    reader.refresh()
+    mask = reader.filter_mask(None, None)
+    read: list[int] = []
+    original = MemoryStore.rows
+    monkeypatch.setattr(MemoryStore, "rows", lambda self, ids: read.extend(ids) or original(self, ids))
+    skipped = 0
+    for question in QUESTIONS:
+        legs = search_legs(reader, embedder.embed_query(question), question, MIN_LEG_DEPTH, mask, CONVERSATION_DEPTH)
+        idents = query_identifiers(question)
+        ident_leg = bm25_leg(reader, " ".join(f'"{phrase(i)}"' for i in idents), 8, mask) if idents else []
+        found = {rid for leg in (legs.dense, legs.bm25, ident_leg) for rid, _ in leg}
+        turns = conversation_candidates(reader, legs.bm25_deep, mask).turns.values()
+        firsts = {judged[0] for judged in turns}
+        judged_only = {rid for judged in turns for rid in judged} - found - firsts
+        read.clear()
+        recall(reader, embedder, question, RecallParams(k=3, candidates=8), now=NOW)
+        assert set(read) <= found | firsts, question
+        assert not set(read) & judged_only
+        skipped += len(judged_only)
+    assert skipped > 20, "the questions judge turns the legs did not find"
+    reader.close()

@@ -324,17 +324,18 @@ def recall(
         # A memory indexed before stemming holds plain words: the query's stems say nothing there.
         stemmed = reader.fts_analyzer in STEMMED_ANALYZERS
         evidence = conversation_candidates(reader, legs.bm25_deep, mask) if legs.bm25_deep and stemmed else None
-        judged = [rid for turns in evidence.turns.values() for rid in turns] if evidence else []
-        rows = reader.store.rows(list({rid for leg in (legs.dense, legs.bm25, ident_leg) for rid, _ in leg} | set(judged)))
+        found = {rid for leg in (legs.dense, legs.bm25, ident_leg) for rid, _ in leg}
+        judgement = _judge_conversations(reader, query, found, evidence, mask) if evidence else None
+        # One read of the turns the pool may hold: the legs' and the best turns of the best conversations.
+        rows = reader.store.rows(list(found | set(judgement.best if judgement else ())))
         dense_weight = dense_weight_for(embedder.spec.model_id)
         plain = {rid: s for rid, s in fuse(legs, dense_weight).items() if rid in rows}
         conv_lift: dict[int, float] = {}
-        if evidence:
-            conv_lift, best_turns = _conversation_lift(reader, query, rows, evidence, mask)
-            for rid in best_turns:
-                plain.setdefault(rid, 0.0)
-            for rid in set(judged) - plain.keys() - {rid for rid, _ in ident_leg}:
-                rows.pop(rid, None)  # read only to judge its conversation (or forgotten since the search)
+        if judgement:
+            conv_lift = judgement.lift(reader, rows, mask)
+            for rid in judgement.best:
+                if rid in rows:  # not forgotten since the search
+                    plain.setdefault(rid, 0.0)
         fused = _session_lift(plain, rows)
         for rid in fused:
             fused[rid] += conv_lift.get(rid, 0.0)
@@ -418,20 +419,44 @@ def _session_lift(fused: dict[int, float], rows: dict[int, Row]) -> dict[int, fl
     return {rid: score + SESSION_WEIGHT * (by_session[rows[rid].session_id] - score) for rid, score in fused.items()}
 
 
-def _conversation_lift(reader: MemoryReader, query: str, rows: dict[int, Row], evidence: ConversationEvidence,
-                       mask: Mask) -> tuple[dict[int, float], list[int]]:
-    """Each row's lift from its conversation: CONVERSATION_WEIGHT times the share of the query's
-    information (idf) that the row and its conversation's judged turns hold between them; and
-    the best turn of the CONVERSATION_POOL conversations holding the most."""
+@dataclass(frozen=True)
+class ConversationJudgement:
+    """What each judged conversation holds of the query, and the best turn of those holding most."""
+
+    clauses: QueryClauses
+    covered: dict[int, int]  # row -> its clauses (QueryClauses.covered), for every row judged so far
+    held: dict[int, int]  # conversation code -> the clauses its judged turns hold together
+    best: list[int]  # the best turn of the CONVERSATION_POOL conversations holding the most
+
+    def lift(self, reader: MemoryReader, rows: dict[int, Row], mask: Mask) -> dict[int, float]:
+        """Each row's lift from its conversation: CONVERSATION_WEIGHT times the share of the
+        query's information (idf) that the row and its conversation's judged turns hold between them."""
+        clauses, covered = self.clauses, self.covered
+        unjudged = {rid: row for rid, row in rows.items() if rid not in covered}
+        if unjudged:  # rows after the snapshot, or a snapshot without stems: their text
+            covered = {**covered, **{rid: clauses.covered(h) for rid, h in reader.held_stems(unjudged, clauses.stems, mask).items()}}
+        codes = reader.sessions_of(list(rows), mask).tolist()
+        share = cache(clauses.share)  # few distinct sets of clauses per query, ~70 rows
+        return {rid: CONVERSATION_WEIGHT * share(covered[rid] | self.held.get(code, 0)) for rid, code in zip(rows, codes)}
+
+
+def _judge_conversations(reader: MemoryReader, query: str, found: set[int], evidence: ConversationEvidence,
+                         mask: Mask) -> ConversationJudgement:
+    """Which clauses each judged conversation's turns hold, from the snapshot's stems, so a judged
+    turn is read from SQLite only when the snapshot has no stems for it (and then only if it is
+    still there); the legs' own turns are judged in the same pass."""
     clauses = QueryClauses.of(reader, query)
-    covered = {rid: clauses.covered(held) for rid, held in reader.held_stems(rows, clauses.stems, mask).items()}
+    judged = [rid for turns in evidence.turns.values() for rid in turns]
+    held_by_row = reader.snapshot_held(list(found.union(judged)), clauses.stems, mask)
+    unread = [rid for rid in judged if rid not in held_by_row]
+    if unread:
+        held_by_row.update(reader.held_stems(reader.store.rows(unread), clauses.stems, mask))
+    covered = {rid: clauses.covered(h) for rid, h in held_by_row.items()}
     held = {code: reduce(or_, (covered.get(rid, 0) for rid in turns), 0) for code, turns in evidence.turns.items()}
-    codes = reader.sessions_of(list(rows), mask).tolist()
-    share = cache(clauses.share)  # few distinct sets of clauses per query, ~70 rows
-    lift = {rid: CONVERSATION_WEIGHT * share(covered[rid] | held.get(code, 0)) for rid, code in zip(rows, codes)}
+    share = cache(clauses.share)
     ranked = sorted(evidence.turns, key=lambda code: share(held[code]), reverse=True)  # stable: BM25 order on ties
-    best = [evidence.turns[code][0] for code in ranked[:CONVERSATION_POOL] if evidence.turns[code][0] in rows]
-    return lift, best
+    best = [evidence.turns[code][0] for code in ranked[:CONVERSATION_POOL] if evidence.turns[code][0] in held_by_row]
+    return ConversationJudgement(clauses, covered, held, best)
 
 
 def _select_hits(ranked: list[int], rows: dict[int, Row], k: int) -> list[int]:

@@ -12,9 +12,10 @@ run on it at once without a lock; only catching up is serialised. Readers never 
 writer lock and are never blocked by an index run.
 
 Dense search: the int8 scan picks the best `max(64, 4 * limit)` snapshot rows, which are
-re-scored exactly from their float32 vectors in SQLite; rows after the snapshot are scored
-exactly in float32. The top `limit` equals an exact float32 search unless a true top row falls
-outside the rescored pool (int8 error is ~1e-3 of a cosine; tested).
+re-scored exactly from their float32 vectors (the snapshot's copy, or SQLite for a snapshot
+written before it held them); rows after the snapshot are scored exactly in float32. The top
+`limit` equals an exact float32 search unless a true top row falls outside the rescored pool
+(int8 error is ~1e-3 of a cosine; tested).
 """
 
 from __future__ import annotations
@@ -272,7 +273,12 @@ class MemoryReader:
                 if allowed < nb:
                     approx[~base_bits] = -np.inf
                 top = np.argpartition(-approx, pool - 1)[:pool]
-                exact_ids, exact_vecs = self.store.vectors_of(view.ids[top].tolist())
+                if view.base.exact is not None:
+                    # In row order, as SQLite returns them: the same matrix, so the same float32 products.
+                    top.sort()
+                    exact_ids, exact_vecs = view.ids[top], view.base.exact[top]
+                else:  # a snapshot written before it held the float32 rows
+                    exact_ids, exact_vecs = self.store.vectors_of(view.ids[top].tolist())
                 found += zip(exact_ids.tolist(), (exact_vecs @ q).tolist())
         if view.n > nb:
             sims = view.delta_vecs @ q
@@ -310,32 +316,36 @@ class MemoryReader:
         pos, found = _locate(view.ids, np.asarray(row_ids, np.int64))
         return np.where(found, self.conversation_codes(view)[pos], 0)
 
-    def held_stems(self, rows: dict[int, Row], stems: frozenset[str], mask: Mask) -> dict[int, frozenset[str]]:
-        """Which of `stems` BM25 holds for each row (text_analysis.held_stems): read from the
-        snapshot's stems for its rows (~100 rows per recall: a few array operations instead of
-        stemming texts a per-text cache has not seen), from the text for later rows or a
-        snapshot without them."""
+    def snapshot_held(self, row_ids: list[int], stems: frozenset[str], mask: Mask) -> dict[int, frozenset[str]]:
+        """Which of `stems` BM25 holds for each row the snapshot has stems for (text_analysis.held_stems,
+        read from its stem ids: a few array operations for ~150 rows instead of stemming texts);
+        rows after the snapshot, or of a snapshot without stems of this analyzer, are left out."""
         base = mask.view.base
-        out: dict[int, frozenset[str]] = {}
-        if base is not None and base.stem_ids is not None and base.stems_analyzer == ANALYZER and rows:
-            vocabulary = base.vocabulary()
-            asked = {vocabulary[s]: s for s in stems if s in vocabulary}
-            row_ids = np.fromiter(rows, np.int64, len(rows))
-            pos, found = _locate(mask.view.ids, row_ids)
-            mapped = found & (pos < base.n)
-            pos = pos[mapped]
-            held: list[set[str]] = [set() for _ in range(len(pos))]
-            if asked and len(pos):
-                starts = base.stem_start[pos]
-                counts = base.stem_start[pos + 1] - starts
-                ends = np.cumsum(counts)
-                # The stems of every row in turn: row j's run starts at starts[j].
-                every = np.arange(int(ends[-1])) + np.repeat(starts - (ends - counts), counts)
-                ids = base.stem_ids[every]
-                hit = np.isin(ids, np.fromiter(asked, np.int64, len(asked)))
-                for j, stem_id in zip(np.repeat(np.arange(len(pos)), counts)[hit].tolist(), ids[hit].tolist()):
-                    held[j].add(asked[stem_id])
-            out = dict(zip(row_ids[mapped].tolist(), map(frozenset, held)))
+        if base is None or base.stem_ids is None or base.stems_analyzer != ANALYZER or not row_ids:
+            return {}
+        vocabulary = base.vocabulary()
+        asked = {vocabulary[s]: s for s in stems if s in vocabulary}
+        wanted = np.fromiter(row_ids, np.int64, len(row_ids))
+        pos, found = _locate(mask.view.ids, wanted)
+        mapped = found & (pos < base.n)
+        pos = pos[mapped]
+        held: list[set[str]] = [set() for _ in range(len(pos))]
+        if asked and len(pos):
+            starts = base.stem_start[pos]
+            counts = base.stem_start[pos + 1] - starts
+            ends = np.cumsum(counts)
+            # The stems of every row in turn: row j's run starts at starts[j].
+            every = np.arange(int(ends[-1])) + np.repeat(starts - (ends - counts), counts)
+            ids = base.stem_ids[every]
+            hit = np.isin(ids, np.fromiter(asked, np.int64, len(asked)))
+            for j, stem_id in zip(np.repeat(np.arange(len(pos)), counts)[hit].tolist(), ids[hit].tolist()):
+                held[j].add(asked[stem_id])
+        return dict(zip(wanted[mapped].tolist(), map(frozenset, held)))
+
+    def held_stems(self, rows: dict[int, Row], stems: frozenset[str], mask: Mask) -> dict[int, frozenset[str]]:
+        """Which of `stems` BM25 holds for each row: from the snapshot (`snapshot_held`), from the
+        text for later rows or a snapshot without them."""
+        out = self.snapshot_held(list(rows), stems, mask)
         for rid, row in rows.items():
             if rid not in out:
                 out[rid] = held_stems(row.text, row.ts, stems)
