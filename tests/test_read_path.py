@@ -4,8 +4,6 @@ and a refresh that skips its transaction still sees every commit."""
 
 from __future__ import annotations
 
-import shutil
-
 import numpy as np
 import pytest
 
@@ -176,7 +174,7 @@ def test_neighbours_of_all_hits_in_one_statement_equal_each_window_alone(memory)
     store.close()
 
 
-def test_a_warm_recall_asks_sqlite_three_statements_and_still_sees_every_commit(tmp_path, embedder):
+def test_a_warm_recall_asks_sqlite_four_statements_and_still_sees_every_commit(tmp_path, embedder):
     src = tmp_path / "src"
     write_conversation(src, "a", ["The N-11 upgrade is approved.", "ok"])
     index_tree(tmp_path / "home", src, embedder)
@@ -188,8 +186,7 @@ def test_a_warm_recall_asks_sqlite_three_statements_and_still_sees_every_commit(
     with engine.lease(memory) as reader:
         reader.store.conn.set_trace_callback(statements.append)
         engine.recall(memory, "N-11 upgrade", params)
-        # The generation check, the hits' rows, their neighbours: the re-score reads the snapshot.
-        assert [s.split()[0] for s in statements] == ["PRAGMA", "SELECT", "SELECT"], statements
+        assert [s.split()[0] for s in statements] == ["PRAGMA", "SELECT", "SELECT", "SELECT"], statements
         statements.clear()
         # A commit that does not move the generation (another connection) is still noticed.
         other = MemoryStore.open(memory)
@@ -200,47 +197,6 @@ def test_a_warm_recall_asks_sqlite_three_statements_and_still_sees_every_commit(
     write_conversation(src, "b", ["Ticket MT-9001 covers the conveyor belt slip.", "ok"])
     index_tree(tmp_path / "home", src, embedder)
     assert "MT-9001" in engine.recall(memory, "MT-9001 conveyor", params), "a new generation is picked up"
-
-
-def _without_float32_rows(memory) -> None:
-    """Rewrite `vectors.i8` as the previous release wrote it: its header names no float32 rows."""
-    import json
-    import struct
-
-    raw = bytearray((memory / vector_file.VECTOR_FILE).read_bytes())
-    (hlen,) = struct.unpack("<I", raw[8:12])
-    header = json.loads(raw[12 : 12 + hlen])
-    del header["offsets"]["exact"]
-    blob = json.dumps(header).encode()
-    raw[8:12] = struct.pack("<I", len(blob))
-    raw[12 : 12 + hlen] = blob + b" " * (hlen - len(blob))
-    (memory / vector_file.VECTOR_FILE).write_bytes(bytes(raw))
-
-
-def test_the_rescore_reads_sqlites_float32_vectors_from_the_snapshot_and_answers_the_same(tmp_path, memory, embedder,
-                                                                                          monkeypatch):
-    vf = open_vector_file(memory, 384)
-    store = MemoryStore.open(memory)
-    ids, vecs = store.vectors_of(vf.ids.tolist())
-    assert np.array_equal(ids, vf.ids) and vf.exact.tobytes() == vecs.tobytes(), "bit for bit"
-    store.close()
-    params = RecallParams(k=3, candidates=8, explain=True)
-    read = []
-    original = MemoryStore.vectors_of
-    monkeypatch.setattr(MemoryStore, "vectors_of", lambda self, row_ids: read.append(row_ids) or original(self, row_ids))
-    mapped = _answers(MemoryReader(memory), embedder, params)
-    assert read == [], "no SQLite statement re-scores a snapshot row"
-    old = tmp_path / "old"
-    shutil.copytree(memory, old)
-    _without_float32_rows(old)
-    reader = MemoryReader(old)
-    assert _answers(reader, embedder, params) == mapped and read, "a snapshot without them re-scores from SQLite"
-    assert reader.view.base.exact is None
-    reader.close()
-    store = MemoryStore.open(old)
-    store.publish_vectors()  # the next index run rewrites a snapshot of the previous format
-    assert open_vector_file(old, 384).exact is not None
-    store.close()
 
 
 def test_turns_read_only_to_judge_their_conversation_are_not_read_from_sqlite(memory, embedder, monkeypatch):

@@ -12,10 +12,9 @@ run on it at once without a lock; only catching up is serialised. Readers never 
 writer lock and are never blocked by an index run.
 
 Dense search: the int8 scan picks the best `max(64, 4 * limit)` snapshot rows, which are
-re-scored exactly from their float32 vectors (the snapshot's copy, or SQLite for a snapshot
-written before it held them); rows after the snapshot are scored exactly in float32. The top
-`limit` equals an exact float32 search unless a true top row falls outside the rescored pool
-(int8 error is ~1e-3 of a cosine; tested).
+re-scored exactly from their float32 vectors in SQLite; rows after the snapshot are scored
+exactly in float32. The top `limit` equals an exact float32 search unless a true top row falls
+outside the rescored pool (int8 error is ~1e-3 of a cosine; tested).
 """
 
 from __future__ import annotations
@@ -273,12 +272,7 @@ class MemoryReader:
                 if allowed < nb:
                     approx[~base_bits] = -np.inf
                 top = np.argpartition(-approx, pool - 1)[:pool]
-                if view.base.exact is not None:
-                    # In row order, as SQLite returns them: the same matrix, so the same float32 products.
-                    top.sort()
-                    exact_ids, exact_vecs = view.ids[top], view.base.exact[top]
-                else:  # a snapshot written before it held the float32 rows
-                    exact_ids, exact_vecs = self.store.vectors_of(view.ids[top].tolist())
+                exact_ids, exact_vecs = self.store.vectors_of(view.ids[top].tolist())
                 found += zip(exact_ids.tolist(), (exact_vecs @ q).tolist())
         if view.n > nb:
             sims = view.delta_vecs @ q

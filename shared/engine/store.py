@@ -457,11 +457,9 @@ class MemoryStore:
                 self.conn.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('memory_id', ?)", (uuid.uuid4().hex,))
         meta = self.meta()
         snapshot = None if force else open_vector_file(self.path, self.dim)
-        # A snapshot written before files held conversation codes, float32 rows or stems is rewritten at
-        # the next run; one of a memory analysed by an older analyzer has no stems to hold until a write
-        # re-analyses it.
+        # A snapshot written before files held conversation codes or stems is rewritten at the next run;
+        # one of a memory analysed by an older analyzer has none to hold until a write re-analyses it.
         if (snapshot is not None and snapshot.memory_id == meta["memory_id"] and snapshot.conversation is not None
-                and snapshot.exact is not None
                 and (snapshot.stem_ids is not None or meta.get("fts_analyzer") != ANALYZER)):
             lag_rows = int(meta["max_row_id"]) - snapshot.max_row_id
             lag_generations = int(meta["generation"]) - snapshot.generation

@@ -7,7 +7,6 @@ derived from `chunks.sqlite3` (which keeps the float32 vectors and stays the tru
     section offsets) | row ids int64[n] (ascending) | scale float32[n] | bias int32[n] |
     block code int32[n] | harness code int32[n] | ts_epoch float64[n] | int8 matrix [dim, n] |
     conversation code int64[n] (`conversation_code` of the row's session id) |
-    float32 vectors [n, dim] (SQLite's, bit for bit) |
     stem start int64[n + 1] | stem ids int32[m] | vocabulary (the stems, UTF-8, one per line)
 
 Row i's BM25 stems (text_analysis.turn_stems, as SQLite's `chunk_stems` holds them) are the
@@ -15,15 +14,9 @@ vocabulary's lines `stem_ids[stem_start[i]:stem_start[i + 1]]`, stamped with the
 made them: conversation evidence reads which query stems a turn holds here instead of stemming
 its text on every recall.
 
-The float32 rows are what the dense leg re-scores its best candidates with: a few hundred
-rows gathered from the map instead of a SQLite statement stepping through them (10k
-conversations, 120 rows: 0.26 ms less CPU per recall, the two paths alternated call by call).
-They cost 4 * dim bytes a row on disk and, once read, in page cache (10k conversations: 92 MB
-beside the int8 matrix's 23), which the reader cache counts with the rest of the mapped file.
-
-A file written before the conversation codes, the float32 rows or the stems has no such section
-(`VectorFile.conversation`, `exact` or `stem_ids` is None) and stays readable: the reader then
-reads the session ids and the vectors from SQLite and stems the turns' texts.
+A file written before the conversation codes or the stems has no such section
+(`VectorFile.conversation` or `stem_ids` is None) and stays readable: the reader then reads the
+session ids from SQLite and stems the turns' texts.
 
 Each row is quantised to int8 with its own scale (max |x| / 127); the matrix is stored
 transposed so one onnxruntime `MatMulInteger` scans it without a copy. The scan's scores only
@@ -85,7 +78,6 @@ class VectorFile:
     epoch: np.ndarray
     matrix_t: np.ndarray  # int8 [dim, n]
     conversation: np.ndarray | None  # int64 [n]; None in a file written before it
-    exact: np.ndarray | None  # float32 [n, dim], the rows' vectors; None in a file written before them
     mapped_bytes: int
     _map: mmap.mmap
     stem_start: np.ndarray | None = None  # int64 [n + 1]; None in a file written before the stems
@@ -122,7 +114,7 @@ def conversation_code(session_id: str) -> int:
 def _sections(n: int, dim: int) -> list[tuple[str, str, tuple[int, ...]]]:
     return [("ids", "<i8", (n,)), ("scale", "<f4", (n,)), ("bias", "<i4", (n,)), ("block", "<i4", (n,)),
             ("harness", "<i4", (n,)), ("epoch", "<f8", (n,)), ("matrix_t", "i1", (dim, n)),
-            ("conversation", "<i8", (n,)), ("exact", "<f4", (n, dim))]
+            ("conversation", "<i8", (n,))]
 
 
 def _stem_sections(n: int, stems: dict) -> list[tuple[str, str, tuple[int, ...]]]:
@@ -233,7 +225,6 @@ def write_vector_file(memory: Path, conn: sqlite3.Connection, dim: int) -> bool:
             arrays["epoch"][sl] = [np.nan if r[4] is None else r[4] for r in rows]
             arrays["matrix_t"][:, sl] = q.T
             arrays["conversation"][sl] = [conversation_code(r[5]) for r in rows]
-            arrays["exact"][sl] = vecs
             if with_stems:
                 batch_stems = [r[6] for r in rows]
                 for i, r in enumerate(rows):
