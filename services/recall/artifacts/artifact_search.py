@@ -3,7 +3,8 @@
 Each accepted artifact is one transcript `<artifact_id>.funes.jsonl` (summary, body, appended
 entries as turns; its kind as the harness facet) under `DATA_DIR/.artifacts/<sha256(realm)[:24]>/`.
 It is rewritten when an artifact is accepted, appended to, superseded or revoked, and the
-realm's memory is re-indexed at once, so search sees exactly the accepted set. These memories
+realm's memory re-indexed, right after the change has answered (index_queue.py), so search sees
+exactly the accepted set. These memories
 live apart from every user's conversation memory: neither search can return the other's data.
 """
 

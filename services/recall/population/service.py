@@ -45,7 +45,7 @@ class PopulationService:
                 self.store.mark_for_index(tx, realm_id, [a.artifact_id for a in made])
         except Conflict:  # another owner initialised it at the same moment (the one-accepted-version index)
             raise already from None
-        self.artifacts.reindex(realm_id, [a.artifact_id for a in made])
+        self.artifacts.index_queue.soon(realm_id)
         return {"realm_id": realm_id, "created": [{"artifact_kind": a.artifact_kind, "artifact_path": a.artifact_path,
                                                    "artifact_id": a.artifact_id} for a in made]}
 
