@@ -153,3 +153,25 @@ def test_accept_answers_before_the_realms_index_takes_the_artifact_and_search_th
     assert [a["artifact_id"] for a in found] == [made.artifact_id]
     with service.store.transaction() as tx:
         assert service.store.oldest_unindexed(tx, REALM) is None
+
+
+def test_ranked_pages_reach_every_accepted_artifact_while_the_index_still_holds_a_revoked_one(service):
+    """The index may hold an artifact the database no longer has as accepted (before it catches
+    up). Its place counted in the page: the page came back short, without a next_offset, and the
+    artifacts ranked after it were never reached."""
+    from services.recall.artifacts.models import Status
+    from services.recall.artifacts.tools import next_offset
+
+    service.register_entity(MEMBER, REALM, "contract-7", "Contract 7", "contract")
+    made = [accepted(service, f"dossiers/contract-7/heron-{i}", f"Heron survey {i} of contract 7.", "contract-7")
+            for i in range(5)]
+    best = service.search(MEMBER, REALM, None, None, None, "heron survey", 1)[0]["artifact_id"]
+    with service.store.transaction() as tx:  # revoked where the index does not hear of it (another replica, say)
+        service.store.update_fields(tx, best, status=Status.REVOKED)
+    seen: list[str] = []
+    offset: int | None = 0
+    while offset is not None:
+        page = service.search(MEMBER, REALM, None, None, None, "heron survey", 2, offset=offset)
+        seen += [a["artifact_id"] for a in page]
+        offset = next_offset(page, 2, offset)
+    assert sorted(seen) == sorted(set(made) - {best})

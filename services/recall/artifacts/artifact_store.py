@@ -261,11 +261,14 @@ class ArtifactStore:
         params += [limit, offset]
         return self._hydrate_many(tx, tx.q(f"SELECT {COLUMNS} FROM artifacts a WHERE " + sql, tuple(params)), entries)
 
-    def accepted_ids(self, tx: Tx, realm_id: str, target_kind: str | None, target_id: str | None,
-                     kind: str | None) -> set[str]:
-        """Ids of every accepted artifact these filters let through (nothing else is read)."""
+    def accepted_among(self, tx: Tx, realm_id: str, artifact_ids: list[str], target_kind: str | None,
+                       target_id: str | None, kind: str | None) -> set[str]:
+        """Which of these ids are accepted artifacts the filters let through (nothing else is read)."""
+        if not artifact_ids:
+            return set()
         sql, params = self._where(realm_id, target_kind, target_id, kind, "accepted")
-        return {r[0] for r in tx.q("SELECT artifact_id FROM artifacts a WHERE " + sql, tuple(params))}
+        sql += f" AND artifact_id IN ({','.join('?' * len(artifact_ids))})"
+        return {r[0] for r in tx.q("SELECT artifact_id FROM artifacts a WHERE " + sql, tuple(params + artifact_ids))}
 
     @staticmethod
     def _where(realm_id: str, target_kind: str | None, target_id: str | None, kind: str | None,

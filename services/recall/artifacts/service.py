@@ -413,20 +413,16 @@ class ArtifactService:
 
     def _ranked(self, realm_id: str, query: str, target_kind: str | None, target_id: str | None, kind: str | None,
                 limit: int) -> list[str]:
-        """The best `limit` artifact ids for the query among those the filters let through. The
-        index knows kinds, not targets: with a target filter the ranked pool grows until it holds
-        `limit` of that target's artifacts or the whole realm (up to MAX_POOL passages)."""
-        allowed = None
-        if target_kind or target_id:
-            with self.store.transaction() as tx:
-                allowed = self.store.accepted_ids(tx, realm_id, target_kind, target_id, kind)
-            if not allowed:
-                return []
+        """The best `limit` artifact ids for the query among those the database has as accepted and
+        the filters let through. The index knows kinds, not targets, and may still hold an artifact
+        revoked or superseded a moment ago: the ranked pool grows until it holds `limit` ids that
+        pass, or the whole realm (up to MAX_POOL passages), so a page is short only at the end."""
         pool = max(30, limit * 6)
         while True:
             ranked, everything = self.index.search(realm_id, query, pool, kind)
-            if allowed is not None:
-                ranked = [aid for aid in ranked if aid in allowed]
+            with self.store.transaction() as tx:
+                passing = self.store.accepted_among(tx, realm_id, ranked, target_kind, target_id, kind)
+            ranked = [aid for aid in ranked if aid in passing]
             if len(ranked) >= limit or everything or pool >= MAX_POOL:
                 return ranked[:limit]
             pool = min(pool * 4, MAX_POOL)
