@@ -14,7 +14,7 @@ import fcntl
 import hashlib
 import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
@@ -46,7 +46,7 @@ class ArtifactSearch:
     def home(self, realm_id: str) -> Path:
         return self.root / hashlib.sha256(realm_id.encode()).hexdigest()[:24]
 
-    def refresh(self, realm_id: str, current: Callable[[bool], list[Artifact]], wait: bool = True) -> bool:
+    def refresh(self, realm_id: str, current: Callable[[bool], Iterable[Artifact]], wait: bool = True) -> bool:
         """Write (accepted) or remove (anything else) the transcripts of `current(False)` — the
         changed artifacts as the database has them *now*, read under the realm's lock, so a
         refresh that runs late never writes an older state over a newer one (two appends at
@@ -63,22 +63,18 @@ class ArtifactSearch:
         finally:
             self._refreshing.release()
 
-    def _refresh_locked(self, realm_id: str, current: Callable[[bool], list[Artifact]]) -> None:
+    def _refresh_locked(self, realm_id: str, current: Callable[[bool], Iterable[Artifact]]) -> None:
         home = self.home(realm_id)
         unfinished = home / "refresh.unfinished"
         whole = unfinished.exists()
         unfinished.touch()
         src = home / "src"
         src.mkdir(exist_ok=True)
-        artifacts = current(whole)
-        if whole:
-            keep = {f"{a.artifact_id}.funes.jsonl" for a in artifacts if a.status is Status.ACCEPTED}
-            for stale in src.iterdir():
-                if stale.name not in keep:
-                    stale.unlink(missing_ok=True)
-        for a in artifacts:
+        keep: set[str] = set()  # a whole refresh: the names of every accepted artifact's transcript
+        for a in current(whole):  # artifacts stream in pages; only their names are kept
             path = src / f"{a.artifact_id}.funes.jsonl"
             if a.status is Status.ACCEPTED:
+                keep.add(path.name)
                 text = self._transcript(a)
                 if path.is_file() and path.read_text() == text:
                     continue  # unchanged: the index run need not read it again (a whole refresh)
@@ -87,6 +83,10 @@ class ArtifactSearch:
                 tmp.replace(path)
             else:
                 path.unlink(missing_ok=True)
+        if whole:
+            for stale in src.iterdir():
+                if stale.name not in keep:
+                    stale.unlink(missing_ok=True)
         if needs_reembed(home, self.engine.embedder):  # after a model change
             reembed_memory(home, src, self.engine.embedder, lock_wait_s=60)
         index_tree(home, src, self.engine.embedder, lock_wait_s=60)

@@ -261,6 +261,22 @@ class ArtifactStore:
         params += [limit, offset]
         return self._hydrate_many(tx, tx.q(f"SELECT {COLUMNS} FROM artifacts a WHERE " + sql, tuple(params)), entries)
 
+    def by_ids(self, tx: Tx, artifact_ids: list[str], entries: Window = FIRST_PAGE) -> list[Artifact]:
+        """These artifacts (those that exist), in any status and order."""
+        if not artifact_ids:
+            return []
+        rows = tx.q(f"SELECT {COLUMNS} FROM artifacts WHERE artifact_id IN ({','.join('?' * len(artifact_ids))})",
+                    tuple(artifact_ids))
+        return self._hydrate_many(tx, rows, entries)
+
+    def accepted_page(self, tx: Tx, realm_id: str, after_id: str, limit: int) -> list[Artifact]:
+        """The realm's accepted artifacts with ids after `after_id`, in id order, with all their
+        entries: a page of what its search index holds (keyset pages: none skipped or repeated
+        when artifacts change between two pages)."""
+        rows = tx.q(f"SELECT {COLUMNS} FROM artifacts WHERE realm_id = ? AND status = 'accepted' AND artifact_id > ?"
+                    " ORDER BY artifact_id LIMIT ?", (realm_id, after_id, limit))
+        return self._hydrate_many(tx, rows, ALL_ENTRIES)
+
     def accepted_among(self, tx: Tx, realm_id: str, artifact_ids: list[str], target_kind: str | None,
                        target_id: str | None, kind: str | None) -> set[str]:
         """Which of these ids are accepted artifacts the filters let through (nothing else is read)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,7 +45,7 @@ CATCH_UP_RETRY_S = 30.0
 # agent that accepted and then searches finds its artifact), then answers from the index as it is.
 SEARCH_WAITS_FOR_INDEX_S = 20.0
 LISTED_AT_MOST = 500  # newest artifacts a query over proposals or history looks through
-EVERY = 2**62  # a limit that never cuts (a realm's whole accepted set)
+INDEX_PAGE = 20  # artifacts, each with all its entries, an index refresh reads from the database at once
 
 
 def check_page(limit: int, offset: int, max_offset: int = MAX_OFFSET, names: tuple[str, str] = ("limit", "offset")) -> None:
@@ -301,14 +302,26 @@ class ArtifactService:
         fault_point("artifact_before_index_refresh")
         taken: list[str] = []
 
-        def current(whole: bool) -> list[Artifact]:
+        def current(whole: bool) -> Iterator[Artifact]:
+            """The outbox first, then the artifacts a page per transaction: a rebuild of a large
+            realm never holds it all in memory. A change committed meanwhile keeps its outbox row
+            (not taken), so the next refresh takes it even if its page was read before it."""
             with self.store.transaction() as tx:
                 pending = self.store.index_outbox(tx, realm_id)
-                taken[:] = [change_id for change_id, _ in pending]
-                if whole:
-                    return self.store.listed(tx, realm_id, limit=EVERY, entries=ALL_ENTRIES)
-                ids = dict.fromkeys(aid for _, aid in pending)
-                return [a for a in (self.store.get(tx, aid, entries=ALL_ENTRIES) for aid in ids) if a is not None]
+            taken[:] = [change_id for change_id, _ in pending]
+            if whole:
+                after = ""
+                while True:
+                    with self.store.transaction() as tx:
+                        page = self.store.accepted_page(tx, realm_id, after, INDEX_PAGE)
+                    yield from page
+                    if len(page) < INDEX_PAGE:
+                        return
+                    after = page[-1].artifact_id
+            ids = list(dict.fromkeys(aid for _, aid in pending))
+            for start in range(0, len(ids), INDEX_PAGE):
+                with self.store.transaction() as tx:
+                    yield from self.store.by_ids(tx, ids[start:start + INDEX_PAGE], entries=ALL_ENTRIES)
 
         try:
             if not self.index.refresh(realm_id, current, wait):

@@ -1,0 +1,61 @@
+"""A realm's search index brought up to its database: a whole rebuild (after a refresh that did
+not finish) on SQLite and a real PostgreSQL, with the real engine."""
+
+from __future__ import annotations
+
+import time
+import tracemalloc
+import uuid
+
+import pytest
+
+from services.recall.artifacts.artifact_search import ArtifactSearch
+from services.recall.artifacts.artifact_store import ArtifactStore
+from services.recall.artifacts.models import Artifact, Role, Status, Target
+from services.recall.artifacts.service import INDEX_PAGE, ArtifactService, Caller
+from shared.engine.api import Engine
+
+REALM = "acme-integrations"
+MEMBER = Caller("member-1", {REALM: Role.MEMBER})
+
+
+@pytest.fixture
+def service(artifacts_db_url, tmp_path, embedder) -> ArtifactService:
+    return ArtifactService(ArtifactStore(artifacts_db_url), ArtifactSearch(tmp_path, Engine(embedder=embedder)), tmp_path)
+
+
+def accepted_directly(service: ArtifactService, count: int, context_chars: int) -> list[str]:
+    """`count` accepted dossiers written in one transaction, each with a large source_context
+    (stored, never indexed), and their outbox rows."""
+    now = time.time()
+    made = [Artifact(artifact_id=uuid.uuid4().hex, realm_id=REALM, artifact_path=f"dossiers/heron-{i}",
+                     artifact_kind="dossier", write_mode="replace", status=Status.ACCEPTED, body=f"Heron survey {i}.",
+                     summary=f"Heron {i}", source_ref="r", source_context={"notes": "x" * context_chars}, author="member-1",
+                     created_at=now, updated_at=now, targets=[Target(target_kind="realm", target_id=REALM)])
+            for i in range(count)]
+    with service.store.transaction() as tx:
+        for a in made:
+            service.store.insert(tx, a)
+        service.store.mark_for_index(tx, REALM, [a.artifact_id for a in made])
+    return [a.artifact_id for a in made]
+
+
+def test_a_whole_rebuild_reads_the_realm_a_page_at_a_time(service):
+    """A rebuild loaded every accepted artifact with its entries at once: a realm of 150 artifacts
+    with 50,000-character source contexts held them all (over 7 MB); now a page of INDEX_PAGE."""
+    ids = accepted_directly(service, 150, 50_000)
+    assert service.reindex(REALM)
+    (service.index.home(REALM) / "refresh.unfinished").touch()  # the last refresh did not finish: rebuild whole
+    stale = service.index.home(REALM) / "src" / "gone.funes.jsonl"
+    stale.write_text("")
+    tracemalloc.start()
+    try:
+        assert service.reindex(REALM)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 150 * 50_000 / 2, f"peak {peak:,} bytes for pages of {INDEX_PAGE}"
+    assert not stale.exists()
+    assert sorted(p.name.split(".")[0] for p in (service.index.home(REALM) / "src").iterdir()) == sorted(ids)
+    found = service.search(MEMBER, REALM, None, None, None, "heron survey 149", 1)
+    assert [a["artifact_id"] for a in found] == [ids[149]]
