@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from shared.engine.store import journal_mode
 from services.recall.artifacts.models import Artifact, AuditEvent, Entry, Status, Target
@@ -75,6 +75,13 @@ def stored_json(value: Any) -> str:
     """A `source_context` as stored: the UTF-8 JSON its size limit is checked on (text_limits.py),
     not ASCII escapes, which made a parrot 12 bytes instead of 4."""
     return json.dumps(value, ensure_ascii=False)
+
+
+class Head(NamedTuple):
+    """An accepted artifact as a listing names it (its body only when asked for, else "")."""
+    artifact_id: str
+    summary: str
+    body: str
 
 
 class Conflict(Exception):
@@ -240,6 +247,18 @@ class ArtifactStore:
         rows = tx.q(f"SELECT {COLUMNS} FROM artifacts WHERE realm_id = ? AND artifact_path = ? AND status = 'accepted'"
                     + (" FOR UPDATE" if lock and self.pg else ""), (realm_id, path))
         return self._hydrate(tx, rows[0], entries) if rows else None
+
+    def accepted_heads(self, tx: Tx, realm_id: str, paths: list[str], with_body: bool = False) -> dict[str, Head]:
+        """The accepted artifact at each of these paths that has one, from the artifacts table alone:
+        no targets, no entry counts, no journal pages (a listing that names artifacts needs none)."""
+        unique = list(dict.fromkeys(paths))
+        if not unique:
+            return {}
+        body = "body" if with_body else "''"
+        rows = tx.q(f"SELECT artifact_path, artifact_id, summary, {body} FROM artifacts"
+                    f" WHERE realm_id = ? AND status = 'accepted' AND artifact_path IN ({','.join('?' * len(unique))})",
+                    (realm_id, *unique))
+        return {r[0]: Head(artifact_id=r[1], summary=r[2], body=r[3]) for r in rows}
 
     def own_open_draft(self, tx: Tx, realm_id: str, path: str, author: str, entries: Window = FIRST_PAGE) -> Artifact | None:
         rows = tx.q(f"SELECT {COLUMNS} FROM artifacts WHERE realm_id = ? AND artifact_path = ? AND author = ?"
