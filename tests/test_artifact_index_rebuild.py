@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 import tracemalloc
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +15,7 @@ from services.recall.artifacts.artifact_store import ArtifactStore
 from services.recall.artifacts.models import Artifact, Role, Status, Target
 from services.recall.artifacts.service import INDEX_PAGE, ArtifactService, Caller
 from shared.engine.api import Engine
+from tests.conftest import wait_until
 
 REALM = "acme-integrations"
 MEMBER = Caller("member-1", {REALM: Role.MEMBER})
@@ -24,19 +26,19 @@ def service(artifacts_db_url, tmp_path, embedder) -> ArtifactService:
     return ArtifactService(ArtifactStore(artifacts_db_url), ArtifactSearch(tmp_path, Engine(embedder=embedder)), tmp_path)
 
 
-def accepted_directly(service: ArtifactService, count: int, context_chars: int) -> list[str]:
+def accepted_directly(service: ArtifactService, count: int, context_chars: int, realm: str = REALM) -> list[str]:
     """`count` accepted dossiers written in one transaction, each with a large source_context
     (stored, never indexed), and their outbox rows."""
     now = time.time()
-    made = [Artifact(artifact_id=uuid.uuid4().hex, realm_id=REALM, artifact_path=f"dossiers/heron-{i}",
+    made = [Artifact(artifact_id=uuid.uuid4().hex, realm_id=realm, artifact_path=f"dossiers/heron-{i}",
                      artifact_kind="dossier", write_mode="replace", status=Status.ACCEPTED, body=f"Heron survey {i}.",
                      summary=f"Heron {i}", source_ref="r", source_context={"notes": "x" * context_chars}, author="member-1",
-                     created_at=now, updated_at=now, targets=[Target(target_kind="realm", target_id=REALM)])
+                     created_at=now, updated_at=now, targets=[Target(target_kind="realm", target_id=realm)])
             for i in range(count)]
     with service.store.transaction() as tx:
         for a in made:
             service.store.insert(tx, a)
-        service.store.mark_for_index(tx, REALM, [a.artifact_id for a in made])
+        service.store.mark_for_index(tx, realm, [a.artifact_id for a in made])
     return [a.artifact_id for a in made]
 
 
@@ -59,3 +61,23 @@ def test_a_whole_rebuild_reads_the_realm_a_page_at_a_time(service):
     assert sorted(p.name.split(".")[0] for p in (service.index.home(REALM) / "src").iterdir()) == sorted(ids)
     found = service.search(MEMBER, REALM, None, None, None, "heron survey 149", 1)
     assert [a["artifact_id"] for a in found] == [ids[149]]
+
+
+def test_a_starting_recall_service_brings_every_realm_left_behind_up_to_date_before_any_search(
+        services, service_env, artifacts_db_url, embedder):
+    """A realm whose index missed changes (a process killed between commit and refresh) healed only
+    at its first search, or with its next write: search's first caller paid for the catch-up."""
+    data_dir = Path(service_env["RECALL_DATA_DIR"])
+    writer = ArtifactService(ArtifactStore(artifacts_db_url), ArtifactSearch(data_dir, Engine(embedder=embedder)), data_dir)
+    left = {realm: accepted_directly(writer, 2, 10, realm) for realm in (REALM, "acme-billing")}
+    with writer.store.transaction() as tx:
+        assert writer.store.realms_behind(tx, 10) == [REALM, "acme-billing"]
+    services("serve", RECALL_ARTIFACTS_DB_URL=artifacts_db_url)
+
+    def behind() -> list[str]:
+        with writer.store.transaction() as tx:
+            return writer.store.realms_behind(tx, 10)
+    assert wait_until(lambda: not behind(), 120), behind()
+    for realm, ids in left.items():
+        src = writer.index.home(realm) / "src"
+        assert sorted(p.name.split(".")[0] for p in src.iterdir()) == sorted(ids)

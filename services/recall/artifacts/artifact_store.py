@@ -424,6 +424,11 @@ class ArtifactStore:
         """When the realm's oldest change not yet in its index was committed (None: none is)."""
         return tx.q("SELECT MIN(at) FROM artifact_index_outbox WHERE realm_id = ?", (realm_id,))[0][0]
 
+    def realms_behind(self, tx: Tx, limit: int) -> list[str]:
+        """Realms with changes their index has yet to take, oldest change first (at most `limit`)."""
+        return [r[0] for r in tx.q("SELECT realm_id FROM artifact_index_outbox GROUP BY realm_id ORDER BY MIN(at) LIMIT ?",
+                                   (limit,))]
+
     def indexed(self, tx: Tx, change_ids: list[str]) -> None:
         for change_id in change_ids:
             tx.q("DELETE FROM artifact_index_outbox WHERE change_id = ?", (change_id,))

@@ -44,6 +44,7 @@ CATCH_UP_RETRY_S = 30.0
 # A search waits this long at most for the refreshes its own process queued in the realm (an
 # agent that accepted and then searches finds its artifact), then answers from the index as it is.
 SEARCH_WAITS_FOR_INDEX_S = 20.0
+SWEPT_AT_START = 1000  # realms whose index a starting process brings up to date (the rest: at their first search)
 LISTED_AT_MOST = 500  # newest artifacts a query over proposals or history looks through
 INDEX_PAGE = 20  # artifacts, each with all its entries, an index refresh reads from the database at once
 
@@ -334,6 +335,18 @@ class ArtifactService:
                         **loggable_failure(exc),
                         hint="search may miss these changes until the realm's next refresh rebuilds its index")
             return False
+
+    def sweep_at_start(self) -> int:
+        """At start, in the index queue's thread: every realm left behind (a process killed between
+        a commit and its refresh, a refresh that failed) — the SWEPT_AT_START with the oldest
+        changes — is refreshed without waiting for its first search. Returns how many were queued."""
+        with self.store.transaction() as tx:
+            behind = self.store.realms_behind(tx, SWEPT_AT_START)
+        for realm_id in behind:
+            self.index_queue.soon(realm_id)
+        if behind:
+            log.info("recall.artifact_index_sweep", realms=len(behind))
+        return len(behind)
 
     def catch_up(self, realm_id: str) -> None:
         """Before a search: a realm whose index is behind its database — changes committed by a
