@@ -81,3 +81,37 @@ def test_a_starting_recall_service_brings_every_realm_left_behind_up_to_date_bef
     for realm, ids in left.items():
         src = writer.index.home(realm) / "src"
         assert sorted(p.name.split(".")[0] for p in src.iterdir()) == sorted(ids)
+
+
+def test_an_append_to_a_long_journal_rewrites_only_its_last_file_of_entries(service):
+    """Each append rewrote the journal's whole transcript — every entry read from the database,
+    written, and read again by the index run — so appends grew slower with the journal."""
+    from services.recall.artifacts.artifact_search import ENTRIES_PER_FILE
+
+    [wl] = accepted_directly(service, 1, 10)
+    with service.store.transaction() as tx:
+        service.store.update_fields(tx, wl, artifact_kind="worklog", write_mode="append")
+        for i in range(3 * ENTRIES_PER_FILE - 1):
+            service.store.add_entry(tx, wl, f"Step {i}: checked gauge{i}x.", "member-1", "r", {})
+    assert service.reindex(REALM)
+    src = service.index.home(REALM) / "src"
+    files = [src / f"{wl}.e{k}.funes.jsonl" for k in range(4)]
+    assert [f.exists() for f in files] == [True, True, True, False]
+
+    def stamps(paths):
+        return [(p.stat().st_ino, p.stat().st_mtime_ns) for p in paths]
+    before = stamps(files[:2])
+    service.append(MEMBER, REALM, wl, "Step 149: found the heron valve.", "r", {})  # the last file fills up
+    assert service.index_queue.wait(REALM, 60)
+    assert stamps(files[:2]) == before
+    assert "heron valve" in files[2].read_text() and not files[3].exists()
+    before = stamps(files[:3])
+    service.append(MEMBER, REALM, wl, "Step 150: replaced the osprey gasket.", "r", {})  # a new file begins
+    assert service.index_queue.wait(REALM, 60)
+    assert stamps(files[:3]) == before
+    assert "osprey gasket" in files[3].read_text()
+    for query in ("heron valve", "osprey gasket", "gauge7x"):
+        assert [a["artifact_id"] for a in service.search(MEMBER, REALM, None, None, None, query, 1)] == [wl], query
+    service.revoke(Caller("lead", {REALM: Role.OWNER}), REALM, wl, "wrong")
+    assert service.index_queue.wait(REALM, 60)
+    assert list(src.iterdir()) == []

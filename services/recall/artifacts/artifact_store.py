@@ -63,9 +63,9 @@ COLUMNS = ("artifact_id, realm_id, artifact_path, artifact_kind, write_mode, sta
            " source_context, author, created_at, updated_at, supersedes_artifact_id, superseded_by_artifact_id, revoked_reason")
 
 
-# Which of an artifact's entries a read brings: (offset, limit) in their order, or all of them.
-Window = tuple[int, int] | None
-ALL_ENTRIES: Window = None  # what the search index reads
+# Which of an artifact's entries a read brings: (offset, limit) in their order (the search index
+# reads a journal a file's worth at a time, never whole).
+Window = tuple[int, int]
 NO_ENTRIES: Window = (0, 0)  # a compact listing: the count only
 ENTRIES_PAGE = 20  # entries a read shows unless asked for another page
 FIRST_PAGE: Window = (0, ENTRIES_PAGE)
@@ -269,7 +269,7 @@ class ArtifactStore:
                target_id: str | None = None, kind: str | None = None, limit: int = 50,
                status: str = "accepted", offset: int = 0, entries: Window = NO_ENTRIES) -> list[Artifact]:
         """Artifacts in one status (never pass "draft" for someone else: drafts are private), newest
-        first; with their entry counts, and their entries only when asked (`ALL_ENTRIES`: the index)."""
+        first; with their entry counts, and a window of their entries only when asked."""
         if artifact_ids is not None and not artifact_ids:
             return []
         sql, params = self._where(realm_id, target_kind, target_id, kind, status)
@@ -289,12 +289,12 @@ class ArtifactStore:
         return self._hydrate_many(tx, rows, entries)
 
     def accepted_page(self, tx: Tx, realm_id: str, after_id: str, limit: int) -> list[Artifact]:
-        """The realm's accepted artifacts with ids after `after_id`, in id order, with all their
-        entries: a page of what its search index holds (keyset pages: none skipped or repeated
+        """The realm's accepted artifacts with ids after `after_id`, in id order, with their entry
+        counts: a page of what its search index holds (keyset pages: none skipped or repeated
         when artifacts change between two pages)."""
         rows = tx.q(f"SELECT {COLUMNS} FROM artifacts WHERE realm_id = ? AND status = 'accepted' AND artifact_id > ?"
                     " ORDER BY artifact_id LIMIT ?", (realm_id, after_id, limit))
-        return self._hydrate_many(tx, rows, ALL_ENTRIES)
+        return self._hydrate_many(tx, rows, NO_ENTRIES)
 
     def accepted_among(self, tx: Tx, realm_id: str, artifact_ids: list[str], target_kind: str | None,
                        target_id: str | None, kind: str | None) -> set[str]:
@@ -340,9 +340,9 @@ class ArtifactStore:
         return self._hydrate_many(tx, [row], entries)[0]
 
     def _hydrate_many(self, tx: Tx, rows: list[tuple], window: Window) -> list[Artifact]:
-        """Artifacts with their targets, entry counts and the `window` of their entries (all of
-        them for ALL_ENTRIES, none for NO_ENTRIES): a query each, whatever the number of rows,
-        plus one per artifact for a page of its entries."""
+        """Artifacts with their targets, entry counts and the `window` of their entries (none for
+        NO_ENTRIES): a query each, whatever the number of rows, plus one per artifact for a page of
+        its entries."""
         if not rows:
             return []
         names = [c.strip() for c in COLUMNS.split(",")]
@@ -358,12 +358,9 @@ class ArtifactStore:
             totals[aid] = int(count)
         entries: dict[str, list[Entry]] = {i: [] for i in ids}
         select = "SELECT artifact_id, seq, body, author, created_at, source_ref, source_context FROM artifact_entries"
-        if window is ALL_ENTRIES:
-            found = tx.q(f"{select} WHERE artifact_id IN ({marks}) ORDER BY seq", tuple(ids))
-        else:
-            offset, limit = window
-            found = [row for aid in ids if limit and totals[aid] > offset
-                     for row in tx.q(f"{select} WHERE artifact_id = ? ORDER BY seq LIMIT ? OFFSET ?", (aid, limit, offset))]
+        offset, limit = window
+        found = [row for aid in ids if limit and totals[aid] > offset
+                 for row in tx.q(f"{select} WHERE artifact_id = ? ORDER BY seq LIMIT ? OFFSET ?", (aid, limit, offset))]
         for aid, seq, body, author, created, ref, ctx in found:
             entries[aid].append(Entry(seq=seq, body=body, author=author, created_at=created, source_ref=ref,
                                       source_context=json.loads(ctx)))
@@ -372,10 +369,10 @@ class ArtifactStore:
             data = dict(zip(names, row))
             data["source_context"] = json.loads(data["source_context"])
             aid = row[0]
-            shown_to = (0 if window is ALL_ENTRIES else window[0]) + len(entries[aid])
+            shown_to = offset + len(entries[aid])
             out.append(Artifact.model_validate({
                 **data, "targets": targets[aid], "entries": entries[aid], "entries_total": totals[aid],
-                "entries_next_offset": shown_to if window is not ALL_ENTRIES and window[1] and shown_to < totals[aid] else None}))
+                "entries_next_offset": shown_to if limit and shown_to < totals[aid] else None}))
         return out
 
     # ---- writes -----------------------------------------------------------------------------------

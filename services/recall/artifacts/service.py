@@ -17,10 +17,10 @@ from typing import Any
 
 from services.recall.artifacts import kind_schemas, rules
 from services.recall.artifacts.artifact_search import ArtifactSearch
-from services.recall.artifacts.artifact_store import ALL_ENTRIES, ENTRIES_PAGE, NO_ENTRIES, ArtifactStore, Conflict, Tx, Window
+from services.recall.artifacts.artifact_store import ENTRIES_PAGE, NO_ENTRIES, ArtifactStore, Conflict, Tx, Window
 from services.recall.artifacts.index_queue import IndexQueue
 from services.recall.artifacts.kind_schemas import AgentRegistry, Constitution
-from services.recall.artifacts.models import MAX_TARGETS, REALM_ID, Artifact, DraftInput, Role, Status, Target, TargetKind
+from services.recall.artifacts.models import MAX_TARGETS, REALM_ID, Artifact, DraftInput, Entry, Role, Status, Target, TargetKind
 from services.recall.artifacts.rules import RuleBroken
 from services.recall.artifacts.text_limits import DEFAULT_MAX_TEXT_BYTES, check_json, check_text
 from shared.engine.fault_injection import fault_point
@@ -46,7 +46,7 @@ CATCH_UP_RETRY_S = 30.0
 SEARCH_WAITS_FOR_INDEX_S = 20.0
 SWEPT_AT_START = 1000  # realms whose index a starting process brings up to date (the rest: at their first search)
 LISTED_AT_MOST = 500  # newest artifacts a query over proposals or history looks through
-INDEX_PAGE = 20  # artifacts, each with all its entries, an index refresh reads from the database at once
+INDEX_PAGE = 20  # artifacts an index refresh reads from the database at once (their entries: a file's worth at a time)
 
 
 def check_page(limit: int, offset: int, max_offset: int = MAX_OFFSET, names: tuple[str, str] = ("limit", "offset")) -> None:
@@ -321,11 +321,17 @@ class ArtifactService:
                     after = page[-1].artifact_id
             ids = list(dict.fromkeys(aid for _, aid in pending))
             for start in range(0, len(ids), INDEX_PAGE):
-                with self.store.transaction() as tx:
-                    yield from self.store.by_ids(tx, ids[start:start + INDEX_PAGE], entries=ALL_ENTRIES)
+                with self.store.transaction() as tx:  # closed before the page is used: no lock held while files are written
+                    page = self.store.by_ids(tx, ids[start:start + INDEX_PAGE], entries=NO_ENTRIES)
+                yield from page
+
+        def entries(artifact_id: str, offset: int, limit: int) -> list[Entry]:
+            with self.store.transaction() as tx:
+                artifact = self.store.get(tx, artifact_id, entries=(offset, limit))
+            return artifact.entries if artifact else []
 
         try:
-            if not self.index.refresh(realm_id, current, wait):
+            if not self.index.refresh(realm_id, current, entries, wait):
                 return False
             with self.store.transaction() as tx:
                 self.store.indexed(tx, taken)
