@@ -4,7 +4,7 @@ and the search index's cap (the first 20,000 characters of a body are indexed).
     .venv/bin/python -m bench.artifact_text_bench
 
 Per body, median of 3 runs, each in a fresh realm on one warm model: how long `accept` takes to
-answer (wall seconds); process CPU (all threads) from
+answer (wall time); process CPU (all threads) from
 creating the draft until a search finds the artifact — the realm's index refresh embeds what
 search reads, whether on the accepting request or after it; bytes stored; bytes of
 `get_memory_artifact`'s answer (JSON, as an agent receives it); how much of the body search reads.
@@ -93,10 +93,10 @@ def main() -> None:
         size = len(body.encode())
         indexed = min(len(body), INDEXED_CHARS)
         rows.append([label, f"{len(body):,}", f"{size:,}", f"{len(body[:INDEXED_CHARS].encode()):,}",
-                     f"{100 * indexed / len(body):.0f} %", f"{wall:.2f}", f"{cpu:.2f}", f"{runs[0][2]:,}"])
+                     f"{100 * indexed / len(body):.0f} %", f"{wall * 1000:.0f}", f"{cpu:.2f}", f"{runs[0][2]:,}"])
         print(rows[-1], flush=True)
     body = (table(["body", "characters", "bytes stored", "bytes search reads", "share searchable",
-                   "accept answers in (wall s)", "CPU s until searchable", "bytes of get_memory_artifact"],
+                   "accept answers in (wall ms)", "CPU s until searchable", "bytes of get_memory_artifact"],
                   rows) + f"\n\nMedians of {RUNS} runs; load average {os.getloadavg()[0]:.1f} at the end (a shared machine)."
             + f"\n\nDefault limit {DEFAULT_MAX_TEXT_BYTES:,} bytes. Search reads the first {INDEXED_CHARS:,} characters: "
               "at most 60,000 bytes in any script of the Basic Multilingual Plane, so the limit never cuts what search "
