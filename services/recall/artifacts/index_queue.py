@@ -12,6 +12,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+# An idle worker lingers this long for the next write before its thread ends: a thread (and its
+# database connection) per write would cost a PostgreSQL connection each.
+IDLE_S = 30.0
+
 
 class IndexQueue:
     def __init__(self, refresh: Callable[[str], object]) -> None:
@@ -28,6 +32,7 @@ class IndexQueue:
             self._asked[realm_id] = self._asked.get(realm_id, 0) + 1
             if realm_id not in self._queued:
                 self._queued.append(realm_id)
+            self._cond.notify_all()  # an idle worker takes it
             if self._worker is None:
                 # A daemon: a process stopping mid-refresh leaves its outbox rows, which the next refresh takes.
                 self._worker = threading.Thread(target=self._run, name="realm-index", daemon=True)
@@ -44,7 +49,7 @@ class IndexQueue:
         try:
             while True:
                 with self._cond:
-                    if not self._queued:
+                    if not self._cond.wait_for(lambda: self._queued, IDLE_S):
                         return
                     realm_id = self._queued.pop(0)
                     asked = self._asked[realm_id]
@@ -56,7 +61,7 @@ class IndexQueue:
                         self._cond.notify_all()
         finally:
             with self._cond:
-                self._worker = None  # the next soon() starts another: no idle thread per service
-                if self._queued:  # only after a refresh raised (it never should): keep the queue moving
+                self._worker = None  # the next soon() starts another: no thread idles for good
+                if self._queued:  # asked for as this one left (or a refresh raised): keep the queue moving
                     self._worker = threading.Thread(target=self._run, name="realm-index", daemon=True)
                     self._worker.start()
