@@ -297,9 +297,10 @@ class ArtifactService:
     def reindex(self, realm_id: str, wait: bool = True) -> bool:
         """After a commit (in the index queue's thread): the realm's search index takes every
         change in the realm's index outbox — the artifacts as the database now has them; a change
-        of a process killed between its commit and its refresh is there too. A failure (the index locked for over a minute, a
-        full disk) is logged, not raised: the change itself is committed, its outbox row stays,
-        and the realm's next refresh rebuilds its files whole. True when the index took them."""
+        of a process killed between its commit and its refresh is there too. A failure (the index
+        locked for over a minute, a full disk) is logged, not raised: the change itself is
+        committed, its outbox row stays, and the realm's next refresh rebuilds its files whole.
+        True when the index took them."""
         fault_point("artifact_before_index_refresh")
         taken: list[str] = []
 
@@ -343,9 +344,9 @@ class ArtifactService:
             return False
 
     def sweep_at_start(self) -> int:
-        """At start, in the index queue's thread: every realm left behind (a process killed between
-        a commit and its refresh, a refresh that failed) — the SWEPT_AT_START with the oldest
-        changes — is refreshed without waiting for its first search. Returns how many were queued."""
+        """At start: the refresh of every realm left behind (a process killed between a commit and
+        its refresh, a refresh that failed) — the SWEPT_AT_START with the oldest changes — is
+        queued, so none waits for its first search. Returns how many were queued."""
         with self.store.transaction() as tx:
             behind = self.store.realms_behind(tx, SWEPT_AT_START)
         for realm_id in behind:
