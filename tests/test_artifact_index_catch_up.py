@@ -1,5 +1,6 @@
 """A process killed (kill -9: RECALL_FAULT_INJECT makes it os._exit at the point) between an
-artifact change's commit and the realm's index refresh left search without the change until
+artifact change's commit and the realm's index refresh (which runs after the answer, in the index
+queue's thread) left search without the change until
 the realm's next write; now the change's outbox row, committed with it, brings it to search at
 the realm's first search in a restarted process, at a later search once it is old, or with
 anyone's next refresh. On SQLite and a real PostgreSQL."""
@@ -44,6 +45,7 @@ made = service.create_draft(member, realm, DraftInput(
 service.submit(member, realm, made.artifact_id)
 print(made.artifact_id, flush=True)
 service.accept(owner, realm, made.artifact_id)
+service.index_queue.wait(realm, 120)  # the refresh after the answer: the fault kills the process there
 """
 
 
@@ -109,6 +111,7 @@ def test_anyones_next_refresh_takes_a_dead_processs_change_along(running, artifa
         summary="Pelican rollout", source_ref="r", source_context={}, targets=[Target(target_kind="entity", target_id="contract-7")]))
     running.submit(MEMBER, REALM, made.artifact_id)
     running.accept(OWNER, REALM, made.artifact_id)
+    assert running.index_queue.wait(REALM, 60)
     assert unindexed(running) is None
     assert found(running, "osprey migration") == [orphan]
     assert found(running, "pelican rollout") == [made.artifact_id]

@@ -84,6 +84,7 @@ def test_a_late_reindex_never_writes_an_older_state_of_a_journal(service):
                     time.sleep(0.01)
         for t in threads:
             t.join()
+        assert service.index_queue.wait(REALM, 60)
         texts = index_texts(service)
         assert [n for n in range(len(writers)) if f"marker{round_}r{n}x" not in texts] == [], f"round {round_}"
 
@@ -96,12 +97,16 @@ def test_a_failed_index_refresh_keeps_the_committed_change_and_heals_on_the_next
     src.parent.mkdir(parents=True, exist_ok=True)
     src.write_text("in the way")
     first = accepted(service, "dossiers/contract-7/a", "Osprey migration dossier of contract 7.", "contract-7")
+    assert service.index_queue.wait(REALM, 60)
     assert service.get(MEMBER, REALM, first).status.value == "accepted"
+    with service.store.transaction() as tx:
+        assert service.store.oldest_unindexed(tx, REALM) is not None  # the refresh failed
     src.unlink()
     second = accepted(service, "dossiers/contract-7/b", "Pelican rollout dossier of contract 7.", "contract-7")
     assert [a["artifact_id"] for a in service.search(MEMBER, REALM, None, None, None, "Osprey migration", 1)] == [first]
     assert [a["artifact_id"] for a in service.search(MEMBER, REALM, None, None, None, "Pelican rollout", 1)] == [second]
     service.revoke(OWNER, REALM, first, "wrong")
+    assert service.index_queue.wait(REALM, 60)
     assert "Osprey" not in index_texts(service)
 
 
@@ -116,7 +121,57 @@ def test_search_reads_the_beginning_of_a_long_body_and_reading_gives_it_whole(se
     body = f"Opening OSPREYSTART note. {filler} Closing PELICANEND note."
     assert 2.5 * INDEXED_CHARS < len(body.encode()) <= service.max_text_bytes
     aid = accepted(service, "dossiers/contract-7/long", body, "contract-7")
+    assert service.index_queue.wait(REALM, 60)
     texts = index_texts(service)
     assert "OSPREYSTART" in texts and "PELICANEND" not in texts
     assert len(texts) < 2 * INDEXED_CHARS
     assert service.get(MEMBER, REALM, aid).body == body
+
+
+def test_accept_answers_before_the_realms_index_takes_the_artifact_and_search_then_finds_it(service):
+    """Accepting a 20,000-character body took seconds of CPU on the request: its text was embedded
+    before the answer. Here the index is busy the whole time an acceptance runs: it answers all
+    the same, its change waits in the outbox, and a search afterwards finds the artifact."""
+    import threading
+    import time
+
+    service.register_entity(MEMBER, REALM, "contract-7", "Contract 7", "contract")
+    made = service.create_draft(MEMBER, REALM, DraftInput(
+        artifact_path="dossiers/contract-7/osprey", artifact_kind="dossier", write_mode="replace",
+        body="Osprey migration dossier of contract 7.", summary="Osprey migration", source_ref="r", source_context={},
+        targets=[Target(target_kind="entity", target_id="contract-7")]))
+    service.submit(MEMBER, REALM, made.artifact_id)
+    answered = threading.Event()
+    with service.index._refreshing:  # the index is busy (another realm's refresh, say)
+        threading.Thread(target=lambda: (service.accept(OWNER, REALM, made.artifact_id), answered.set()), daemon=True).start()
+        assert answered.wait(20), "accept waited for the index"
+        assert service.get(MEMBER, REALM, made.artifact_id).status.value == "accepted"
+        with service.store.transaction() as tx:
+            assert service.store.oldest_unindexed(tx, REALM) is not None
+        time.sleep(0.2)
+    found = service.search(MEMBER, REALM, None, None, None, "Osprey migration", 1)
+    assert [a["artifact_id"] for a in found] == [made.artifact_id]
+    with service.store.transaction() as tx:
+        assert service.store.oldest_unindexed(tx, REALM) is None
+
+
+def test_ranked_pages_reach_every_accepted_artifact_while_the_index_still_holds_a_revoked_one(service):
+    """The index may hold an artifact the database no longer has as accepted (before it catches
+    up). Its place counted in the page: the page came back short, without a next_offset, and the
+    artifacts ranked after it were never reached."""
+    from services.recall.artifacts.models import Status
+    from services.recall.artifacts.tools import next_offset
+
+    service.register_entity(MEMBER, REALM, "contract-7", "Contract 7", "contract")
+    made = [accepted(service, f"dossiers/contract-7/heron-{i}", f"Heron survey {i} of contract 7.", "contract-7")
+            for i in range(5)]
+    best = service.search(MEMBER, REALM, None, None, None, "heron survey", 1)[0]["artifact_id"]
+    with service.store.transaction() as tx:  # revoked where the index does not hear of it (another replica, say)
+        service.store.update_fields(tx, best, status=Status.REVOKED)
+    seen: list[str] = []
+    offset: int | None = 0
+    while offset is not None:
+        page = service.search(MEMBER, REALM, None, None, None, "heron survey", 2, offset=offset)
+        seen += [a["artifact_id"] for a in page]
+        offset = next_offset(page, 2, offset)
+    assert sorted(seen) == sorted(set(made) - {best})

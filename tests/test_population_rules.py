@@ -151,3 +151,45 @@ def test_the_accepted_constitution_and_registry_are_replaced_never_revoked(popul
     assert arts.revoke(PERSON, REALM, proposal.artifact_id, "not needed").status.value == "revoked"
     charter = arts.get_by_path(OWNER, REALM, "population/charters/reviewer")
     assert arts.revoke(OWNER, REALM, charter.artifact_id, "role retired").status.value == "revoked"
+
+
+def table_reads(store, table: str, action) -> int:
+    """How many statements of `action` read `table`: SQLite traced, PostgreSQL by its own
+    statistics (scans of the table), flushed after the action."""
+    if not store.pg:
+        statements: list[str] = []
+        conn = store._connection()
+        conn.set_trace_callback(statements.append)
+        try:
+            action()
+        finally:
+            conn.set_trace_callback(None)
+        return sum(table in sql for sql in statements)
+
+    def scans() -> int:
+        with store.transaction() as tx:
+            tx.q("SELECT pg_stat_force_next_flush()")
+        with store.transaction() as tx:
+            return tx.q("SELECT COALESCE(seq_scan, 0) + COALESCE(idx_scan, 0) FROM pg_stat_user_tables WHERE relname = ?",
+                        (table,))[0][0]
+    before = scans()
+    action()
+    return scans() - before
+
+
+def test_listing_agents_reads_no_journal_entries(population):
+    """Each agent's sources (its worklog, a journal) were read with their first page of entries,
+    and its charter with its targets and entry count, although a listing shows ids and summaries."""
+    arts = population.artifacts
+    arts.accept(OWNER, REALM, population.propose_admission(PERSON, REALM, AGENT.principal, "researcher", "n").artifact_id)
+    worklog = arts.create_draft(AGENT, REALM, doc(f"agents/{AGENT.principal}/worklog", "worklog", "started"))
+    arts.submit(AGENT, REALM, worklog.artifact_id)
+    arts.accept(OWNER, REALM, worklog.artifact_id)
+    for i in range(5):
+        arts.append(AGENT, REALM, worklog.artifact_id, f"step {i}", "r", {})
+    listed: list[dict] = []
+    reads = table_reads(population.store, "artifact_entries", lambda: listed.append(population.list_agents(PERSON, REALM)))
+    [agent] = listed[0]["agents"]
+    assert [s["artifact_id"] for s in agent["sources"]] == [None, worklog.artifact_id]
+    assert agent["charter_id"] == arts.get_by_path(PERSON, REALM, "population/charters/researcher").artifact_id
+    assert reads == 0

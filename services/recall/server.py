@@ -181,12 +181,14 @@ def build_artifact_service(s: RecallSettings) -> ArtifactService:
                            s.realm_max_text_bytes)
 
 
-def check_artifacts_db(store: ArtifactStore) -> None:
-    """Make the artifact tables at start; a database that cannot be reached is one warning, and
-    the service starts anyway (conversation recall does not need it; the realm surface answers
-    "database is unavailable" until it is back)."""
+def check_artifacts_db(service: ArtifactService) -> None:
+    """Make the artifact tables at start, and queue the refresh of every realm index left behind;
+    a database that cannot be reached is one warning, and the service starts anyway (conversation
+    recall does not need it; the realm surface answers "database is unavailable" until it is back,
+    and a realm's first search catches its index up)."""
     try:
-        store.check()
+        service.store.check()
+        service.sweep_at_start()
     except StoreUnavailable as exc:
         log.warning("recall.artifacts_db_unavailable", error=str(exc).splitlines()[0][:300],
                     hint="memory artifacts and AgentMemory answer 503 / 'database is unavailable' until it is reachable")
@@ -208,7 +210,7 @@ def build_app(settings: RecallSettings | None = None):
 
     artifacts = build_artifact_service(s)
     register_realm_surface(mcp, artifacts)
-    check_artifacts_db(artifacts.store)
+    check_artifacts_db(artifacts)
 
     @mcp.custom_route("/healthz", methods=["GET"])
     async def healthz(request: Request) -> Response:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import wraps
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from pydantic import ValidationError
 
@@ -90,9 +90,9 @@ COLUMNS = ("artifact_id, realm_id, artifact_path, artifact_kind, write_mode, sta
            " source_context, author, created_at, updated_at, supersedes_artifact_id, superseded_by_artifact_id, revoked_reason")
 
 
-# Which of an artifact's entries a read brings: (offset, limit) in their order, or all of them.
-Window = tuple[int, int] | None
-ALL_ENTRIES: Window = None  # what the search index reads
+# Which of an artifact's entries a read brings: (offset, limit) in their order (the search index
+# reads a journal a file's worth at a time, never whole).
+Window = tuple[int, int]
 NO_ENTRIES: Window = (0, 0)  # a compact listing: the count only
 ENTRIES_PAGE = 20  # entries a read shows unless asked for another page
 FIRST_PAGE: Window = (0, ENTRIES_PAGE)
@@ -102,6 +102,13 @@ def stored_json(value: Any) -> str:
     """A `source_context` as stored: the UTF-8 JSON its size limit is checked on (text_limits.py),
     not ASCII escapes, which made a parrot 12 bytes instead of 4."""
     return json.dumps(value, ensure_ascii=False)
+
+
+class Head(NamedTuple):
+    """An accepted artifact as a listing names it (its body only when asked for, else "")."""
+    artifact_id: str
+    summary: str
+    body: str
 
 
 class Conflict(Exception):
@@ -268,6 +275,18 @@ class ArtifactStore:
                     + (" FOR UPDATE" if lock and self.pg else ""), (realm_id, path))
         return self._hydrate(tx, rows[0], entries) if rows else None
 
+    def accepted_heads(self, tx: Tx, realm_id: str, paths: list[str], with_body: bool = False) -> dict[str, Head]:
+        """The accepted artifact at each of these paths that has one, from the artifacts table alone:
+        no targets, no entry counts, no journal pages (a listing that names artifacts needs none)."""
+        unique = list(dict.fromkeys(paths))
+        if not unique:
+            return {}
+        body = "body" if with_body else "''"
+        rows = tx.q(f"SELECT artifact_path, artifact_id, summary, {body} FROM artifacts"
+                    f" WHERE realm_id = ? AND status = 'accepted' AND artifact_path IN ({','.join('?' * len(unique))})",
+                    (realm_id, *unique))
+        return {r[0]: Head(artifact_id=r[1], summary=r[2], body=r[3]) for r in rows}
+
     def own_open_draft(self, tx: Tx, realm_id: str, path: str, author: str, entries: Window = FIRST_PAGE) -> Artifact | None:
         rows = tx.q(f"SELECT {COLUMNS} FROM artifacts WHERE realm_id = ? AND artifact_path = ? AND author = ?"
                     " AND status IN ('draft', 'proposed') ORDER BY updated_at DESC LIMIT 1", (realm_id, path, author))
@@ -277,7 +296,7 @@ class ArtifactStore:
                target_id: str | None = None, kind: str | None = None, limit: int = 50,
                status: str = "accepted", offset: int = 0, entries: Window = NO_ENTRIES) -> list[Artifact]:
         """Artifacts in one status (never pass "draft" for someone else: drafts are private), newest
-        first; with their entry counts, and their entries only when asked (`ALL_ENTRIES`: the index)."""
+        first; with their entry counts, and a window of their entries only when asked."""
         if artifact_ids is not None and not artifact_ids:
             return []
         sql, params = self._where(realm_id, target_kind, target_id, kind, status)
@@ -288,11 +307,30 @@ class ArtifactStore:
         params += [limit, offset]
         return self._hydrate_many(tx, tx.q(f"SELECT {COLUMNS} FROM artifacts a WHERE " + sql, tuple(params)), entries)
 
-    def accepted_ids(self, tx: Tx, realm_id: str, target_kind: str | None, target_id: str | None,
-                     kind: str | None) -> set[str]:
-        """Ids of every accepted artifact these filters let through (nothing else is read)."""
+    def by_ids(self, tx: Tx, artifact_ids: list[str], entries: Window = FIRST_PAGE) -> list[Artifact]:
+        """These artifacts (those that exist), in any status and order."""
+        if not artifact_ids:
+            return []
+        rows = tx.q(f"SELECT {COLUMNS} FROM artifacts WHERE artifact_id IN ({','.join('?' * len(artifact_ids))})",
+                    tuple(artifact_ids))
+        return self._hydrate_many(tx, rows, entries)
+
+    def accepted_page(self, tx: Tx, realm_id: str, after_id: str, limit: int) -> list[Artifact]:
+        """The realm's accepted artifacts with ids after `after_id`, in id order, with their entry
+        counts: a page of what its search index holds (keyset pages: none skipped or repeated
+        when artifacts change between two pages)."""
+        rows = tx.q(f"SELECT {COLUMNS} FROM artifacts WHERE realm_id = ? AND status = 'accepted' AND artifact_id > ?"
+                    " ORDER BY artifact_id LIMIT ?", (realm_id, after_id, limit))
+        return self._hydrate_many(tx, rows, NO_ENTRIES)
+
+    def accepted_among(self, tx: Tx, realm_id: str, artifact_ids: list[str], target_kind: str | None,
+                       target_id: str | None, kind: str | None) -> set[str]:
+        """Which of these ids are accepted artifacts the filters let through (nothing else is read)."""
+        if not artifact_ids:
+            return set()
         sql, params = self._where(realm_id, target_kind, target_id, kind, "accepted")
-        return {r[0] for r in tx.q("SELECT artifact_id FROM artifacts a WHERE " + sql, tuple(params))}
+        sql += f" AND artifact_id IN ({','.join('?' * len(artifact_ids))})"
+        return {r[0] for r in tx.q("SELECT artifact_id FROM artifacts a WHERE " + sql, tuple(params + artifact_ids))}
 
     @staticmethod
     def _where(realm_id: str, target_kind: str | None, target_id: str | None, kind: str | None,
@@ -331,9 +369,9 @@ class ArtifactStore:
 
     @reads_stored_rows("artifacts")
     def _hydrate_many(self, tx: Tx, rows: list[tuple], window: Window) -> list[Artifact]:
-        """Artifacts with their targets, entry counts and the `window` of their entries (all of
-        them for ALL_ENTRIES, none for NO_ENTRIES): a query each, whatever the number of rows,
-        plus one per artifact for a page of its entries."""
+        """Artifacts with their targets, entry counts and the `window` of their entries (none for
+        NO_ENTRIES): a query each, whatever the number of rows, plus one per artifact for a page of
+        its entries."""
         if not rows:
             return []
         names = [c.strip() for c in COLUMNS.split(",")]
@@ -349,12 +387,9 @@ class ArtifactStore:
             totals[aid] = int(count)
         entries: dict[str, list[Entry]] = {i: [] for i in ids}
         select = "SELECT artifact_id, seq, body, author, created_at, source_ref, source_context FROM artifact_entries"
-        if window is ALL_ENTRIES:
-            found = tx.q(f"{select} WHERE artifact_id IN ({marks}) ORDER BY seq", tuple(ids))
-        else:
-            offset, limit = window
-            found = [row for aid in ids if limit and totals[aid] > offset
-                     for row in tx.q(f"{select} WHERE artifact_id = ? ORDER BY seq LIMIT ? OFFSET ?", (aid, limit, offset))]
+        offset, limit = window
+        found = [row for aid in ids if limit and totals[aid] > offset
+                 for row in tx.q(f"{select} WHERE artifact_id = ? ORDER BY seq LIMIT ? OFFSET ?", (aid, limit, offset))]
         for aid, seq, body, author, created, ref, ctx in found:
             entries[aid].append(Entry(seq=seq, body=body, author=author, created_at=created, source_ref=ref,
                                       source_context=json.loads(ctx)))
@@ -363,10 +398,10 @@ class ArtifactStore:
             data = dict(zip(names, row))
             data["source_context"] = json.loads(data["source_context"])
             aid = row[0]
-            shown_to = (0 if window is ALL_ENTRIES else window[0]) + len(entries[aid])
+            shown_to = offset + len(entries[aid])
             out.append(Artifact.model_validate({
                 **data, "targets": targets[aid], "entries": entries[aid], "entries_total": totals[aid],
-                "entries_next_offset": shown_to if window is not ALL_ENTRIES and window[1] and shown_to < totals[aid] else None}))
+                "entries_next_offset": shown_to if limit and shown_to < totals[aid] else None}))
         return out
 
     # ---- writes -----------------------------------------------------------------------------------
@@ -414,6 +449,11 @@ class ArtifactStore:
     def oldest_unindexed(self, tx: Tx, realm_id: str) -> float | None:
         """When the realm's oldest change not yet in its index was committed (None: none is)."""
         return tx.q("SELECT MIN(at) FROM artifact_index_outbox WHERE realm_id = ?", (realm_id,))[0][0]
+
+    def realms_behind(self, tx: Tx, limit: int) -> list[str]:
+        """Realms with changes their index has yet to take, oldest change first (at most `limit`)."""
+        return [r[0] for r in tx.q("SELECT realm_id FROM artifact_index_outbox GROUP BY realm_id ORDER BY MIN(at) LIMIT ?",
+                                   (limit,))]
 
     def indexed(self, tx: Tx, change_ids: list[str]) -> None:
         for change_id in change_ids:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-REALM_THREADS = 8  # also the most database connections one replica opens (one per thread)
+REALM_THREADS = 8  # also the most database connections these open (one per thread; the index queue has one more)
 T = TypeVar("T")
 
 _pool = ThreadPoolExecutor(max_workers=REALM_THREADS, thread_name_prefix="realm")

@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from services.recall.artifacts import kind_schemas, rules
 from services.recall.artifacts.artifact_search import ArtifactSearch
-from services.recall.artifacts.artifact_store import ALL_ENTRIES, ENTRIES_PAGE, NO_ENTRIES, ArtifactStore, Conflict, Tx, Window
+from services.recall.artifacts.artifact_store import ENTRIES_PAGE, NO_ENTRIES, ArtifactStore, Conflict, Tx, Window
+from services.recall.artifacts.index_queue import IndexQueue
 from services.recall.artifacts.kind_schemas import AgentRegistry, Constitution
-from services.recall.artifacts.models import MAX_TARGETS, REALM_ID, Artifact, DraftInput, Role, Status, Target, TargetKind
+from services.recall.artifacts.models import MAX_TARGETS, REALM_ID, Artifact, DraftInput, Entry, Role, Status, Target, TargetKind
 from services.recall.artifacts.rules import RuleBroken
 from services.recall.artifacts.text_limits import DEFAULT_MAX_TEXT_BYTES, check_json, check_text
 from shared.engine.fault_injection import fault_point
@@ -39,8 +41,12 @@ AUDIT_PAGE = 50  # audit events listed unless asked for another page size
 SEARCHABLE = ("accepted", "proposed", "superseded", "revoked")
 CATCH_UP_AFTER_S = 30.0  # a change older than this, not yet in search, was left behind by a dead process
 CATCH_UP_RETRY_S = 30.0
+# A search waits this long at most for the refreshes its own process queued in the realm (an
+# agent that accepted and then searches finds its artifact), then answers from the index as it is.
+SEARCH_WAITS_FOR_INDEX_S = 20.0
+SWEPT_AT_START = 1000  # realms whose index a starting process brings up to date (the rest: at their first search)
 LISTED_AT_MOST = 500  # newest artifacts a query over proposals or history looks through
-EVERY = 2**62  # a limit that never cuts (a realm's whole accepted set)
+INDEX_PAGE = 20  # artifacts an index refresh reads from the database at once (their entries: a file's worth at a time)
 
 
 def check_page(limit: int, offset: int, max_offset: int = MAX_OFFSET, names: tuple[str, str] = ("limit", "offset")) -> None:
@@ -82,6 +88,7 @@ class ArtifactService:
         self.catch_up_after_s = CATCH_UP_AFTER_S
         self._used_realms: set[str] = set()
         self._catch_up_not_before: dict[str, float] = {}
+        self.index_queue = IndexQueue(self.reindex)
 
     def check_sizes(self, body: str | None = None, source_context: dict | None = None) -> None:
         """Before any transaction: a field over the limit stores nothing."""
@@ -206,7 +213,7 @@ class ArtifactService:
                 self.store.mark_for_index(tx, realm_id, [artifact_id])
             result = self.store.get(tx, artifact_id)
         if result.status is Status.ACCEPTED:
-            self.reindex(realm_id, [artifact_id])
+            self.index_queue.soon(realm_id)
         return result
 
     def submit(self, caller: Caller, realm_id: str, artifact_id: str) -> Artifact:
@@ -219,7 +226,7 @@ class ArtifactService:
             return self.store.get(tx, artifact_id)
 
     def accept(self, caller: Caller, realm_id: str, artifact_id: str) -> Artifact:
-        def attempt() -> tuple[Artifact, Artifact | None]:
+        def attempt() -> Artifact:
             with self.store.transaction() as tx:
                 artifact, role = self._load(tx, caller, realm_id, artifact_id, lock=True)
                 constitution = self.governed(tx, caller, realm_id, "accept")
@@ -235,10 +242,10 @@ class ArtifactService:
                 self.store.record(tx, artifact_id, "accepted", caller.principal,
                                   superseded=previous.artifact_id if previous else None)
                 self.store.mark_for_index(tx, realm_id, [artifact_id, *([previous.artifact_id] if previous else [])])
-                return self.store.get(tx, artifact_id), (self.store.get(tx, previous.artifact_id) if previous else None)
+                return self.store.get(tx, artifact_id)
 
-        accepted, previous = self._retrying(attempt)
-        self.reindex(realm_id, [a.artifact_id for a in (previous, accepted) if a is not None])
+        accepted = self._retrying(attempt)
+        self.index_queue.soon(realm_id)  # the answer does not wait for the embedding (index_queue.py)
         return accepted
 
     def revoke(self, caller: Caller, realm_id: str, artifact_id: str, reason: str | None) -> Artifact:
@@ -252,13 +259,13 @@ class ArtifactService:
                 self.store.mark_for_index(tx, realm_id, [artifact_id])
             result = self.store.get(tx, artifact_id)
         if artifact.status is Status.ACCEPTED:
-            self.reindex(realm_id, [artifact_id])
+            self.index_queue.soon(realm_id)
         return result
 
     def supersede(self, caller: Caller, realm_id: str, artifact_id: str, body: str, summary: str, source_ref: str,
                   source_context: dict, targets: list[Target] | None) -> Artifact:
         self.check_sizes(body, source_context)
-        def attempt() -> tuple[Artifact, Artifact]:
+        def attempt() -> Artifact:
             with self.store.transaction() as tx:
                 current, role = self._load(tx, caller, realm_id, artifact_id, lock=True)
                 rules.check_supersede(current.status, role)
@@ -281,32 +288,51 @@ class ArtifactService:
                 self.store.update_fields(tx, new.artifact_id, status=Status.ACCEPTED)
                 self.store.record(tx, new.artifact_id, "accepted", caller.principal, superseded=artifact_id)
                 self.store.mark_for_index(tx, realm_id, [artifact_id, new.artifact_id])
-                return self.store.get(tx, new.artifact_id), self.store.get(tx, artifact_id)
+                return self.store.get(tx, new.artifact_id)
 
-        new, old = self._retrying(attempt)
-        self.reindex(realm_id, [old.artifact_id, new.artifact_id])
+        new = self._retrying(attempt)
+        self.index_queue.soon(realm_id)
         return new
 
-    def reindex(self, realm_id: str, artifact_ids: list[str], wait: bool = True) -> bool:
-        """After a commit: the realm's search index takes these artifacts as the database now has
-        them, with every change still in the realm's index outbox (a process killed between its
-        commit and its refresh left it there). A failure (the index locked for over a minute, a
-        full disk) is logged, not raised: the change itself is committed, its outbox row stays,
-        and the realm's next refresh rebuilds its files whole. True when the index took them."""
+    def reindex(self, realm_id: str, wait: bool = True) -> bool:
+        """After a commit (in the index queue's thread): the realm's search index takes every
+        change in the realm's index outbox — the artifacts as the database now has them; a change
+        of a process killed between its commit and its refresh is there too. A failure (the index
+        locked for over a minute, a full disk) is logged, not raised: the change itself is
+        committed, its outbox row stays, and the realm's next refresh rebuilds its files whole.
+        True when the index took them."""
         fault_point("artifact_before_index_refresh")
         taken: list[str] = []
 
-        def current(whole: bool) -> list[Artifact]:
+        def current(whole: bool) -> Iterator[Artifact]:
+            """The outbox first, then the artifacts a page per transaction: a rebuild of a large
+            realm never holds it all in memory. A change committed meanwhile keeps its outbox row
+            (not taken), so the next refresh takes it even if its page was read before it."""
             with self.store.transaction() as tx:
                 pending = self.store.index_outbox(tx, realm_id)
-                taken[:] = [change_id for change_id, _ in pending]
-                if whole:
-                    return self.store.listed(tx, realm_id, limit=EVERY, entries=ALL_ENTRIES)
-                ids = dict.fromkeys([*artifact_ids, *(aid for _, aid in pending)])
-                return [a for a in (self.store.get(tx, aid, entries=ALL_ENTRIES) for aid in ids) if a is not None]
+            taken[:] = [change_id for change_id, _ in pending]
+            if whole:
+                after = ""
+                while True:
+                    with self.store.transaction() as tx:
+                        page = self.store.accepted_page(tx, realm_id, after, INDEX_PAGE)
+                    yield from page
+                    if len(page) < INDEX_PAGE:
+                        return
+                    after = page[-1].artifact_id
+            ids = list(dict.fromkeys(aid for _, aid in pending))
+            for start in range(0, len(ids), INDEX_PAGE):
+                with self.store.transaction() as tx:  # closed before the page is used: no lock held while files are written
+                    page = self.store.by_ids(tx, ids[start:start + INDEX_PAGE], entries=NO_ENTRIES)
+                yield from page
+
+        def entries(artifact_id: str, offset: int, limit: int) -> list[Entry]:
+            with self.store.transaction() as tx:
+                artifact = self.store.get(tx, artifact_id, entries=(offset, limit))
+            return artifact.entries if artifact else []
 
         try:
-            if not self.index.refresh(realm_id, current, wait):
+            if not self.index.refresh(realm_id, current, entries, wait):
                 return False
             with self.store.transaction() as tx:
                 self.store.indexed(tx, taken)
@@ -316,6 +342,18 @@ class ArtifactService:
                         **loggable_failure(exc),
                         hint="search may miss these changes until the realm's next refresh rebuilds its index")
             return False
+
+    def sweep_at_start(self) -> int:
+        """At start: the refresh of every realm left behind (a process killed between a commit and
+        its refresh, a refresh that failed) — the SWEPT_AT_START with the oldest changes — is
+        queued, so none waits for its first search. Returns how many were queued."""
+        with self.store.transaction() as tx:
+            behind = self.store.realms_behind(tx, SWEPT_AT_START)
+        for realm_id in behind:
+            self.index_queue.soon(realm_id)
+        if behind:
+            log.info("recall.artifact_index_sweep", realms=len(behind))
+        return len(behind)
 
     def catch_up(self, realm_id: str) -> None:
         """Before a search: a realm whose index is behind its database — changes committed by a
@@ -333,7 +371,7 @@ class ArtifactService:
         if oldest is None or (not first_use and time.time() - oldest < self.catch_up_after_s):
             return
         log.info("recall.artifact_index_catch_up", realm=self.index.home(realm_id).name, behind_s=round(time.time() - oldest, 1))
-        if not self.reindex(realm_id, [], wait=False):
+        if not self.reindex(realm_id, wait=False):
             self._catch_up_not_before[realm_id] = now + CATCH_UP_RETRY_S
 
     def _supersede_row(self, tx: Tx, previous: Artifact, by: str, actor: str) -> None:
@@ -381,6 +419,7 @@ class ArtifactService:
         if status != "accepted":
             return self._listed(realm_id, status, target_kind, target_id, kind, words, limit, offset)
         if words:
+            self.index_queue.wait(realm_id, SEARCH_WAITS_FOR_INDEX_S)
             self.catch_up(realm_id)
         ranked = self._ranked(realm_id, query, target_kind, target_id, kind, offset + limit)[offset:] if words else None
         with self.store.transaction() as tx:
@@ -407,20 +446,16 @@ class ArtifactService:
 
     def _ranked(self, realm_id: str, query: str, target_kind: str | None, target_id: str | None, kind: str | None,
                 limit: int) -> list[str]:
-        """The best `limit` artifact ids for the query among those the filters let through. The
-        index knows kinds, not targets: with a target filter the ranked pool grows until it holds
-        `limit` of that target's artifacts or the whole realm (up to MAX_POOL passages)."""
-        allowed = None
-        if target_kind or target_id:
-            with self.store.transaction() as tx:
-                allowed = self.store.accepted_ids(tx, realm_id, target_kind, target_id, kind)
-            if not allowed:
-                return []
+        """The best `limit` artifact ids for the query among those the database has as accepted and
+        the filters let through. The index knows kinds, not targets, and may still hold an artifact
+        revoked or superseded a moment ago: the ranked pool grows until it holds `limit` ids that
+        pass, or the whole realm (up to MAX_POOL passages), so a page is short only at the end."""
         pool = max(30, limit * 6)
         while True:
             ranked, everything = self.index.search(realm_id, query, pool, kind)
-            if allowed is not None:
-                ranked = [aid for aid in ranked if aid in allowed]
+            with self.store.transaction() as tx:
+                passing = self.store.accepted_among(tx, realm_id, ranked, target_kind, target_id, kind)
+            ranked = [aid for aid in ranked if aid in passing]
             if len(ranked) >= limit or everything or pool >= MAX_POOL:
                 return ranked[:limit]
             pool = min(pool * 4, MAX_POOL)

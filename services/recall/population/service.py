@@ -12,7 +12,7 @@ from services.recall.artifacts import rules
 from services.recall.artifacts.kind_schemas import (CONSTITUTION_PATH, PRINCIPAL, REGISTRY_PATH, AgentRegistry, Charter,
                                                     Constitution, RegistryEntry, agent_refusals, dump, fill_path,
                                                     parse_stored_body)
-from services.recall.artifacts.artifact_store import Conflict, Tx
+from services.recall.artifacts.artifact_store import Conflict, Head, Tx
 from services.recall.artifacts.models import Artifact, DraftInput, Role, Status, Target, rfc3339
 from services.recall.artifacts.rules import RuleBroken
 from services.recall.artifacts.service import ArtifactService, Caller, check_page
@@ -45,7 +45,7 @@ class PopulationService:
                 self.store.mark_for_index(tx, realm_id, [a.artifact_id for a in made])
         except Conflict:  # another owner initialised it at the same moment (the one-accepted-version index)
             raise already from None
-        self.artifacts.reindex(realm_id, [a.artifact_id for a in made])
+        self.artifacts.index_queue.soon(realm_id)
         return {"realm_id": realm_id, "created": [{"artifact_kind": a.artifact_kind, "artifact_path": a.artifact_path,
                                                    "artifact_id": a.artifact_id} for a in made]}
 
@@ -64,45 +64,51 @@ class PopulationService:
         return self.store.get(tx, artifact.artifact_id)
 
     # ---- reading ----------------------------------------------------------------------------------------
-    def _state(self, tx: Tx, realm_id: str) -> tuple[Artifact, Constitution, Artifact, AgentRegistry]:
-        c = self.store.accepted_at_path(tx, realm_id, CONSTITUTION_PATH)
-        r = self.store.accepted_at_path(tx, realm_id, REGISTRY_PATH)
+    def _state(self, tx: Tx, realm_id: str) -> tuple[Head, Constitution, Head, AgentRegistry]:
+        heads = self.store.accepted_heads(tx, realm_id, [CONSTITUTION_PATH, REGISTRY_PATH], with_body=True)
+        c, r = heads.get(CONSTITUTION_PATH), heads.get(REGISTRY_PATH)
         if c is None or r is None:
             raise RuleBroken("population", f"realm {realm_id!r} has no population yet (an owner runs init_population)")
         return c, parse_stored_body("constitution", c.body), r, parse_stored_body("agent_registry", r.body)  # type: ignore[return-value]
 
     def list_agents(self, caller: Caller, realm_id: str, principal: str | None = None, limit: int = AGENTS_PAGE,
                     offset: int = 0) -> dict[str, Any]:
-        """A page of the registry's agents, in its order, each described (charter, sources)."""
+        """A page of the registry's agents, in its order, each described (charter, sources): the
+        page's charters in one query and their sources in another, never their journals' entries."""
         rules.role_in(caller.realms, realm_id)
         check_page(limit, offset)
         with self.store.transaction() as tx:
             c, constitution, r, registry = self._state(tx, realm_id)
             entries = [a for a in registry.agents if principal is None or a.principal == principal]
-            agents = [self._describe(tx, realm_id, a) for a in entries[offset:offset + limit]]
+            page = entries[offset:offset + limit]
+            charter_heads = self.store.accepted_heads(tx, realm_id, [charter_path(e.role) for e in page], with_body=True)
+            charters: dict[str, Charter] = {path: parse_stored_body("charter", head.body)  # type: ignore[misc]
+                                            for path, head in charter_heads.items()}
+            wanted = {e.principal: self._source_paths(e, charters.get(charter_path(e.role))) for e in page}
+            sources = self.store.accepted_heads(tx, realm_id, [path for paths in wanted.values() for path, _ in paths])
+        agents = [self._describe(e, charter_heads.get(charter_path(e.role)), charters.get(charter_path(e.role)),
+                                 wanted[e.principal], sources) for e in page]
         return {"constitution_id": c.artifact_id, "registry_id": r.artifact_id,
                 "roles": {name: policy.model_dump(mode="json") for name, policy in constitution.roles.items()},
                 "separate_author_and_reviewer": constitution.separate_author_and_reviewer, "agents": agents,
                 "agents_total": len(entries), "next_offset": offset + len(agents) if offset + len(agents) < len(entries) else None}
 
-    def _describe(self, tx: Tx, realm_id: str, entry: RegistryEntry) -> dict[str, Any]:
+    @staticmethod
+    def _source_paths(entry: RegistryEntry, charter: Charter | None) -> list[tuple[str, str]]:
+        """(path, whose) of the agent's sources: its charter's, for itself and whom it takes over from."""
+        if charter is None:
+            return []
+        owners = [entry.principal] + ([entry.takes_over_from] if entry.takes_over_from else [])
+        return [(fill_path(template, who), who) for who in owners for template in charter.sources]
+
+    @staticmethod
+    def _describe(entry: RegistryEntry, charter_head: Head | None, charter: Charter | None,
+                  source_paths: list[tuple[str, str]], found: dict[str, Head]) -> dict[str, Any]:
         """The registry entry, where its charter is, and its sources resolved to accepted artifacts."""
-        path = charter_path(entry.role)
-        charter_artifact = self.store.accepted_at_path(tx, realm_id, path)
-        sources: list[dict[str, Any]] = []
-        charter: Charter | None = None
-        if charter_artifact is not None:
-            charter = parse_stored_body("charter", charter_artifact.body)  # type: ignore[assignment]
-            owners = [entry.principal] + ([entry.takes_over_from] if entry.takes_over_from else [])
-            for who in owners:
-                for template in charter.sources:
-                    source_path = fill_path(template, who)
-                    found = self.store.accepted_at_path(tx, realm_id, source_path)
-                    sources.append({"artifact_path": source_path, "of": who,
-                                    "artifact_id": found.artifact_id if found else None,
-                                    "summary": found.summary if found else None})
-        return {**entry.model_dump(mode="json"), "charter_path": path,
-                "charter_id": charter_artifact.artifact_id if charter_artifact else None,
+        sources = [{"artifact_path": path, "of": who, "artifact_id": found[path].artifact_id if path in found else None,
+                    "summary": found[path].summary if path in found else None} for path, who in source_paths]
+        return {**entry.model_dump(mode="json"), "charter_path": charter_path(entry.role),
+                "charter_id": charter_head.artifact_id if charter_head else None,
                 "handoff_path": fill_path(charter.handoff_path, entry.principal) if charter else None,
                 "sources": sources}
 
