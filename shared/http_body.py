@@ -3,6 +3,9 @@ they would accept."""
 
 from __future__ import annotations
 
+import codecs
+import json
+
 from starlette.requests import Request
 
 
@@ -22,3 +25,34 @@ async def read_body(request: Request, limit: int) -> bytes:
         if len(body) > limit:
             raise BodyTooLarge
     return bytes(body)
+
+
+class BodyNotUtf8(Exception):
+    """The body is not UTF-8 text: `status` 415 for another encoding (named in `detail`), 400 for
+    bytes that are no encoding at all."""
+
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(detail)
+        self.status, self.detail = status, detail
+
+
+def utf8_text(raw: bytes) -> str:
+    """The body as text. JSON between systems is UTF-8 without a byte order mark (RFC 8259
+    §8.1); json.loads would also take UTF-16 or UTF-32 and skip a UTF-8 BOM, where another reader
+    of the same body (a proxy, an audit log) may not: both are refused, naming the encoding."""
+    encoding = json.detect_encoding(raw)  # the guess json.loads makes, from a BOM or NUL bytes
+    if encoding == "utf-8-sig":
+        raise BodyNotUtf8(415, "starts with a UTF-8 byte order mark (EF BB BF): send UTF-8 without one (RFC 8259 §8.1)")
+    if encoding != "utf-8":
+        raise BodyNotUtf8(415, f"is {_encoding_name(raw, encoding)}, not UTF-8: JSON must be sent as UTF-8 (RFC 8259 §8.1)")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BodyNotUtf8(400, f"not UTF-8: byte {raw[exc.start]:#04x} at offset {exc.start}") from None
+
+
+def _encoding_name(raw: bytes, encoding: str) -> str:
+    if encoding in ("utf-16", "utf-32"):  # json saw a BOM: its first bytes give the byte order
+        order = "LE" if raw.startswith(codecs.BOM_LE) else "BE"
+        return f"{encoding.upper()}{order} (with a byte order mark)"
+    return f"{encoding.upper().replace('-LE', 'LE').replace('-BE', 'BE')} (by its NUL bytes)"

@@ -140,6 +140,23 @@ async def test_a_body_nested_too_deeply_or_too_large_is_4xx_naming_the_body_neve
     assert alice.post("/memory", json=record(targets=[{"target_kind": "realm", "target_id": REALM}])).status_code == 201
 
 
+async def test_a_body_in_another_encoding_or_with_a_huge_integer_is_refused_saying_so(mcp_server):
+    """These read "the request body must be a JSON object" (UTF-16 and a BOM were even taken:
+    json.loads guesses encodings), which sent the caller hunting in a valid object."""
+    import codecs
+
+    alice = Person(mcp_server, "alice", "member")
+    body = json.dumps(record(targets=[{"target_kind": "realm", "target_id": REALM}]))
+    json_type = {"content-type": "application/json"}
+    for raw, said in [(body.encode("utf-16"), "UTF-16LE"), (codecs.BOM_UTF8 + body.encode(), "byte order mark")]:
+        resp = alice.post("/memory", content=raw, headers=json_type)
+        assert resp.status_code == 415 and resp.json()["error"] == "body_encoding" and said in resp.json()["detail"], resp.text
+    huge = alice.post("/memory", content=body[:-1].encode() + b', "n": ' + b"9" * 5000 + b"}", headers=json_type)
+    assert huge.status_code == 422 and "5,000 digits" in huge.json()["detail"], huge.text
+    assert "set_int_max_str_digits" not in huge.text
+    assert alice.post("/memory", content=body.encode(), headers=json_type).status_code == 201
+
+
 def test_operators_write_with_the_recall_memory_cli(tmp_path, service_env, artifacts_db_url):
     env = {**service_env, "RECALL_ARTIFACTS_DB_URL": artifacts_db_url}
     (tmp_path / "rec.json").write_text(json.dumps(record(targets=[{"target_kind": "realm", "target_id": REALM}])))

@@ -16,7 +16,6 @@ dir is not writable (`STORAGE_UNWRITABLE` in Redis, refreshed by the indexers' p
 from __future__ import annotations
 
 import asyncio
-import codecs
 import hmac
 import json
 import re
@@ -42,7 +41,7 @@ from services.ingest.openapi import openapi_document
 from services.ingest.redaction import Redactor
 from services.ingest.settings import IngestSettings
 from shared.error_site import exception_site, new_incident
-from shared.http_body import BodyTooLarge, read_body
+from shared.http_body import BodyNotUtf8, BodyTooLarge, read_body, utf8_text
 from shared.logging_setup import get_logger
 from shared.metrics_http import metrics_endpoint
 from shared.recall_answer_format import looks_like_recall_answer
@@ -144,30 +143,6 @@ def _query_and_path_problems(request: Request, allowed: frozenset[str]) -> list[
     if not _is_utf8(unquote_to_bytes(request.scope.get("raw_path", b"").decode("latin-1"))):
         problems.extend((name, "not UTF-8 once percent-decoded") for name in request.path_params)
     return problems
-
-
-def _utf8_text(raw: bytes) -> str:
-    """The body as text. JSON between systems is UTF-8 without a byte order mark (RFC 8259
-    §8.1); json.loads would also take UTF-16 or UTF-32 and skip a UTF-8 BOM, where another reader
-    of the same body (a proxy, an audit log) may not: both are refused, naming the encoding."""
-    encoding = json.detect_encoding(raw)  # the guess json.loads makes, from a BOM or NUL bytes
-    if encoding == "utf-8-sig":
-        raise HTTPProblem(415, "unsupported body encoding", [("body", "starts with a UTF-8 byte order mark (EF BB BF): "
-                                                                      "send UTF-8 without one (RFC 8259 §8.1)")])
-    if encoding != "utf-8":
-        raise HTTPProblem(415, "unsupported body encoding", [("body", f"is {_encoding_name(raw, encoding)}, not UTF-8: "
-                                                                      "JSON must be sent as UTF-8 (RFC 8259 §8.1)")])
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise HTTPProblem(400, "malformed JSON", [("body", f"not UTF-8: byte {raw[exc.start]:#04x} at offset {exc.start}")]) from None
-
-
-def _encoding_name(raw: bytes, encoding: str) -> str:
-    if encoding in ("utf-16", "utf-32"):  # json saw a BOM: its first bytes give the byte order
-        order = "LE" if raw.startswith(codecs.BOM_LE) else "BE"
-        return f"{encoding.upper()}{order} (with a byte order mark)"
-    return f"{encoding.upper().replace('-LE', 'LE').replace('-BE', 'BE')} (by its NUL bytes)"
 
 
 def _is_utf8(raw: bytes) -> bool:
@@ -323,8 +298,11 @@ class IngestAPI:
         if not _is_json(request.headers.get("content-type", "")):
             raise HTTPProblem(415, "unsupported media type", [("content-type", "must be application/json")])
         try:
-            payload, marked = _loads_marking_problems(_utf8_text(raw))
-        except ValueError as exc:  # a UnicodeDecodeError is answered by _utf8_text
+            payload, marked = _loads_marking_problems(utf8_text(raw))
+        except BodyNotUtf8 as exc:
+            raise HTTPProblem(exc.status, "unsupported body encoding" if exc.status == 415 else "malformed JSON",
+                              [("body", exc.detail)]) from None
+        except ValueError as exc:
             raise HTTPProblem(400, "malformed JSON", [("body", _printable(str(exc)))])
         except RecursionError:
             raise HTTPProblem(400, "malformed JSON", [("body", "nested too deeply")]) from None

@@ -18,6 +18,7 @@ artifacts database cannot be reached.
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -38,9 +39,9 @@ from services.recall.artifacts.text_limits import TextTooLarge, request_bytes_fo
 from services.recall.artifacts.tool_access import CONCURRENT_CHANGE
 from services.recall.artifacts.tools import next_offset
 from services.recall.metrics import REALM_CALLS
-from shared.http_body import BodyTooLarge, read_body
+from shared.http_body import BodyNotUtf8, BodyTooLarge, read_body, utf8_text
 
-STATUS = {"realm_membership": 403, "realm_role": 403, "not_found": 404, "body_size": 413}
+STATUS = {"realm_membership": 403, "realm_role": 403, "not_found": 404, "body_size": 413, "body_encoding": 415}
 MIN_BODY_BYTES = 2**20  # a valid record is far smaller, whatever the text limit
 Handler = Callable[[Request, Caller, str], Awaitable[Any]]
 
@@ -56,14 +57,31 @@ def max_body_bytes(max_text_bytes: int) -> int:
     return max(MIN_BODY_BYTES, request_bytes_for(max_text_bytes))
 
 
+class _HugeInteger(ValueError):
+    pass
+
+
+def _convertible_int(digits: str) -> int:
+    # Python converts no integer of more digits than this; its own error names a setting of ours
+    # to change (sys.set_int_max_str_digits) rather than what is wrong with the request.
+    if len(digits.lstrip("-")) > sys.get_int_max_str_digits():
+        raise _HugeInteger(f"the request body holds an integer of {len(digits.lstrip('-')):,} digits; no field takes "
+                           f"one of more than {sys.get_int_max_str_digits():,}")
+    return int(digits)
+
+
 async def _json(request: Request, model: type[BaseModel], limit: int) -> Any:
     try:
         body = await read_body(request, limit)  # read no further than a record can be
     except BodyTooLarge:
         raise RuleBroken("body_size", f"the request body is over {limit} bytes") from None
     try:
-        raw = json.loads(body)
-    except ValueError:  # malformed JSON or text that is not UTF-8
+        raw = json.loads(utf8_text(body), parse_int=_convertible_int)
+    except BodyNotUtf8 as exc:
+        raise RuleBroken("body_encoding" if exc.status == 415 else "body", f"the request body {exc.detail}") from None
+    except _HugeInteger as exc:
+        raise RuleBroken("body", str(exc)) from None
+    except ValueError:  # malformed JSON
         raise RuleBroken("body", "the request body must be a JSON object") from None
     except RecursionError:
         raise RuleBroken("body", "the request body is nested too deeply") from None
