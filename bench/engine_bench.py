@@ -185,7 +185,8 @@ async def bench_size(n: int, n_questions: int, workdir: Path, quality_only: bool
     fresh = {mode: [await new_conversation_searchable(home, src, child, engine, mode) for _ in range(3)]
              for mode in ("in-process indexer (warm model)", "recall-engine index CLI")}
     await child.close()
-    return {"lang": "en", "n": n, "index_s": index_s, "index_cpu_s": index_cpu_s, "index_line": done.stdout.strip(), "disk": du(memory), "quality": qrows,
+    return {"lang": "en", "n": n, "index_s": index_s, "index_cpu_s": index_cpu_s, "index_line": done.stdout.strip(),
+            "disk": du(memory), "quality": qrows,
             "warm": lat, "warm_short": short_lat, "warm_long": long_lat, "cold": cold, "fresh": fresh}
 
 
@@ -201,8 +202,8 @@ def render(results: list[dict[str, object]], russian: list[dict[str, object]]) -
     s_rows = []
     for r in (r for r in results if "warm" in r):
         s_rows.append([r["n"], ms(median(r["warm_short"])), ms(pct(r["warm_short"], 0.95)), ms(median(r["warm_long"])),
-                       ms(pct(r["warm_long"], 0.95)), f"{median(r['cold']):.2f}", f"{r['index_s']:.0f}", f"{r['index_cpu_s']:.0f}",
-                       f"{r['disk'] / 2**20:.1f}"])
+                       ms(pct(r["warm_long"], 0.95)), f"{median(r['cold']):.2f}", f"{r['index_s']:.0f}",
+                       f"{r['index_cpu_s']:.0f}", f"{r['disk'] / 2**20:.1f}"])
     parts.append("### Speed and size\n\n" + table(
         ["conversations", "warm MCP p50 short (ms)", "p95 short", "warm p50 long (ms)", "p95 long",
          "cold CLI recall (s, median of 5)", "index from scratch (s)", "index CPU (s)", "memory on disk (MiB)"], s_rows))
