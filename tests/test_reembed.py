@@ -205,3 +205,19 @@ def test_a_forget_during_a_re_embed_scrubs_a_conversation_rewritten_since_from_t
     chunks = reembed_memory(half_re_embedded.root, half_re_embedded.src, embedder)
     assert chunks == 5 and "replaced last week" in Engine(embedder=embedder).recall(
         memory_dir(half_re_embedded.root), "boiler replaced", RecallParams(k=1))
+
+
+def test_a_forget_removes_what_a_staging_memory_killed_mid_removal_left(half_re_embedded, embedder):
+    from shared.engine.reembed import remove_deleted_sources
+
+    # kill -9 while `.reembed/` was being deleted (after a switch, or a stale attempt's): its
+    # database went first; its snapshot still holds the conversation's stems.
+    staging = memory_dir(half_re_embedded.root / STAGING)
+    (staging / "chunks.sqlite3").unlink()
+    stem = "перегрев".encode()  # of "перегревается", in the snapshot's stem vocabulary
+    assert stem in (staging / "vectors.i8").read_bytes()
+    (half_re_embedded.src / "boiler.funes.jsonl").unlink()
+    remove_deleted_sources(half_re_embedded.root, half_re_embedded.src, embedder)
+
+    leftovers = [f for f in half_re_embedded.root.rglob("*") if f.is_file() and stem in f.read_bytes()]
+    assert leftovers == [], "the forgotten text is on no file of either memory"
