@@ -342,7 +342,9 @@ def test_tokens_without_exp_beyond_the_lifetime_cap_or_without_a_user_get_401(se
                          # JSON as Python reads it allows Infinity and NaN: an infinite exp was a 500
                          # (fastmcp's int(exp)), an infinite or NaN iat passed the lifetime check.
                          "exp infinite": {**base, "exp": float("inf")}, "iat infinite": {**base, "iat": float("inf")},
-                         "iat not a number": {**base, "iat": float("nan")}}.items():
+                         "iat not a number": {**base, "iat": float("nan")},
+                         # An integer too large for a float (math.isfinite raised OverflowError: a 500).
+                         "iat of 400 digits": {**base, "iat": -10**400}}.items():
         headers = {"Authorization": f"Bearer {_signed(claims)}"}
         assert _initialize(service_env, headers).status_code == 401, name
 

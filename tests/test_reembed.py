@@ -190,3 +190,34 @@ async def test_the_indexer_forgets_in_a_stale_memory_without_re_embedding_it(old
     assert stamp_of(old_memory.root)[0] == MINILM_MODEL_ID, "the re-embed is left to the next index run"
     assert "P-301" not in Engine(embedder=job.embedder).recall(memory_dir(old_memory.root), "P-301 gland leak",
                                                               RecallParams(k=3))
+
+
+def test_a_forget_during_a_re_embed_scrubs_a_conversation_rewritten_since_from_the_staging_memory(half_re_embedded, embedder):
+    from shared.engine.reembed import remove_deleted_sources
+
+    # The forgotten conversation was started anew (a snapshot accepted after the forget) before
+    # the forget's index run: its path is there, its old text is not.
+    write_conversation(half_re_embedded.src, "boiler", ["The boiler was replaced last week; all fine now."])
+    remove_deleted_sources(half_re_embedded.root, half_re_embedded.src, embedder)
+
+    leftovers = [f for f in half_re_embedded.root.rglob("*") if f.is_file() and "Котёл".encode() in f.read_bytes()]
+    assert leftovers == [], "the forgotten text is on no file of either memory"
+    chunks = reembed_memory(half_re_embedded.root, half_re_embedded.src, embedder)
+    assert chunks == 5 and "replaced last week" in Engine(embedder=embedder).recall(
+        memory_dir(half_re_embedded.root), "boiler replaced", RecallParams(k=1))
+
+
+def test_a_forget_removes_what_a_staging_memory_killed_mid_removal_left(half_re_embedded, embedder):
+    from shared.engine.reembed import remove_deleted_sources
+
+    # kill -9 while `.reembed/` was being deleted (after a switch, or a stale attempt's): its
+    # database went first; its snapshot still holds the conversation's stems.
+    staging = memory_dir(half_re_embedded.root / STAGING)
+    (staging / "chunks.sqlite3").unlink()
+    stem = "перегрев".encode()  # of "перегревается", in the snapshot's stem vocabulary
+    assert stem in (staging / "vectors.i8").read_bytes()
+    (half_re_embedded.src / "boiler.funes.jsonl").unlink()
+    remove_deleted_sources(half_re_embedded.root, half_re_embedded.src, embedder)
+
+    leftovers = [f for f in half_re_embedded.root.rglob("*") if f.is_file() and stem in f.read_bytes()]
+    assert leftovers == [], "the forgotten text is on no file of either memory"

@@ -25,6 +25,7 @@ MAX_CLOCK_SKEW = timedelta(days=1)  # how far a gateway's clock may run ahead of
 # writes one there, and ESC in a name rewrites a terminal that prints it (logs, `recall demo`).
 NUL = re.compile("\x00")
 CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f]")
+NONE = re.compile("(?!)")  # refuses no character
 TEXT_PATTERN = r"^[^\u0000]*$"  # the rules, for the OpenAPI document
 NAME_PATTERN = r"^[^\u0000-\u0008\u000b\u000c\u000e-\u001f]*$"
 
@@ -45,6 +46,10 @@ def _storable(value: str, refused: re.Pattern[str]) -> str:
 
 Text = Annotated[str, AfterValidator(lambda v: _storable(v, NUL)), Field(json_schema_extra={"pattern": TEXT_PATTERN})]
 Name = Annotated[str, AfterValidator(lambda v: _storable(v, CONTROL)), Field(json_schema_extra={"pattern": NAME_PATTERN})]
+# The user of a forget or a retention override: only hashed, never stored or printed. Ingest took
+# every character in a user id (NUL and ESC too) until names refused control characters, and
+# the users stored then must stay forgettable.
+KnownUser = Annotated[str, AfterValidator(lambda v: _storable(v, NONE))]
 
 
 def _one_token(value: str) -> str:
@@ -131,7 +136,7 @@ class Accepted(BaseModel):
 
 class ForgetUser(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    user: Name = Field(min_length=1, max_length=256)
+    user: KnownUser = Field(min_length=1, max_length=256)
 
 
 class RetentionOverride(BaseModel):

@@ -6,11 +6,11 @@ from functools import lru_cache
 
 from pydantic.json_schema import models_json_schema
 
-from services.ingest.api_models import NAME_PATTERN, Accepted, ErrorBody, ForgetUser, IngestRequest, RetentionOverride
+from services.ingest.api_models import Accepted, ErrorBody, ForgetUser, IngestRequest, RetentionOverride
 from shared.stream_schema import DeletionReceipt
 from shared.tenant_paths import CONVERSATION_ID
 
-USER_PARAM = {"type": "string", "minLength": 1, "maxLength": 256, "pattern": NAME_PATTERN}
+USER_PARAM = {"type": "string", "minLength": 1, "maxLength": 256}
 
 
 @lru_cache(maxsize=1)

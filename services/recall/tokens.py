@@ -51,8 +51,9 @@ def token_problem(claims: dict, max_lifetime_s: int, now: float) -> str | None:
         return "no exp"
     if exp > now + max_lifetime_s + CLOCK_SKEW_S:
         return "lifetime over the maximum"
-    if iat is not None and (isinstance(iat, bool) or not isinstance(iat, (int, float)) or not math.isfinite(iat)
-                            or exp - iat > max_lifetime_s):
+    # An int is always finite (and may be too large for math.isfinite, which converts it to a float).
+    if iat is not None and (isinstance(iat, bool) or not isinstance(iat, (int, float))
+                            or (isinstance(iat, float) and not math.isfinite(iat)) or exp - iat > max_lifetime_s):
         return "lifetime over the maximum"
     return None
 

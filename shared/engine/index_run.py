@@ -108,7 +108,11 @@ def _sync(store: MemoryStore, src: Path, embedder: Embedder, checkpoint: Checkpo
     known = store.sources()
     signatures = transcript_signatures(src)
     _checkpoint(checkpoint, "after_listing")
-    changed = [] if only_removals else [key for key in signatures if known.get(key) != signatures[key]]
+    if only_removals:
+        # A source rewritten since (a conversation started anew after its forget) may no longer
+        # hold its rows' text: its rows go as a deleted source's do, and a full run reads it again.
+        signatures = {key: sig for key, sig in signatures.items() if known.get(key) == sig}
+    changed = [key for key in signatures if known.get(key) != signatures[key]]
     if not changed and all(key in signatures for key in known):
         return IndexReport(0, len(signatures), 0, 0, 0, store.generation())
 

@@ -92,10 +92,11 @@ def _live_chunks(home: Path) -> int:
 
 def _keep_staging_of(home: Path, embedder: Embedder) -> Path:
     """The staging home, holding an earlier attempt's committed slices only when they were
-    embedded by `embedder` (a staging memory that cannot be read is never trusted)."""
+    embedded by `embedder` (a staging memory that cannot be read is never trusted, nor files
+    without a database: what a kill -9 mid-removal left, the snapshot's stems among them)."""
     staging = home / STAGING
     try:
-        reusable = stamp_of(staging) in (None, (embedder.spec.model_id, embedder.dim))
+        reusable = stamp_of(staging) == (embedder.spec.model_id, embedder.dim)
     except Exception:
         reusable = False
     if not reusable:
