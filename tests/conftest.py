@@ -45,6 +45,23 @@ def write_conversation(src: Path, conversation_id: str, messages: list[str], day
     return path
 
 
+class CountingEmbedder:
+    """The configured model, counting the passages it embeds."""
+
+    def __init__(self, embedder) -> None:
+        self.spec, self.dim, self._embedder, self.embedded = embedder.spec, embedder.dim, embedder, 0
+
+    def embed_query(self, text: str):
+        return self._embedder.embed_query(text)
+
+    def text_log_prob(self, text: str):
+        return self._embedder.text_log_prob(text)
+
+    def embed(self, texts: list[str], batch_size: int = 32):
+        self.embedded += len(texts)
+        return self._embedder.embed(texts, batch_size)
+
+
 @pytest.fixture(scope="session")
 def embedder():
     from shared.engine.embedder import shared_embedder

@@ -11,7 +11,7 @@ from shared.engine.api import Engine
 from shared.engine.hybrid_search import RecallParams
 from shared.engine.index_run import index_tree, memory_dir
 from shared.engine.store import ModelMismatch
-from tests.conftest import write_conversation
+from tests.conftest import CountingEmbedder, write_conversation
 
 CONVS = {
     "plant": ["Let's review the N-11 upgrade. Load at 91% is acceptable but tight.",
@@ -293,3 +293,24 @@ def test_the_listing_walks_sorted_and_keeps_only_regular_transcripts_inside_the_
     st = (src / "a.funes.jsonl").stat()
     assert found[str(src / "a.funes.jsonl")] == f"{st.st_size}:{st.st_mtime_ns}"
     assert transcript_signatures(src / "a.funes.jsonl") == {str(src / "a.funes.jsonl"): f"{st.st_size}:{st.st_mtime_ns}"}
+
+
+def test_a_forget_removes_only_what_the_tree_no_longer_holds_and_embeds_nothing(tmp_path, embedder):
+    """A forget's run must not wait for a backlog (a large first import): it removes the rows
+    whose text is gone — a deleted conversation's, and the turns a rewritten one no longer holds —
+    and leaves adding to the next full run."""
+    src, home = index_all_conversations(tmp_path, embedder)
+    write_conversation(src, "late", ["A backlog conversation about the Q-17 pallets."])
+    write_conversation(src, "pump", [CONVS["pump"][0], "Work order closed; nothing else to report."])
+    (src / "budget.funes.jsonl").unlink()
+    counting = CountingEmbedder(embedder)
+
+    report = index_tree(home, src, counting, purge=True, only_removals=True)
+
+    assert counting.embedded == 0 and report.chunks == 0 and report.removed == 3
+    assert {(r[0], r[2]) for r in rows_of(home)} == {("plant", t) for t in CONVS["plant"]} | {("pump", CONVS["pump"][0])}
+    on_disk = [f for f in home.rglob("*") if f.is_file() and (b"1069.5" in f.read_bytes() or b"P-003" in f.read_bytes())]
+    assert on_disk == [], "the removed text is scrubbed from every file"
+    after = index_tree(home, src, counting)
+    assert (after.sessions, after.chunks) == (2, 2), "the next run adds the backlog and the rewritten turn"
+    assert {r[0] for r in rows_of(home)} == {"plant", "pump", "late"}

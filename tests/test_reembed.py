@@ -11,7 +11,7 @@ from shared.engine.index_run import index_tree, memory_dir
 from shared.engine.reembed import STAGING, reembed_memory, stamp_of
 from shared.engine.store import MemoryStore
 from shared.tenant_paths import TenantPaths
-from tests.conftest import write_conversation
+from tests.conftest import CountingEmbedder, write_conversation
 
 CONVERSATIONS = {
     "pump": ["Morning, anything on the pump?", "The pump P-301 at the North site leaks at the gland.",
@@ -110,23 +110,6 @@ async def test_the_indexer_re_embeds_a_stale_tenant_and_reports_it_in_metrics(ol
     finally:
         await client.delete(keys.DUE)
         await client.aclose()
-
-
-class CountingEmbedder:
-    """The configured model, counting the passages it embeds."""
-
-    def __init__(self, embedder) -> None:
-        self.spec, self.dim, self._embedder, self.embedded = embedder.spec, embedder.dim, embedder, 0
-
-    def embed_query(self, text: str):
-        return self._embedder.embed_query(text)
-
-    def text_log_prob(self, text: str):
-        return self._embedder.text_log_prob(text)
-
-    def embed(self, texts: list[str], batch_size: int = 32):
-        self.embedded += len(texts)
-        return self._embedder.embed(texts, batch_size)
 
 
 def _stop_at_the_second_commit():

@@ -109,9 +109,7 @@ def _sync(store: MemoryStore, src: Path, embedder: Embedder, checkpoint: Checkpo
     signatures = transcript_signatures(src)
     _checkpoint(checkpoint, "after_listing")
     if only_removals:
-        # A source rewritten since (a conversation started anew after its forget) may no longer
-        # hold its rows' text: its rows go as a deleted source's do, and a full run reads it again.
-        signatures = {key: sig for key, sig in signatures.items() if known.get(key) == sig}
+        return _removals(store, known, signatures, embedder, checkpoint)
     changed = [key for key in signatures if known.get(key) != signatures[key]]
     if not changed and all(key in signatures for key in known):
         return IndexReport(0, len(signatures), 0, 0, 0, store.generation())
@@ -150,6 +148,34 @@ def _sync(store: MemoryStore, src: Path, embedder: Embedder, checkpoint: Checkpo
         generation = _commit(store, current, embedder, checkpoint)
         added, removed = added + len(current.to_add), removed + len(set(current.dead))
     return IndexReport(sessions, len(signatures) - sessions, added, removed, malformed, generation)
+
+
+def _removals(store: MemoryStore, known: dict[str, str], signatures: dict[str, str], embedder: Embedder,
+              checkpoint: Checkpoint) -> IndexReport:
+    """Remove every row whose text the tree no longer holds, embedding nothing: all rows of a
+    deleted source, and those rows of a rewritten one (a conversation started anew after its
+    forget, a snapshot newer than the last run) that its file no longer holds. A rewritten
+    source keeps its old signature, so the next full run reads it and adds what is new; a
+    source the memory never held is left to that run too (a forget does not wait for a backlog)."""
+    work = _Slice()
+    for key in known:
+        if key in signatures and signatures[key] == known[key]:
+            continue
+        try:
+            parsed = read_transcript(Path(key)) if key in signatures else None
+        except FileNotFoundError:  # removed between the listing and now
+            parsed = None
+        stored = store.rows_of_source(key)
+        if parsed is None:
+            work.gone.append(key)
+            work.dead += [row_id for row_id, _ in stored.values()]
+            continue
+        wanted = {c.chunk_key: c.text_hash for turn in parsed.turns for c in chunk_turn(turn)}
+        work.dead += [row_id for ck, (row_id, h) in stored.items() if wanted.get(ck) != h]
+    if not work.dead and not work.gone:
+        return IndexReport(0, len(signatures), 0, 0, 0, store.generation())
+    generation = _commit(store, work, embedder, checkpoint)
+    return IndexReport(0, len(signatures), 0, len(set(work.dead)), 0, generation)
 
 
 def _commit(store: MemoryStore, work: _Slice, embedder: Embedder, checkpoint: Checkpoint) -> int:

@@ -128,18 +128,19 @@ def reembed_memory(home: Path, src: Path, embedder: Embedder, progress: Progress
 
 
 def remove_deleted_sources(home: Path, src: Path, embedder: Embedder, checkpoint: Checkpoint | None = None) -> None:
-    """After sources were deleted (a forget): scrub their rows from the live memory and from a
-    re-embed's staging memory, without doing the re-embed first — it can take many minutes, and
-    a forget must not wait for it. The live memory is brought up to date with the model it was
-    built with; the staging memory only loses rows. A live memory of a model that cannot run
-    here is re-embedded first (nothing else can write to it)."""
+    """After sources were deleted (a forget): scrub every row whose text `src` no longer holds
+    from the live memory and from a re-embed's staging memory, embedding nothing. A forget waits
+    neither for a re-embed nor for a backlog of new conversations (a large first import): the
+    next index run does that work. The live memory is opened with the model it was built with; one
+    of a model that cannot run here is re-embedded first (nothing else can write to it)."""
     kwargs = {"checkpoint": checkpoint} if checkpoint else {}
     stamp = stamp_of(home)
-    own_model = embedder if stamp in (None, (embedder.spec.model_id, embedder.dim)) else embedder_for_stamp(stamp[0])
-    if own_model is None:
-        reembed_memory(home, src, embedder, **kwargs)
-        own_model = embedder
-    index_tree(home, src, own_model, lock_wait_s=5.0, purge=True, **kwargs)
+    if stamp is not None:
+        own_model = embedder if stamp == (embedder.spec.model_id, embedder.dim) else embedder_for_stamp(stamp[0])
+        if own_model is None:
+            reembed_memory(home, src, embedder, **kwargs)
+            own_model = embedder
+        index_tree(home, src, own_model, lock_wait_s=5.0, purge=True, only_removals=True, **kwargs)
     staging = _keep_staging_of(home, embedder)
     if MemoryStore.exists(memory_dir(staging)):
         index_tree(staging, src, embedder, lock_wait_s=5.0, purge=True, only_removals=True, **kwargs)
