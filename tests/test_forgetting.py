@@ -391,6 +391,24 @@ async def test_a_user_forget_killed_while_it_deletes_still_reports_everything_it
     await client.aclose()
 
 
+async def test_a_user_whose_memory_is_unreadable_is_forgotten_all_the_same(tmp_path, redis_url, r):
+    """Counting the chunks for the receipt must not stop the deletion (it raised MemoryUnusable)."""
+    from shared.stream_schema import ForgetEvent, deletion_key
+    from tests.conftest import write_conversation
+
+    settings = IndexerSettings(data_dir=tmp_path, redis_url=redis_url)
+    client = aioredis.Redis.from_url(redis_url)
+    paths = TenantPaths.for_user(tmp_path, "ugo")
+    write_conversation(paths.src, "c", ["the Q-731 codename is BLUEHERON"])
+    paths.memory.mkdir(parents=True)
+    (paths.memory / "chunks.sqlite3").write_text("not a database: a disk that lost it")
+    event = ForgetEvent(kind="forget_user", user_hash=paths.uhash, receipt="c" * 24, received_at=time.time())
+    await Forgetter(client, settings, EmbeddedIndexJob(settings.index_timeout_s)).forget("2000-0", event)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".tombstones"]
+    assert json.loads(r.hget(deletion_key(event.receipt), "record"))["removed"]["files"] == 1
+    await client.aclose()
+
+
 def _sample(name: str, **labels) -> float:
     from prometheus_client import REGISTRY
 
