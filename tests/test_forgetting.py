@@ -313,6 +313,7 @@ async def test_a_user_forget_moves_the_tenant_aside_and_a_crashed_attempts_lefto
     import redis.asyncio as aioredis
 
     from services.indexer.snapshot_writer import tombstone_user, version_file
+    from shared.stream_schema import ForgetEvent, deletion_key
 
     r.flushdb()
     settings = IndexerSettings(data_dir=tmp_path, redis_url=redis_url)
@@ -329,13 +330,82 @@ async def test_a_user_forget_moves_the_tenant_aside_and_a_crashed_attempts_lefto
     leftover.transcript("later").write_text("accepted after the deletion")
     version_file(leftover, "later").write_text("3000-0")
     tombstone_user(tmp_path, uh, "2000-0")
-    assert await forgetter._forget_user(TenantPaths(root), "2000-0") == 1
+    event = ForgetEvent(kind="forget_user", user_hash=uh, receipt="b" * 24, received_at=time.time())
+    await forgetter._forget_user(TenantPaths(root), "2000-0", event)  # its memory is unreadable: deleted all the same
+    assert r.hmget(deletion_key(event.receipt), ["removed:files", "removed:chunks"]) == ["1", "0"]
     assert sorted(p.name for p in tmp_path.iterdir()) == [".tombstones", uh]
     assert TenantPaths(root).transcript("later").read_text() == "accepted after the deletion"
     assert not (root / "memory").exists() and not TenantPaths(root).transcript("c").exists()
     assert r.zscore("recall:index:due", uh) is not None, "the kept snapshot is indexed anew"
-    assert await forgetter._forget_user(TenantPaths(root), "2000-0") == 0  # a redelivery: nothing more to remove
+    await forgetter._forget_user(TenantPaths(root), "2000-0", event)
+    assert r.hget(deletion_key(event.receipt), "removed:files") == "1", "a redelivery: nothing more to remove"
     assert TenantPaths(root).transcript("later").exists()
+    await client.aclose()
+
+
+@pytest.mark.parametrize("deleted_first", ["memory", "src"])
+async def test_a_user_forget_killed_while_it_deletes_still_reports_everything_it_removed(tmp_path, redis_url, r, monkeypatch,
+                                                                                         deleted_first):
+    """kill -9 of the indexer while it deletes a large tenant: the redelivered forget finds part
+    of the tree gone, and its receipt must still count every transcript and chunk, once."""
+    import shutil
+
+    from services.indexer.snapshot_writer import version_file
+    from shared.engine.api import chunk_count
+    from shared.engine.index_run import index_tree
+    from shared.stream_schema import ForgetEvent, deletion_key
+    from tests.conftest import write_conversation
+
+    class Killed(BaseException):
+        pass
+
+    r.flushdb()
+    settings = IndexerSettings(data_dir=tmp_path, redis_url=redis_url)
+    client = aioredis.Redis.from_url(redis_url)
+    job = EmbeddedIndexJob(settings.index_timeout_s)
+    paths = TenantPaths.for_user(tmp_path, "pia")
+    for i in range(3):
+        write_conversation(paths.src, f"c{i}", [f"pump P-{i} overheats", "swap the bearing"])
+        version_file(paths, f"c{i}").write_text(f"{1000 + i}-0")
+    index_tree(paths.root, paths.src, job.embedder)
+    assert chunk_count(paths.memory) == 6
+    event = ForgetEvent(kind="forget_user", user_hash=paths.uhash, receipt="a" * 24, received_at=time.time())
+
+    real_rmtree = shutil.rmtree
+
+    def killed_midway(path, *args, **kwargs):
+        real_rmtree(tmp_path / f"{paths.uhash}.forgotten" / deleted_first, ignore_errors=True)
+        raise Killed
+
+    monkeypatch.setattr(shutil, "rmtree", killed_midway)
+    with pytest.raises(Killed):
+        await Forgetter(client, settings, job).forget("2000-0", event)
+    monkeypatch.setattr(shutil, "rmtree", real_rmtree)
+    await Forgetter(client, settings, job).forget("2000-0", event)  # the redelivery
+    await Forgetter(client, settings, job).forget("2000-0", event)  # and one more: nothing is counted twice
+
+    record = json.loads(r.hget(deletion_key(event.receipt), "record"))
+    assert record["status"] == "done"
+    assert record["removed"] == {"files": 3, "chunks": 6, "stream_entries": 0, "dead_letters": 0}
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".tombstones"]
+    await client.aclose()
+
+
+async def test_a_user_whose_memory_is_unreadable_is_forgotten_all_the_same(tmp_path, redis_url, r):
+    """Counting the chunks for the receipt must not stop the deletion (it raised MemoryUnusable)."""
+    from shared.stream_schema import ForgetEvent, deletion_key
+    from tests.conftest import write_conversation
+
+    settings = IndexerSettings(data_dir=tmp_path, redis_url=redis_url)
+    client = aioredis.Redis.from_url(redis_url)
+    paths = TenantPaths.for_user(tmp_path, "ugo")
+    write_conversation(paths.src, "c", ["the Q-731 codename is BLUEHERON"])
+    paths.memory.mkdir(parents=True)
+    (paths.memory / "chunks.sqlite3").write_text("not a database: a disk that lost it")
+    event = ForgetEvent(kind="forget_user", user_hash=paths.uhash, receipt="c" * 24, received_at=time.time())
+    await Forgetter(client, settings, EmbeddedIndexJob(settings.index_timeout_s)).forget("2000-0", event)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".tombstones"]
+    assert json.loads(r.hget(deletion_key(event.receipt), "record"))["removed"]["files"] == 1
     await client.aclose()
 
 

@@ -37,8 +37,14 @@ class EmbeddedRows:
 
     async def count(self, paths: TenantPaths) -> int:
         from shared.engine.api import chunk_count  # the embedded engine only: funes mode never loads it
+        from shared.engine.store import MemoryUnusable
 
-        return await asyncio.to_thread(chunk_count, paths.memory)
+        try:
+            return await asyncio.to_thread(chunk_count, paths.memory)
+        except MemoryUnusable as exc:
+            # The count only fills the receipt: an unreadable memory is deleted all the same.
+            log.warning("forget.memory_unreadable", user_hash=paths.uhash, error=type(exc).__name__)
+            return 0
 
     async def remove_conversation(self, paths: TenantPaths, conversation_id: str, lock: RedisLock | None = None) -> int:
         from shared.engine.api import chunk_count

@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import json
 import os
+import secrets
 import shutil
 import time
 from collections.abc import AsyncIterator
@@ -81,6 +82,29 @@ def aside_of(root: Path) -> Path:
     return root.with_name(root.name + ".forgotten")
 
 
+TALLY_TOKEN = ".tallied"  # in a set-aside tree: which tally on the receipt counted it
+
+
+def _read_token(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        return None
+
+
+def _delete_tallied_tree(tree: Path) -> None:
+    """Like rmtree, but the tally token goes last: a tree interrupted while deleted still
+    says it was counted, whatever rmtree's order."""
+    for entry in tree.iterdir():
+        if entry.name == TALLY_TOKEN:
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+    shutil.rmtree(tree, ignore_errors=True)
+
+
 def _original_fields(record: dict[str, str]) -> dict[str, str]:
     """The ids of a dead-letter record: plain fields, or (older records) inside its `fields` JSON."""
     if "user_hash" in record:
@@ -122,9 +146,7 @@ class Forgetter:
             if event.kind == "forget_conversation":
                 await self._forget_conversation(paths, event, entry_id, lock)
             else:
-                chunks = await self.rows.count(paths)
-                files = await self._forget_user(paths, entry_id)
-                await self._tally(event, files=files, chunks=chunks)
+                await self._forget_user(paths, entry_id, event)
                 await self._tally(event, stream_entries=await self._purge_stream(event, entry_id))
             await self._tally(event, dead_letters=await self._purge_dead_letters(event, _deletion_version(event, entry_id)))
         self.job.forget_cached_texts()
@@ -172,23 +194,22 @@ class Forgetter:
         if paths.src.is_dir():
             await self._tally(event, chunks=await self.rows.remove_conversation(paths, event.conversation_id, lock))
 
-    async def _forget_user(self, paths: TenantPaths, entry_id: str) -> int:
+    async def _forget_user(self, paths: TenantPaths, entry_id: str, event: ForgetEvent) -> None:
         await asyncio.to_thread(tombstone_user, self.s.data_dir, paths.uhash, entry_id)
         await self.client.delete(keys.dirty(paths.uhash), keys.received(paths.uhash))
         await self.client.zrem(keys.DUE, paths.uhash)
         aside = aside_of(paths.root)
-        files = await self._clear_aside(paths, aside)  # what a crashed attempt left
+        await self._clear_aside(paths, aside, event)  # what a crashed attempt left
         if await asyncio.to_thread(set_tenant_aside, paths.root) is not None:
-            files += await self._clear_aside(paths, aside)
-        return files
+            await self._clear_aside(paths, aside, event)
 
-    async def _clear_aside(self, paths: TenantPaths, aside: Path) -> int:
+    async def _clear_aside(self, paths: TenantPaths, aside: Path, event: ForgetEvent) -> None:
         """Delete a tree set aside, but first move back every snapshot in it that is newer than
         the user's deletion: accepted after it, and written by another worker while this forget
-        waited for the user's index lock, it belongs to the user's new history. Returns the
-        transcripts deleted."""
+        waited for the user's index lock, it belongs to the user's new history. What it deletes
+        is added to the receipt before the deletion starts (`_tally_tree_once`)."""
         if not aside.is_dir():
-            return 0
+            return
         # A writer that was mid-write when the tree moved finishes first (its snapshot is then
         # whole in the set-aside tree, or it finds itself moved and is redelivered).
         writers = await self._writers_in_flight(paths.uhash)
@@ -206,11 +227,30 @@ class Forgetter:
                 if await asyncio.to_thread(move_snapshot_back, set_aside, paths, cid):
                     kept += 1
                 deleted -= 1
-        await asyncio.to_thread(shutil.rmtree, aside, True)
+        await self._tally_tree_once(event, set_aside, files=deleted)
+        await asyncio.to_thread(_delete_tallied_tree, aside)
         if kept:
             log.info("forget.kept_newer_snapshots", user_hash=paths.uhash, conversations=kept)
             await mark_dirty(self.client, paths.uhash, None, self.s.index_debounce_s)
-        return deleted
+
+    async def _tally_tree_once(self, event: ForgetEvent, tree: TenantPaths, files: int) -> None:
+        """Add a set-aside tree's transcripts and chunks to the receipt, once. Counted before it
+        is deleted (deleting a large tenant takes seconds): a forget killed meanwhile is
+        redelivered to a tree partly gone, whose remains would count for less. The tree carries
+        a token, recorded with the tally in one transaction, so the redelivery knows it was
+        counted (and a tree whose tally never reached Redis is still whole: counted again)."""
+        key, token_file = deletion_key(event.receipt), tree.root / TALLY_TOKEN
+        token, tallied = await asyncio.to_thread(_read_token, token_file), await self.client.hget(key, "tallied_tree")
+        if token is not None and tallied in (token, token.encode()):  # whether the client decodes or not
+            return
+        chunks = await self.rows.count(tree)
+        token = secrets.token_hex(12)
+        await asyncio.to_thread(token_file.write_text, token)
+        pipe = self.client.pipeline(transaction=True)
+        pipe.hincrby(key, "removed:files", files)
+        pipe.hincrby(key, "removed:chunks", chunks)
+        pipe.hset(key, "tallied_tree", token)
+        await pipe.execute()
 
     async def _writers_in_flight(self, uhash: str) -> dict[str, bytes]:
         """The user's conversation locks held now, with their owners' tokens."""
