@@ -7,6 +7,7 @@ fixed one; tests that run services flush their worker's Redis and use their own 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -284,12 +285,13 @@ def _pg_bin(name: str) -> str | None:
     return shutil.which(name)
 
 
-@pytest.fixture(scope="session")
-def postgres_url() -> Iterator[str]:
-    """A throwaway PostgreSQL cluster (the machine's Debian package; as `postgres` when we are root)."""
+@contextlib.contextmanager
+def postgres_cluster() -> Iterator[tuple[str, Callable[[], None]]]:
+    """A throwaway PostgreSQL cluster (the machine's Debian package; as `postgres` when we are
+    root): its URL, and a way to stop it before the end (a test of PostgreSQL going down)."""
     initdb, pg_ctl = _pg_bin("initdb"), _pg_bin("pg_ctl")
     if not initdb or not pg_ctl:
-        pytest.skip("PostgreSQL server binaries (initdb, pg_ctl) are not installed")
+        pytest.skip("PostgreSQL server binaries (initdb, pg_ctl) are not installed; make tools installs them as root")
     as_user: list[str] = []
     base = Path(tempfile.mkdtemp(prefix="recall-pg-", dir="/tmp"))
     if os.geteuid() == 0:
@@ -303,11 +305,21 @@ def postgres_url() -> Iterator[str]:
                    check=True, capture_output=True)
     subprocess.run([*as_user, pg_ctl, "-D", str(data), "-l", str(base / "log"), "-w", "start", "-o",
                     f"-p {port} -k {base} -c listen_addresses=127.0.0.1 -F"], check=True, capture_output=True)
+
+    def stop_cluster() -> None:
+        subprocess.run([*as_user, pg_ctl, "-D", str(data), "-m", "fast", "-w", "stop"], capture_output=True)
+
     try:
-        yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
+        yield f"postgresql://postgres@127.0.0.1:{port}/postgres", stop_cluster
     finally:
-        subprocess.run([*as_user, pg_ctl, "-D", str(data), "-m", "immediate", "stop"], capture_output=True)
+        stop_cluster()
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    with postgres_cluster() as (url, _):
+        yield url
 
 
 # ---- a stand-in funes binary (tests/data/fake_funes.py): funes' layout and outputs, no model ----
