@@ -26,10 +26,14 @@ class IndexQueue:
         self._done: dict[str, int] = {}  # per realm: the count a finished (or failed) refresh started from
         self._worker: threading.Thread | None = None
 
-    def soon(self, realm_id: str) -> None:
-        """Refresh the realm's index after this, in the queue's thread."""
+    def soon(self, realm_id: str, awaited: bool = True) -> None:
+        """Refresh the realm's index after this, in the queue's thread. A search waits for the
+        refreshes its process's writes asked for (`wait`); one not `awaited` (the start-up sweep:
+        up to 1,000 realms, a search far down the queue would wait out its whole timeout, holding
+        a realm thread) leaves a search to catch up from the outbox itself."""
         with self._cond:
-            self._asked[realm_id] = self._asked.get(realm_id, 0) + 1
+            if awaited:
+                self._asked[realm_id] = self._asked.get(realm_id, 0) + 1
             if realm_id not in self._queued:
                 self._queued.append(realm_id)
             self._cond.notify_all()  # an idle worker takes it
@@ -52,7 +56,7 @@ class IndexQueue:
                     if not self._cond.wait_for(lambda: self._queued, IDLE_S):
                         return
                     realm_id = self._queued.pop(0)
-                    asked = self._asked[realm_id]
+                    asked = self._asked.get(realm_id, 0)
                 try:
                     self._refresh(realm_id)
                 finally:

@@ -350,7 +350,7 @@ class ArtifactService:
         with self.store.transaction() as tx:
             behind = self.store.realms_behind(tx, SWEPT_AT_START)
         for realm_id in behind:
-            self.index_queue.soon(realm_id)
+            self.index_queue.soon(realm_id, awaited=False)  # a search catches up itself (catch_up)
         if behind:
             log.info("recall.artifact_index_sweep", realms=len(behind))
         return len(behind)
