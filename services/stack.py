@@ -148,8 +148,8 @@ def run_stack() -> int:
                          embedded_redis=redis_server is not None, ingest_url=local_url(s.ingest_host, s.ingest_port),
                          indexer_url=local_url(s.indexer_host, s.indexer_port), recall_url=local_url(s.recall_host, s.recall_port),
                          dev_tokens=not s.jwks_url)
-        for name, url in (("indexer", info.indexer_url), ("ingest", info.ingest_url), ("serve", info.recall_url)):
-            children.append(Child(name, _start_child(name, env), f"{url}/readyz"))
+        for name, url in (("indexer", info.indexer_url), ("ingest", info.ingest_url), ("recall", info.recall_url)):
+            children.append(Child(name, _start_child(COMMANDS[name], env), f"{url}/readyz"))
         deadline = time.monotonic() + READY_TIMEOUT_S
         for child, port in zip(children, (s.indexer_port, s.ingest_port, s.recall_port)):
             # Ready only when our own child holds the port: a 200 from another program that took
@@ -162,7 +162,7 @@ def run_stack() -> int:
             write_info(info)
             print(f"\n{banner(info, s.ingest_key.get_secret_value(), _dev_token(s))}\nCtrl-C stops everything.\n", flush=True)
         # Only now: a child that dies before it was ever ready has a problem a restart repeats.
-        supervisor = Supervisor(lambda name: _start_child(name, env), children, s.child_restart_limit)
+        supervisor = Supervisor(lambda name: _start_child(COMMANDS[name], env), children, s.child_restart_limit)
         while not stopping:
             given_up = supervisor.poll()
             if given_up:
@@ -216,6 +216,10 @@ def listens_on(proc: subprocess.Popen, port: int) -> bool:
         return any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in psutil.Process(proc.pid).net_connections("tcp"))
     except psutil.NoSuchProcess:
         return False
+
+
+# Each service by the name `recall status` and the banner give it, and the command that runs it.
+COMMANDS = {"indexer": "indexer", "ingest": "ingest", "recall": "serve"}
 
 
 def _start_child(command: str, env: dict[str, str]) -> subprocess.Popen:

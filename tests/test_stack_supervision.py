@@ -140,6 +140,6 @@ def test_with_no_restarts_allowed_a_dead_service_stops_the_stack_as_before(start
     stack = start_stack(RECALL_CHILD_RESTART_LIMIT="0")
     stack.child("serve").kill()
     assert stack.proc.wait(90) == 1, stack.output()[-3000:]
-    assert "recall up: serve exited with -9 (SIGKILL) after 0 restarts within 120 s; stopping everything" in stack.output()
+    assert "recall up: recall exited with -9 (SIGKILL) after 0 restarts within 120 s; stopping everything" in stack.output()
     assert "starting it again" not in stack.output()
     assert wait_until(lambda: not stack.leftovers(), 30), [p.cmdline() for p in stack.leftovers()]
