@@ -249,24 +249,27 @@ async def test_a_tool_that_runs_out_of_time_reads_busy_and_is_counted_as_busy_no
     mcp = FastMCP("timeouts", mask_error_details=True)
     mcp.add_middleware(UnexpectedToolErrors())
 
-    @mcp.tool(timeout=0.2)
+    @mcp.tool(name="recall_my_conversations", timeout=0.2)
     async def slow_past_its_timeout() -> str:
         await asyncio.sleep(5)
         return "late"
 
     @mcp.tool
-    async def waits_on_something_that_times_out() -> str:
+    async def a_realm_tool_waiting_on_something_that_times_out() -> str:
         return await asyncio.wait_for(asyncio.sleep(5), 0.05)
 
     def count(name: str, labels: dict) -> float:
         return REGISTRY.get_sample_value(name, labels) or 0
 
     busy, unexpected = count("recall_busy_total", {"reason": "tool_timeout"}), count("recall_unexpected_errors_total", {"surface": "mcp"})
+    realm_timeouts = count("recall_realm_calls_total", {"surface": "mcp", "outcome": "timeout"})
     async with Client(mcp) as client:
-        for tool in ("slow_past_its_timeout", "waits_on_something_that_times_out"):
+        for tool in ("recall_my_conversations", "a_realm_tool_waiting_on_something_that_times_out"):
             result = await client.call_tool(tool, {}, raise_on_error=False)
             assert result.is_error and result.content[0].text == TOOL_BUSY, (tool, result.content)
-    assert count("recall_busy_total", {"reason": "tool_timeout"}) == busy + 2
+    # Each where its tool's calls are counted: RecallBusyAnswers divides by recall calls only.
+    assert count("recall_busy_total", {"reason": "tool_timeout"}) == busy + 1
+    assert count("recall_realm_calls_total", {"surface": "mcp", "outcome": "timeout"}) == realm_timeouts + 1
     assert count("recall_unexpected_errors_total", {"surface": "mcp"}) == unexpected
 
 

@@ -31,7 +31,7 @@ for _reason in ("crash", "timeout", "error"):
 REALM_CALLS = Counter("recall_realm_calls_total", "Realm (memory artifacts, population, AgentMemory) calls by surface and outcome.",
                       ["surface", "outcome"])
 for _surface in ("mcp", "http"):
-    for _outcome in ("ok", "refused", "database_unavailable"):
+    for _outcome in ("ok", "refused", "database_unavailable", "timeout"):
         REALM_CALLS.labels(_surface, _outcome)
 
 # Failures nothing expected (a bug, a damaged database): a tool call answered with a masked

@@ -34,7 +34,7 @@ from services.recall.process_pool import ProcessPool
 from services.recall.settings import RecallSettings
 from services.recall.time_window import find_time_window
 from services.recall.tokens import build_verifier
-from services.recall.tool_output import TOOL_DESCRIPTION, AgentHit, render_for_agent
+from services.recall.tool_output import RECALL_TOOL, TOOL_DESCRIPTION, AgentHit, render_for_agent
 from services.recall.unexpected_errors import UnexpectedToolErrors, record_http_failure
 from shared.engine.api import Engine, MemoryState, NoIndex
 from shared.logging_setup import configure_logging, get_logger
@@ -203,7 +203,7 @@ def build_app(settings: RecallSettings | None = None):
                                "recall first, then answer.")
     mcp.add_middleware(UnexpectedToolErrors())  # first: the outermost
 
-    @mcp.tool(name="recall_my_conversations", description=TOOL_DESCRIPTION)
+    @mcp.tool(name=RECALL_TOOL, description=TOOL_DESCRIPTION)
     async def recall_my_conversations(
             query: Annotated[str, Field(description="Short search words: identifiers, key nouns, optional time words.")]) -> str:
         return await service.recall_for(caller_user(), query)

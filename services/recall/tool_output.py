@@ -58,6 +58,7 @@ def hits_from_funes_text(output: str) -> list[AgentHit]:
             for h in parse_recall(output)]
 
 
+RECALL_TOOL = "recall_my_conversations"  # the one tool of conversation recall
 TOOL_DESCRIPTION = (
     "Search the current user's own earlier conversations with this assistant. Use it when the user "
     "refers to something discussed before (\"last time\", \"earlier\", \"what did we decide\", \"the numbers "

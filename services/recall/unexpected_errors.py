@@ -26,7 +26,8 @@ from fastmcp.server.middleware import Middleware
 from mcp.shared.exceptions import MCPError
 from starlette.types import Scope
 
-from services.recall.metrics import RECALL_BUSY, UNEXPECTED_ERRORS
+from services.recall.metrics import REALM_CALLS, RECALL_BUSY, UNEXPECTED_ERRORS
+from services.recall.tool_output import RECALL_TOOL
 from shared.error_site import exception_site, new_incident
 from shared.logging_setup import get_logger
 from shared.tenant_paths import user_hash
@@ -86,7 +87,11 @@ class UnexpectedToolErrors(Middleware):
         token = get_access_token()
         user = _hash_of(token.claims if token else None)
         if _timed_out(failure):
-            RECALL_BUSY.labels("tool_timeout").inc()
+            # Counted where its tool's calls are, so each busy ratio divides by its own calls.
+            if context.message.name == RECALL_TOOL:
+                RECALL_BUSY.labels("tool_timeout").inc()
+            else:
+                REALM_CALLS.labels("mcp", "timeout").inc()
             log.warning("recall.busy", reason="tool_timeout", tool=context.message.name, user_hash=user)
             raise ToolError(TOOL_BUSY) from None
         incident = _record("mcp", failure, user, tool=context.message.name)
