@@ -90,6 +90,8 @@ def test_a_user_id_holding_a_real_replacement_character_is_still_forgotten(inges
     (lambda b: b["turns"][2].update(text="before\x00after"), "turns[2].text", "a NUL character (U+0000)"),
     (lambda b: b.update(user="ali\x00ce"), "user", "a NUL character (U+0000)"),
     (lambda b: b.update(user="ali\x1b[2Jce"), "user", "the control character U+001B"),
+    (lambda b: b.update(user="ali\x9b2Jce"), "user", "the control character U+009B"),
+    (lambda b: b["turns"][1].update(role="tool", tool_name="grep\x7f"), "turns[1].tool_name", "the control character U+007F"),
     (lambda b: b["turns"][1].update(role="tool", tool_name="grep\x07"), "turns[1].tool_name", "the control character U+0007"),
     (lambda b: b["turns"][0].update(id="t\x0c1"), "turns[0].id", "control characters"),
 ])

@@ -24,10 +24,10 @@ MAX_CLOCK_SKEW = timedelta(days=1)  # how far a gateway's clock may run ahead of
 # A name (user, tool, turn id) takes none but tab, newline and carriage return: no person
 # writes one there, and ESC in a name rewrites a terminal that prints it (logs, `recall demo`).
 NUL = re.compile("\x00")
-CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f]")
+CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")  # C0 but tab, LF, CR; DEL; C1 (CSI is U+009B)
 NONE = re.compile("(?!)")  # refuses no character
 TEXT_PATTERN = r"^[^\u0000]*$"  # the rules, for the OpenAPI document
-NAME_PATTERN = r"^[^\u0000-\u0008\u000b\u000c\u000e-\u001f]*$"
+NAME_PATTERN = r"^[^\u0000-\u0008\u000b\u000c\u000e-\u001f\u007f-\u009f]*$"
 
 
 def _storable(value: str, refused: re.Pattern[str]) -> str:
