@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import codecs
 import json
+import sys
 
 from starlette.requests import Request
 
@@ -56,3 +57,9 @@ def _encoding_name(raw: bytes, encoding: str) -> str:
         order = "LE" if raw.startswith(codecs.BOM_LE) else "BE"
         return f"{encoding.upper()}{order} (with a byte order mark)"
     return f"{encoding.upper().replace('-LE', 'LE').replace('-BE', 'BE')} (by its NUL bytes)"
+
+
+def huge_integer(digits: int) -> str:
+    """What is wrong with an integer of more digits than Python converts (json.loads would stop
+    at it with Python's hint to change `sys.set_int_max_str_digits`, a setting of ours)."""
+    return f"an integer of {digits:,} digits; no field takes one of more than {sys.get_int_max_str_digits():,}"

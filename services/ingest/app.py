@@ -19,7 +19,6 @@ import asyncio
 import hmac
 import json
 import re
-import sys
 import time
 from collections import Counter
 from contextlib import asynccontextmanager
@@ -41,7 +40,7 @@ from services.ingest.openapi import openapi_document
 from services.ingest.redaction import Redactor
 from services.ingest.settings import IngestSettings
 from shared.error_site import exception_site, new_incident
-from shared.http_body import BodyNotUtf8, BodyTooLarge, read_body, utf8_text
+from shared.http_body import BodyNotUtf8, BodyTooLarge, huge_integer, read_body, utf8_text
 from shared.logging_setup import get_logger
 from shared.metrics_http import metrics_endpoint
 from shared.recall_answer_format import looks_like_recall_answer
@@ -214,7 +213,7 @@ def _first_marked_problem(payload: Any) -> tuple[str, str]:
         if isinstance(value, _KeyGivenTwice):
             return _loc((*loc, value.key)), "given more than once in one JSON object"
         if isinstance(value, _HugeInteger):
-            return _loc(loc), f"an integer of {value.digits:,} digits; no field takes one of more than {sys.get_int_max_str_digits():,}"
+            return _loc(loc), huge_integer(value.digits)
         if isinstance(value, dict):
             stack.extend((v, (*loc, k)) for k, v in reversed(value.items()))
         elif isinstance(value, list):

@@ -75,8 +75,10 @@ def index_tree(home: Path, src: Path, embedder: Embedder, lock_wait_s: float = 0
         store = open_or_create(home, embedder)
         try:
             # A snapshot between slices keeps readers of a growing memory off SQLite's tail.
-            report = _sync(store, src.resolve(), embedder, checkpoint, between_commits=store.publish_vectors,
-                           only_removals=only_removals)
+            known, signatures = store.sources(), transcript_signatures(src.resolve())
+            _checkpoint(checkpoint, "after_listing")
+            report = (_removals(store, known, signatures, embedder, checkpoint) if only_removals else
+                      _sync(store, known, signatures, embedder, checkpoint, between_commits=store.publish_vectors))
             if purge:
                 store.purge_deleted_text()
             store.publish_vectors()
@@ -102,23 +104,28 @@ class _Slice:
     def __bool__(self) -> bool:
         return bool(self.to_add or self.dead or self.sources or self.gone)
 
+    def drop_source(self, store: MemoryStore, key: str) -> None:
+        """A source that is gone: all its rows go."""
+        self.gone.append(key)
+        self.dead += [row_id for row_id, _ in store.rows_of_source(key).values()]
 
-def _sync(store: MemoryStore, src: Path, embedder: Embedder, checkpoint: Checkpoint = _no_checkpoint,
-          between_commits: Callable[[], None] = lambda: None, only_removals: bool = False) -> IndexReport:
-    known = store.sources()
-    signatures = transcript_signatures(src)
-    _checkpoint(checkpoint, "after_listing")
-    if only_removals:
-        return _removals(store, known, signatures, embedder, checkpoint)
+
+def _outdated(stored: dict[str, tuple[int, str]], wanted: dict[str, str]) -> list[int]:
+    """Rows of a source (chunk key → row id, text hash) whose text its file no longer holds
+    (`wanted`: chunk key → text hash)."""
+    return [row_id for ck, (row_id, h) in stored.items() if wanted.get(ck) != h]
+
+
+def _sync(store: MemoryStore, known: dict[str, str], signatures: dict[str, str], embedder: Embedder,
+          checkpoint: Checkpoint, between_commits: Callable[[], None]) -> IndexReport:
     changed = [key for key in signatures if known.get(key) != signatures[key]]
     if not changed and all(key in signatures for key in known):
         return IndexReport(0, len(signatures), 0, 0, 0, store.generation())
 
     # Deleted sources go in the first commit, so a forget's rows are gone at its first commit.
     current = _Slice()
-    current.gone = [key for key in known if key not in signatures]
-    for key in current.gone:
-        current.dead += [row_id for row_id, _ in store.rows_of_source(key).values()]
+    for key in [key for key in known if key not in signatures]:
+        current.drop_source(store, key)
     sessions = added = removed = malformed = 0
     generation = store.generation()
     for key in changed:
@@ -127,8 +134,7 @@ def _sync(store: MemoryStore, src: Path, embedder: Embedder, checkpoint: Checkpo
         except FileNotFoundError:  # removed between the listing and now
             del signatures[key]
             if key in known:
-                current.gone.append(key)
-                current.dead += [row_id for row_id, _ in store.rows_of_source(key).values()]
+                current.drop_source(store, key)
             continue
         sessions += 1
         malformed += parsed.malformed_lines
@@ -138,7 +144,7 @@ def _sync(store: MemoryStore, src: Path, embedder: Embedder, checkpoint: Checkpo
             old = stored.get(ck)
             if old is None or old[1] != chunk.text_hash:
                 current.to_add.append((chunk, key))
-        current.dead += [row_id for ck, (row_id, h) in stored.items() if ck not in wanted or wanted[ck].text_hash != h]
+        current.dead += _outdated(stored, {ck: c.text_hash for ck, c in wanted.items()})
         current.sources[key] = signatures[key]
         if len(current.to_add) >= COMMIT_SLICE:
             generation = _commit(store, current, embedder, checkpoint)
@@ -165,13 +171,11 @@ def _removals(store: MemoryStore, known: dict[str, str], signatures: dict[str, s
             parsed = read_transcript(Path(key)) if key in signatures else None
         except FileNotFoundError:  # removed between the listing and now
             parsed = None
-        stored = store.rows_of_source(key)
         if parsed is None:
-            work.gone.append(key)
-            work.dead += [row_id for row_id, _ in stored.values()]
+            work.drop_source(store, key)
             continue
         wanted = {c.chunk_key: c.text_hash for turn in parsed.turns for c in chunk_turn(turn)}
-        work.dead += [row_id for ck, (row_id, h) in stored.items() if wanted.get(ck) != h]
+        work.dead += _outdated(store.rows_of_source(key), wanted)
     if not work.dead and not work.gone:
         return IndexReport(0, len(signatures), 0, 0, 0, store.generation())
     generation = _commit(store, work, embedder, checkpoint)

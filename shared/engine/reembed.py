@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from shared.engine.api import chunk_count
 from shared.engine.embedder import Embedder, embedder_for_stamp
 from shared.engine.index_run import Checkpoint, index_tree, memory_dir
 from shared.engine.memory_lock import memory_lock
@@ -79,17 +80,6 @@ class _ReportingEmbedder:
         return out
 
 
-def _live_chunks(home: Path) -> int:
-    """Chunks of the memory under `home` now (0 when there is none)."""
-    if not MemoryStore.exists(memory_dir(home)):
-        return 0
-    store = MemoryStore.open(memory_dir(home))
-    try:
-        return store.counts()[0]
-    finally:
-        store.close()
-
-
 def _keep_staging_of(home: Path, embedder: Embedder) -> Path:
     """The staging home, holding an earlier attempt's committed slices only when they were
     embedded by `embedder` (a staging memory that cannot be read is never trusted, nor files
@@ -112,7 +102,8 @@ def reembed_memory(home: Path, src: Path, embedder: Embedder, progress: Progress
     switch) aborts with the live memory untouched and the build's committed slices kept."""
     staging = _keep_staging_of(home, embedder)
     kwargs = {"checkpoint": checkpoint} if checkpoint else {}
-    building = (_ReportingEmbedder(embedder, progress, _live_chunks(home), _live_chunks(staging))
+    building = (_ReportingEmbedder(embedder, progress, chunk_count(memory_dir(home)),
+                                   chunk_count(memory_dir(staging)))
                 if progress else embedder)
     index_tree(staging, src, building, **kwargs)
     with memory_lock(home, lock_wait_s):
@@ -124,7 +115,7 @@ def reembed_memory(home: Path, src: Path, embedder: Embedder, progress: Progress
             checkpoint("before_commit")
         exchange(memory_dir(staging), memory_dir(home))
     shutil.rmtree(staging, ignore_errors=True)  # the old memory
-    return _live_chunks(home)
+    return chunk_count(memory_dir(home))
 
 
 def remove_deleted_sources(home: Path, src: Path, embedder: Embedder, checkpoint: Checkpoint | None = None) -> None:

@@ -39,7 +39,7 @@ from services.recall.artifacts.text_limits import TextTooLarge, request_bytes_fo
 from services.recall.artifacts.tool_access import CONCURRENT_CHANGE
 from services.recall.artifacts.tools import next_offset
 from services.recall.metrics import REALM_CALLS
-from shared.http_body import BodyNotUtf8, BodyTooLarge, read_body, utf8_text
+from shared.http_body import BodyNotUtf8, BodyTooLarge, huge_integer, read_body, utf8_text
 
 STATUS = {"realm_membership": 403, "realm_role": 403, "not_found": 404, "body_size": 413, "body_encoding": 415}
 MIN_BODY_BYTES = 2**20  # a valid record is far smaller, whatever the text limit
@@ -65,8 +65,7 @@ def _convertible_int(digits: str) -> int:
     # Python converts no integer of more digits than this; its own error names a setting of ours
     # to change (sys.set_int_max_str_digits) rather than what is wrong with the request.
     if len(digits.lstrip("-")) > sys.get_int_max_str_digits():
-        raise _HugeInteger(f"the request body holds an integer of {len(digits.lstrip('-')):,} digits; no field takes "
-                           f"one of more than {sys.get_int_max_str_digits():,}")
+        raise _HugeInteger(f"the request body holds {huge_integer(len(digits.lstrip('-')))}")
     return int(digits)
 
 
