@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from shared.engine.api import Engine
-from shared.engine.embedder import E5_MODEL_ID, MINILM_MODEL_ID, EmbedderSettings, OnnxEmbedder, minilm_spec
+from shared.engine.embedder import (E5_MODEL_ID, E5_Q4_MODEL_ID, MINILM_MODEL_ID, EmbedderSettings, OnnxEmbedder, embedder_for_stamp,
+                                    minilm_spec)
 from shared.engine.hybrid_search import RecallParams
 from shared.engine.index_run import index_tree, memory_dir
 from shared.engine.reembed import STAGING, reembed_memory, stamp_of
@@ -59,6 +60,21 @@ def test_the_old_memory_answers_with_its_own_model_until_the_new_one_is_live(old
     assert "M-207" in engine.recall(memory, "press belt slipping", RecallParams(k=1))  # written during the build
     assert "Котёл" not in engine.recall(memory, "перегрев котла", RecallParams(k=3))  # deleted during the build
     assert engine.reader(memory).model_id == E5_MODEL_ID and chunks == 4 + 1
+
+
+def test_a_memory_of_the_earlier_4bit_e5_stamp_answers_with_it_and_then_re_embeds_in_integers(tmp_path, embedder):
+    """The upgrade users make: memories built before e5 computed in integers."""
+    paths = TenantPaths(tmp_path / "0123456789abcdef01234567")
+    for cid, messages in CONVERSATIONS.items():
+        write_conversation(paths.src, cid, messages)
+    index_tree(paths.root, paths.src, embedder_for_stamp(E5_Q4_MODEL_ID))
+    engine = Engine(embedder=embedder)
+    assert engine.reader(memory_dir(paths.root)).model_id == E5_Q4_MODEL_ID
+    assert "Олег" in engine.recall(memory_dir(paths.root), "кто проверит перегрев котла", RecallParams(k=2))
+
+    reembed_memory(paths.root, paths.src, embedder)
+    assert stamp_of(paths.root) == (E5_MODEL_ID, embedder.dim)
+    assert "Олег" in engine.recall(memory_dir(paths.root), "кто проверит перегрев котла", RecallParams(k=2))
 
 
 def test_a_re_embed_aborted_at_the_switch_leaves_the_live_memory_as_it_was(old_memory, embedder):

