@@ -62,7 +62,7 @@ def test_several_mistakes_are_all_reported_at_once(tmp_path):
 
 def test_the_embedding_model_settings_are_checked_too(tmp_path):
     result = recall("up", cwd=tmp_path, RECALL_EMBEDDER="bert", **free_ports())
-    assert result.returncode == 2 and "RECALL_EMBEDDER='bert'" in one_line(result) and "'e5' or 'minilm'" in one_line(result)
+    assert result.returncode == 2 and "RECALL_EMBEDDER='bert'" in one_line(result) and "'e5', 'e5-q4' or 'minilm'" in one_line(result)
 
 
 def test_a_rule_across_variables_is_one_line_that_shows_no_setting_value(tmp_path):
