@@ -102,29 +102,37 @@ def test_a_memory_is_refused_by_the_cli_indexer_until_re_embedded(old_memory, em
     index_tree(old_memory.root, old_memory.src, embedder)  # now a plain incremental run
 
 
-async def test_the_indexer_re_embeds_a_stale_tenant_and_reports_it_in_metrics(old_memory, redis_url):
+async def test_the_indexer_re_embeds_a_stale_tenant_and_its_pending_count_falls_when_it_is_done(old_memory, redis_url):
     import redis.asyncio as aioredis
     from prometheus_client import REGISTRY
 
     from services.indexer import redis_keys as keys
     from services.indexer.index_job import EmbeddedIndexJob
+    from services.indexer.index_scheduler import IndexScheduler
     from services.indexer.reembed_job import schedule_stale_tenants
+    from shared.redis_lock import RedisLock
 
     job = EmbeddedIndexJob(timeout_s=900)
     client = aioredis.Redis.from_url(redis_url)
     try:
-        await client.delete(keys.DUE)
+        await client.delete(keys.DUE, keys.REEMBED_PENDING)
         assert await schedule_stale_tenants(client, old_memory.root.parent, job.embedder) == 1
         assert await client.zscore(keys.DUE, old_memory.uhash) is not None
         assert REGISTRY.get_sample_value("recall_reembed_pending_memories") == 1
         before = REGISTRY.get_sample_value("recall_reembeds_total", {"outcome": "ok"})
-        await job.run(old_memory)
+        scheduler = IndexScheduler(client, job, old_memory.root.parent, debounce_s=0, lock_ttl_s=30, concurrency=1)
+        lock = RedisLock(client, keys.index_lock(old_memory.uhash), 30)
+        assert await lock.acquire()
+        await scheduler._run(old_memory.uhash, lock)  # the due tenant's run, as a worker takes it
         assert stamp_of(old_memory.root) == (E5_MODEL_ID, job.embedder.dim)
         assert REGISTRY.get_sample_value("recall_reembeds_total", {"outcome": "ok"}) == before + 1
         assert REGISTRY.get_sample_value("recall_reembed_progress_ratio", {"user_hash": old_memory.uhash}) is None
+        # Shared by every worker: the run that re-embedded removed it, whichever worker swept it.
+        assert not await client.sismember(keys.REEMBED_PENDING, old_memory.uhash)
         assert await schedule_stale_tenants(client, old_memory.root.parent, job.embedder) == 0
+        assert REGISTRY.get_sample_value("recall_reembed_pending_memories") == 0
     finally:
-        await client.delete(keys.DUE)
+        await client.delete(keys.DUE, keys.REEMBED_PENDING)
         await client.aclose()
 
 

@@ -198,6 +198,7 @@ class Forgetter:
         await asyncio.to_thread(tombstone_user, self.s.data_dir, paths.uhash, entry_id)
         await self.client.delete(keys.dirty(paths.uhash), keys.received(paths.uhash))
         await self.client.zrem(keys.DUE, paths.uhash)
+        await self.client.srem(keys.REEMBED_PENDING, paths.uhash)
         aside = aside_of(paths.root)
         await self._clear_aside(paths, aside, event)  # what a crashed attempt left
         if await asyncio.to_thread(set_tenant_aside, paths.root) is not None:

@@ -111,6 +111,7 @@ class IndexScheduler:
             pipe = self.client.pipeline(transaction=True)
             pipe.ltrim(keys.received(uhash), len(received), -1)
             pipe.eval(_FINISH, 2, keys.dirty(uhash), keys.DUE, dirty_at_start or "", uhash, time.time() + self.debounce_s)
+            pipe.srem(keys.REEMBED_PENDING, uhash)  # a finished run re-embedded first, if it had to
             await pipe.execute()
         except MemoryBusy:
             outcome = "busy"  # someone outside the scheduler holds the memory; stays due

@@ -40,7 +40,8 @@ REEMBED_PROGRESS = Gauge("recall_reembed_progress_ratio",
                          "(the series is removed when the new memory is live).", ["user_hash"])
 REEMBEDS = Counter("recall_reembeds_total", "Memories moved to the configured embedding model, by outcome.", ["outcome"])
 REEMBED_PENDING = Gauge("recall_reembed_pending_memories",
-                        "Memories stamped with another embedding model, found by this worker's last sweep.")
+                        "Memories stamped with another embedding model and not yet re-embedded, shared by all "
+                        "indexers (each reports the same count, sampled every 2 s: take the max, not the sum).")
 for _outcome in ("ok", "failed"):
     REEMBEDS.labels(_outcome)
 # Its HTTP routes (probes, /metrics) failing unexpectedly: the recall service's series, with a

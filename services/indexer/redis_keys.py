@@ -1,6 +1,9 @@
 """Redis keys the indexers coordinate through (besides the stream and its group)."""
 
 DUE = "recall:index:due"  # zset: user_hash -> time its next index run may start
+# set of user hashes whose memory carries another model's stamp: added by a start sweep, removed
+# by the tenant's next finished index run (which re-embeds first) or its forget
+REEMBED_PENDING = "recall:reembed:pending"
 
 
 def dirty(uhash: str) -> str:

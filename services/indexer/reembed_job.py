@@ -63,8 +63,11 @@ async def schedule_stale_tenants(client: aioredis.Redis, data_dir: Path, embedde
     """Make every tenant with another model's stamp due now; the scheduler re-embeds them one
     index slot at a time, like any index run (NX: an already due tenant keeps its time)."""
     stale = await asyncio.to_thread(stale_tenants, data_dir, embedder)
-    REEMBED_PENDING.set(len(stale))
     if stale:
-        await client.zadd(keys.DUE, {uhash: time.time() for uhash in stale}, nx=True)
+        pipe = client.pipeline(transaction=True)
+        pipe.sadd(keys.REEMBED_PENDING, *stale)
+        pipe.zadd(keys.DUE, {uhash: time.time() for uhash in stale}, nx=True)
+        await pipe.execute()
         log.info("reembed.scheduled", memories=len(stale), model=embedder.spec.model_id)
+    REEMBED_PENDING.set(await client.scard(keys.REEMBED_PENDING))
     return len(stale)

@@ -23,7 +23,7 @@ from services.indexer.consumer_reaper import reap_forever
 from services.indexer.forgetting import Forgetter
 from services.indexer.index_job import EmbeddedIndexJob, make_index_job
 from services.indexer.index_scheduler import IndexScheduler
-from services.indexer.metrics import INDEX_DUE, STREAM_LENGTH, STREAM_PENDING, UNEXPECTED_ERRORS
+from services.indexer.metrics import INDEX_DUE, REEMBED_PENDING, STREAM_LENGTH, STREAM_PENDING, UNEXPECTED_ERRORS
 from services.indexer.reembed_job import schedule_stale_tenants
 from services.indexer.retention import RetentionSweeper
 from services.indexer.settings import IndexerSettings
@@ -67,6 +67,7 @@ async def _sample_stream(client: aioredis.Redis, settings: IndexerSettings) -> N
             STREAM_LENGTH.set(await client.xlen(settings.stream))
             STREAM_PENDING.set((await client.xpending(settings.stream, settings.group))["pending"])
             INDEX_DUE.set(await client.zcard(redis_keys.DUE))
+            REEMBED_PENDING.set(await client.scard(redis_keys.REEMBED_PENDING))
         except aioredis.RedisError:
             pass
         await asyncio.sleep(2.0)
