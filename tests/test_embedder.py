@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from pydantic import ValidationError
@@ -315,3 +317,24 @@ def test_the_e5_q4_setting_keeps_the_earlier_stamp_so_its_memories_are_not_re_em
     from shared.engine.embedder import E5_Q4_MODEL_ID, load_embedder
 
     assert load_embedder(EmbedderSettings(embedder="e5-q4")).spec.model_id == E5_Q4_MODEL_ID
+
+
+def test_a_model_files_digest_is_remembered_in_the_cache_so_a_new_process_does_not_hash_it_again(tmp_path, monkeypatch):
+    from shared.engine import model_cache
+
+    source = tmp_path / "weights.bin"
+    source.write_bytes(b"model weights" * 1000)
+
+    def build(src, target):
+        target.write_bytes(src.read_bytes()[:10])
+
+    first = model_cache.cached_model(source, tmp_path / "cache", "x", "r1", build)
+    model_cache._file_digest.cache_clear()  # as a new process
+    hashed: list[Path] = []
+    real_read = Path.read_bytes
+    monkeypatch.setattr(Path, "read_bytes", lambda self: hashed.append(self) or real_read(self))
+    assert model_cache.cached_model(source, tmp_path / "cache", "x", "r1", build) == first
+    assert source not in hashed
+    source.write_bytes(b"other weights" * 1000)  # a reinstalled package: hashed again, built anew
+    model_cache._file_digest.cache_clear()
+    assert model_cache.cached_model(source, tmp_path / "cache", "x", "r1", build) != first and source in hashed

@@ -207,7 +207,9 @@ class HubTokenIds:
         self._tok.enable_truncation(spec.max_tokens)
 
     def ids(self, texts: list[str], query: bool) -> list[list[int]]:
-        return [e.ids for e in self._tok.encode_batch(list(texts))]
+        # Text by text, on the calling thread: `encode_batch` hands even one query to the
+        # tokenizers library's worker pool (e5_tokens.py: the same wait under load).
+        return [self._tok.encode(t).ids for t in texts]
 
     def log_prob_per_char(self, text: str) -> float | None:
         return None  # WordPiece has no piece scores
