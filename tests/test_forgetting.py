@@ -330,8 +330,10 @@ async def test_a_user_forget_moves_the_tenant_aside_and_a_crashed_attempts_lefto
     leftover.transcript("later").write_text("accepted after the deletion")
     version_file(leftover, "later").write_text("3000-0")
     tombstone_user(tmp_path, uh, "2000-0")
+    r.sadd("recall:reembed:pending", uh)  # its memory had waited for a re-embed to another model
     event = ForgetEvent(kind="forget_user", user_hash=uh, receipt="b" * 24, received_at=time.time())
     await forgetter._forget_user(TenantPaths(root), "2000-0", event)  # its memory is unreadable: deleted all the same
+    assert not r.sismember("recall:reembed:pending", uh), "a forgotten memory waits for no re-embed"
     assert r.hmget(deletion_key(event.receipt), ["removed:files", "removed:chunks"]) == ["1", "0"]
     assert sorted(p.name for p in tmp_path.iterdir()) == [".tombstones", uh]
     assert TenantPaths(root).transcript("later").read_text() == "accepted after the deletion"
