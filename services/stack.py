@@ -95,10 +95,10 @@ def check_config() -> tuple[StackSettings, Path]:
 
 def embedder_problems() -> None:
     from shared.engine.e5_packed import packed_model_problem
-    from shared.engine.embedder import EmbedderSettings
+    from shared.engine.embedder import E5_SETTINGS, EmbedderSettings
 
     e = load_settings(EmbedderSettings)
-    reason = packed_model_problem() if e.embedder.startswith("e5") and e.embed_model_dir is None else None
+    reason = packed_model_problem() if e.embedder in E5_SETTINGS and e.embed_model_dir is None else None
     if reason:
         raise ConfigProblem(f"RECALL_EMBEDDER={e.embedder!r} is not allowed here: {reason}; set RECALL_EMBEDDER=minilm (English only)")
 

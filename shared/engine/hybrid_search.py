@@ -18,7 +18,7 @@ from operator import or_
 
 import numpy as np
 
-from shared.engine.embedder import E5_MODEL_ID, E5_Q4_MODEL_ID, Embedder
+from shared.engine.embedder import E5_STAMPS, Embedder
 from shared.engine.identifiers import IdentifierPattern, count_identifiers, query_identifiers
 from shared.engine.memory_reader import Mask, MemoryReader
 from shared.engine.relevance_floor import floor_for
@@ -34,7 +34,7 @@ RRF_K = 60  # only the benchmarks' plain-RRF baseline uses it
 # synthetic paraphrases 0.4 lifts long 0.928 -> 0.937 and bare 0.820 -> 0.845 hit@3.
 # An uncalibrated model gets the default.
 DENSE_WEIGHT = 0.3
-DENSE_WEIGHTS: dict[str, float] = {E5_MODEL_ID: 0.4, E5_Q4_MODEL_ID: 0.4}
+DENSE_WEIGHTS: dict[str, float] = {stamp: 0.4 for stamp in E5_STAMPS.values()}  # both of e5's graphs
 # A hit holding every identifier of the query gains this much: enough to lift it over the
 # template-alike turns about other units, while the rest of the query still orders the turns
 # that all hold the identifier (issue 10: a hard identifier-first sort let a chatter mention win).
