@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from shared.engine.e5_graph import GraphParts, INT8_ACTIVATIONS, OPSET, pack_nibbles
+from shared.engine.e5_graph import IR_VERSION, GraphParts, INT8_ACTIVATIONS, OPSET, pack_nibbles
 from shared.engine.e5_packed import BLOCK, PackedE5
 
 
@@ -90,7 +90,7 @@ def fused_attention_graph(packed: PackedE5):
         [helper.make_tensor_value_info(n, TensorProto.INT64, ["batch", "tokens"]) for n in ("input_ids", "attention_mask")],
         [helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, ["batch", "tokens", hidden])], initializers)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)])
-    model.ir_version = 8
+    model.ir_version = IR_VERSION
     return model
 
 

