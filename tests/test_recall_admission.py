@@ -36,7 +36,7 @@ async def test_a_full_queue_answers_busy_at_once():
     started = time.monotonic()
     with pytest.raises(Busy) as busy:
         await gate.acquire()
-    assert busy.value.reason == "queue_full" and time.monotonic() - started < 0.05
+    assert busy.value.reason == "queue_full" and time.monotonic() - started < 1.0  # wait_s is 5: no waiting at all
     gate.release()
     await first_waiter  # the slot went to the waiter
 
