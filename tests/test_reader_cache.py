@@ -183,6 +183,24 @@ def _rss_fds_threads() -> tuple[int, int, int]:
     return int(_proc_status()["VmRSS"]) * 1024, len(os.listdir("/proc/self/fd")), threads
 
 
+def test_readers_idle_past_the_limit_are_closed_and_reopen_on_their_next_search(template_home, tmp_path, embedder):
+    """An open reader costs a tantivy thread polling its meta file, descriptors and RAM while
+    nobody asks; the sweep closes it, never one a search holds, and the next search reopens it."""
+    memories = tenants(template_home, tmp_path, 3)
+    engine = Engine(embedder=embedder)
+    for memory in memories:
+        assert "MT-4402" in engine.recall(memory, "MT-4402", PARAMS)
+    fds_open = len(os.listdir("/proc/self/fd"))
+    with engine.lease(memories[2].resolve()):  # a search still running on the third memory
+        time.sleep(0.3)
+        assert engine.close_idle(0.2) == 2
+        assert engine.open_readers == 1
+    assert len(os.listdir("/proc/self/fd")) <= fds_open - 2 * 3, "the closed readers' files are closed"
+    assert engine.close_idle(60) == 0, "used within the minute: kept"
+    assert "MT-4402" in engine.recall(memories[0], "MT-4402", PARAMS)
+    assert engine.readers_opened == 4 and engine.open_readers == 2
+
+
 def test_cache_is_bounded_by_bytes_and_flat_under_tenant_churn(template_home, tmp_path, embedder):
     memories = tenants(template_home, tmp_path, 60)
     probe = Engine(embedder=embedder)

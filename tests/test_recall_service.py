@@ -265,6 +265,22 @@ async def test_corrupt_memory_is_unavailable_not_an_error(stack):
     assert await call_recall(env, mint("bob"), "P-7") == UNAVAILABLE
 
 
+async def test_an_embedded_replica_closes_memories_idle_past_the_pool_limit_and_reopens_them(services, service_env):
+    services("ingest")
+    services("indexer")
+    services("serve", RECALL_ENGINE="embedded", RECALL_POOL_IDLE_S="1")
+    post_conversation(service_env, "alice", "a1", ALICE)
+    assert wait_until(lambda: indexed_chunks(service_env, "alice") == 3, 30)
+    assert "MT-4471" in await call_recall(service_env, mint("alice"), "N-11 upgrade")
+
+    def metrics() -> str:
+        return httpx.get(f"{recall_url(service_env)}/metrics").text
+
+    assert wait_until(lambda: metric_value(metrics(), 'recall_pool_evictions_total{reason="idle"}') >= 1, 15)
+    assert metric_value(metrics(), "recall_pool_processes") == 0
+    assert "MT-4471" in await call_recall(service_env, mint("alice"), "N-11 upgrade"), "reopened on the next call"
+
+
 async def test_pool_cap_lru_eviction_and_crash_restart(services, service_env):
     services("ingest")
     services("indexer")

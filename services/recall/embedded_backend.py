@@ -2,7 +2,8 @@
 
 Models load once; each tenant's memory reader stays open in an LRU (its int8 snapshot mapped,
 later rows in RAM, refreshed from the committed generation on every call, so a new index run is
-visible on the next call).
+visible on the next call) until the cache's bounds evict it or it has been idle for
+`RECALL_POOL_IDLE_S` (like a funes child).
 Searches run in worker threads, off the event loop, and hand back typed hits (no text that
 the service would parse again).
 """
@@ -21,9 +22,12 @@ from shared.tenant_paths import TenantPaths
 
 
 class EmbeddedBackend:
-    def __init__(self, reader_cache: int, timeout_s: float, reader_cache_bytes: int | None = None) -> None:
+    def __init__(self, reader_cache: int, timeout_s: float, reader_cache_bytes: int | None = None,
+                 idle_s: float = 600.0) -> None:
         self.engine = Engine(max_readers=reader_cache, max_bytes=reader_cache_bytes)
         self.timeout_s = timeout_s
+        self.idle_s = idle_s
+        self._sweeper: asyncio.Task | None = None
 
     async def recall(self, paths: TenantPaths, query: str, k: int, candidates: int) -> list[AgentHit]:
         params = RecallParams(k=k, candidates=candidates, floor=True)
@@ -62,7 +66,17 @@ class EmbeddedBackend:
         return True
 
     def start(self) -> None:
-        return None
+        self._sweeper = asyncio.create_task(self._sweep_idle())
+
+    async def _sweep_idle(self) -> None:
+        while True:
+            await asyncio.sleep(max(1.0, self.idle_s / 4))
+            closed = await asyncio.to_thread(self.engine.close_idle, self.idle_s)
+            if closed:
+                POOL_EVICTIONS.labels("idle").inc(closed)
+                POOL_SIZE.set(self.engine.open_readers)
+                READER_CACHE_BYTES.set(self.engine.cached_bytes)
 
     async def close(self) -> None:
-        return None
+        if self._sweeper is not None:
+            self._sweeper.cancel()

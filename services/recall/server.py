@@ -62,7 +62,7 @@ def make_backend(s: RecallSettings, open_file_limit: int | None = None) -> Recal
             log.warning("recall.reader_cache_capped", setting="RECALL_READER_CACHE", wanted=s.reader_cache,
                         readers=readers, open_file_limit=open_file_limit,
                         hint="raise the hard limit on open files (ulimit -Hn, LimitNOFILE) to keep more memories open")
-    return EmbeddedBackend(readers, s.timeout_s, s.reader_cache_bytes)
+    return EmbeddedBackend(readers, s.timeout_s, s.reader_cache_bytes, s.pool_idle_s)
 
 
 def caller_user() -> str:

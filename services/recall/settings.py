@@ -28,7 +28,7 @@ class RecallSettings(CommonSettings):
     reader_cache: int = Field(256, ge=1, description="Embedded engine: tenant memories kept open (LRU); kept within the open-file limit (4 descriptors each).")
     reader_cache_bytes: int = Field(4 * 2**30, ge=2**20, description="Embedded engine: bytes of vectors and BM25 indexes the open memories may hold (LRU; a memory in use is closed when its search ends).")
     pool_max_processes: int = Field(16, ge=1, description="Funes engine: most `funes mcp` children alive at once.")
-    pool_idle_s: float = Field(600.0, gt=0, description="Funes engine: a child idle this long is closed.")
+    pool_idle_s: float = Field(600.0, gt=0, description="A tenant's funes child, or its open memory (embedded engine), idle this long is closed.")
     artifacts_db_url: str | None = Field(None, description="Memory artifacts database: sqlite:///<file> (default DATA_DIR/artifacts.sqlite3) or postgresql://… for several replicas.")
     pool_start_timeout_s: float = Field(60.0, gt=0, description="Funes engine: time a child may take to start.")
     realm_max_text_bytes: int = Field(64 * 1024, ge=1024, le=512 * 1024, description="Largest text one field of a realm stores, in bytes of UTF-8: an artifact body (constitution, registry and charters included), a journal entry, an AgentMemory record's content, a source_context's JSON (more is refused naming the field; search reads a body's first 20,000 characters, at most 60,000 bytes; MCP requests are at most 4 MiB).")

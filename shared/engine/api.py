@@ -13,7 +13,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
@@ -50,6 +50,7 @@ class _Entry:
     bytes: int
     users: int = 0  # searches holding it: it is closed only when this is 0
     retired: bool = False  # out of the cache (evicted, dropped, replaced); closed by its last user
+    last_used: float = field(default_factory=time.monotonic)  # when its last search ended
 
 
 class Engine:
@@ -137,6 +138,7 @@ class Engine:
     def _release(self, entry: _Entry) -> None:
         with self._lock:
             entry.users -= 1
+            entry.last_used = time.monotonic()
             entry.bytes = entry.reader.resident_bytes()  # grows as the reader catches up
             to_close = [entry] if entry.retired and entry.users == 0 else self._evict(keep=None)
         for victim in to_close:
@@ -161,6 +163,19 @@ class Engine:
     def _retire(entry: _Entry) -> bool:
         entry.retired = True
         return entry.users == 0
+
+    def close_idle(self, idle_s: float) -> int:
+        """Close the readers no search has used for `idle_s` seconds; how many. An open reader
+        is not free while it waits: tantivy keeps a thread per open index that reads its meta
+        file twice a second (1,000 open memories: 1,000 threads and ~5 % of a core on an idle
+        replica), besides its descriptors and RAM. Reopening one costs milliseconds."""
+        cutoff = time.monotonic() - idle_s
+        with self._lock:
+            idle = [memory for memory, entry in self._entries.items() if entry.users == 0 and entry.last_used < cutoff]
+            to_close = [entry for entry in (self._entries.pop(memory) for memory in idle) if self._retire(entry)]
+        for entry in to_close:
+            entry.reader.close()
+        return len(idle)
 
     def forget(self, memory: Path) -> None:
         """Something was deleted from a memory: drop its reader and every turn text cached from
