@@ -8,7 +8,8 @@ Two ways to compute the linear layers, one stamp each (`embedder.py`):
 - `INT8` (the default): each 4-bit matrix re-quantised to 7-bit integers per output column,
   each activation row (one token) quantised to 8 bits with its own scale, multiplied by
   onnxruntime's u8s8 GEMM (`MatMulIntegerToFloat`). 2-2.6x less CPU than `Q4` here
-  (docs/benchmarks.md, round 11; round 12 took another 9-14 % off with fewer nodes, same bits). Why 7 bits: x86 kernels without VNNI add pairs of u8*s8 products in saturating
+  (docs/benchmarks.md, round 11; round 12 took another 9-14 % off with fewer nodes, the same
+  bits). Why 7 bits: x86 kernels without VNNI add pairs of u8*s8 products in saturating
   16-bit lanes; 255*63*2 stays below 2^15, so every CPU computes the same integers. Why per
   token: one scale for the whole batch (`quantize_dynamic`, as MiniLM uses) lost 10-15 points of
   paraphrase retrieval; a row's own scale does not let another row's outlier flatten it.
@@ -159,11 +160,11 @@ def e5_graph(packed: PackedE5, kind: str = INT8):
 
     # Padding keys get -10000 before the softmax: exp() makes them exactly 0.
     mask = node("Cast", ["attention_mask"], "mask.f", to=TensorProto.FLOAT)
-    # QuantizeLinear in row blocks takes a zero point of its scales' shape (B, T, 1): 128 per token.
-    row_offsets = node("Cast", [node("Add", [node("Mul", [node("Unsqueeze", [mask, const("axis2", np.array([2], np.int64))], "mask.col"),
-                                                          const("nil", np.array(0.0, np.float32))], "mask.zero"),
-                                             const("offset", np.array(ACTIVATION_OFFSET, np.float32))], "row.offset.f")],
-                       "row.offset", to=TensorProto.UINT8)
+    if kind == INT8:  # QuantizeLinear in row blocks takes a zero point of its scales' shape (B, T, 1): 128 per token
+        row_offsets = node("Cast", [node("Add", [node("Mul", [node("Unsqueeze", [mask, const("axis2", np.array([2], np.int64))], "mask.col"),
+                                                              const("nil", np.array(0.0, np.float32))], "mask.zero"),
+                                                 const("offset", np.array(ACTIVATION_OFFSET, np.float32))], "row.offset.f")],
+                           "row.offset", to=TensorProto.UINT8)
     inverted = node("Sub", [const("one", np.array(1.0, np.float32)), mask], "mask.inv")
     key_bias = node("Unsqueeze", [node("Mul", [inverted, const("neg", np.array(-1e4, np.float32))], "mask.neg"),
                                   const("axes12", np.array([1, 2], np.int64))], "key_bias")
