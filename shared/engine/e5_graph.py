@@ -102,8 +102,9 @@ def int8_matmul(parts: GraphParts, x: str, blocks: np.ndarray, out: str, row_off
     two nodes what Div, Round, Add, Cast, MatMulInteger, Cast and Mul did in seven, with the same
     bits (tests/test_embedder.py). The column scale stays its own Mul, since folding it into the
     product's scale would change the order of the float multiplications (vectors at cosine 0.9987:
-    a last-bit difference flips a rounding a few layers on). The bias stays outside too: with
-    per-row scales onnxruntime 1.32's optional bias input came out wrong (off by up to 3.5)."""
+    a last-bit difference flips a rounding a few layers on). The bias stays outside too:
+    onnxruntime 1.32 applies a per-row scale to the GEMM's output after adding the optional bias
+    input, so the bias would be scaled with it."""
     const, node = parts.const, parts.node
     weights, column_scales = per_column_int7(blocks)
     row_max = node("ReduceMax", [node("Abs", [x], out + ".abs"), const(out + ".last", np.array([-1], np.int64))],
