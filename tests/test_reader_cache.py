@@ -108,7 +108,7 @@ def test_drop_during_a_search_waits_for_the_search(template_home, tmp_path, embe
     assert "MT-4400" in engine.recall(memory, "MT-4400", PARAMS), "the next call opens a fresh reader"
 
 
-def test_drops_and_evictions_racing_searches_never_fail_a_search(template_home, tmp_path, embedder):
+def test_drops_evictions_and_idle_closes_racing_searches_never_fail_a_search(template_home, tmp_path, embedder):
     memories = tenants(template_home, tmp_path, 3)
     engine = Engine(max_readers=2, embedder=embedder)
     stop = time.monotonic() + 4
@@ -130,7 +130,13 @@ def test_drops_and_evictions_racing_searches_never_fail_a_search(template_home, 
                 engine.drop(m)
             time.sleep(0.002)
 
-    threads = [threading.Thread(target=search, args=(i,)) for i in range(8)] + [threading.Thread(target=forget)]
+    def sweep() -> None:  # the idle sweep at its most eager: every reader not in a search
+        while time.monotonic() < stop:
+            engine.close_idle(0)
+            time.sleep(0.001)
+
+    threads = [threading.Thread(target=search, args=(i,)) for i in range(8)] + [threading.Thread(target=forget),
+                                                                                threading.Thread(target=sweep)]
     for t in threads:
         t.start()
     for t in threads:
