@@ -18,8 +18,9 @@ and indexing CPU and wall time per conversation, against older engines in the sa
   text. Text, BM25 and SQLite rows are real; vectors are real model outputs, so the dense scan
   does exactly the work it does in production (its ranking is not what is measured here;
   bench/engine_bench.py measures quality). Queries are always embedded by the real model.
-- The `minilm` and default `e5` tenants are also searched by `--main-ref`'s engine (default `main`, resolved to
-  its commit): the read path before the branch being measured, on the same models and files.
+- The `minilm` and default `e5` tenants are also searched by `--main-ref`'s engine (default
+  `main`, resolved to its commit): the read path before the branch being measured, on the same
+  models and files.
 - Every call asks a different question (never a repeat within one process), so no per-process
   cache of query vectors can answer any of them: each call pays for its query embedding.
 - Each measurement runs in a fresh child process: `ours` imports this tree's `shared/`,
@@ -37,8 +38,8 @@ and indexing CPU and wall time per conversation, against older engines in the sa
   client and the child's CPU per call (from /proc).
 - Indexing: `--index-conversations` conversations indexed from scratch with the real model
   (no reuse) by this tree, by `--before-ref` (the engine before round 10's indexing work),
-  by `--main-ref` (e5 as it shipped before this pass) and by the baseline; process CPU and wall time per conversation. The embedder uses its
-  default threads (`RECALL_EMBED_BATCH_THREADS`: up to 2).
+  by `--main-ref` (e5 as it shipped before this pass) and by the baseline; process CPU and wall
+  time per conversation. The embedder uses its default threads (`RECALL_EMBED_BATCH_THREADS`: up to 2).
 """
 
 from __future__ import annotations

