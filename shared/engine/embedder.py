@@ -38,6 +38,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.engine.native_threads import ort_session_options, pin_blas_threads
+from shared.engine.query_batching import QueryBatcher
 
 ASSETS = Path(__file__).parent / "assets"
 MINILM_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2@onnx-int8-dynamic"
@@ -72,9 +73,14 @@ class EmbedderSettings(BaseSettings):
     query_cache: int = Field(0, ge=0, le=100_000,
                              description="Query vectors kept per model and process (LRU), by query text; 0 = off.")
 
+    embed_query_lanes: int = Field(default_factory=lambda: min(64, os.cpu_count() or 1), ge=1, le=64,
+                                   description="Query embeddings run at once (default: one per core); queries arriving while all run "
+                                               "wait and share the next run (e5: query_batching.py).")
+
     @property
     def threads(self) -> "Threads":
-        return Threads(query=self.embed_threads, batch=self.embed_batch_threads, query_cache=self.query_cache)
+        return Threads(query=self.embed_threads, batch=self.embed_batch_threads, query_cache=self.query_cache,
+                       query_lanes=self.embed_query_lanes)
     embed_cache_dir: Path = Field(default_factory=_default_cache_dir, description="Where the model graphs (e5, int8 MiniLM) are built once.")
     embed_model_dir: Path | None = Field(None, description="A local ONNX sentence-embedding model used instead of `embedder`.")
     embed_model_id: str | None = Field(None, description="Stamp of the model in embed_model_dir (default: the directory name).")
@@ -87,6 +93,7 @@ class Threads:
     query: int = 1
     batch: int = 1
     query_cache: int = 0  # QueryCache size; 0 = off
+    query_lanes: int = 1  # QueryBatcher lanes
 
 
 class QueryCache:
@@ -232,6 +239,8 @@ class OnnxEmbedder:
         self._session_lock = threading.Lock()
         self._threads = threads
         self.query_cache = QueryCache(threads.query_cache)
+        # Batched, a query's vector is the one it gets alone only when rows do not share a scale.
+        self.query_batcher = QueryBatcher(self._query_vectors, threads.query_lanes) if spec.rows_independent else None
         self._inputs = {i.name for i in self._query_session.get_inputs()}
         self._tokens = tokens or HubTokenIds(spec)
         self._tok_lock = threading.Lock()
@@ -257,7 +266,14 @@ class OnnxEmbedder:
             return self._tokens.log_prob_per_char(text)
 
     def _query_vector(self, text: str) -> np.ndarray:
-        return self._run(*self._feeds([text], 1, query=True)[0][1:], self._query_session)[0]
+        if self.query_batcher is None:
+            return self._query_vectors([text])[0]
+        return self.query_batcher.embed(text)
+
+    def _query_vectors(self, texts: list[str]) -> np.ndarray:
+        """Queries in as few runs as their lengths make worth it (`length_groups`)."""
+        batches = self._feeds(texts, len(texts), query=True)
+        return _in_text_order(len(texts), batches, [self._run(ids, mask, self._query_session) for _, ids, mask in batches])
 
     def embed(self, texts: list[str], batch_size: int = 32) -> np.ndarray:
         """Batches group similar lengths to cut padding; a model whose rows are independent (e5)
@@ -274,10 +290,7 @@ class OnnxEmbedder:
         else:
             session = self._batch_session()
             pooled = [self._run(ids, mask, session) for _, ids, mask in batches]
-        out = np.zeros((len(texts), pooled[0].shape[1]), dtype=np.float32)
-        for (idx, _, _), vecs in zip(batches, pooled):
-            out[idx] = vecs
-        return out
+        return _in_text_order(len(texts), batches, pooled)
 
     def _feeds(self, texts: list[str], batch_size: int, query: bool = False) -> list[tuple[list[int], np.ndarray, np.ndarray]]:
         """(positions in `texts`, input ids, attention mask) per batch, shortest texts first."""
@@ -312,6 +325,13 @@ class OnnxEmbedder:
             m = mask[:, :, None].astype(np.float32)
             pooled = (hidden * m).sum(axis=1) / np.maximum(m.sum(axis=1), 1e-9)
         return (pooled / np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)).astype(np.float32)
+
+
+def _in_text_order(n: int, batches: list[tuple[list[int], np.ndarray, np.ndarray]], pooled: list[np.ndarray]) -> np.ndarray:
+    out = np.zeros((n, pooled[0].shape[1]), dtype=np.float32)
+    for (idx, _, _), vecs in zip(batches, pooled):
+        out[idx] = vecs
+    return out
 
 
 # One session.run's fixed cost in padded tokens (4-bit e5: ~1 ms). e5 in integers: ~1.1 ms against

@@ -1,0 +1,123 @@
+"""Concurrent query embeddings share model runs (shared/engine/query_batching.py): the batching
+rules with a run the test holds open, then the real e5 model under concurrent callers."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from shared.engine.embedder import EmbedderSettings, OnnxEmbedder, e5_embedder
+from shared.engine.query_batching import QueryBatcher
+from tests.conftest import wait_until
+
+
+class HeldRun:
+    """A model stand-in whose first run waits until the test lets it end; records every batch."""
+
+    def __init__(self, fail_on: str | None = None) -> None:
+        self.batches: list[list[str]] = []
+        self.started = threading.Event()
+        self.release = threading.Event()
+        self.fail_on = fail_on
+
+    def __call__(self, texts: list[str]) -> np.ndarray:
+        self.batches.append(list(texts))
+        if len(self.batches) == 1:
+            self.started.set()
+            assert self.release.wait(10)
+        if self.fail_on in texts:
+            raise RuntimeError("model failed")
+        return np.array([[float(len(t))] for t in texts], np.float32)
+
+
+def start_callers(batcher: QueryBatcher, texts: list[str]) -> tuple[ThreadPoolExecutor, list]:
+    pool = ThreadPoolExecutor(len(texts))
+    return pool, [pool.submit(batcher.embed, t) for t in texts]
+
+
+def test_a_lone_query_runs_at_once_in_a_run_of_its_own():
+    run = HeldRun()
+    run.release.set()
+    batcher = QueryBatcher(run, lanes=1)
+    assert batcher.embed("abc")[0] == 3.0 and run.batches == [["abc"]]
+
+
+def test_queries_arriving_while_the_model_runs_share_the_next_run():
+    run = HeldRun()
+    batcher = QueryBatcher(run, lanes=1)
+    pool, first = start_callers(batcher, ["first"])
+    assert run.started.wait(10)
+    _, waiting = start_callers(batcher, ["a", "bb", "ccc", "dddd"])
+    assert wait_until(lambda: len(batcher._waiting) == 4, 10)
+    run.release.set()
+    assert [f.result(10)[0] for f in first + waiting] == [5.0, 1.0, 2.0, 3.0, 4.0]
+    assert run.batches[0] == ["first"] and sorted(run.batches[1]) == ["a", "bb", "ccc", "dddd"]
+    assert (batcher.runs, batcher.queries) == (2, 5)
+
+
+def test_a_run_takes_at_most_max_batch_queries_and_hands_its_lane_to_the_next_waiting_caller():
+    run = HeldRun()
+    batcher = QueryBatcher(run, lanes=1, max_batch=3)
+    _, first = start_callers(batcher, ["held"])
+    assert run.started.wait(10)
+    texts = [f"q{i}" for i in range(7)]
+    _, waiting = start_callers(batcher, texts)
+    assert wait_until(lambda: len(batcher._waiting) == 7, 10)
+    run.release.set()
+    assert [f.result(10)[0] for f in waiting] == [2.0] * 7 and first[0].result(10)[0] == 4.0
+    assert [len(b) for b in run.batches] == [1, 3, 3, 1]  # nobody left waiting without a lane
+
+
+def test_every_lane_runs_at_once_before_anyone_waits():
+    lanes = 2
+    both_running = threading.Barrier(lanes + 1)
+
+    def run(texts):
+        both_running.wait(10)  # breaks (and fails the test) unless two runs are in flight at once
+        return np.zeros((len(texts), 1), np.float32)
+
+    batcher = QueryBatcher(run, lanes=lanes)
+    _, calls = start_callers(batcher, ["x", "y"])
+    both_running.wait(10)
+    assert all(f.result(10).shape == (1,) for f in calls)
+
+
+def test_a_failed_run_raises_in_every_caller_it_served_and_frees_its_lane():
+    run = HeldRun(fail_on="bad")
+    batcher = QueryBatcher(run, lanes=1)
+    _, first = start_callers(batcher, ["held"])
+    assert run.started.wait(10)
+    _, waiting = start_callers(batcher, ["bad", "fine"])
+    assert wait_until(lambda: len(batcher._waiting) == 2, 10)
+    run.release.set()
+    assert first[0].result(10)[0] == 4.0
+    for future in waiting:
+        with pytest.raises(RuntimeError, match="model failed"):
+            future.result(10)
+    assert batcher.embed("later")[0] == 5.0  # the lane came back
+
+
+@pytest.fixture(scope="module")
+def e5_one_lane() -> OnnxEmbedder:
+    return e5_embedder(EmbedderSettings(embed_query_lanes=1))
+
+
+def test_an_e5_query_gets_the_same_vector_alone_and_embedded_beside_concurrent_queries(e5_one_lane):
+    queries = ["vault migration codename", "кто отвечает за брак на складе в Твери", "ok",
+               "which seal did we order for the pump at the north site and when does it ship"] * 4
+    alone = np.stack([e5_one_lane.embed_query(q) for q in queries])
+    batcher = e5_one_lane.query_batcher
+    runs_before = batcher.runs
+    with ThreadPoolExecutor(8) as pool:
+        together = np.stack(list(pool.map(e5_one_lane.embed_query, queries)))
+    assert np.array_equal(together, alone)
+    assert batcher.runs - runs_before < len(queries)  # some of them shared a run
+
+
+def test_minilm_embeds_each_query_alone_since_its_rows_share_a_scale(tmp_path):
+    from shared.engine.embedder import minilm_spec
+
+    assert OnnxEmbedder(minilm_spec(EmbedderSettings(embed_cache_dir=tmp_path))).query_batcher is None
