@@ -73,9 +73,10 @@ class EmbedderSettings(BaseSettings):
     query_cache: int = Field(0, ge=0, le=100_000,
                              description="Query vectors kept per model and process (LRU), by query text; 0 = off.")
 
-    embed_query_lanes: int = Field(default_factory=lambda: min(64, os.cpu_count() or 1), ge=1, le=64,
-                                   description="Query embeddings run at once (default: one per core); queries arriving while all run "
-                                               "wait and share the next run (e5: query_batching.py).")
+    # Half the cores: the model is ~40 % of a call's CPU, and the other cores search meanwhile.
+    embed_query_lanes: int = Field(default_factory=lambda: max(1, min(64, (os.cpu_count() or 1) // 2)), ge=1, le=64,
+                                   description="Query embeddings run at once (default: half the cores); queries arriving while all "
+                                               "run wait and share the next run (e5: query_batching.py).")
 
     @property
     def threads(self) -> "Threads":
