@@ -121,3 +121,35 @@ def test_minilm_embeds_each_query_alone_since_its_rows_share_a_scale(tmp_path):
     from shared.engine.embedder import minilm_spec
 
     assert OnnxEmbedder(minilm_spec(EmbedderSettings(embed_cache_dir=tmp_path))).query_batcher is None
+
+
+def test_recalls_racing_on_one_memory_find_what_they_find_one_at_a_time(e5_one_lane, tmp_path):
+    from shared.engine.api import Engine
+    from shared.engine.hybrid_search import RecallParams
+    from shared.engine.index_run import index_tree, memory_dir
+    from tests.conftest import write_conversation
+
+    facts = ["The pump MT-4471 at the north site leaks again; Igor orders a new seal on Friday.",
+             "Отбраковку партии на складе в Твери взял на себя Игорь.",
+             "Vault migration codename BLUEHERON, budget 48k, owner Dana.",
+             "We picked the 14-inch laptops for the support team, delivery in March.",
+             "My sister's wedding is on the 12th of June in Porto."]
+    src = tmp_path / "src"
+    for i, fact in enumerate(facts):
+        write_conversation(src, f"c{i}", [fact, "noted"])
+    index_tree(tmp_path, src, e5_one_lane)
+    engine = Engine(embedder=e5_one_lane)
+    questions = ["which seal does the north pump need", "кто отвечает за брак в Твери", "vault migration budget",
+                 "what laptops did we choose", "when is the wedding", "who owns the vault move",
+                 "когда закажут уплотнение", "delivery month of the laptops"] * 2
+    params = RecallParams(k=3, candidates=8)
+
+    def found(question: str) -> list[int]:
+        return [hit.row.row_id for hit in engine.search(memory_dir(tmp_path), question, params)]
+
+    one_at_a_time = [found(q) for q in questions]
+    runs_before = e5_one_lane.query_batcher.runs
+    with ThreadPoolExecutor(8) as pool:
+        racing = list(pool.map(found, questions))
+    assert racing == one_at_a_time and all(one_at_a_time)
+    assert e5_one_lane.query_batcher.runs - runs_before < len(questions)
