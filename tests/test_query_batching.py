@@ -33,9 +33,12 @@ class HeldRun:
         return np.array([[float(len(t))] for t in texts], np.float32)
 
 
-def start_callers(batcher: QueryBatcher, texts: list[str]) -> tuple[ThreadPoolExecutor, list]:
+def start_callers(batcher: QueryBatcher, texts: list[str]) -> list:
+    """One caller thread per text, each already asking (the pool ends once they all return)."""
     pool = ThreadPoolExecutor(len(texts))
-    return pool, [pool.submit(batcher.embed, t) for t in texts]
+    futures = [pool.submit(batcher.embed, t) for t in texts]
+    pool.shutdown(wait=False)
+    return futures
 
 
 def test_a_lone_query_runs_at_once_in_a_run_of_its_own():
@@ -48,9 +51,9 @@ def test_a_lone_query_runs_at_once_in_a_run_of_its_own():
 def test_queries_arriving_while_the_model_runs_share_the_next_run():
     run = HeldRun()
     batcher = QueryBatcher(run, lanes=1)
-    pool, first = start_callers(batcher, ["first"])
+    first = start_callers(batcher, ["first"])
     assert run.started.wait(10)
-    _, waiting = start_callers(batcher, ["a", "bb", "ccc", "dddd"])
+    waiting = start_callers(batcher, ["a", "bb", "ccc", "dddd"])
     assert wait_until(lambda: len(batcher._waiting) == 4, 10)
     run.release.set()
     assert [f.result(10)[0] for f in first + waiting] == [5.0, 1.0, 2.0, 3.0, 4.0]
@@ -61,10 +64,10 @@ def test_queries_arriving_while_the_model_runs_share_the_next_run():
 def test_a_run_takes_at_most_max_batch_queries_and_hands_its_lane_to_the_next_waiting_caller():
     run = HeldRun()
     batcher = QueryBatcher(run, lanes=1, max_batch=3)
-    _, first = start_callers(batcher, ["held"])
+    first = start_callers(batcher, ["held"])
     assert run.started.wait(10)
     texts = [f"q{i}" for i in range(7)]
-    _, waiting = start_callers(batcher, texts)
+    waiting = start_callers(batcher, texts)
     assert wait_until(lambda: len(batcher._waiting) == 7, 10)
     run.release.set()
     assert [f.result(10)[0] for f in waiting] == [2.0] * 7 and first[0].result(10)[0] == 4.0
@@ -80,7 +83,7 @@ def test_every_lane_runs_at_once_before_anyone_waits():
         return np.zeros((len(texts), 1), np.float32)
 
     batcher = QueryBatcher(run, lanes=lanes)
-    _, calls = start_callers(batcher, ["x", "y"])
+    calls = start_callers(batcher, ["x", "y"])
     both_running.wait(10)
     assert all(f.result(10).shape == (1,) for f in calls)
 
@@ -88,9 +91,9 @@ def test_every_lane_runs_at_once_before_anyone_waits():
 def test_a_failed_run_raises_in_every_caller_it_served_and_frees_its_lane():
     run = HeldRun(fail_on="bad")
     batcher = QueryBatcher(run, lanes=1)
-    _, first = start_callers(batcher, ["held"])
+    first = start_callers(batcher, ["held"])
     assert run.started.wait(10)
-    _, waiting = start_callers(batcher, ["bad", "fine"])
+    waiting = start_callers(batcher, ["bad", "fine"])
     assert wait_until(lambda: len(batcher._waiting) == 2, 10)
     run.release.set()
     assert first[0].result(10)[0] == 4.0
