@@ -6,7 +6,9 @@ One run measures, with the same tenant memory and queries: the service with the 
 engine, the service with the funes-mode process pool (`recall-engine mcp` children), and the
 seed's baseline of one fresh engine process per call (`recall-engine recall`, no HTTP, so the
 baseline is measured at its most favourable). 1 and 16 concurrent clients; each client holds
-one MCP session over streamable HTTP with a bearer token. `--memory-from` copies a memory
+one MCP session over streamable HTTP with a bearer token. Beside the latencies: calls/s of the
+measured calls and the service's CPU per call (user + system from /proc, its live engine
+children included), the clients running on the same machine. `--memory-from` copies a memory
 directory already indexed from the same corpus (`bench.corpus.generate(conversations)`, the
 default model) instead of indexing it again: ~16 minutes of CPU with e5 at 10k.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import random
 import shutil
 import subprocess
@@ -43,24 +46,47 @@ def token() -> str:
     return jwt.encode({"alg": "HS256"}, {"sub": USER, "iat": now, "exp": now + 3600}, OctKey.import_key(SECRET))
 
 
-async def mcp_latencies(url: str, queries: list[str], clients: int, calls: int) -> list[float]:
+def tree_cpu_s(pid: int) -> float:
+    """CPU time (user + system) of a process and its live children: the service and, in funes
+    mode, its `recall-engine mcp` children."""
+    total = 0.0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # ended meanwhile
+        if stat.parent.name == str(pid) or fields[1] == str(pid):
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+async def mcp_latencies(url: str, queries: list[str], clients: int, calls: int, server_pid: int) -> tuple[list[float], float, float]:
+    """Per-call latencies, then the wall time and the service's CPU seconds of the measured calls
+    (sessions opened and warmed up before the clock starts)."""
     from fastmcp import Client
     from fastmcp.client.auth import BearerAuth
 
     lat: list[float] = []
+    sessions = [Client(url, auth=BearerAuth(token())) for _ in range(clients)]
+    for c in sessions:
+        await c.__aenter__()
+        await c.call_tool("recall_my_conversations", {"query": "warm up"})
 
-    async def one_client(i: int) -> None:
-        async with Client(url, auth=BearerAuth(token())) as c:
-            await c.call_tool("recall_my_conversations", {"query": "warm up"})
-            for j in range(calls // clients):
-                q = queries[(i * 7919 + j) % len(queries)]
-                t0 = time.perf_counter()
-                res = await c.call_tool("recall_my_conversations", {"query": q})
-                lat.append(time.perf_counter() - t0)
-                assert res.content[0].text and "unavailable" not in res.content[0].text
+    async def one_client(i: int, c) -> None:
+        for j in range(calls // clients):
+            q = queries[(i * 7919 + j) % len(queries)]
+            t0 = time.perf_counter()
+            res = await c.call_tool("recall_my_conversations", {"query": q})
+            lat.append(time.perf_counter() - t0)
+            assert res.content[0].text and "unavailable" not in res.content[0].text
 
-    await asyncio.gather(*[one_client(i) for i in range(clients)])
-    return lat
+    try:
+        cpu0, wall0 = tree_cpu_s(server_pid), time.perf_counter()
+        await asyncio.gather(*[one_client(i, c) for i, c in enumerate(sessions)])
+        return lat, time.perf_counter() - wall0, tree_cpu_s(server_pid) - cpu0
+    finally:
+        for c in sessions:
+            await c.__aexit__(None, None, None)
 
 
 async def process_per_call(memory: Path, queries: list[str], clients: int, calls: int) -> list[float]:
@@ -106,6 +132,7 @@ def main() -> None:
     queries = [q.short for q in rng.sample(questions, 100)] + [q.long for q in rng.sample(questions, 100)]
     rows = []
     results: dict[tuple[str, int], list[float]] = {}
+    throughput: dict[tuple[str, int], tuple[float, float]] = {}  # calls/s, service CPU ms per call
     for engine in ("embedded", "funes"):
         port = free_port()
         env = {"RECALL_DATA_DIR": str(data), "RECALL_JWT_SECRET": SECRET, "RECALL_RECALL_PORT": str(port),
@@ -113,21 +140,25 @@ def main() -> None:
         proc = start("serve", env, port, work)
         try:
             for clients in (1, 16):
-                results[(engine, clients)] = asyncio.run(
-                    mcp_latencies(f"http://127.0.0.1:{port}/mcp", queries, clients, args.calls))
+                lat, wall, cpu = asyncio.run(mcp_latencies(f"http://127.0.0.1:{port}/mcp", queries, clients, args.calls, proc.pid))
+                results[(engine, clients)] = lat
+                throughput[(engine, clients)] = (len(lat) / wall, 1000 * cpu / len(lat))
         finally:
             stop_all(proc)
     for clients in (1, 16):
         results[("process per call (seed baseline)", clients)] = asyncio.run(
             process_per_call(paths.memory, queries, clients, args.baseline_calls))
     for (name, clients), lat in results.items():
-        rows.append([name, clients, len(lat), ms(pct(lat, 0.5)), ms(pct(lat, 0.95)), ms(pct(lat, 0.99))])
+        calls_s, cpu_ms = throughput.get((name, clients), (None, None))
+        rows.append([name, clients, len(lat), ms(pct(lat, 0.5)), ms(pct(lat, 0.95)), ms(pct(lat, 0.99)),
+                     "–" if calls_s is None else f"{calls_s:.0f}", "–" if cpu_ms is None else f"{cpu_ms:.1f}"])
     speedup = [[c, f"{pct(results[('process per call (seed baseline)', c)], 0.5) / pct(results[('embedded', c)], 0.5):.0f}x",
                 f"{pct(results[('process per call (seed baseline)', c)], 0.5) / pct(results[('funes', c)], 0.5):.0f}x"]
                for c in (1, 16)]
     body = (f"Tenant with {args.conversations} conversations ({args.conversations * 6} chunks); k=3, candidates=8; "
             "queries: 100 short identifier queries and 100 long paraphrased questions.\n\n"
-            + table(["engine", "concurrent clients", "calls", "p50 (ms)", "p95 (ms)", "p99 (ms)"], rows)
+            + table(["engine", "concurrent clients", "calls", "p50 (ms)", "p95 (ms)", "p99 (ms)", "calls/s",
+                     "service CPU per call (ms; with its engine children)"], rows)
             + "\n\nSpeed-up of the p50 over the process-per-call baseline:\n\n"
             + table(["concurrent clients", "embedded", "funes-mode pool"], speedup))
     print(body)
