@@ -1,4 +1,5 @@
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily
 
 from shared.unexpected_http import UNEXPECTED_ERRORS
 
@@ -38,3 +39,21 @@ for _surface in ("mcp", "http"):
 # tool error, an HTTP request with a JSON 500. Each is one `recall.unexpected_error` log line.
 for _surface in ("mcp", "http"):
     UNEXPECTED_ERRORS.labels(_surface)
+
+
+class QueryBatchingCollector:
+    """Query embeddings and the model runs that computed them (embedded engine, e5): their ratio
+    is how many queries a run shares (1 = no batching; `RECALL_EMBED_QUERY_LANES`). Read from the
+    engine's counts at each scrape, so they live in the engine, not in the service."""
+
+    def collect(self):
+        from shared.engine.embedder import loaded_embedders
+
+        batchers = [b for b in (getattr(e, "query_batcher", None) for e in loaded_embedders()) if b is not None]
+        yield CounterMetricFamily("recall_query_embeddings", "Queries embedded by the embedded engine's model.",
+                                  value=sum(b.queries for b in batchers))
+        yield CounterMetricFamily("recall_query_model_runs", "Model runs that embedded them (several queries share a run under load).",
+                                  value=sum(b.runs for b in batchers))
+
+
+REGISTRY.register(QueryBatchingCollector())  # at 0 until a query is embedded here (always 0 in funes mode)

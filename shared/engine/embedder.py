@@ -420,6 +420,12 @@ def shared_embedder() -> Embedder:
         return _shared[_configured]
 
 
+def loaded_embedders() -> list[Embedder]:
+    """The embedders this process has loaded (the configured one, and any memory's own model)."""
+    with _shared_lock:
+        return list(_shared.values())
+
+
 class LazyEmbedder:
     """The process's shared embedder, loaded on first use. Loading e5 takes seconds; an index run
     that finds its memory busy answers at once instead of after loading a model it won't use."""
