@@ -1,6 +1,7 @@
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily
 
+from shared.engine.embedder import loaded_embedders
 from shared.unexpected_http import UNEXPECTED_ERRORS
 
 RECALL_LATENCY = Histogram(
@@ -47,8 +48,6 @@ class QueryBatchingCollector:
     engine's counts at each scrape, so they live in the engine, not in the service."""
 
     def collect(self):
-        from shared.engine.embedder import loaded_embedders
-
         batchers = [b for b in (getattr(e, "query_batcher", None) for e in loaded_embedders()) if b is not None]
         yield CounterMetricFamily("recall_query_embeddings", "Queries embedded by the embedded engine's model.",
                                   value=sum(b.queries for b in batchers))
