@@ -61,6 +61,7 @@ import numpy as np
 
 from bench.corpus import conversation_lines, generate
 from bench.report import pct, table, write_section
+from bench.stack_processes import process_cpu_s
 from shared.engine.embedder import E5_MODEL_ID, E5_Q4_MODEL_ID, MINILM_MODEL_ID, MINILM_SHIPPED_MODEL_ID
 
 REPO = Path(__file__).resolve().parents[1]
@@ -217,11 +218,6 @@ def run_worker(code_dir: Path, args: dict, env: dict[str, str] | None = None) ->
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def child_cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 async def mcp_latency(memory: Path, queries: list[str], env: dict[str, str]) -> dict:
     """Warm recall through a long-lived `recall-engine mcp` child, as bench/engine_bench.py."""
     from shared.mcp_stdio_client import StdioMCPChild
@@ -233,12 +229,12 @@ async def mcp_latency(memory: Path, queries: list[str], env: dict[str, str]) -> 
             await child.call_tool("recall", {"query": q, "k": 8}, 60)
         lat = []
         assert child.pid is not None
-        c0 = child_cpu_s(child.pid)
+        c0 = process_cpu_s(child.pid)
         for q in queries[10:]:
             t0 = time.perf_counter()
             await child.call_tool("recall", {"query": q, "k": 8}, 60)
             lat.append(time.perf_counter() - t0)
-        cpu = child_cpu_s(child.pid) - c0
+        cpu = process_cpu_s(child.pid) - c0
     finally:
         await child.close()
     return {"p50_ms": 1000 * pct(lat, 0.5), "p95_ms": 1000 * pct(lat, 0.95), "cpu_ms": 1000 * cpu / len(lat),

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
+import contextlib
 import random
 import shutil
 import subprocess
@@ -28,7 +28,7 @@ from pathlib import Path
 
 from bench.corpus import conversation_lines, generate
 from bench.report import ms, pct, table, write_section
-from bench.stack_processes import BIN, start, stop_all
+from bench.stack_processes import BIN, start, stop_all, tree_cpu_s
 from shared.child_process import free_port
 from shared.engine.embedder import shared_embedder
 from shared.engine.index_run import index_tree
@@ -46,20 +46,6 @@ def token() -> str:
     return jwt.encode({"alg": "HS256"}, {"sub": USER, "iat": now, "exp": now + 3600}, OctKey.import_key(SECRET))
 
 
-def tree_cpu_s(pid: int) -> float:
-    """CPU time (user + system) of a process and its live children: the service and, in funes
-    mode, its `recall-engine mcp` children."""
-    total = 0.0
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # ended meanwhile
-        if stat.parent.name == str(pid) or fields[1] == str(pid):
-            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
-
-
 async def mcp_latencies(url: str, queries: list[str], clients: int, calls: int, server_pid: int) -> tuple[list[float], float, float]:
     """Per-call latencies, then the wall time and the service's CPU seconds of the measured calls
     (sessions opened and warmed up before the clock starts)."""
@@ -67,10 +53,6 @@ async def mcp_latencies(url: str, queries: list[str], clients: int, calls: int, 
     from fastmcp.client.auth import BearerAuth
 
     lat: list[float] = []
-    sessions = [Client(url, auth=BearerAuth(token())) for _ in range(clients)]
-    for c in sessions:
-        await c.__aenter__()
-        await c.call_tool("recall_my_conversations", {"query": "warm up"})
 
     async def one_client(i: int, c) -> None:
         for j in range(calls // clients):
@@ -80,13 +62,13 @@ async def mcp_latencies(url: str, queries: list[str], clients: int, calls: int, 
             lat.append(time.perf_counter() - t0)
             assert res.content[0].text and "unavailable" not in res.content[0].text
 
-    try:
+    async with contextlib.AsyncExitStack() as stack:
+        sessions = [await stack.enter_async_context(Client(url, auth=BearerAuth(token()))) for _ in range(clients)]
+        for c in sessions:
+            await c.call_tool("recall_my_conversations", {"query": "warm up"})
         cpu0, wall0 = tree_cpu_s(server_pid), time.perf_counter()
         await asyncio.gather(*[one_client(i, c) for i, c in enumerate(sessions)])
         return lat, time.perf_counter() - wall0, tree_cpu_s(server_pid) - cpu0
-    finally:
-        for c in sessions:
-            await c.__aexit__(None, None, None)
 
 
 async def process_per_call(memory: Path, queries: list[str], clients: int, calls: int) -> list[float]:

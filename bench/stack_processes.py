@@ -26,3 +26,30 @@ def start(command: str, env: dict[str, str], port: int, log_dir: Path) -> subpro
 def stop_all(*procs: subprocess.Popen) -> None:
     for p in procs:
         stop(p)
+
+
+def _stat_fields(stat: Path) -> list[str]:
+    """/proc/<pid>/stat after the command name (which may hold spaces): state, ppid, …"""
+    return stat.read_text().rsplit(")", 1)[1].split()
+
+
+def _cpu_s(fields: list[str]) -> float:
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu_s(pid: int) -> float:
+    """CPU time (user + system) a live process has used."""
+    return _cpu_s(_stat_fields(Path(f"/proc/{pid}/stat")))
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU time of a process and its live children (a service and its engine children)."""
+    total = 0.0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = _stat_fields(stat)
+        except OSError:
+            continue  # ended meanwhile
+        if stat.parent.name == str(pid) or fields[1] == str(pid):
+            total += _cpu_s(fields)
+    return total

@@ -45,8 +45,7 @@ class EmbeddedBackend:
         except Exception as exc:
             raise BackendUnavailable(f"{type(exc).__name__}: {exc}") from exc
         finally:
-            POOL_SIZE.set(self.engine.open_readers)
-            READER_CACHE_BYTES.set(self.engine.cached_bytes)
+            self._publish_pool()
             if self.engine.evictions > evictions:
                 POOL_EVICTIONS.labels("lru").inc(self.engine.evictions - evictions)
 
@@ -59,6 +58,9 @@ class EmbeddedBackend:
 
     async def forget_all(self) -> None:
         self.engine.forget_all()
+        self._publish_pool()
+
+    def _publish_pool(self) -> None:
         POOL_SIZE.set(self.engine.open_readers)
         READER_CACHE_BYTES.set(self.engine.cached_bytes)
 
@@ -74,8 +76,7 @@ class EmbeddedBackend:
             closed = await asyncio.to_thread(self.engine.close_idle, self.idle_s)
             if closed:
                 POOL_EVICTIONS.labels("idle").inc(closed)
-                POOL_SIZE.set(self.engine.open_readers)
-                READER_CACHE_BYTES.set(self.engine.cached_bytes)
+                self._publish_pool()
 
     async def close(self) -> None:
         if self._sweeper is not None:

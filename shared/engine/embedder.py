@@ -371,8 +371,7 @@ def e5_embedder(settings: EmbedderSettings, kind: str = "int8") -> OnnxEmbedder:
         raise EmbedderUnavailable(f"RECALL_EMBEDDER=e5 cannot load: {problem}; set RECALL_EMBEDDER=minilm (English only)")
     packed_file = packed_model_file()
     spec = EmbedModelSpec(model_id=E5_STAMPS[kind], onnx_path=e5_model_path(packed_file, settings.embed_cache_dir, kind),
-                          max_tokens=512,
-                          rows_independent=True)
+                          max_tokens=512, rows_independent=True)
     tokens = E5TokenIds(read_packed(packed_file), e5_tokenizer_path(packed_file, settings.embed_cache_dir))
     return OnnxEmbedder(spec, settings.threads, tokens)
 
