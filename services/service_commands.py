@@ -34,14 +34,13 @@ def _variables(cls: type[CommonSettings], title: str, engine: bool) -> str:
 
 
 def _ingest(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from services.ingest.app import create_app
+    from shared.http_serving import serve_http
     from shared.logging_setup import configure_logging
 
     s = load_settings(IngestSettings)
     configure_logging(s.log_level)
-    uvicorn.run(create_app(s), host=s.ingest_host, port=s.ingest_port, log_config=None, access_log=False)
+    serve_http(create_app(s), s.ingest_host, s.ingest_port)
     return 0
 
 

@@ -37,6 +37,7 @@ from services.recall.tokens import build_verifier
 from services.recall.tool_output import RECALL_TOOL, TOOL_DESCRIPTION, AgentHit, render_for_agent
 from services.recall.unexpected_errors import UnexpectedToolErrors, record_http_failure
 from shared.engine.api import Engine, MemoryState, NoIndex
+from shared.http_serving import serve_http
 from shared.logging_setup import configure_logging, get_logger
 from shared.metrics_http import metrics_endpoint
 from shared.recall_answer_format import BUSY, EMPTY_QUERY, NO_MEMORY, NOTHING, UNAVAILABLE
@@ -246,8 +247,6 @@ def build_app(settings: RecallSettings | None = None):
 
 
 def serve() -> None:
-    import uvicorn
-
     s = RecallSettings()
     configure_logging(s.log_level)
-    uvicorn.run(build_app(s), host=s.recall_host, port=s.recall_port, log_config=None, access_log=False)
+    serve_http(build_app(s), s.recall_host, s.recall_port)
