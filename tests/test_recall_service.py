@@ -16,6 +16,7 @@ import pytest
 
 from shared.recall_answer_format import BUSY, EMPTY_QUERY, NO_MEMORY, NOTHING, UNAVAILABLE
 from shared.tenant_paths import user_hash
+from shared.usable_cores import usable_cores
 from tests.conftest import (call_recall, engine_cli, funes_status_chunks, indexed_chunks, mint, post_conversation,
                             recall_url, wait_until)
 
@@ -400,7 +401,7 @@ async def test_probes_and_latency_metrics_by_outcome(stack):
     metrics = httpx.get(f"{recall_url(env)}/metrics").text
     assert 'recall_tool_latency_seconds_count{outcome="hit"} 1.0' in metrics
     assert 'recall_tool_latency_seconds_count{outcome="no_memory"} 1.0' in metrics
-    assert "recall_concurrency_limit 4.0" in metrics
+    assert f"recall_concurrency_limit {float(usable_cores())}" in metrics  # by default, the cores it may use
 
 
 @pytest.mark.parametrize("stack", ["embedded"], indirect=True)

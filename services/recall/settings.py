@@ -5,6 +5,7 @@ from pydantic_settings import SettingsConfigDict
 
 from shared.secret_policy import check_secret
 from shared.settings_base import CommonSettings
+from shared.usable_cores import usable_cores
 
 
 class RecallSettings(CommonSettings):
@@ -21,7 +22,7 @@ class RecallSettings(CommonSettings):
     candidates: int = Field(8, ge=1, le=200, description="Size of each search leg and of the fused pool.")
     max_result_chars: int = Field(4000, ge=200, description="Cap on what one call puts in the agent's context.")
     max_query_chars: int = Field(500, ge=10, description="Queries are cut to this length.")
-    max_concurrency: int = Field(4, ge=1, description="Searches running at once per replica.")
+    max_concurrency: int = Field(default_factory=usable_cores, ge=1, description="Searches running at once per replica (default: the cores it may use, from its CPU affinity and cgroup quota; more searches than cores slow each other: docs/benchmarks.md, round 14).")
     queue_max: int = Field(32, ge=0, description="Recalls that may wait for a free slot; past it the agent is told 'busy, try again'.")
     queue_wait_s: float = Field(1.0, gt=0, description="Longest wait for a free slot before the answer is 'busy, try again'.")
     timeout_s: float = Field(10.0, gt=0, description="A search slower than this stops at its next stage and answers 'busy, try again' (a funes child past it is killed: 'unavailable').")

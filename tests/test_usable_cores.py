@@ -1,0 +1,48 @@
+"""How many searches a recall replica runs at once by default: the cores it may use
+(shared/usable_cores.py), from its CPU affinity and a cgroup CPU quota."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from services.recall.settings import RecallSettings
+from shared.usable_cores import usable_cores
+
+AFFINITY = len(os.sched_getaffinity(0))
+
+
+def cgroup(tmp_path: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    return tmp_path
+
+
+@pytest.mark.parametrize("files, expected", [
+    ({"cpu.max": "50000 100000\n"}, 1),  # half a core: still one search
+    ({"cpu.max": "100000 100000\n"}, 1),
+    ({"cpu.max": "max 100000\n"}, AFFINITY),  # no limit: the affinity decides
+    ({"cpu/cpu.cfs_quota_us": "100000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 1),  # cgroup v1
+    ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, AFFINITY),
+    ({"cpu.max": "garbage\n"}, AFFINITY),
+    ({}, AFFINITY),
+])
+def test_a_cgroup_quota_caps_the_cores_the_affinity_allows(tmp_path, files, expected):
+    assert usable_cores(cgroup(tmp_path, files)) == expected
+
+
+def test_a_quota_above_the_affinity_does_not_add_cores(tmp_path):
+    assert usable_cores(cgroup(tmp_path, {"cpu.max": f"{100000 * (AFFINITY + 3)} 100000\n"})) == AFFINITY
+
+
+def test_a_replica_pinned_to_one_core_runs_one_search_at_once_by_default():
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(before)})
+    try:
+        assert RecallSettings().max_concurrency == 1
+    finally:
+        os.sched_setaffinity(0, before)
+    assert RecallSettings(max_concurrency=6).max_concurrency == 6
