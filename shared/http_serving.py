@@ -3,8 +3,8 @@
 uvloop's event loop and httptools' request parser, both named rather than left to uvicorn's
 "auto" (which silently falls back to asyncio and the pure-Python h11): through the recall
 service they took 0.35-0.5 ms of CPU off each call and served ~4 % more calls/s at 8 clients
-(docs/benchmarks.md, round 14). Logs go through the services' own structlog setup, not
-uvicorn's, and there is no access log (it would carry paths and client addresses per request).
+(docs/benchmarks.md, round 14). uvicorn's own logging config and access log stay off: the
+services log their events as JSON lines (`shared/logging_setup.py`).
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ def _cgroup_quota(root: Path) -> float | None:
     try:
         quota, period = (root / "cpu.max").read_text().split()[:2]
         return None if quota == "max" else int(quota) / int(period)
-    except (OSError, ValueError):
+    except (OSError, ValueError, ZeroDivisionError):
         pass
     try:
         quota_us = int((root / "cpu" / "cpu.cfs_quota_us").read_text())

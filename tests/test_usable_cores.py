@@ -28,6 +28,7 @@ def cgroup(tmp_path: Path, files: dict[str, str]) -> Path:
     ({"cpu/cpu.cfs_quota_us": "100000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 1),  # cgroup v1
     ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, AFFINITY),
     ({"cpu.max": "garbage\n"}, AFFINITY),
+    ({"cpu.max": "100000 0\n"}, AFFINITY),
     ({}, AFFINITY),
 ])
 def test_a_cgroup_quota_caps_the_cores_the_affinity_allows(tmp_path, files, expected):
