@@ -66,7 +66,7 @@ from bench.corpus import conversation_lines, generate
 from bench.report import pct, table, write_section
 from bench.stack_processes import process_cpu_s
 from shared.engine.embedder import E5_MODEL_ID, E5_Q4_MODEL_ID, MINILM_MODEL_ID, MINILM_SHIPPED_MODEL_ID
-from shared.usable_cores import usable_cores
+from shared.engine.native_threads import usable_cores
 
 REPO = Path(__file__).resolve().parents[1]
 DISTINCT_EMBEDDINGS = 3000

@@ -14,9 +14,9 @@ import httpx
 import psutil
 import pytest
 
+from shared.engine.native_threads import usable_cores
 from shared.recall_answer_format import BUSY, EMPTY_QUERY, NO_MEMORY, NOTHING, UNAVAILABLE
 from shared.tenant_paths import user_hash
-from shared.usable_cores import usable_cores
 from tests.conftest import (call_recall, engine_cli, funes_status_chunks, indexed_chunks, mint, post_conversation,
                             recall_url, wait_until)
 

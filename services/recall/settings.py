@@ -3,9 +3,9 @@ from __future__ import annotations
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from shared.engine.native_threads import usable_cores
 from shared.secret_policy import check_secret
 from shared.settings_base import CommonSettings
-from shared.usable_cores import usable_cores
 
 
 class RecallSettings(CommonSettings):

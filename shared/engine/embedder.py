@@ -37,7 +37,7 @@ import numpy as np
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from shared.engine.native_threads import ort_session_options, pin_blas_threads
+from shared.engine.native_threads import ort_session_options, pin_blas_threads, usable_cores
 from shared.engine.query_batching import QueryBatcher
 
 ASSETS = Path(__file__).parent / "assets"
@@ -65,17 +65,18 @@ class EmbedderSettings(BaseSettings):
         "e5", description="e5: multilingual-e5-small computed in int8; e5-q4: the same computed 4-bit (the earlier stamp, "
                           "~2.5x the CPU); minilm: all-MiniLM-L6-v2, English only.")
     embed_threads: int = Field(1, ge=1, le=64, description="Threads of one query embedding (onnxruntime intra-op); 1 = least CPU per call.")
-    embed_batch_threads: int = Field(default_factory=lambda: min(2, os.cpu_count() or 1), ge=1, le=64,
-                                     description="Indexing batches embedded side by side, one thread each (a lone batch gets them all).")
+    embed_batch_threads: int = Field(default_factory=lambda: min(2, usable_cores()), ge=1, le=64,
+                                     description="Indexing batches embedded side by side, one thread each (a lone batch gets "
+                                                 "them all; default: up to 2, the usable cores).")
 
     # Off by default so that every benchmark (several replay a fixed list of questions) keeps
     # measuring the model; a deployment whose agents repeat queries turns it on.
     query_cache: int = Field(0, ge=0, le=100_000,
                              description="Query vectors kept per model and process (LRU), by query text; 0 = off.")
 
-    # Half the cores: the model is ~40 % of a call's CPU, and the other cores search meanwhile.
-    embed_query_lanes: int = Field(default_factory=lambda: max(1, min(64, (os.cpu_count() or 1) // 2)), ge=1, le=64,
-                                   description="Query embeddings run at once (default: half the cores); queries arriving while all "
+    # Half the usable cores: the model is ~40 % of a call's CPU, and the other cores search meanwhile.
+    embed_query_lanes: int = Field(default_factory=lambda: max(1, min(64, usable_cores() // 2)), ge=1, le=64,
+                                   description="Query embeddings run at once (default: half the usable cores); queries arriving while all "
                                                "run wait and share the next run (e5: query_batching.py).")
 
     @property
