@@ -129,6 +129,7 @@ if args["mode"] == "index":
                       "load": os.getloadavg()[0]}))
     sys.exit(0)
 import sqlite3
+run_key = lambda clients, gate: f"{clients}/{gate}" if gate else str(clients)
 memory = Path(args["memory"])
 stamp = sqlite3.connect(memory / "chunks.sqlite3").execute("SELECT value FROM meta WHERE key='model_id'").fetchone()[0]
 emb = embedder_of(stamp)
@@ -148,10 +149,7 @@ params = RecallParams(k=3, candidates=8)
 for q in queries[:10]:
     engine.recall(memory, q, params)
 next_query = 10  # every call asks a question not asked before in this process
-slots = args.get("slots", 0)
-# Each client count with every client searching at once, then (when there are more clients
-# than slots) through `slots` searches at once, as a recall replica admits them.
-for clients, gate in [(c, g) for c in args["clients"] for g in ([0] + ([slots] if 0 < slots < c else []))]:
+for clients, gate in args["runs"]:  # gate: searches at once (0: every client at once)
     calls = args["calls"]
     per = calls // clients
     first = next_query
@@ -167,7 +165,7 @@ for clients, gate in [(c, g) for c in args["clients"] for g in ([0] + ([slots] i
     for t in threads: t.start()
     for t in threads: t.join()
     wall, cpu = time.perf_counter() - w0, time.process_time() - c0
-    result["runs"][f"{clients}/{gate}" if gate else str(clients)] = {
+    result["runs"][run_key(clients, gate)] = {
         "cpu_ms": 1000 * cpu / (per * clients), "calls_s": per * clients / wall, "load": os.getloadavg()[0]}
 end = status()
 result["threads"] = int(end["Threads"])
@@ -175,6 +173,17 @@ result["anon_after_calls"] = end["RssAnon"] - before["RssAnon"]
 result["file_after_calls"] = end["RssFile"] - before["RssFile"]
 print(json.dumps(result))
 '''
+
+
+def measured_runs(clients: list[int], slots: int) -> list[tuple[int, int]]:
+    """(clients, searches at once) of each measurement: every client count with all its clients
+    searching at once (0), then, with more clients than `slots`, through `slots` at once as a
+    recall replica admits them."""
+    return [(c, g) for c in clients for g in [0] + ([slots] if 0 < slots < c else [])]
+
+
+def run_key(clients: int, gate: int) -> str:
+    return f"{clients}/{gate}" if gate else str(clients)
 
 
 class ReusingEmbedder:
@@ -287,6 +296,7 @@ def main() -> None:
                                    capture_output=True, text=True).stdout.strip()
     results: dict[tuple[int, str, str], dict] = {}
     mcp: dict[tuple[int, str], dict] = {}
+    runs = measured_runs(args.clients, args.slots)
     for n in args.sizes:
         src = work / f"src-{n}"
         queries = write_src(src, n)
@@ -301,8 +311,8 @@ def main() -> None:
                 tree, extra = SEARCHERS[code]
                 results[(n, tenant, code)] = run_worker(
                     codes[tree], {"mode": "search", "memory": str(memory_dir(home)),
-                                  "queries": queries[: 10 + 2 * len(args.clients) * args.calls],
-                                  "clients": args.clients, "calls": args.calls, "slots": args.slots, **extra},
+                                  "queries": queries[: 10 + len(runs) * args.calls], "runs": runs,
+                                  "calls": args.calls, **extra},
                     {"RECALL_EMBEDDER": name})
                 print(n, tenant, code, json.dumps(results[(n, tenant, code)]), file=sys.stderr)
             variants = {} if tenant == "MiniLM as shipped" else {tenant: {"RECALL_EMBEDDER": name}}
@@ -337,8 +347,9 @@ def render(args, results: dict[tuple[int, str, str], dict], mcp: dict[tuple[int,
            index: dict[str, dict]) -> str:
     mib = 2**20
     keys = [(n, tenant, code) for n in args.sizes for tenant, (_, _, codes) in TENANTS.items() for code in codes]
-    runs = [(str(c), f"{c} client(s)") for c in args.clients] + [
-        (f"{c}/{args.slots}", f"{c} clients, {args.slots} at once") for c in args.clients if 0 < args.slots < c]
+    runs = sorted(((run_key(c, g), f"{c} clients, {g} at once" if g else f"{c} client(s)")
+                   for c, g in measured_runs(args.clients, args.slots)),
+                  key=lambda run: "/" in run[0])  # every client at once first, then the gated runs
     loads = [r["runs"][run]["load"] for r in results.values() for run, _ in runs]
     perf = table(["conversations", "model", "code", *[f"CPU ms/call, {label}" for _, label in runs],
                   *[f"calls/s, {label}" for _, label in runs]],

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
+
 from shared.child_process import stop, wait_healthy
 
 BIN = Path(sys.executable).parent
@@ -28,28 +30,21 @@ def stop_all(*procs: subprocess.Popen) -> None:
         stop(p)
 
 
-def _stat_fields(stat: Path) -> list[str]:
-    """/proc/<pid>/stat after the command name (which may hold spaces): state, ppid, …"""
-    return stat.read_text().rsplit(")", 1)[1].split()
-
-
-def _cpu_s(fields: list[str]) -> float:
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
 
 def process_cpu_s(pid: int) -> float:
     """CPU time (user + system) a live process has used."""
-    return _cpu_s(_stat_fields(Path(f"/proc/{pid}/stat")))
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
 
 
 def tree_cpu_s(pid: int) -> float:
     """CPU time of a process and its live children (a service and its engine children)."""
+    proc = psutil.Process(pid)
     total = 0.0
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+    for p in [proc, *proc.children()]:
         try:
-            fields = _stat_fields(stat)
-        except OSError:
+            times = p.cpu_times()
+        except psutil.NoSuchProcess:
             continue  # ended meanwhile
-        if stat.parent.name == str(pid) or fields[1] == str(pid):
-            total += _cpu_s(fields)
+        total += times.user + times.system
     return total

@@ -43,10 +43,12 @@ def ort_session_options(threads: int):
     opts.add_session_config_entry("session.inter_op.allow_spinning", "0")
     return opts
 
+
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
 def usable_cores(cgroup_root: Path = CGROUP_ROOT) -> int:
+    """Cores this process may keep busy (module docstring), at least 1."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     quota = _cgroup_quota(cgroup_root)
     return max(1, min(cores, math.ceil(quota)) if quota else cores)
