@@ -1,8 +1,11 @@
-"""The cheaper read path answers exactly what the plain one did: the packed scan gives the same
-integer scores, BM25 reads fewer documents for the same hits, neighbours come from one statement,
+"""The cheaper read path answers exactly what the plain one did: the scan of the mapped rows gives
+exact integer scores (also from a snapshot of the earlier transposed layout), BM25 reads fewer documents for the same hits, neighbours come from one statement,
 and a refresh that skips its transaction still sees every commit."""
 
 from __future__ import annotations
+
+import json
+import struct
 
 import numpy as np
 import pytest
@@ -53,52 +56,73 @@ def _answers(reader: MemoryReader, embedder, params: RecallParams) -> list[str]:
     return [agent_format.render_recall(recall(reader, embedder, q, params, now=NOW), "m") for q in QUESTIONS]
 
 
-def test_a_packed_scan_gives_the_same_integer_scores_as_the_shared_one(memory):
+def test_the_scan_gives_each_row_its_exact_integer_product_with_the_query(memory):
     vf = open_vector_file(memory, 384)
-    assert vf is not None and vf.n > 200
+    assert vf is not None and vf.n > 200 and vf.version == vector_file.VERSION
+    rows = vf.rows.astype(np.int64) - vector_file.ROW_OFFSET
+    assert rows.min() >= -127 and rows.max() <= 127
     rng = np.random.default_rng(3)
     for _ in range(20):
-        q, _ = quantise_query(rng.standard_normal(384).astype(np.float32))
-        shared = vector_file._scan_session().run(None, {"A": q, "B": vf.matrix_t})[0][0]
-        packed = vf.scanner._pack(vf) if vf.scanner.packed is None else vf.scanner.packed
-        vf.scanner.packed = packed
-        assert np.array_equal(packed.run(None, {"A": q})[0][0], shared)
-    assert vf.scanner.packed_bytes == vf.n * vf.dim
+        q = quantise_query(rng.standard_normal(384).astype(np.float32))
+        assert np.abs(q).max() == vector_file.QUERY_LEVELS
+        assert np.array_equal(vector_file.integer_scores(vf, q), (rows @ q.astype(np.int64))[:, 0])
 
 
-def test_a_hot_memory_packs_its_scan_once_and_answers_the_same(memory, embedder, monkeypatch):
+def _as_version_1(memory) -> None:
+    """Rewrite the memory's snapshot in the layout before row-major rows (RECALLV1: int8 matrix
+    [dim, n], a +64 query offset's per-row correction), as a release before it wrote it."""
+    path = memory / vector_file.VECTOR_FILE
+    vf = open_vector_file(memory, 384)
+    header = json.loads(path.read_bytes()[12: 12 + struct.unpack("<I", path.read_bytes()[8:12])[0]])
+    q = (vf.rows ^ np.uint8(vector_file.ROW_OFFSET)).view(np.int8)
+    arrays = {"ids": vf.ids, "scale": vf.scale, "bias": 64 * q.sum(axis=1, dtype=np.int32), "block": vf.block,
+              "harness": vf.harness, "epoch": vf.epoch, "matrix_t": q.T, "conversation": vf.conversation}
+    stems = header["stems"]
+    offsets, size = vector_file._layout(vf.n, 384, 4096, vector_file._sections(vf.n, 384, version=1))
+    stem_offsets, total = vector_file._layout(vf.n, 384, size, vector_file._stem_sections(vf.n, stems))
+    arrays.update(stem_start=vf.stem_start, stem_ids=vf.stem_ids, vocabulary_bytes=vf.vocabulary_bytes)
+    out = bytearray(total)
+    for name, at in {**offsets, **stem_offsets}.items():
+        blob = np.ascontiguousarray(arrays[name]).tobytes()
+        out[at: at + len(blob)] = blob
+    blob = json.dumps({**header, "offsets": {**offsets, **stem_offsets}}).encode()
+    out[:12 + len(blob)] = b"RECALLV1" + struct.pack("<I", len(blob)) + blob
+    del vf
+    path.write_bytes(bytes(out))
+
+
+def test_a_snapshot_in_the_earlier_transposed_layout_answers_the_same_until_the_next_run_rewrites_it(
+        memory, embedder, tmp_path):
+    import shutil
+
     params = RecallParams(k=3, candidates=8, explain=True)
-    monkeypatch.setattr(vector_file, "PACK_AFTER_SCANS", 10**9)
-    cold = MemoryReader(memory)
-    plain = _answers(cold, embedder, params)
-    assert cold.view.base.scanner.packed is None, "below the threshold nothing is packed"
-    monkeypatch.setattr(vector_file, "PACK_AFTER_SCANS", 1)
-    hot = MemoryReader(memory)
-    hot.refresh()
-    before = hot.resident_bytes()
-    packed = _answers(hot, embedder, params)
-    assert hot.view.base.scanner.packed is not None
-    assert hot.resident_bytes() > before, "the packed copy counts against the reader cache"
-    assert packed == plain
-    assert any("MT-44" in a or "M-016" in a for a in plain), "the questions find something"
-    cold.close()
-    hot.close()
-
-
-def test_a_scan_that_cannot_be_packed_keeps_answering_the_same_and_stops_trying(memory, embedder, monkeypatch):
-    params = RecallParams(k=3, candidates=8)
     plain = _answers(MemoryReader(memory), embedder, params)
-    attempts = []
-
-    def no_room(self, vf):
-        attempts.append(vf.n)
-        raise MemoryError("no room for the packed copy")
-
-    monkeypatch.setattr(vector_file.Scanner, "_pack", no_room)
-    monkeypatch.setattr(vector_file, "PACK_AFTER_SCANS", 1)
-    reader = MemoryReader(memory)
+    older = tmp_path / "memory"
+    shutil.copytree(memory, older)
+    _as_version_1(older)
+    reader = MemoryReader(older)
+    reader.refresh()
+    base = reader.view.base
+    assert base.version == 1 and base.owned_bytes == base.n * 384, "its rows are a copy in RAM"
+    assert reader.resident_bytes() >= base.mapped_bytes + base.owned_bytes, "the copy counts against the reader cache"
     assert _answers(reader, embedder, params) == plain
-    assert len(attempts) == 1 and reader.view.base.scanner.packed is None
+    reader.close()
+    store = MemoryStore.open(older)
+    store.publish_vectors()  # not forced: an index run with nothing new to publish
+    store.close()
+    rewritten = open_vector_file(older, 384)
+    assert rewritten.version == vector_file.VERSION and rewritten.owned_bytes == 0
+
+
+def test_searching_a_memory_copies_none_of_its_vectors(memory, embedder):
+    reader = MemoryReader(memory)
+    params = RecallParams(k=3, candidates=8)
+    _answers(reader, embedder, params)  # the first call reads the stems' vocabulary
+    after_one = reader.resident_bytes()
+    for _ in range(3):
+        _answers(reader, embedder, params)
+    assert reader.resident_bytes() == after_one
+    assert reader.view.base.owned_bytes == 0
     reader.close()
 
 

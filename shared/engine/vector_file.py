@@ -3,9 +3,9 @@
 `<memory>/vectors.i8` is a snapshot of every live row at one committed SQLite generation,
 derived from `chunks.sqlite3` (which keeps the float32 vectors and stays the truth):
 
-    "RECALLV1" | u32 header length | JSON header (generation, max_row_id, n, dim, facet names,
-    section offsets) | row ids int64[n] (ascending) | scale float32[n] | bias int32[n] |
-    block code int32[n] | harness code int32[n] | ts_epoch float64[n] | int8 matrix [dim, n] |
+    "RECALLV2" | u32 header length | JSON header (generation, max_row_id, n, dim, facet names,
+    section offsets) | row ids int64[n] (ascending) | scale float32[n] |
+    block code int32[n] | harness code int32[n] | ts_epoch float64[n] | rows uint8 [n, dim] |
     conversation code int64[n] (`conversation_code` of the row's session id) |
     stem start int64[n + 1] | stem ids int32[m] | vocabulary (the stems, UTF-8, one per line)
 
@@ -18,9 +18,17 @@ A file written before the conversation codes or the stems has no such section
 (`VectorFile.conversation` or `stem_ids` is None) and stays readable: the reader then reads the
 session ids from SQLite and stems the turns' texts.
 
-Each row is quantised to int8 with its own scale (max |x| / 127); the matrix is stored
-transposed so one onnxruntime `MatMulInteger` scans it without a copy. The scan's scores only
-choose candidates: the best of them are re-scored exactly from the float32 vectors.
+Each row is quantised to int8 with its own scale (max |x| / 127) and stored row-major as uint8
+(the int8 value + 128), so one onnxruntime `MatMulInteger` scans the mapped rows as they are
+(zero point 128): no per-snapshot session, no packed copy in RAM, the same cost on a memory's
+first call as on its thousandth. The scan's integer scores only choose candidates: the best
+of them are re-scored exactly from the float32 vectors.
+
+A "RECALLV1" file (before this layout: int8 [dim, n], transposed, for a per-snapshot packed
+session) is still read: its rows are copied into this layout in RAM when it is opened
+(`VectorFile.owned_bytes`, counted by the reader cache), and the next index run rewrites it. A
+release that knows only V1 finds no snapshot it can read in a V2 file and answers from SQLite
+alone (the same answers, more RAM and CPU) until it is upgraded.
 
 A reader opens it with `mmap` (no per-row work, no private copy: the pages are the page
 cache, shared by every process reading the memory) and catches up from SQLite for what came
@@ -33,7 +41,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import mmap
 import os
 import sqlite3
@@ -49,13 +56,14 @@ from shared.engine.native_threads import ort_session_options
 from shared.engine.text_analysis import ANALYZER, fts_text, turn_stems
 
 VECTOR_FILE = "vectors.i8"
-MAGIC = b"RECALLV1"
+VERSION = 2
+MAGICS = {b"RECALLV1": 1, b"RECALLV2": VERSION}
 _ALIGN = 64
 _BATCH = 8192
-# AVX2's u8 x s8 multiply-add saturates int16 pair sums: a 7-bit query (0..127 after the +64
-# offset) keeps every pair below 2 * 127 * 127, so the integer scores are exact.
+# AVX2's u8 x s8 multiply-add saturates int16 pair sums: with a 7-bit query (-63..63) against
+# rows of 1..255 every pair stays below 2 * 255 * 63 < 2^15, so the integer scores are exact.
 QUERY_LEVELS = 63
-QUERY_OFFSET = 64
+ROW_OFFSET = 128  # a row's int8 values stored as uint8 (u8 x s8 is the fast integer product)
 
 
 @dataclass(frozen=True)
@@ -72,19 +80,19 @@ class VectorFile:
     harnesses: list[str]
     ids: np.ndarray
     scale: np.ndarray
-    bias: np.ndarray
     block: np.ndarray
     harness: np.ndarray
     epoch: np.ndarray
-    matrix_t: np.ndarray  # int8 [dim, n]
+    rows: np.ndarray  # uint8 [n, dim]: each int8 value + ROW_OFFSET
     conversation: np.ndarray | None  # int64 [n]; None in a file written before it
     mapped_bytes: int
     _map: mmap.mmap
+    version: int = VERSION  # an older file's rows are a copy, and the next index run rewrites it
+    owned_bytes: int = 0  # RAM of rows copied out of an older file's layout
     stem_start: np.ndarray | None = None  # int64 [n + 1]; None in a file written before the stems
     stem_ids: np.ndarray | None = None  # int32 [m]
     vocabulary_bytes: np.ndarray | None = None  # uint8: the stems, one per line
     stems_analyzer: str = ""
-    scanner: "Scanner" = field(default_factory=lambda: Scanner(), compare=False, repr=False)
     _vocabulary: list = field(default_factory=list, compare=False, repr=False)
 
     @property
@@ -111,10 +119,13 @@ def conversation_code(session_id: str) -> int:
     return int.from_bytes(digest, "little") & ((1 << 62) - 1) | 1
 
 
-def _sections(n: int, dim: int) -> list[tuple[str, str, tuple[int, ...]]]:
-    return [("ids", "<i8", (n,)), ("scale", "<f4", (n,)), ("bias", "<i4", (n,)), ("block", "<i4", (n,)),
-            ("harness", "<i4", (n,)), ("epoch", "<f8", (n,)), ("matrix_t", "i1", (dim, n)),
-            ("conversation", "<i8", (n,))]
+def _sections(n: int, dim: int, version: int = VERSION) -> list[tuple[str, str, tuple[int, ...]]]:
+    if version == 1:  # the transposed int8 matrix (and the +64 query offset's correction)
+        return [("ids", "<i8", (n,)), ("scale", "<f4", (n,)), ("bias", "<i4", (n,)), ("block", "<i4", (n,)),
+                ("harness", "<i4", (n,)), ("epoch", "<f8", (n,)), ("matrix_t", "i1", (dim, n)),
+                ("conversation", "<i8", (n,))]
+    return [("ids", "<i8", (n,)), ("scale", "<f4", (n,)), ("block", "<i4", (n,)), ("harness", "<i4", (n,)),
+            ("epoch", "<f8", (n,)), ("rows", "u1", (n, dim)), ("conversation", "<i8", (n,))]
 
 
 def _stem_sections(n: int, stems: dict) -> list[tuple[str, str, tuple[int, ...]]]:
@@ -145,7 +156,8 @@ def open_vector_file(memory: Path, dim: int) -> VectorFile | None:
         mapping = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
     finally:
         os.close(fd)
-    if mapping[:8] != MAGIC:
+    version = MAGICS.get(bytes(mapping[:8]))
+    if version is None:
         return None
     (hlen,) = struct.unpack("<I", mapping[8:12])
     header = json.loads(mapping[12 : 12 + hlen])
@@ -154,13 +166,18 @@ def open_vector_file(memory: Path, dim: int) -> VectorFile | None:
         return None
     offsets = header["offsets"]
     stems = header.get("stems")
-    sections = _sections(n, dim) + (_stem_sections(n, stems) if stems else [])
+    sections = _sections(n, dim, version) + (_stem_sections(n, stems) if stems else [])
     arrays = {name: np.ndarray(shape, dtype=np.dtype(dtype), buffer=mapping, offset=offsets[name]) if name in offsets else None
               for name, dtype, shape in sections}
+    owned = 0
+    if version != VERSION:
+        arrays.pop("bias")
+        arrays["rows"] = rows_of(arrays.pop("matrix_t").T)
+        owned = arrays["rows"].nbytes
     return VectorFile(path=path, inode=st.st_ino, memory_id=header.get("memory_id", ""), generation=int(header["generation"]),
                       max_row_id=int(header["max_row_id"]), dim=dim, block_types=header["block_types"],
-                      harnesses=header["harnesses"], mapped_bytes=st.st_size, _map=mapping,
-                      stems_analyzer=stems["analyzer"] if stems else "", **arrays)
+                      harnesses=header["harnesses"], mapped_bytes=st.st_size, _map=mapping, version=version,
+                      owned_bytes=owned, stems_analyzer=stems["analyzer"] if stems else "", **arrays)
 
 
 def current_inode(memory: Path) -> int | None:
@@ -175,6 +192,11 @@ def quantise_rows(vecs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     scale = np.maximum(np.abs(vecs).max(axis=1), 1e-12).astype(np.float32) / 127.0
     q = np.rint(vecs / scale[:, None]).astype(np.int8)
     return q, scale
+
+
+def rows_of(q: np.ndarray) -> np.ndarray:
+    """int8 rows as the file stores them: uint8, value + ROW_OFFSET (flipping the sign bit), C order."""
+    return np.ascontiguousarray(q).view(np.uint8) ^ np.uint8(ROW_OFFSET)
 
 
 def write_vector_file(memory: Path, conn: sqlite3.Connection, dim: int) -> bool:
@@ -219,11 +241,10 @@ def write_vector_file(memory: Path, conn: sqlite3.Connection, dim: int) -> bool:
             q, scale = quantise_rows(vecs)
             arrays["ids"][sl] = [r[0] for r in rows]
             arrays["scale"][sl] = scale
-            arrays["bias"][sl] = QUERY_OFFSET * q.sum(axis=1, dtype=np.int32)
             arrays["block"][sl] = [block_types.setdefault(r[2], len(block_types)) for r in rows]
             arrays["harness"][sl] = [harnesses.setdefault(r[3], len(harnesses)) for r in rows]
             arrays["epoch"][sl] = [np.nan if r[4] is None else r[4] for r in rows]
-            arrays["matrix_t"][:, sl] = q.T
+            arrays["rows"][sl] = rows_of(q)
             arrays["conversation"][sl] = [conversation_code(r[5]) for r in rows]
             if with_stems:
                 batch_stems = [r[6] for r in rows]
@@ -260,7 +281,7 @@ def write_vector_file(memory: Path, conn: sqlite3.Connection, dim: int) -> bool:
         # The last snapshot would only lag further, and after a forget it holds forgotten rows.
         (memory / VECTOR_FILE).unlink(missing_ok=True)
         return False
-    out[:8] = np.frombuffer(MAGIC, np.uint8)
+    out[:8] = np.frombuffer(b"RECALLV%d" % VERSION, np.uint8)
     out[8:12] = np.frombuffer(struct.pack("<I", len(blob)), np.uint8)
     out[12 : 12 + len(blob)] = np.frombuffer(blob, np.uint8)
     out.flush()
@@ -308,33 +329,21 @@ def _pb_tensor(name: str, elem_type: int, dims: list[str]) -> bytes:
     return _pb_field(1, name.encode()) + _pb_field(2, _pb_field(1, _pb_field(1, elem_type) + _pb_field(2, shape)))
 
 
-def _matmul_integer_model(packed: tuple[int, int] | None = None) -> bytes:
-    """ONNX model `Y[1, n] = MatMulInteger(A uint8 [1, d], B int8 [d, n])`, encoded by hand (a
-    dozen protobuf fields) so the engine needs no `onnx` package. With `packed` = (d, n), B is
-    an initializer whose bytes the caller supplies (external data), so onnxruntime packs it once."""
-    node = b"".join(_pb_field(f, v.encode()) for f, v in ((1, "A"), (1, "B"), (2, "Y"), (3, "scan"), (4, "MatMulInteger")))
-    if packed is None:
-        b_decl = _pb_field(11, _pb_tensor("B", 3, ["d", "n"]))
-    else:
-        dim, n = packed
-        external = b"".join(_pb_field(13, _pb_field(1, k.encode()) + _pb_field(2, v.encode()))
-                            for k, v in (("location", "matrix_t"), ("offset", "0"), ("length", str(dim * n))))
-        # TensorProto: dims, data_type INT8, name, external_data, data_location EXTERNAL
-        b_decl = _pb_field(5, _pb_field(1, dim) + _pb_field(1, n) + _pb_field(2, 3) + _pb_field(8, b"B") + external
-                           + _pb_field(14, 1))
-    graph = (_pb_field(1, node) + _pb_field(2, b"int8_scan") + _pb_field(11, _pb_tensor("A", 2, ["1", "d"]))
-             + b_decl + _pb_field(12, _pb_tensor("Y", 6, ["1", "n"])))
+def _rows_scan_model() -> bytes:
+    """ONNX model `Y[n, 1] = MatMulInteger(A uint8 [n, d], B int8 [d, 1], a_zero_point)`, encoded
+    by hand (a dozen protobuf fields) so the engine needs no `onnx` package."""
+    node = b"".join(_pb_field(f, v.encode()) for f, v in ((1, "A"), (1, "B"), (1, "A0"), (2, "Y"), (3, "scan"),
+                                                          (4, "MatMulInteger")))
+    inputs = (_pb_tensor("A", 2, ["n", "d"]), _pb_tensor("B", 3, ["d", "1"]), _pb_tensor("A0", 2, []))
+    graph = (_pb_field(1, node) + _pb_field(2, b"int8_scan") + b"".join(_pb_field(11, t) for t in inputs)
+             + _pb_field(12, _pb_tensor("Y", 6, ["n", "1"])))
     opset = _pb_field(1, b"") + _pb_field(2, 13)
     return _pb_field(1, 8) + _pb_field(8, opset) + _pb_field(7, graph)
 
 
-def _scan_options():
-    # The scan is memory-bound: a second thread halves wall time but adds CPU per call.
-    return ort_session_options(1)
-
-
 _session = None
 _session_lock = threading.Lock()
+_ROW_ZERO = np.array(ROW_OFFSET, np.uint8)
 
 
 def _scan_session():
@@ -343,67 +352,20 @@ def _scan_session():
         if _session is None:
             import onnxruntime as ort
 
-            _session = ort.InferenceSession(_matmul_integer_model(), _scan_options(), providers=["CPUExecutionProvider"])
+            # The scan is memory-bound: a second thread halves wall time but adds CPU per call.
+            _session = ort.InferenceSession(_rows_scan_model(), ort_session_options(1), providers=["CPUExecutionProvider"])
         return _session
 
 
-# A snapshot scanned this many times gets its own session holding the matrix as a constant,
-# which onnxruntime packs once into its kernel's layout: the scan then reads the packed copy
-# instead of re-packing all of the matrix on every call (10k conversations: 2.0-2.2 -> 1.35-1.75
-# ms of CPU within a call, 1.0 alone; the integer scores are the same bits). Packing costs about
-# 6 ms of CPU and n * dim bytes of RAM per 1,000 conversations, so only a memory searched
-# repeatedly pays it; the mapped pages it no longer reads stay reclaimable page cache.
-PACK_AFTER_SCANS = 16
-_log = logging.getLogger("recall.engine.scan")
-
-
-class Scanner:
-    """How one snapshot is scanned: the shared session first, its own packed one once hot."""
-
-    def __init__(self) -> None:
-        self.scans = 0
-        self.packed = None  # onnxruntime session with this snapshot's matrix packed
-        self.packed_bytes = 0
-        self.failed = False
-        self._packing = threading.Lock()
-
-    def raw_scores(self, vf: VectorFile, q: np.ndarray) -> np.ndarray:
-        if self.packed is None:
-            self.scans += 1  # racy on purpose: an approximate count is enough
-            if self.scans >= PACK_AFTER_SCANS and not self.failed:
-                self._try_pack(vf)
-        packed = self.packed
-        if packed is not None:
-            return packed.run(None, {"A": q})[0][0]
-        return _scan_session().run(None, {"A": q, "B": vf.matrix_t})[0][0]
-
-    def _try_pack(self, vf: VectorFile) -> None:
-        if not self._packing.acquire(blocking=False):
-            return  # one caller packs; the others keep scanning the shared way meanwhile
-        try:
-            if self.packed is None:
-                self.packed = self._pack(vf)
-        except Exception as exc:  # no RAM for the copy, say: the shared scan gives the same scores
-            self.failed = True
-            _log.warning("int8 scan not packed (%s): %s", type(exc).__name__, exc)
-        finally:
-            self._packing.release()
-
-    def _pack(self, vf: VectorFile):
-        import onnxruntime as ort
-
-        opts = _scan_options()
-        # Keeps a reference to the mapped matrix: the session reads it while packing.
-        opts.add_external_initializers(["B"], [ort.OrtValue.ortvalue_from_numpy(vf.matrix_t)])
-        session = ort.InferenceSession(_matmul_integer_model((vf.dim, vf.n)), opts, providers=["CPUExecutionProvider"])
-        self.packed_bytes = vf.dim * vf.n
-        return session
-
-
-def quantise_query(qvec: np.ndarray) -> tuple[np.ndarray, float]:
+def quantise_query(qvec: np.ndarray) -> np.ndarray:
+    """The query as an int8 column of -63..63 (QUERY_LEVELS), scaled by its largest component."""
     scale = float(max(np.abs(qvec).max(), 1e-12)) / QUERY_LEVELS
-    q = (np.rint(qvec / scale) + QUERY_OFFSET).astype(np.uint8)
-    return q[None, :], scale
+    return np.rint(qvec / scale).astype(np.int8)[:, None]
+
+
+def integer_scores(vf: VectorFile, q: np.ndarray) -> np.ndarray:
+    """Each row's int8 values times the quantised query, summed exactly (int32 [n])."""
+    return _scan_session().run(None, {"A": vf.rows, "B": q, "A0": _ROW_ZERO})[0][:, 0]
 
 
 def approximate_scores(vf: VectorFile, qvec: np.ndarray) -> np.ndarray:
@@ -411,7 +373,4 @@ def approximate_scores(vf: VectorFile, qvec: np.ndarray) -> np.ndarray:
     for ranking only, so the query's own scale is left out."""
     if vf.n == 0:
         return np.zeros(0, np.float32)
-    q, _ = quantise_query(qvec)
-    raw = vf.scanner.raw_scores(vf, q)
-    raw -= vf.bias
-    return np.multiply(raw, vf.scale, dtype=np.float32)
+    return np.multiply(integer_scores(vf, quantise_query(qvec)), vf.scale, dtype=np.float32)
