@@ -11,6 +11,8 @@ import sys
 
 import structlog
 
+from shared.tenant_paths import user_hash
+
 
 def _drop_color_message(_: object, __: str, event: dict) -> dict:
     # uvicorn puts an ANSI-coloured copy of its message in `extra`; JSON carries the plain one.
@@ -38,6 +40,30 @@ def configure_logging(level: str = "INFO") -> None:
     logging.basicConfig(handlers=[handler], level=lvl, force=True)
     for noisy in ("uvicorn.access", "httpx", "mcp", "fastmcp", "faststream.access.redis"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    # fastmcp gives its loggers a console handler of their own at import and stops them
+    # propagating: their lines would be plain text on stderr, outside these rules.
+    fastmcp_root = logging.getLogger("fastmcp")
+    for own in fastmcp_root.handlers[:]:
+        fastmcp_root.removeHandler(own)
+    fastmcp_root.propagate = True
+    token_log = logging.getLogger(FASTMCP_TOKEN_LOGGER)
+    if not any(isinstance(f, HashedTokenSubjects) for f in token_log.filters):
+        token_log.addFilter(HashedTokenSubjects())
+
+
+FASTMCP_TOKEN_LOGGER = "fastmcp.server.auth.providers.jwt"
+_REJECTED = "Bearer token rejected for client %s"
+
+
+class HashedTokenSubjects(logging.Filter):
+    """fastmcp logs a refused bearer token with its subject (the user id, when the token names no
+    client): that id becomes its user_hash, as everywhere else in the logs."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str) and record.msg.startswith(_REJECTED) and isinstance(record.args, tuple) and record.args:
+            record.args = (user_hash(str(record.args[0])), *record.args[1:])
+            record.msg = record.msg.replace(_REJECTED, "Bearer token rejected for user_hash %s", 1)
+        return True
 
 
 def get_logger(name: str) -> structlog.stdlib.BoundLogger:

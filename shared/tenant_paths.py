@@ -22,7 +22,7 @@ class UnsafeId(ValueError):
 
 def user_hash(user: str) -> str:
     """The tenant's directory name, also the id logs carry instead of the user id."""
-    return hashlib.sha256(user.encode("utf-8")).hexdigest()[:24]
+    return hashlib.sha256(user.encode("utf-8", "surrogatepass")).hexdigest()[:24]  # total: never raises
 
 
 def check_conversation_id(conversation_id: str) -> str:

@@ -65,6 +65,16 @@ def test_the_embedding_model_settings_are_checked_too(tmp_path):
     assert result.returncode == 2 and "RECALL_EMBEDDER='bert'" in one_line(result) and "'e5', 'e5-q4' or 'minilm'" in one_line(result)
 
 
+def test_jwks_tokens_are_refused_before_anything_starts_unless_issuer_and_audience_are_named(tmp_path):
+    """An identity provider signs tokens for many services: without `iss` and `aud` checks a token
+    it issued for another API was a valid recall token."""
+    result = recall("up", cwd=tmp_path, RECALL_JWKS_URL="https://idp.example/jwks.json", RECALL_JWT_ISSUER="https://idp.example/",
+                    **free_ports())
+    assert result.returncode == 2
+    assert one_line(result).startswith("recall up: RECALL_JWKS_URL needs RECALL_JWT_ISSUER and RECALL_JWT_AUDIENCE"), one_line(result)
+    assert not (tmp_path / "data" / "redis").exists()
+
+
 def test_a_rule_across_variables_is_one_line_that_shows_no_setting_value(tmp_path):
     """A model-level rule's input is every setting read: printing it printed the secrets."""
     result = recall("up", cwd=tmp_path, RECALL_REPLICAS="3", RECALL_JWT_SECRET=JWT, RECALL_INGEST_KEY=INGEST_KEY, **free_ports())
@@ -83,6 +93,7 @@ def test_a_validators_message_keeps_the_variable_name_it_starts_with(tmp_path):
 @pytest.mark.parametrize("variable, value, named", [
     ("RECALL_ARTIFACTS_DB_URL", "mysql://db/recall", "sqlite:///<path> or postgresql://"),
     ("RECALL_JWKS_URL", "issuer.example/jwks.json", "https:// URL"),
+    ("RECALL_JWKS_URL", "http://issuer.example/jwks.json", "https:// URL"),
 ])
 def test_an_unknown_database_or_jwks_url_is_refused_before_anything_starts(tmp_path, variable, value, named):
     result = recall("up", cwd=tmp_path, **{variable: value}, **free_ports())
@@ -340,7 +351,8 @@ def test_a_stack_that_verifies_jwks_tokens_prints_no_dev_token_that_it_would_ref
     was refused (401) and `recall demo` failed with 'MCPError: Server returned an error response'."""
     ports = free_ports()
     clean = {k: v for k, v in os.environ.items() if not k.startswith("RECALL_")}
-    jwks = {"RECALL_JWKS_URL": f"https://127.0.0.1:{free_port()}/jwks.json"}
+    jwks = {"RECALL_JWKS_URL": f"https://127.0.0.1:{free_port()}/jwks.json", "RECALL_JWT_ISSUER": "https://idp.example/",
+            "RECALL_JWT_AUDIENCE": "recall"}
     log_path = tmp_path / "up.log"
     with open(log_path, "wb") as log:
         up = subprocess.Popen([str(BIN / "recall"), "up"], cwd=tmp_path, env={**clean, **ports, **jwks}, stdout=log,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import signal
@@ -326,24 +327,38 @@ def _initialize(env, headers: dict) -> httpx.Response:
                       headers={"Accept": "application/json, text/event-stream", **headers}, timeout=10)
 
 
-def test_missing_forged_expired_and_wrong_audience_tokens_get_401(services, service_env):
-    services("serve", RECALL_JWT_AUDIENCE="recall-mcp", RECALL_JWT_ISSUER="recall-dev")
-    good = mint("alice", aud="recall-mcp")
+def test_missing_forged_expired_and_wrong_audience_tokens_get_401_and_the_logs_name_no_user(services, service_env):
+    # fastmcp's own logging on, as in production (the tests' environment turns it off): it logs a
+    # refused token's subject, in plain text on stderr.
+    proc = services("serve", RECALL_JWT_AUDIENCE="recall-mcp", RECALL_JWT_ISSUER="recall-dev", FASTMCP_LOG_ENABLED="true")
+    good = mint("alice@example.com", aud="recall-mcp")
     assert _initialize(service_env, {"Authorization": f"Bearer {good}"}).status_code == 200
-    for bad in (None, "Bearer", "Bearer not-a-jwt", f"Bearer {mint('alice', secret='x' * 40, aud='recall-mcp')}",
-                f"Bearer {mint('alice', ttl=-120, aud='recall-mcp')}", f"Bearer {mint('alice', aud='someone-else')}",
-                f"Bearer {mint('alice', aud='recall-mcp', iss='evil')}"):
+    for bad in (None, "Bearer", "Bearer not-a-jwt", f"Bearer {mint('alice@example.com', secret='x' * 40, aud='recall-mcp')}",
+                f"Bearer {mint('alice@example.com', ttl=-120, aud='recall-mcp')}",
+                f"Bearer {mint('alice@example.com', aud='someone-else')}",
+                f"Bearer {mint('alice@example.com', aud='recall-mcp', iss='evil')}"):
         headers = {"Authorization": bad} if bad else {}
         assert _initialize(service_env, headers).status_code == 401, bad
+    lines = [line for line in proc.output().splitlines() if line.strip()]
+    assert "alice@example.com" not in proc.output()
+    events = [json.loads(line) for line in lines]  # every line is one JSON object
+    refused = [e["event"] for e in events if e["event"].startswith("Bearer token rejected")]
+    assert len(refused) == 2 and all(user_hash("alice@example.com") in e for e in refused), refused
 
 
 def _signed(claims: dict) -> str:
-    from joserfc import jwt
-    from joserfc.jwk import OctKey
+    """An HS256 token signed by hand: JSON as Python writes it (Infinity, NaN, lone surrogates
+    escaped as \\ud800), which a JWT library refuses to produce."""
+    import base64
+    import hashlib
+    import hmac
 
     from tests.conftest import JWT_SECRET
 
-    return jwt.encode({"alg": "HS256"}, {k: v for k, v in claims.items() if v is not None}, OctKey.import_key(JWT_SECRET))
+    part = lambda obj: base64.urlsafe_b64encode(json.dumps(obj).encode()).rstrip(b"=").decode()  # noqa: E731
+    signing_input = f"{part({'alg': 'HS256', 'typ': 'JWT'})}.{part({k: v for k, v in claims.items() if v is not None})}"
+    signature = hmac.new(JWT_SECRET.encode(), signing_input.encode(), hashlib.sha256).digest()
+    return f"{signing_input}.{base64.urlsafe_b64encode(signature).rstrip(b'=').decode()}"
 
 
 def test_tokens_without_exp_beyond_the_lifetime_cap_or_without_a_user_get_401(services, service_env):
@@ -356,6 +371,8 @@ def test_tokens_without_exp_beyond_the_lifetime_cap_or_without_a_user_get_401(se
                          "exp - iat past the cap": {**base, "iat": now - 3600, "exp": now + 600},
                          "no sub": {**base, "sub": None}, "empty sub": {**base, "sub": ""},
                          "blank sub": {**base, "sub": "   "}, "sub not a string": {**base, "sub": 42},
+                         # Not text: the error handler itself failed hashing a lone surrogate (a 500).
+                         "sub a lone surrogate": {**base, "sub": "\ud800"}, "sub with a NUL": {**base, "sub": "al\x00ice"},
                          # JSON as Python reads it allows Infinity and NaN: an infinite exp was a 500
                          # (fastmcp's int(exp)), an infinite or NaN iat passed the lifetime check.
                          "exp infinite": {**base, "exp": float("inf")}, "iat infinite": {**base, "iat": float("inf")},

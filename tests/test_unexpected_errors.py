@@ -143,7 +143,8 @@ def test_an_exception_while_a_bearer_token_is_verified_is_a_counted_json_500(ser
     jwks = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _DeepJWKS)
     threading.Thread(target=jwks.serve_forever, daemon=True).start()
     try:
-        proc = services("serve", RECALL_JWKS_URL=f"http://127.0.0.1:{jwks.server_port}/jwks")
+        proc = services("serve", RECALL_JWKS_URL=f"http://127.0.0.1:{jwks.server_port}/jwks", RECALL_JWT_ISSUER="https://idp.example/",
+                        RECALL_JWT_AUDIENCE="recall")
         url = recall_url(service_env)
         resp = httpx.post(f"{url}/mcp", headers={"Authorization": f"Bearer {_rs256_token_naming_a_key()}",
                                                  "accept": "application/json, text/event-stream"},

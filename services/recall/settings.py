@@ -1,11 +1,15 @@
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from shared.engine.native_threads import usable_cores
 from shared.secret_policy import check_secret
 from shared.settings_base import CommonSettings
+
+LOOPBACK = {"127.0.0.1", "::1", "localhost"}
 
 
 class RecallSettings(CommonSettings):
@@ -53,10 +57,20 @@ class RecallSettings(CommonSettings):
 
     @field_validator("jwks_url")
     @classmethod
-    def _http_url(cls, v: str | None) -> str | None:
-        if v and not v.startswith(("https://", "http://")):
-            raise ValueError("must be an https:// URL of the issuer's JSON Web Key Set")
+    def _https_url(cls, v: str | None) -> str | None:
+        # Keys fetched over plain HTTP could be swapped on the way; only this host's own IdP may use it.
+        if v and not (v.startswith("https://") or urlsplit(v).scheme == "http" and urlsplit(v).hostname in LOOPBACK):
+            raise ValueError("must be an https:// URL of the issuer's JSON Web Key Set (http:// only on this host)")
         return v
+
+    @model_validator(mode="after")
+    def _jwks_names_issuer_and_audience(self) -> "RecallSettings":
+        # An identity provider signs tokens for many services: without both checks a token it
+        # issued for any of them would be taken here.
+        if self.jwks_url and not (self.jwt_issuer and self.jwt_audience):
+            raise ValueError("RECALL_JWKS_URL needs RECALL_JWT_ISSUER and RECALL_JWT_AUDIENCE (the `iss` and `aud` "
+                             "your identity provider puts in tokens for this service)")
+        return self
 
     @model_validator(mode="after")
     def _no_shared_sqlite(self) -> "RecallSettings":

@@ -46,6 +46,8 @@ def token_problem(claims: dict, max_lifetime_s: int, now: float) -> str | None:
     sub = claims.get("sub")
     if not isinstance(sub, str) or not sub.strip():
         return "no sub"
+    if "\x00" in sub or not _encodes(sub):
+        return "sub not text"  # a NUL or a lone surrogate (JSON's \ud800): no user is named so
     exp, iat = claims.get("exp"), claims.get("iat")
     if isinstance(exp, bool) or not isinstance(exp, (int, float)):
         return "no exp"
@@ -56,6 +58,14 @@ def token_problem(claims: dict, max_lifetime_s: int, now: float) -> str | None:
                             or (isinstance(iat, float) and not math.isfinite(iat)) or exp - iat > max_lifetime_s):
         return "lifetime over the maximum"
     return None
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def build_verifier(s: RecallSettings) -> JWTVerifier:
