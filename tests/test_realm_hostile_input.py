@@ -13,7 +13,9 @@ from fastmcp import Client
 from fastmcp.client.auth import BearerAuth
 from fastmcp.exceptions import ToolError
 
+from services.recall.artifacts.kind_schemas import parse_body
 from services.recall.artifacts.models import MAX_TARGETS
+from services.recall.artifacts.rules import RuleBroken
 from tests.conftest import mint, recall_url
 
 REALM = "acme-integrations"
@@ -50,6 +52,10 @@ async def test_hostile_agent_memory_requests_are_a_4xx_naming_the_field_and_stor
         (http.get("/memory", params={"target_id": "x" * 201}), 422, "target_id"),
         (http.get("/memory", params={"tag": "t" * 41}), 422, "tag"),
         (raw("[" * 100_000 + "]" * 100_000), 422, "body"),
+        # Starlette reads a byte that is not UTF-8 as U+FFFD: "caf\ufffd" was stored as the reason.
+        (http.delete("/memory/some-record?reason=caf%E9"), 422, "reason"),
+        (http.get("/memory?q=caf%E9"), 422, "q"),
+        (http.get("/memory/rec%FF"), 422, "record_id"),
         (raw('{"title": ' * 2000 + "1" + "}" * 2000), 422, "body"),
     ]:
         assert resp.status_code == status and resp.json()["error"] == field, (field, resp.status_code, resp.text[:300])
@@ -63,6 +69,15 @@ async def test_hostile_agent_memory_requests_are_a_4xx_naming_the_field_and_stor
     assert refused.status_code == 422 and refused.json()["error"] == "reason", refused.text
     assert http.get(f"/memory/{made['record_id']}").json()["status"] == "active"
     assert "Exception in ASGI" not in serve.output() and "Traceback" not in serve.output()
+
+
+@pytest.mark.parametrize("body", ["[" * 5000 + "]" * 5000, '{"realm": ' + "9" * 5000 + "}", '{"realm": 7}'])
+def test_a_constitution_body_too_deep_too_long_a_number_or_of_the_wrong_shape_is_refused_naming_the_body(body):
+    """Nested past Python's stack or holding an integer of over 4,300 digits, a body escaped as an
+    unexpected error ("internal error, logged as incident …") from every draft tool."""
+    with pytest.raises(RuleBroken) as refused:
+        parse_body("constitution", body)
+    assert refused.value.rule == "body"
 
 
 async def test_a_record_of_one_realm_is_not_reached_through_another(realm_server):

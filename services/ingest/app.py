@@ -23,7 +23,6 @@ import time
 from collections import Counter
 from contextlib import asynccontextmanager
 from typing import Any, NamedTuple
-from urllib.parse import unquote_plus, unquote_to_bytes
 
 import redis.asyncio as aioredis
 from redis.exceptions import OutOfMemoryError
@@ -43,6 +42,7 @@ from shared.error_site import exception_site, new_incident
 from shared.http_body import BodyNotUtf8, BodyTooLarge, huge_integer, read_body, utf8_text
 from shared.logging_setup import get_logger
 from shared.metrics_http import metrics_endpoint
+from shared.raw_url import NOT_UTF8, is_utf8, path_is_utf8, query_pairs
 from shared.recall_answer_format import looks_like_recall_answer
 from shared.stream_schema import (
     RETENTION_OVERRIDES,
@@ -127,29 +127,17 @@ def _is_json(content_type: str) -> bool:
 
 
 def _query_and_path_problems(request: Request, allowed: frozenset[str]) -> list[tuple[str, str]]:
-    """What is wrong with the URL, checked on its raw bytes: Starlette replaces bytes that are not
-    UTF-8 with U+FFFD, so `?user=%ff` would forget a user named "\ufffd" and answer 202 for it."""
+    """What is wrong with the URL, checked on its raw bytes (`shared.raw_url`): `?user=%ff` would
+    otherwise forget a user named "\ufffd" and answer 202 for it."""
     problems: list[tuple[str, str]] = []
-    for pair in request.scope.get("query_string", b"").decode("latin-1").split("&"):
-        if not pair:
-            continue
-        raw_name, _, raw_value = pair.partition("=")
-        name = unquote_plus(raw_name)
+    for name, raw in query_pairs(request.scope):
         if name not in allowed:  # like unknown body fields: a typo must not be silently ignored
             problems.append((_printable(name), "unknown query parameter"))
-        elif not _is_utf8(unquote_to_bytes(raw_value.replace("+", " "))):
-            problems.append((name, "not UTF-8 once percent-decoded"))
-    if not _is_utf8(unquote_to_bytes(request.scope.get("raw_path", b"").decode("latin-1"))):
-        problems.extend((name, "not UTF-8 once percent-decoded") for name in request.path_params)
+        elif not is_utf8(raw):
+            problems.append((name, NOT_UTF8))
+    if not path_is_utf8(request.scope):
+        problems.extend((name, NOT_UTF8) for name in request.path_params)
     return problems
-
-
-def _is_utf8(raw: bytes) -> bool:
-    try:
-        raw.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return True
 
 
 class _HugeInteger:

@@ -40,6 +40,7 @@ from services.recall.artifacts.tool_access import CONCURRENT_CHANGE
 from services.recall.artifacts.tools import next_offset
 from services.recall.metrics import REALM_CALLS
 from shared.http_body import BodyNotUtf8, BodyTooLarge, huge_integer, read_body, utf8_text
+from shared.raw_url import NOT_UTF8, not_utf8_parameters
 
 STATUS = {"realm_membership": 403, "realm_role": 403, "not_found": 404, "body_size": 413, "body_encoding": 415}
 MIN_BODY_BYTES = 2**20  # a valid record is far smaller, whatever the text limit
@@ -102,6 +103,10 @@ def register_agent_memory_routes(mcp: FastMCP, service: AgentMemoryService) -> N
                 realm_id = request.path_params["realm_id"]
                 if not REALM_ID.fullmatch(realm_id):
                     return _error(422, "realm_id", "not a realm id")
+                not_utf8 = not_utf8_parameters(request.scope, request.path_params)
+                if not_utf8:  # Starlette would hand over U+FFFD in place of each such byte
+                    REALM_CALLS.labels("http", "refused").inc()
+                    return _error(422, not_utf8[0], f"{not_utf8[0]}: {NOT_UTF8}")
                 try:
                     refuse_nul({**request.query_params, **request.path_params})
                     result = await handler(request, Caller.from_claims(token.claims), realm_id)

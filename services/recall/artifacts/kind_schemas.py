@@ -155,6 +155,9 @@ def parse_body(kind: str, body: str) -> Strict | None:
         first = exc.errors(include_url=False)[0]
         where = ".".join(str(p) for p in first["loc"]) or kind
         raise RuleBroken("body", f"{kind} body: {where}: {first['msg']}") from None
+    except (RecursionError, ValueError):  # nested past Python's stack, or an integer of over 4,300 digits
+        raise RuleBroken("body", f"the body of an artifact of kind {kind} is JSON nested too deep or holding "
+                                 "an integer too long to read") from None
 
 
 def parse_stored_body(kind: str, body: str) -> Strict | None:
