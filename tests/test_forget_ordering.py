@@ -17,7 +17,7 @@ from services.indexer.forgetting import Forgetter
 from services.indexer.index_job import EmbeddedIndexJob
 from services.indexer.retention import RetentionSweeper
 from services.indexer.settings import IndexerSettings
-from services.indexer.snapshot_writer import tombstone_user, version_file, write_snapshot
+from services.indexer.snapshot_writer import tombstone_conversation, tombstone_user, version_file, write_snapshot
 from services.indexer.stream_consumer import StreamConsumer
 from shared.stream_schema import DeletionReceipt, StreamTurn, TurnsEvent, deletion_key, ensure_group, parse_event
 from shared.tenant_paths import TenantPaths, user_hash
@@ -158,6 +158,26 @@ def test_a_snapshot_whose_tree_a_user_deletion_moved_mid_write_is_not_acked(tmp_
     monkeypatch.setattr(snapshot_writer, "_atomic_write", moved_after_the_transcript)
     with pytest.raises(SnapshotMoved):
         write_snapshot(tenant, event, "3000-0")
+
+
+def test_forgetting_a_conversation_removes_the_temp_copy_a_writer_killed_before_its_rename_left(tmp_path, monkeypatch):
+    """The temp file carries the dead writer's pid, so nobody overwrote it: after the forget's
+    receipt said done, the whole text stayed on disk."""
+    tenant = TenantPaths.for_hash(tmp_path, user_hash("ivy"))
+    event = TurnsEvent(user_hash=tenant.uhash, conversation_id="c1", received_at=time.time(),
+                       turns=[StreamTurn(id="t0", role="user", text="the SECRET-PLAN draft", ts=time.time())])
+    write_snapshot(tenant, event, "1000-0")
+
+    def killed_before_the_rename(src, dst):
+        raise SystemExit("kill -9 between the write and the rename")
+
+    monkeypatch.setattr(snapshot_writer.os, "replace", killed_before_the_rename)
+    with pytest.raises(SystemExit):
+        write_snapshot(tenant, event, "1500-0")
+    monkeypatch.undo()
+    assert any("SECRET-PLAN" in f.read_text() for f in tenant.src.glob("*.tmp")), "the dead writer's copy"
+    assert tombstone_conversation(tenant, "c1", "2000-0") == 2
+    assert not any("SECRET-PLAN" in f.read_text() for f in tenant.src.iterdir() if f.is_file())
 
 
 def test_a_turn_dated_before_year_1000_keeps_a_date_the_engine_reads(tmp_path):

@@ -55,6 +55,17 @@ def _atomic_write(path: Path, data: str) -> None:
     os.replace(tmp, path)
 
 
+def _remove_leftover_temps(path: Path) -> int:
+    """Temp files of `path` an earlier writer left when it died between its write and its rename
+    (the name carries that writer's pid, so nobody overwrites them): a whole copy of the text.
+    Call with the conversation lock held, so no live writer's temp file is among them."""
+    removed = 0
+    for leftover in path.parent.glob(f".{path.name}.*.tmp"):
+        leftover.unlink(missing_ok=True)
+        removed += 1
+    return removed
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -99,6 +110,7 @@ def write_snapshot(paths: TenantPaths, event: TurnsEvent, entry_id: str) -> Writ
     if (current is not None and current > mine) or _older_than_user_deletion(paths, mine):
         return WriteResult.STALE
     paths.src.mkdir(parents=True, exist_ok=True)
+    _remove_leftover_temps(target)
     _atomic_write(target, transcript_body(event))
     _atomic_write(vfile, entry_id)
     _fsync_dir(paths.src)
@@ -131,10 +143,10 @@ def tombstone_conversation(paths: TenantPaths, conversation_id: str, version: st
     current = _read_version(version_file(paths, conversation_id))
     if current is not None and current > deletion:
         return 0
-    removed = 0
+    removed = _remove_leftover_temps(target)
     if target.exists():
         target.unlink()
-        removed = 1
+        removed += 1
     if current is None or current < deletion:
         paths.src.mkdir(parents=True, exist_ok=True)
         _atomic_write(version_file(paths, conversation_id), version)
