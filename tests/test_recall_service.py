@@ -514,3 +514,24 @@ async def test_an_idle_recall_service_spends_no_cpu_even_with_a_query_thread_tea
         after = cpu_seconds(proc)
         idle.append(sum(after[pid] - before[pid] for pid in before.keys() & after.keys()))
     assert sorted(idle)[1] < 0.02, f"{idle} s of CPU in the idle second after each call ({engine}): a thread pool spins"
+
+
+async def test_a_replica_told_to_stop_answers_every_call_it_had_admitted(services, service_env):
+    """One search at a time, twelve calls in flight, SIGTERM: each SSE stream was ended at once
+    ("peer closed connection without sending complete message body"), as on every rolling update."""
+    services("ingest"), services("indexer")
+    post_conversation(service_env, "una", "c1", ["The pump P-101 seal was replaced by Priya on Tuesday.", "noted"])
+    assert wait_until(lambda: indexed_chunks(service_env, "una") == 2, 30)
+    serve = services("serve", RECALL_MAX_CONCURRENCY="1", RECALL_QUEUE_WAIT_S="20")
+    headers = {"accept": "application/json, text/event-stream", "authorization": f"Bearer {mint('una')}"}
+    call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+            "params": {"name": "recall_my_conversations", "arguments": {"query": "who replaced the pump P-101 seal"}}}
+    async with httpx.AsyncClient(base_url=recall_url(service_env), headers=headers, timeout=60) as client:
+        calls = [asyncio.create_task(client.post("/mcp", json=call)) for _ in range(12)]
+        await asyncio.sleep(0.15)
+        serve.proc.send_signal(signal.SIGTERM)
+        answers = await asyncio.gather(*calls, return_exceptions=True)
+    assert all(isinstance(a, httpx.Response) and a.status_code == 200 for a in answers), answers
+    assert all("Priya" in a.json()["result"]["content"][0]["text"] for a in answers)
+    assert serve.proc.wait(30) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal once it has shut down
+

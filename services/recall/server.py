@@ -226,7 +226,10 @@ def build_app(settings: RecallSettings | None = None):
     async def metrics(request: Request) -> Response:
         return await metrics_endpoint(request)
 
-    app = mcp.http_app(path="/mcp", stateless_http=True)
+    # Plain JSON answers, not one SSE stream per call: sse-starlette ends every open stream the
+    # moment the process is told to stop, so a rolling update cut off calls it had admitted;
+    # a JSON response is an ordinary request uvicorn lets finish. The tools send no progress.
+    app = mcp.http_app(path="/mcp", stateless_http=True, json_response=True)
     # Outermost: an exception while a bearer token is verified (an identity provider's JWKS
     # that breaks the verifier) is counted too, not Starlette's plain 500.
     app.add_middleware(UnexpectedHTTPErrors, record=record_http_failure)
