@@ -1,5 +1,5 @@
-"""The cheaper read path answers exactly what the plain one did: the scan of the mapped rows gives
-exact integer scores (also from a snapshot of the earlier transposed layout), BM25 reads fewer documents for the same hits, neighbours come from one statement,
+"""The cheaper read path answers exactly what the plain one did: the scan of the mapped rows and
+the packed scan give the same exact integer scores (also from a snapshot of the earlier layout), BM25 reads fewer documents for the same hits, neighbours come from one statement,
 and a refresh that skips its transaction still sees every commit."""
 
 from __future__ import annotations
@@ -56,16 +56,58 @@ def _answers(reader: MemoryReader, embedder, params: RecallParams) -> list[str]:
     return [agent_format.render_recall(recall(reader, embedder, q, params, now=NOW), "m") for q in QUESTIONS]
 
 
-def test_the_scan_gives_each_row_its_exact_integer_product_with_the_query(memory):
+def test_both_scans_give_each_row_its_exact_integer_product_with_the_query(memory):
+    """The mapped rows (shared session) and the packed columns (a hot snapshot's own session)."""
     vf = open_vector_file(memory, 384)
     assert vf is not None and vf.n > 200 and vf.version == vector_file.VERSION
     rows = vf.rows.astype(np.int64) - vector_file.ROW_OFFSET
-    assert rows.min() >= -127 and rows.max() <= 127
+    assert rows.min() >= -127 and rows.max() <= 127 and np.array_equal(rows.T, vf.matrix_t)
     rng = np.random.default_rng(3)
     for _ in range(20):
         q = quantise_query(rng.standard_normal(384).astype(np.float32))
         assert np.abs(q).max() == vector_file.QUERY_LEVELS
-        assert np.array_equal(vector_file.integer_scores(vf, q), (rows @ q.astype(np.int64))[:, 0])
+        exact = (rows @ q.astype(np.int64))[:, 0]
+        vf.scanner.packed = None
+        assert np.array_equal(vf.scanner.integer_scores(vf, q), exact)
+        vf.scanner.packed = vf.scanner._pack(vf)
+        assert np.array_equal(vf.scanner.integer_scores(vf, q), exact)
+    assert vf.scanner.packed_bytes == vf.n * vf.dim
+
+
+def test_a_hot_memory_packs_its_scan_once_and_answers_the_same(memory, embedder, monkeypatch):
+    params = RecallParams(k=3, candidates=8, explain=True)
+    monkeypatch.setattr(vector_file, "PACK_AFTER_SCANS", 10**9)
+    cold = MemoryReader(memory)
+    plain = _answers(cold, embedder, params)
+    assert cold.view.base.scanner.packed is None, "below the threshold nothing is packed"
+    monkeypatch.setattr(vector_file, "PACK_AFTER_SCANS", 1)
+    hot = MemoryReader(memory)
+    hot.refresh()
+    before = hot.resident_bytes()
+    packed = _answers(hot, embedder, params)
+    assert hot.view.base.scanner.packed is not None
+    assert hot.resident_bytes() > before, "the packed copy counts against the reader cache"
+    assert packed == plain
+    assert any("MT-44" in a or "M-016" in a for a in plain), "the questions find something"
+    cold.close()
+    hot.close()
+
+
+def test_a_scan_that_cannot_be_packed_keeps_answering_the_same_and_stops_trying(memory, embedder, monkeypatch):
+    params = RecallParams(k=3, candidates=8)
+    plain = _answers(MemoryReader(memory), embedder, params)
+    attempts = []
+
+    def no_room(self, vf):
+        attempts.append(vf.n)
+        raise MemoryError("no room for the packed copy")
+
+    monkeypatch.setattr(vector_file.Scanner, "_pack", no_room)
+    monkeypatch.setattr(vector_file, "PACK_AFTER_SCANS", 1)
+    reader = MemoryReader(memory)
+    assert _answers(reader, embedder, params) == plain
+    assert len(attempts) == 1 and reader.view.base.scanner.packed is None
+    reader.close()
 
 
 def _as_version_1(memory) -> None:
@@ -114,7 +156,10 @@ def test_a_snapshot_in_the_earlier_transposed_layout_answers_the_same_until_the_
     assert rewritten.version == vector_file.VERSION and rewritten.owned_bytes == 0
 
 
-def test_searching_a_memory_copies_none_of_its_vectors(memory, embedder):
+def test_a_memory_searched_a_few_times_keeps_no_copy_of_its_vectors(memory, embedder, monkeypatch):
+    """Below the packing threshold the scan reads the mapped rows: a tenant making a few calls
+    between index runs and evictions (most of them) costs no RAM for its vectors."""
+    monkeypatch.setattr(vector_file, "PACK_AFTER_SCANS", 10**9)
     reader = MemoryReader(memory)
     params = RecallParams(k=3, candidates=8)
     _answers(reader, embedder, params)  # the first call reads the stems' vocabulary
@@ -122,7 +167,7 @@ def test_searching_a_memory_copies_none_of_its_vectors(memory, embedder):
     for _ in range(3):
         _answers(reader, embedder, params)
     assert reader.resident_bytes() == after_one
-    assert reader.view.base.owned_bytes == 0
+    assert reader.view.base.owned_bytes == 0 and reader.view.base.scanner.packed is None
     reader.close()
 
 

@@ -161,7 +161,7 @@ class MemoryReader:
         vocabulary once read), the BM25 index."""
         view = self._view
         mapped = 0 if view.base is None else (view.base.mapped_bytes + view.base.owned_bytes
-                                              + view.base.vocabulary_ram_bytes())
+                                              + view.base.scanner.packed_bytes + view.base.vocabulary_ram_bytes())
         return view.ram_bytes() + mapped + self._fts_bytes
 
     # ---- refresh -------------------------------------------------------------------------

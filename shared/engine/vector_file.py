@@ -6,7 +6,7 @@ derived from `chunks.sqlite3` (which keeps the float32 vectors and stays the tru
     "RECALLV2" | u32 header length | JSON header (generation, max_row_id, n, dim, facet names,
     section offsets) | row ids int64[n] (ascending) | scale float32[n] |
     block code int32[n] | harness code int32[n] | ts_epoch float64[n] | rows uint8 [n, dim] |
-    conversation code int64[n] (`conversation_code` of the row's session id) |
+    columns int8 [dim, n] | conversation code int64[n] (`conversation_code` of the row's session id) |
     stem start int64[n + 1] | stem ids int32[m] | vocabulary (the stems, UTF-8, one per line)
 
 Row i's BM25 stems (text_analysis.turn_stems, as SQLite's `chunk_stems` holds them) are the
@@ -18,17 +18,19 @@ A file written before the conversation codes or the stems has no such section
 (`VectorFile.conversation` or `stem_ids` is None) and stays readable: the reader then reads the
 session ids from SQLite and stems the turns' texts.
 
-Each row is quantised to int8 with its own scale (max |x| / 127) and stored row-major as uint8
-(the int8 value + 128), so one onnxruntime `MatMulInteger` scans the mapped rows as they are
-(zero point 128): no per-snapshot session, no packed copy in RAM, the same cost on a memory's
-first call as on its thousandth. The scan's integer scores only choose candidates: the best
-of them are re-scored exactly from the float32 vectors.
+Each row is quantised to int8 with its own scale (max |x| / 127) and stored twice, as the two
+scans read it (`Scanner`): row-major as uint8 (the value + 128), which one shared onnxruntime
+`MatMulInteger` reads as it is mapped (zero point 128) on a snapshot's first calls; and
+transposed as int8, which a snapshot searched often gets packed once into its own session's
+kernel layout (a little faster per call, n x dim bytes of RAM). Both give the same integer
+scores. The scores only choose candidates: the best of them are re-scored exactly from the
+float32 vectors.
 
-A "RECALLV1" file (before this layout: int8 [dim, n], transposed, for a per-snapshot packed
-session) is still read: its rows are copied into this layout in RAM when it is opened
-(`VectorFile.owned_bytes`, counted by the reader cache), and the next index run rewrites it. A
-release that knows only V1 finds no snapshot it can read in a V2 file and answers from SQLite
-alone (the same answers, more RAM and CPU) until it is upgraded.
+A "RECALLV1" file (before the row-major copy: the transposed matrix and a per-row correction
+for a +64 query offset) is still read: its rows are copied into the row-major layout in RAM
+when it is opened (`VectorFile.owned_bytes`, counted by the reader cache), and the next index
+run rewrites it. A release that knows only V1 finds no snapshot it can read in a V2 file and
+answers from SQLite alone (the same answers, more RAM and CPU) until it is upgraded.
 
 A reader opens it with `mmap` (no per-row work, no private copy: the pages are the page
 cache, shared by every process reading the memory) and catches up from SQLite for what came
@@ -41,6 +43,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import mmap
 import os
 import sqlite3
@@ -63,6 +66,7 @@ _BATCH = 8192
 # AVX2's u8 x s8 multiply-add saturates int16 pair sums: with a 7-bit query (-63..63) against
 # rows of 1..255 every pair stays below 2 * 255 * 63 < 2^15, so the integer scores are exact.
 QUERY_LEVELS = 63
+QUERY_OFFSET = 64  # the packed scan's query as uint8 (1..127: u8 x s8 pairs below 2^15 again)
 ROW_OFFSET = 128  # a row's int8 values stored as uint8 (u8 x s8 is the fast integer product)
 
 
@@ -84,6 +88,7 @@ class VectorFile:
     harness: np.ndarray
     epoch: np.ndarray
     rows: np.ndarray  # uint8 [n, dim]: each int8 value + ROW_OFFSET
+    matrix_t: np.ndarray  # int8 [dim, n]: the same values, transposed for the packed scan
     conversation: np.ndarray | None  # int64 [n]; None in a file written before it
     mapped_bytes: int
     _map: mmap.mmap
@@ -93,6 +98,7 @@ class VectorFile:
     stem_ids: np.ndarray | None = None  # int32 [m]
     vocabulary_bytes: np.ndarray | None = None  # uint8: the stems, one per line
     stems_analyzer: str = ""
+    scanner: "Scanner" = field(default_factory=lambda: Scanner(), compare=False, repr=False)
     _vocabulary: list = field(default_factory=list, compare=False, repr=False)
 
     @property
@@ -125,7 +131,7 @@ def _sections(n: int, dim: int, version: int = VERSION) -> list[tuple[str, str, 
                 ("harness", "<i4", (n,)), ("epoch", "<f8", (n,)), ("matrix_t", "i1", (dim, n)),
                 ("conversation", "<i8", (n,))]
     return [("ids", "<i8", (n,)), ("scale", "<f4", (n,)), ("block", "<i4", (n,)), ("harness", "<i4", (n,)),
-            ("epoch", "<f8", (n,)), ("rows", "u1", (n, dim)), ("conversation", "<i8", (n,))]
+            ("epoch", "<f8", (n,)), ("rows", "u1", (n, dim)), ("matrix_t", "i1", (dim, n)), ("conversation", "<i8", (n,))]
 
 
 def _stem_sections(n: int, stems: dict) -> list[tuple[str, str, tuple[int, ...]]]:
@@ -172,7 +178,7 @@ def open_vector_file(memory: Path, dim: int) -> VectorFile | None:
     owned = 0
     if version != VERSION:
         arrays.pop("bias")
-        arrays["rows"] = rows_of(arrays.pop("matrix_t").T)
+        arrays["rows"] = rows_of(arrays["matrix_t"].T)
         owned = arrays["rows"].nbytes
     return VectorFile(path=path, inode=st.st_ino, memory_id=header.get("memory_id", ""), generation=int(header["generation"]),
                       max_row_id=int(header["max_row_id"]), dim=dim, block_types=header["block_types"],
@@ -245,6 +251,7 @@ def write_vector_file(memory: Path, conn: sqlite3.Connection, dim: int) -> bool:
             arrays["harness"][sl] = [harnesses.setdefault(r[3], len(harnesses)) for r in rows]
             arrays["epoch"][sl] = [np.nan if r[4] is None else r[4] for r in rows]
             arrays["rows"][sl] = rows_of(q)
+            arrays["matrix_t"][:, sl] = q.T
             arrays["conversation"][sl] = [conversation_code(r[5]) for r in rows]
             if with_stems:
                 batch_stems = [r[6] for r in rows]
@@ -329,21 +336,39 @@ def _pb_tensor(name: str, elem_type: int, dims: list[str]) -> bytes:
     return _pb_field(1, name.encode()) + _pb_field(2, _pb_field(1, _pb_field(1, elem_type) + _pb_field(2, shape)))
 
 
-def _rows_scan_model() -> bytes:
-    """ONNX model `Y[n, 1] = MatMulInteger(A uint8 [n, d], B int8 [d, 1], a_zero_point)`, encoded
-    by hand (a dozen protobuf fields) so the engine needs no `onnx` package."""
+def _scan_model(packed: tuple[int, int] | None = None) -> bytes:
+    """ONNX model of one `MatMulInteger` with A's zero point `A0`, encoded by hand (a dozen
+    protobuf fields) so the engine needs no `onnx` package. Shared: `Y[n, 1] = (A uint8 [n, d] -
+    A0) x B int8 [d, 1]`, the mapped rows times the query. With `packed` = (d, n): `Y[1, n] =
+    (A uint8 [1, d] - A0) x B int8 [d, n]`, B an initializer whose bytes the caller supplies
+    (external data, the mapped columns), which onnxruntime packs once."""
     node = b"".join(_pb_field(f, v.encode()) for f, v in ((1, "A"), (1, "B"), (1, "A0"), (2, "Y"), (3, "scan"),
                                                           (4, "MatMulInteger")))
-    inputs = (_pb_tensor("A", 2, ["n", "d"]), _pb_tensor("B", 3, ["d", "1"]), _pb_tensor("A0", 2, []))
+    if packed is None:
+        inputs, initializer, out = [_pb_tensor("A", 2, ["n", "d"]), _pb_tensor("B", 3, ["d", "1"])], b"", ["n", "1"]
+    else:
+        dim, n = packed
+        external = b"".join(_pb_field(13, _pb_field(1, k.encode()) + _pb_field(2, v.encode()))
+                            for k, v in (("location", "matrix_t"), ("offset", "0"), ("length", str(dim * n))))
+        # TensorProto: dims, data_type INT8, name, external_data, data_location EXTERNAL
+        initializer = _pb_field(5, _pb_field(1, dim) + _pb_field(1, n) + _pb_field(2, 3) + _pb_field(8, b"B") + external
+                                + _pb_field(14, 1))
+        inputs, out = [_pb_tensor("A", 2, ["1", "d"])], ["1", "n"]
     graph = (_pb_field(1, node) + _pb_field(2, b"int8_scan") + b"".join(_pb_field(11, t) for t in inputs)
-             + _pb_field(12, _pb_tensor("Y", 6, ["n", "1"])))
+             + _pb_field(11, _pb_tensor("A0", 2, [])) + initializer + _pb_field(12, _pb_tensor("Y", 6, out)))
     opset = _pb_field(1, b"") + _pb_field(2, 13)
     return _pb_field(1, 8) + _pb_field(8, opset) + _pb_field(7, graph)
+
+
+def _scan_options():
+    # The scan is memory-bound: a second thread halves wall time but adds CPU per call.
+    return ort_session_options(1)
 
 
 _session = None
 _session_lock = threading.Lock()
 _ROW_ZERO = np.array(ROW_OFFSET, np.uint8)
+_QUERY_ZERO = np.array(QUERY_OFFSET, np.uint8)
 
 
 def _scan_session():
@@ -352,9 +377,62 @@ def _scan_session():
         if _session is None:
             import onnxruntime as ort
 
-            # The scan is memory-bound: a second thread halves wall time but adds CPU per call.
-            _session = ort.InferenceSession(_rows_scan_model(), ort_session_options(1), providers=["CPUExecutionProvider"])
+            _session = ort.InferenceSession(_scan_model(), _scan_options(), providers=["CPUExecutionProvider"])
         return _session
+
+
+# A snapshot scanned this many times gets its own session holding its columns as a constant,
+# which onnxruntime packs once into its kernel's layout (10k conversations, 60k rows: 0.88 ms
+# per scan alone against 1.04 for the mapped rows, and less cache lost to the model's runs:
+# docs/benchmarks.md, round 15). Packing costs about 6 ms of CPU and n * dim bytes of RAM per
+# 1,000 conversations, so only a memory searched repeatedly pays it; the mapped pages it no
+# longer reads stay reclaimable page cache.
+PACK_AFTER_SCANS = 16
+_log = logging.getLogger("recall.engine.scan")
+
+
+class Scanner:
+    """How one snapshot is scanned: its mapped rows by the shared session first, its own packed
+    session once hot. The same integer scores either way."""
+
+    def __init__(self) -> None:
+        self.scans = 0
+        self.packed = None  # onnxruntime session with this snapshot's columns packed
+        self.packed_bytes = 0
+        self.failed = False
+        self._packing = threading.Lock()
+
+    def integer_scores(self, vf: VectorFile, q: np.ndarray) -> np.ndarray:
+        if self.packed is None:
+            self.scans += 1  # racy on purpose: an approximate count is enough
+            if self.scans >= PACK_AFTER_SCANS and not self.failed:
+                self._try_pack(vf)
+        packed = self.packed
+        if packed is not None:
+            return packed.run(None, {"A": (q.T + QUERY_OFFSET).astype(np.uint8), "A0": _QUERY_ZERO})[0][0]
+        return _scan_session().run(None, {"A": vf.rows, "B": q, "A0": _ROW_ZERO})[0][:, 0]
+
+    def _try_pack(self, vf: VectorFile) -> None:
+        if not self._packing.acquire(blocking=False):
+            return  # one caller packs; the others keep scanning the shared way meanwhile
+        try:
+            if self.packed is None:
+                self.packed = self._pack(vf)
+        except Exception as exc:  # no RAM for the copy, say: the shared scan gives the same scores
+            self.failed = True
+            _log.warning("int8 scan not packed (%s): %s", type(exc).__name__, exc)
+        finally:
+            self._packing.release()
+
+    def _pack(self, vf: VectorFile):
+        import onnxruntime as ort
+
+        opts = _scan_options()
+        # Keeps a reference to the mapped columns: the session reads them while packing.
+        opts.add_external_initializers(["B"], [ort.OrtValue.ortvalue_from_numpy(vf.matrix_t)])
+        session = ort.InferenceSession(_scan_model((vf.dim, vf.n)), opts, providers=["CPUExecutionProvider"])
+        self.packed_bytes = vf.dim * vf.n
+        return session
 
 
 def quantise_query(qvec: np.ndarray) -> np.ndarray:
@@ -363,14 +441,9 @@ def quantise_query(qvec: np.ndarray) -> np.ndarray:
     return np.rint(qvec / scale).astype(np.int8)[:, None]
 
 
-def integer_scores(vf: VectorFile, q: np.ndarray) -> np.ndarray:
-    """Each row's int8 values times the quantised query, summed exactly (int32 [n])."""
-    return _scan_session().run(None, {"A": vf.rows, "B": q, "A0": _ROW_ZERO})[0][:, 0]
-
-
 def approximate_scores(vf: VectorFile, qvec: np.ndarray) -> np.ndarray:
     """Every snapshot row's cosine estimate times a positive constant (int8 scan), float32 [n]:
     for ranking only, so the query's own scale is left out."""
     if vf.n == 0:
         return np.zeros(0, np.float32)
-    return np.multiply(integer_scores(vf, quantise_query(qvec)), vf.scale, dtype=np.float32)
+    return np.multiply(vf.scanner.integer_scores(vf, quantise_query(qvec)), vf.scale, dtype=np.float32)
