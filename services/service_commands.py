@@ -7,6 +7,7 @@ import argparse
 
 from services.cli_problem import ConfigProblem
 from services.config_check import ENGINE_VARIABLES, auth_problems, engine_problems, load_settings, variables_help
+from services.port_check import port_problems
 from services.indexer.settings import IndexerSettings
 from services.ingest.settings import IngestSettings
 from services.recall.settings import RecallSettings
@@ -39,6 +40,9 @@ def _ingest(args: argparse.Namespace) -> int:
     from shared.logging_setup import configure_logging
 
     s = load_settings(IngestSettings)
+    problems = port_problems([("RECALL_INGEST_PORT", s.ingest_host, s.ingest_port)])
+    if problems:
+        raise ConfigProblem(*problems)
     configure_logging(s.log_level)
     serve_http(create_app(s), s.ingest_host, s.ingest_port)
     return 0
@@ -51,7 +55,7 @@ def _indexer(args: argparse.Namespace) -> int:
     from shared.logging_setup import configure_logging
 
     s = load_settings(IndexerSettings)
-    problems = engine_problems(s.engine, s.funes_bin)
+    problems = port_problems([("RECALL_INDEXER_PORT", s.indexer_host, s.indexer_port)]) + engine_problems(s.engine, s.funes_bin)
     if problems:
         raise ConfigProblem(*problems)
     configure_logging(s.log_level)
@@ -62,7 +66,9 @@ def _indexer(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from services.recall.server import serve
     s = load_settings(RecallSettings)
-    problems = engine_problems(s.engine, s.funes_bin) + auth_problems(s.jwt_secret.get_secret_value(), s.jwks_url)
+    # Before the model and the app are built (seconds): a taken port is one line, not a traceback after them.
+    problems = (port_problems([("RECALL_RECALL_PORT", s.recall_host, s.recall_port)]) + engine_problems(s.engine, s.funes_bin)
+                + auth_problems(s.jwt_secret.get_secret_value(), s.jwks_url))
     if problems:
         raise ConfigProblem(*problems)
     serve()

@@ -158,6 +158,22 @@ def test_a_taken_port_names_its_variable_and_starts_nothing(tmp_path):
     assert not (tmp_path / "data" / "redis").exists()
 
 
+@pytest.mark.parametrize("command, variable", [("serve", "RECALL_RECALL_PORT"), ("ingest", "RECALL_INGEST_PORT"),
+                                               ("indexer", "RECALL_INDEXER_PORT")])
+def test_a_service_started_alone_on_a_taken_port_says_so_in_one_line_before_it_starts(tmp_path, command, variable):
+    """`recall serve` loaded its model and built its app first (seconds), then died in uvicorn's bind."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        started = time.monotonic()
+        result = recall(command, cwd=tmp_path, **{**free_ports(), variable: port}, RECALL_JWT_SECRET=JWT,
+                        RECALL_INGEST_KEY=INGEST_KEY, RECALL_REDIS_URL="redis://127.0.0.1:1/0", RECALL_DATA_DIR=str(tmp_path / "data"))
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert f"{variable}={port} is not allowed" in one_line(result) and "already in use" in one_line(result)
+    assert time.monotonic() - started < 15 and result.stdout == "", "nothing started"
+
+
 def test_a_taken_embedded_redis_port_and_a_port_used_twice_are_refused(tmp_path, redis_url):
     redis_port = redis_url.rsplit(":", 1)[1].split("/")[0]
     ports = free_ports()
