@@ -20,6 +20,21 @@ def _drop_color_message(_: object, __: str, event: dict) -> dict:
     return event
 
 
+FASTMCP_TOKEN_LOGGER = "fastmcp.server.auth.providers.jwt"
+_REJECTED = "Bearer token rejected for client %s"
+
+
+class HashedTokenSubjects(logging.Filter):
+    """fastmcp logs a refused bearer token with its subject (the user id, when the token names no
+    client): that id becomes its user_hash, as everywhere else in the logs."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str) and record.msg.startswith(_REJECTED) and isinstance(record.args, tuple) and record.args:
+            record.args = (user_hash(str(record.args[0])), *record.args[1:])
+            record.msg = record.msg.replace(_REJECTED, "Bearer token rejected for user_hash %s", 1)
+        return True
+
+
 def configure_logging(level: str = "INFO") -> None:
     lvl = logging.getLevelName(level.upper()) if isinstance(level, str) else level
     shared = [structlog.contextvars.merge_contextvars, structlog.processors.add_log_level,
@@ -49,21 +64,6 @@ def configure_logging(level: str = "INFO") -> None:
     token_log = logging.getLogger(FASTMCP_TOKEN_LOGGER)
     if not any(isinstance(f, HashedTokenSubjects) for f in token_log.filters):
         token_log.addFilter(HashedTokenSubjects())
-
-
-FASTMCP_TOKEN_LOGGER = "fastmcp.server.auth.providers.jwt"
-_REJECTED = "Bearer token rejected for client %s"
-
-
-class HashedTokenSubjects(logging.Filter):
-    """fastmcp logs a refused bearer token with its subject (the user id, when the token names no
-    client): that id becomes its user_hash, as everywhere else in the logs."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if isinstance(record.msg, str) and record.msg.startswith(_REJECTED) and isinstance(record.args, tuple) and record.args:
-            record.args = (user_hash(str(record.args[0])), *record.args[1:])
-            record.msg = record.msg.replace(_REJECTED, "Bearer token rejected for user_hash %s", 1)
-        return True
 
 
 def get_logger(name: str) -> structlog.stdlib.BoundLogger:
