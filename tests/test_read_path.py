@@ -147,6 +147,7 @@ def test_a_snapshot_in_the_earlier_transposed_layout_answers_the_same_until_the_
     base = reader.view.base
     assert base.version == 1 and base.owned_bytes == base.n * 384, "its rows are a copy in RAM"
     assert reader.resident_bytes() >= base.mapped_bytes + base.owned_bytes, "the copy counts against the reader cache"
+    assert base.held_bytes == base.mapped_bytes + base.owned_bytes
     assert _answers(reader, embedder, params) == plain
     reader.close()
     store = MemoryStore.open(older)
@@ -167,7 +168,9 @@ def test_a_memory_searched_a_few_times_keeps_no_copy_of_its_vectors(memory, embe
     for _ in range(3):
         _answers(reader, embedder, params)
     assert reader.resident_bytes() == after_one
-    assert reader.view.base.owned_bytes == 0 and reader.view.base.scanner.packed is None
+    base = reader.view.base
+    assert base.owned_bytes == 0 and base.scanner.packed is None
+    assert base.held_bytes == base.mapped_bytes - base.n * 384, "one of the file's two layouts is read"
     reader.close()
 
 

@@ -160,8 +160,7 @@ class MemoryReader:
         """What this reader keeps in memory: owned arrays, the mapped snapshot (and its stems'
         vocabulary once read), the BM25 index."""
         view = self._view
-        mapped = 0 if view.base is None else (view.base.mapped_bytes + view.base.owned_bytes
-                                              + view.base.scanner.packed_bytes + view.base.vocabulary_ram_bytes())
+        mapped = 0 if view.base is None else view.base.held_bytes + view.base.vocabulary_ram_bytes()
         return view.ram_bytes() + mapped + self._fts_bytes
 
     # ---- refresh -------------------------------------------------------------------------

@@ -105,6 +105,14 @@ class VectorFile:
     def n(self) -> int:
         return len(self.ids)
 
+    @property
+    def held_bytes(self) -> int:
+        """What a reader of this snapshot keeps in memory: the mapped file but one of its two int8
+        layouts (the columns are read once, to pack them; the rows are not read once packed),
+        the copy of an older file's rows, and the packed columns."""
+        unused = self.n * self.dim if self.version == VERSION else 0
+        return self.mapped_bytes - unused + self.owned_bytes + self.scanner.packed_bytes
+
     def vocabulary(self) -> dict[str, int]:
         """Stem -> id, read on first use (racing callers build the same dict)."""
         if not self._vocabulary:
