@@ -1,5 +1,5 @@
 """The cheaper read path answers exactly what the plain one did: the scan of the mapped rows and
-the packed scan give the same exact integer scores (also from a snapshot of the earlier layout), BM25 reads fewer documents for the same hits, neighbours come from one statement,
+the packed scan give the same exact integer scores (also from a snapshot written before the rows), BM25 reads fewer documents for the same hits, neighbours come from one statement,
 and a refresh that skips its transaction still sees every commit."""
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def _answers(reader: MemoryReader, embedder, params: RecallParams) -> list[str]:
 def test_both_scans_give_each_row_its_exact_integer_product_with_the_query(memory):
     """The mapped rows (shared session) and the packed columns (a hot snapshot's own session)."""
     vf = open_vector_file(memory, 384)
-    assert vf is not None and vf.n > 200 and vf.version == vector_file.VERSION
+    assert vf is not None and vf.n > 200 and vf.owned_bytes == 0, "the rows are mapped"
     rows = vf.rows.astype(np.int64) - vector_file.ROW_OFFSET
     assert rows.min() >= -127 and rows.max() <= 127 and np.array_equal(rows.T, vf.matrix_t)
     rng = np.random.default_rng(3)
@@ -110,30 +110,20 @@ def test_a_scan_that_cannot_be_packed_keeps_answering_the_same_and_stops_trying(
     reader.close()
 
 
-def _as_version_1(memory) -> None:
-    """Rewrite the memory's snapshot in the layout before row-major rows (RECALLV1: int8 matrix
-    [dim, n], a +64 query offset's per-row correction), as a release before it wrote it."""
+def _as_written_before_the_rows(memory) -> None:
+    """The memory's snapshot as a release before the row-major rows wrote it: no `rows` section
+    named in the header (the sections are found by name)."""
     path = memory / vector_file.VECTOR_FILE
-    vf = open_vector_file(memory, 384)
-    header = json.loads(path.read_bytes()[12: 12 + struct.unpack("<I", path.read_bytes()[8:12])[0]])
-    q = (vf.rows ^ np.uint8(vector_file.ROW_OFFSET)).view(np.int8)
-    arrays = {"ids": vf.ids, "scale": vf.scale, "bias": 64 * q.sum(axis=1, dtype=np.int32), "block": vf.block,
-              "harness": vf.harness, "epoch": vf.epoch, "matrix_t": q.T, "conversation": vf.conversation}
-    stems = header["stems"]
-    offsets, size = vector_file._layout(vf.n, 384, 4096, vector_file._sections(vf.n, 384, version=1))
-    stem_offsets, total = vector_file._layout(vf.n, 384, size, vector_file._stem_sections(vf.n, stems))
-    arrays.update(stem_start=vf.stem_start, stem_ids=vf.stem_ids, vocabulary_bytes=vf.vocabulary_bytes)
-    out = bytearray(total)
-    for name, at in {**offsets, **stem_offsets}.items():
-        blob = np.ascontiguousarray(arrays[name]).tobytes()
-        out[at: at + len(blob)] = blob
-    blob = json.dumps({**header, "offsets": {**offsets, **stem_offsets}}).encode()
-    out[:12 + len(blob)] = b"RECALLV1" + struct.pack("<I", len(blob)) + blob
-    del vf
-    path.write_bytes(bytes(out))
+    data = bytearray(path.read_bytes())
+    (length,) = struct.unpack("<I", data[8:12])
+    header = json.loads(data[12: 12 + length])
+    del header["offsets"]["rows"]
+    blob = json.dumps(header).encode()
+    data[8: 12 + length] = struct.pack("<I", len(blob)) + blob + b" " * (length - len(blob))
+    path.write_bytes(bytes(data))
 
 
-def test_a_snapshot_in_the_earlier_transposed_layout_answers_the_same_until_the_next_run_rewrites_it(
+def test_a_snapshot_written_before_the_rows_answers_the_same_until_the_next_run_rewrites_it(
         memory, embedder, tmp_path):
     import shutil
 
@@ -141,11 +131,11 @@ def test_a_snapshot_in_the_earlier_transposed_layout_answers_the_same_until_the_
     plain = _answers(MemoryReader(memory), embedder, params)
     older = tmp_path / "memory"
     shutil.copytree(memory, older)
-    _as_version_1(older)
+    _as_written_before_the_rows(older)
     reader = MemoryReader(older)
     reader.refresh()
     base = reader.view.base
-    assert base.version == 1 and base.owned_bytes == base.n * 384, "its rows are a copy in RAM"
+    assert base.owned_bytes == base.n * 384, "its rows are a copy in RAM"
     assert reader.resident_bytes() >= base.mapped_bytes + base.owned_bytes, "the copy counts against the reader cache"
     assert base.held_bytes == base.mapped_bytes + base.owned_bytes
     assert _answers(reader, embedder, params) == plain
@@ -154,7 +144,7 @@ def test_a_snapshot_in_the_earlier_transposed_layout_answers_the_same_until_the_
     store.publish_vectors()  # not forced: an index run with nothing new to publish
     store.close()
     rewritten = open_vector_file(older, 384)
-    assert rewritten.version == vector_file.VERSION and rewritten.owned_bytes == 0
+    assert rewritten.owned_bytes == 0 and rewritten.held_bytes == rewritten.mapped_bytes - rewritten.n * 384
 
 
 def test_a_memory_searched_a_few_times_keeps_no_copy_of_its_vectors(memory, embedder, monkeypatch):

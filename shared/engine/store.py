@@ -40,7 +40,7 @@ import tantivy
 from shared.engine.chunking import Chunk
 from shared.engine.fault_injection import fault_point
 from shared.engine.text_analysis import ANALYZER, fts_text, turn_stems
-from shared.engine.vector_file import VERSION, open_vector_file, write_vector_file
+from shared.engine.vector_file import open_vector_file, write_vector_file
 
 SCHEMA_VERSION = "1"
 DB_NAME = "chunks.sqlite3"
@@ -457,11 +457,11 @@ class MemoryStore:
                 self.conn.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('memory_id', ?)", (uuid.uuid4().hex,))
         meta = self.meta()
         snapshot = None if force else open_vector_file(self.path, self.dim)
-        # A snapshot written before files held conversation codes, stems or row-major rows is rewritten
+        # A snapshot written before files held conversation codes, row-major rows or stems is rewritten
         # at the next run; one of a memory analysed by an older analyzer has no stems to hold until a
         # write re-analyses it.
         if (snapshot is not None and snapshot.memory_id == meta["memory_id"] and snapshot.conversation is not None
-                and snapshot.version == VERSION and (snapshot.stem_ids is not None or meta.get("fts_analyzer") != ANALYZER)):
+                and not snapshot.owned_bytes and (snapshot.stem_ids is not None or meta.get("fts_analyzer") != ANALYZER)):
             lag_rows = int(meta["max_row_id"]) - snapshot.max_row_id
             lag_generations = int(meta["generation"]) - snapshot.generation
             with self.lock:

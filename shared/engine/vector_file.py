@@ -3,10 +3,10 @@
 `<memory>/vectors.i8` is a snapshot of every live row at one committed SQLite generation,
 derived from `chunks.sqlite3` (which keeps the float32 vectors and stays the truth):
 
-    "RECALLV2" | u32 header length | JSON header (generation, max_row_id, n, dim, facet names,
-    section offsets) | row ids int64[n] (ascending) | scale float32[n] |
-    block code int32[n] | harness code int32[n] | ts_epoch float64[n] | rows uint8 [n, dim] |
-    columns int8 [dim, n] | conversation code int64[n] (`conversation_code` of the row's session id) |
+    "RECALLV1" | u32 header length | JSON header (generation, max_row_id, n, dim, facet names,
+    section offsets) | row ids int64[n] (ascending) | scale float32[n] | bias int32[n] |
+    block code int32[n] | harness code int32[n] | ts_epoch float64[n] | int8 matrix [dim, n] |
+    conversation code int64[n] (`conversation_code` of the row's session id) | rows uint8 [n, dim] |
     stem start int64[n + 1] | stem ids int32[m] | vocabulary (the stems, UTF-8, one per line)
 
 Row i's BM25 stems (text_analysis.turn_stems, as SQLite's `chunk_stems` holds them) are the
@@ -14,9 +14,11 @@ vocabulary's lines `stem_ids[stem_start[i]:stem_start[i + 1]]`, stamped with the
 made them: conversation evidence reads which query stems a turn holds here instead of stemming
 its text on every recall.
 
-A file written before the conversation codes or the stems has no such section
-(`VectorFile.conversation` or `stem_ids` is None) and stays readable: the reader then reads the
-session ids from SQLite and stems the turns' texts.
+A file written before the conversation codes, the row-major rows or the stems has no such
+section (`VectorFile.conversation` or `stem_ids` is None; `rows` a copy) and stays readable: the
+reader then reads the session ids from SQLite, copies the rows out of the matrix and stems the
+turns' texts; the next index run rewrites it. Sections are found by name in the header, so a
+release that does not know a section reads the file without it.
 
 Each row is quantised to int8 with its own scale (max |x| / 127) and stored twice, as the two
 scans read it (`Scanner`): row-major as uint8 (the value + 128), which one shared onnxruntime
@@ -24,13 +26,7 @@ scans read it (`Scanner`): row-major as uint8 (the value + 128), which one share
 transposed as int8, which a snapshot searched often gets packed once into its own session's
 kernel layout (a little faster per call, n x dim bytes of RAM). Both give the same integer
 scores. The scores only choose candidates: the best of them are re-scored exactly from the
-float32 vectors.
-
-A "RECALLV1" file (before the row-major copy: the transposed matrix and a per-row correction
-for a +64 query offset) is still read: its rows are copied into the row-major layout in RAM
-when it is opened (`VectorFile.owned_bytes`, counted by the reader cache), and the next index
-run rewrites it. A release that knows only V1 finds no snapshot it can read in a V2 file and
-answers from SQLite alone (the same answers, more RAM and CPU) until it is upgraded.
+float32 vectors. (`bias` is kept for releases that scanned with a +64 query offset.)
 
 A reader opens it with `mmap` (no per-row work, no private copy: the pages are the page
 cache, shared by every process reading the memory) and catches up from SQLite for what came
@@ -59,8 +55,7 @@ from shared.engine.native_threads import ort_session_options
 from shared.engine.text_analysis import ANALYZER, fts_text, turn_stems
 
 VECTOR_FILE = "vectors.i8"
-VERSION = 2
-MAGICS = {b"RECALLV1": 1, b"RECALLV2": VERSION}
+MAGIC = b"RECALLV1"
 _ALIGN = 64
 _BATCH = 8192
 # AVX2's u8 x s8 multiply-add saturates int16 pair sums: with a 7-bit query (-63..63) against
@@ -92,8 +87,7 @@ class VectorFile:
     conversation: np.ndarray | None  # int64 [n]; None in a file written before it
     mapped_bytes: int
     _map: mmap.mmap
-    version: int = VERSION  # an older file's rows are a copy, and the next index run rewrites it
-    owned_bytes: int = 0  # RAM of rows copied out of an older file's layout
+    owned_bytes: int = 0  # RAM of rows copied out of the matrix of a file written before they were
     stem_start: np.ndarray | None = None  # int64 [n + 1]; None in a file written before the stems
     stem_ids: np.ndarray | None = None  # int32 [m]
     vocabulary_bytes: np.ndarray | None = None  # uint8: the stems, one per line
@@ -110,7 +104,7 @@ class VectorFile:
         """What a reader of this snapshot keeps in memory: the mapped file but one of its two int8
         layouts (the columns are read once, to pack them; the rows are not read once packed),
         the copy of an older file's rows, and the packed columns."""
-        unused = self.n * self.dim if self.version == VERSION else 0
+        unused = 0 if self.owned_bytes else self.n * self.dim
         return self.mapped_bytes - unused + self.owned_bytes + self.scanner.packed_bytes
 
     def vocabulary(self) -> dict[str, int]:
@@ -133,13 +127,10 @@ def conversation_code(session_id: str) -> int:
     return int.from_bytes(digest, "little") & ((1 << 62) - 1) | 1
 
 
-def _sections(n: int, dim: int, version: int = VERSION) -> list[tuple[str, str, tuple[int, ...]]]:
-    if version == 1:  # the transposed int8 matrix (and the +64 query offset's correction)
-        return [("ids", "<i8", (n,)), ("scale", "<f4", (n,)), ("bias", "<i4", (n,)), ("block", "<i4", (n,)),
-                ("harness", "<i4", (n,)), ("epoch", "<f8", (n,)), ("matrix_t", "i1", (dim, n)),
-                ("conversation", "<i8", (n,))]
-    return [("ids", "<i8", (n,)), ("scale", "<f4", (n,)), ("block", "<i4", (n,)), ("harness", "<i4", (n,)),
-            ("epoch", "<f8", (n,)), ("rows", "u1", (n, dim)), ("matrix_t", "i1", (dim, n)), ("conversation", "<i8", (n,))]
+def _sections(n: int, dim: int) -> list[tuple[str, str, tuple[int, ...]]]:
+    return [("ids", "<i8", (n,)), ("scale", "<f4", (n,)), ("bias", "<i4", (n,)), ("block", "<i4", (n,)),
+            ("harness", "<i4", (n,)), ("epoch", "<f8", (n,)), ("matrix_t", "i1", (dim, n)),
+            ("conversation", "<i8", (n,)), ("rows", "u1", (n, dim))]
 
 
 def _stem_sections(n: int, stems: dict) -> list[tuple[str, str, tuple[int, ...]]]:
@@ -170,8 +161,7 @@ def open_vector_file(memory: Path, dim: int) -> VectorFile | None:
         mapping = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
     finally:
         os.close(fd)
-    version = MAGICS.get(bytes(mapping[:8]))
-    if version is None:
+    if mapping[:8] != MAGIC:
         return None
     (hlen,) = struct.unpack("<I", mapping[8:12])
     header = json.loads(mapping[12 : 12 + hlen])
@@ -180,17 +170,17 @@ def open_vector_file(memory: Path, dim: int) -> VectorFile | None:
         return None
     offsets = header["offsets"]
     stems = header.get("stems")
-    sections = _sections(n, dim, version) + (_stem_sections(n, stems) if stems else [])
+    sections = _sections(n, dim) + (_stem_sections(n, stems) if stems else [])
     arrays = {name: np.ndarray(shape, dtype=np.dtype(dtype), buffer=mapping, offset=offsets[name]) if name in offsets else None
               for name, dtype, shape in sections}
+    arrays.pop("bias")  # for releases that scanned with a +64 query offset
     owned = 0
-    if version != VERSION:
-        arrays.pop("bias")
+    if arrays["rows"] is None:  # written before the rows were: a copy until the next index run
         arrays["rows"] = rows_of(arrays["matrix_t"].T)
         owned = arrays["rows"].nbytes
     return VectorFile(path=path, inode=st.st_ino, memory_id=header.get("memory_id", ""), generation=int(header["generation"]),
                       max_row_id=int(header["max_row_id"]), dim=dim, block_types=header["block_types"],
-                      harnesses=header["harnesses"], mapped_bytes=st.st_size, _map=mapping, version=version,
+                      harnesses=header["harnesses"], mapped_bytes=st.st_size, _map=mapping,
                       owned_bytes=owned, stems_analyzer=stems["analyzer"] if stems else "", **arrays)
 
 
@@ -258,6 +248,7 @@ def write_vector_file(memory: Path, conn: sqlite3.Connection, dim: int) -> bool:
             arrays["block"][sl] = [block_types.setdefault(r[2], len(block_types)) for r in rows]
             arrays["harness"][sl] = [harnesses.setdefault(r[3], len(harnesses)) for r in rows]
             arrays["epoch"][sl] = [np.nan if r[4] is None else r[4] for r in rows]
+            arrays["bias"][sl] = QUERY_OFFSET * q.sum(axis=1, dtype=np.int32)
             arrays["rows"][sl] = rows_of(q)
             arrays["matrix_t"][:, sl] = q.T
             arrays["conversation"][sl] = [conversation_code(r[5]) for r in rows]
@@ -296,7 +287,7 @@ def write_vector_file(memory: Path, conn: sqlite3.Connection, dim: int) -> bool:
         # The last snapshot would only lag further, and after a forget it holds forgotten rows.
         (memory / VECTOR_FILE).unlink(missing_ok=True)
         return False
-    out[:8] = np.frombuffer(b"RECALLV%d" % VERSION, np.uint8)
+    out[:8] = np.frombuffer(MAGIC, np.uint8)
     out[8:12] = np.frombuffer(struct.pack("<I", len(blob)), np.uint8)
     out[12 : 12 + len(blob)] = np.frombuffer(blob, np.uint8)
     out.flush()
