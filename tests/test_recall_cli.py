@@ -94,6 +94,7 @@ def test_a_validators_message_keeps_the_variable_name_it_starts_with(tmp_path):
     ("RECALL_ARTIFACTS_DB_URL", "mysql://db/recall", "sqlite:///<path> or postgresql://"),
     ("RECALL_JWKS_URL", "issuer.example/jwks.json", "https:// URL"),
     ("RECALL_JWKS_URL", "http://issuer.example/jwks.json", "https:// URL"),
+    ("RECALL_JWKS_URL", "https://", "https:// URL"),
 ])
 def test_an_unknown_database_or_jwks_url_is_refused_before_anything_starts(tmp_path, variable, value, named):
     result = recall("up", cwd=tmp_path, **{variable: value}, **free_ports())

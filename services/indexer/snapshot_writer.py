@@ -57,8 +57,9 @@ def _atomic_write(path: Path, data: str) -> None:
 
 def _remove_leftover_temps(path: Path) -> int:
     """Temp files of `path` an earlier writer left when it died between its write and its rename
-    (the name carries that writer's pid, so nobody overwrites them): a whole copy of the text.
-    Call with the conversation lock held, so no live writer's temp file is among them."""
+    (the name carries that writer's pid, so nobody overwrites them): a whole copy of the text,
+    which a forget must remove. Call with the conversation lock held, so no live writer's temp
+    file is among them. It lists the directory, so a forget does it, not every write."""
     removed = 0
     for leftover in path.parent.glob(f".{path.name}.*.tmp"):
         leftover.unlink(missing_ok=True)
@@ -110,7 +111,6 @@ def write_snapshot(paths: TenantPaths, event: TurnsEvent, entry_id: str) -> Writ
     if (current is not None and current > mine) or _older_than_user_deletion(paths, mine):
         return WriteResult.STALE
     paths.src.mkdir(parents=True, exist_ok=True)
-    _remove_leftover_temps(target)
     _atomic_write(target, transcript_body(event))
     _atomic_write(vfile, entry_id)
     _fsync_dir(paths.src)

@@ -112,13 +112,9 @@ def _redis_problem(exc: Exception) -> str:
 
 
 def _user_hash_of(request: Request) -> str | None:
-    """The tenant of a request, hashed, as far as it was read (body, path or query); None for
-    none, or for an id no tenant can have (a lone surrogate)."""
+    """The tenant of a request, hashed, as far as it was read (body, path or query); None for none."""
     user = getattr(request.state, "user", None) or request.path_params.get("user") or request.query_params.get("user")
-    try:
-        return user_hash(user) if isinstance(user, str) else None
-    except UnicodeEncodeError:
-        return None
+    return user_hash(user) if isinstance(user, str) else None
 
 
 def _is_json(content_type: str) -> bool:

@@ -59,7 +59,8 @@ class RecallSettings(CommonSettings):
     @classmethod
     def _https_url(cls, v: str | None) -> str | None:
         # Keys fetched over plain HTTP could be swapped on the way; only this host's own IdP may use it.
-        if v and not (v.startswith("https://") or urlsplit(v).scheme == "http" and urlsplit(v).hostname in LOOPBACK):
+        url = urlsplit(v) if v else None
+        if url and not (url.hostname and (url.scheme == "https" or url.scheme == "http" and url.hostname in LOOPBACK)):
             raise ValueError("must be an https:// URL of the issuer's JSON Web Key Set (http:// only on this host)")
         return v
 
