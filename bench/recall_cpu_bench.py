@@ -138,7 +138,7 @@ run_key = lambda clients, gate: f"{clients}/{gate}" if gate else str(clients)
 memory = Path(args["memory"])
 from shared.engine.store import MemoryStore
 store = MemoryStore.open(memory)
-if hasattr(store, "publish_vectors"):  # the snapshot in this code's own format (a newer one it cannot read)
+if hasattr(store, "publish_vectors"):  # the snapshot as this code's index runs write it
     store.publish_vectors(force=True)
 store.close()
 stamp = sqlite3.connect(memory / "chunks.sqlite3").execute("SELECT value FROM meta WHERE key='model_id'").fetchone()[0]
