@@ -10,6 +10,7 @@ from fastmcp.server.auth.providers.jwt import JWTVerifier
 
 from services.recall.settings import RecallSettings
 from shared.logging_setup import get_logger
+from shared.raw_url import is_utf8
 
 DEV_ISSUER = "recall-dev"
 CLOCK_SKEW_S = 60
@@ -46,8 +47,9 @@ def token_problem(claims: dict, max_lifetime_s: int, now: float) -> str | None:
     sub = claims.get("sub")
     if not isinstance(sub, str) or not sub.strip():
         return "no sub"
-    if "\x00" in sub or not _encodes(sub):
-        return "sub not text"  # a NUL or a lone surrogate (JSON's \ud800): no user is named so
+    # A NUL or a lone surrogate (JSON's \ud800, which only "surrogatepass" writes out): no user is named so.
+    if "\x00" in sub or not is_utf8(sub.encode("utf-8", "surrogatepass")):
+        return "sub not text"
     exp, iat = claims.get("exp"), claims.get("iat")
     if isinstance(exp, bool) or not isinstance(exp, (int, float)):
         return "no exp"
@@ -58,14 +60,6 @@ def token_problem(claims: dict, max_lifetime_s: int, now: float) -> str | None:
                             or (isinstance(iat, float) and not math.isfinite(iat)) or exp - iat > max_lifetime_s):
         return "lifetime over the maximum"
     return None
-
-
-def _encodes(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def build_verifier(s: RecallSettings) -> JWTVerifier:
