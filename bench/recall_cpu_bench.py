@@ -134,7 +134,6 @@ if args["mode"] == "index":
                       "load": os.getloadavg()[0]}))
     sys.exit(0)
 import sqlite3
-run_key = lambda clients, gate: f"{clients}/{gate}" if gate else str(clients)
 memory = Path(args["memory"])
 from shared.engine.store import MemoryStore
 store = MemoryStore.open(memory)
@@ -156,7 +155,7 @@ reader.refresh()
 cold_wall, cold_cpu = time.perf_counter() - w0, time.process_time() - c0
 after = status()
 result = {"cold_wall_s": cold_wall, "cold_cpu_s": cold_cpu, "rss_delta": after["VmRSS"] - before["VmRSS"],
-          "peak_delta": after["VmHWM"] - before["VmRSS"], "runs": {}}
+          "peak_delta": after["VmHWM"] - before["VmRSS"], "runs": []}
 params = RecallParams(k=3, candidates=8)
 c0 = time.process_time()
 for q in queries[:FIRST_CALLS]:  # a memory's first calls after it is opened, as most tenants' calls are
@@ -179,8 +178,8 @@ for clients, gate in args["runs"]:  # gate: searches at once (0: every client at
     for t in threads: t.start()
     for t in threads: t.join()
     wall, cpu = time.perf_counter() - w0, time.process_time() - c0
-    result["runs"][run_key(clients, gate)] = {
-        "cpu_ms": 1000 * cpu / (per * clients), "calls_s": per * clients / wall, "load": os.getloadavg()[0]}
+    result["runs"].append({"cpu_ms": 1000 * cpu / (per * clients), "calls_s": per * clients / wall,
+                           "load": os.getloadavg()[0]})  # in the order of args["runs"]
 end = status()
 result["threads"] = int(end["Threads"])
 result["anon_after_calls"] = end["RssAnon"] - before["RssAnon"]
@@ -323,11 +322,13 @@ def main() -> None:
             print(f"built {n} conversations ({tenant}) in {time.perf_counter() - t0:.0f}s", file=sys.stderr)
             for code in searchers:
                 tree, extra = SEARCHERS[code]
-                results[(n, tenant, code)] = run_worker(
+                result = run_worker(
                     codes[tree], {"mode": "search", "memory": str(memory_dir(home)),
                                   "queries": queries[: FIRST_CALLS + len(runs) * args.calls], "runs": runs,
                                   "calls": args.calls, **extra},
                     {"RECALL_EMBEDDER": name})
+                result["runs"] = {run_key(*run): measured for run, measured in zip(runs, result["runs"])}
+                results[(n, tenant, code)] = result
                 print(n, tenant, code, json.dumps(results[(n, tenant, code)]), file=sys.stderr)
             variants = {} if tenant == "MiniLM as shipped" else {tenant: {"RECALL_EMBEDDER": name}}
             if model_id == E5_MODEL_ID:  # a query on a team of two: lower latency for more CPU per call

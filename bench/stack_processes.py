@@ -30,11 +30,9 @@ def stop_all(*procs: subprocess.Popen) -> None:
         stop(p)
 
 
-
 def process_cpu_s(pid: int) -> float:
     """CPU time (user + system) a live process has used."""
-    times = psutil.Process(pid).cpu_times()
-    return times.user + times.system
+    return _cpu_s(psutil.Process(pid))
 
 
 def tree_cpu_s(pid: int) -> float:
@@ -43,8 +41,12 @@ def tree_cpu_s(pid: int) -> float:
     total = 0.0
     for p in [proc, *proc.children()]:
         try:
-            times = p.cpu_times()
+            total += _cpu_s(p)
         except psutil.NoSuchProcess:
             continue  # ended meanwhile
-        total += times.user + times.system
     return total
+
+
+def _cpu_s(proc: psutil.Process) -> float:
+    times = proc.cpu_times()
+    return times.user + times.system

@@ -7,9 +7,9 @@ import argparse
 
 from services.cli_problem import ConfigProblem
 from services.config_check import ENGINE_VARIABLES, auth_problems, engine_problems, load_settings, variables_help
-from services.port_check import port_problems
 from services.indexer.settings import IndexerSettings
 from services.ingest.settings import IngestSettings
+from services.port_check import port_problems
 from services.recall.settings import RecallSettings
 from shared.settings_base import CommonSettings
 

@@ -27,7 +27,7 @@ def is_utf8(raw: bytes) -> bool:
     return True
 
 
-def path_is_utf8(scope: dict) -> bool:
+def _path_is_utf8(scope: dict) -> bool:
     return is_utf8(unquote_to_bytes(scope.get("raw_path", b"").decode("latin-1")))
 
 
@@ -35,6 +35,6 @@ def not_utf8_parameters(scope: dict, path_params: dict[str, str]) -> list[str]:
     """The query and path parameters whose bytes are not UTF-8. Of a path that is not, the
     parameters holding the U+FFFD each bad byte became (all of them when none does)."""
     names = [name for name, raw in query_pairs(scope) if not is_utf8(raw)]
-    if path_is_utf8(scope):
+    if _path_is_utf8(scope):
         return names
     return names + ([name for name, value in path_params.items() if "\ufffd" in value] or list(path_params))

@@ -42,7 +42,7 @@ from shared.error_site import exception_site, new_incident
 from shared.http_body import BodyNotUtf8, BodyTooLarge, huge_integer, read_body, utf8_text
 from shared.logging_setup import get_logger
 from shared.metrics_http import metrics_endpoint
-from shared.raw_url import NOT_UTF8, is_utf8, path_is_utf8, query_pairs
+from shared.raw_url import NOT_UTF8, not_utf8_parameters, query_pairs
 from shared.recall_answer_format import looks_like_recall_answer
 from shared.stream_schema import (
     RETENTION_OVERRIDES,
@@ -125,15 +125,10 @@ def _is_json(content_type: str) -> bool:
 def _query_and_path_problems(request: Request, allowed: frozenset[str]) -> list[tuple[str, str]]:
     """What is wrong with the URL, checked on its raw bytes (`shared.raw_url`): `?user=%ff` would
     otherwise forget a user named "\ufffd" and answer 202 for it."""
-    problems: list[tuple[str, str]] = []
-    for name, raw in query_pairs(request.scope):
-        if name not in allowed:  # like unknown body fields: a typo must not be silently ignored
-            problems.append((_printable(name), "unknown query parameter"))
-        elif not is_utf8(raw):
-            problems.append((name, NOT_UTF8))
-    if not path_is_utf8(request.scope):
-        problems.extend((name, NOT_UTF8) for name in request.path_params)
-    return problems
+    # Like unknown body fields: a typo must not be silently ignored.
+    unknown = [name for name, _ in query_pairs(request.scope) if name not in allowed]
+    return ([(_printable(name), "unknown query parameter") for name in unknown]
+            + [(name, NOT_UTF8) for name in not_utf8_parameters(request.scope, request.path_params) if name not in unknown])
 
 
 class _HugeInteger:
