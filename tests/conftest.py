@@ -360,6 +360,17 @@ def artifacts_db_url(request, tmp_path) -> str:
 
 
 @pytest.fixture
+def service(artifacts_db_url, tmp_path, embedder):
+    """The artifact service on each database, without a server around it."""
+    from services.recall.artifacts.artifact_search import ArtifactSearch
+    from services.recall.artifacts.artifact_store import ArtifactStore
+    from services.recall.artifacts.service import ArtifactService
+    from shared.engine.api import Engine
+
+    return ArtifactService(ArtifactStore(artifacts_db_url), ArtifactSearch(tmp_path, Engine(embedder=embedder)), tmp_path)
+
+
+@pytest.fixture
 def mcp_server(services, service_env, artifacts_db_url):
     """The whole stack, its recall service on that artifacts database."""
     services("ingest")

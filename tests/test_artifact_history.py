@@ -7,21 +7,13 @@ import concurrent.futures
 
 import pytest
 
-from services.recall.artifacts.artifact_search import ArtifactSearch
-from services.recall.artifacts.artifact_store import ArtifactStore
 from services.recall.artifacts.models import DraftInput, Role, Status, Target
 from services.recall.artifacts.rules import RuleBroken
 from services.recall.artifacts.service import ArtifactService, Caller
-from shared.engine.api import Engine
 
 REALM = "acme-integrations"
 OWNER = Caller("lead", {REALM: Role.OWNER})
 MEMBER = Caller("member-1", {REALM: Role.MEMBER})
-
-
-@pytest.fixture
-def service(artifacts_db_url, tmp_path, embedder) -> ArtifactService:
-    return ArtifactService(ArtifactStore(artifacts_db_url), ArtifactSearch(tmp_path, Engine(embedder=embedder)), tmp_path)
 
 
 def draft(body: str, path: str = "decisions/contract-7/version", kind: str = "decision", mode: str = "replace",

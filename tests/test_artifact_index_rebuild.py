@@ -8,8 +8,6 @@ import tracemalloc
 import uuid
 from pathlib import Path
 
-import pytest
-
 from services.recall.artifacts.artifact_search import ArtifactSearch
 from services.recall.artifacts.artifact_store import ArtifactStore
 from services.recall.artifacts.models import Artifact, Role, Status, Target
@@ -19,11 +17,6 @@ from tests.conftest import wait_until
 
 REALM = "acme-integrations"
 MEMBER = Caller("member-1", {REALM: Role.MEMBER})
-
-
-@pytest.fixture
-def service(artifacts_db_url, tmp_path, embedder) -> ArtifactService:
-    return ArtifactService(ArtifactStore(artifacts_db_url), ArtifactSearch(tmp_path, Engine(embedder=embedder)), tmp_path)
 
 
 def accepted_directly(service: ArtifactService, count: int, context_chars: int, realm: str = REALM) -> list[str]:

@@ -11,13 +11,10 @@ from fastmcp import Client
 from fastmcp.client.auth import BearerAuth
 from fastmcp.exceptions import ToolError
 
-from services.recall.artifacts.artifact_search import ArtifactSearch
-from services.recall.artifacts.artifact_store import ArtifactStore
 from services.recall.artifacts.models import Role
 from services.recall.artifacts.rules import RuleBroken
-from services.recall.artifacts.service import ArtifactService, Caller
+from services.recall.artifacts.service import Caller
 from services.recall.population.service import PopulationService
-from shared.engine.api import Engine
 from tests.conftest import mint, recall_url
 
 REALM = "acme-integrations"
@@ -28,11 +25,6 @@ REALM_TARGET = [{"target_kind": "realm", "target_id": REALM, "role": "primary"}]
 def realm_server(services, service_env, artifacts_db_url):
     services("serve", RECALL_ARTIFACTS_DB_URL=artifacts_db_url)
     return service_env
-
-
-@pytest.fixture
-def service(artifacts_db_url, tmp_path, embedder) -> ArtifactService:
-    return ArtifactService(ArtifactStore(artifacts_db_url), ArtifactSearch(tmp_path, Engine(embedder=embedder)), tmp_path)
 
 
 class Agent:

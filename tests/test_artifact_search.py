@@ -3,22 +3,12 @@ object with a query finds the object's artifacts however many others rank above 
 
 from __future__ import annotations
 
-import pytest
-
-from services.recall.artifacts.artifact_search import ArtifactSearch
-from services.recall.artifacts.artifact_store import ArtifactStore
 from services.recall.artifacts.models import DraftInput, Role, Target
 from services.recall.artifacts.service import ArtifactService, Caller
-from shared.engine.api import Engine
 
 REALM = "acme-integrations"
 OWNER = Caller("lead", {REALM: Role.OWNER})
 MEMBER = Caller("member-1", {REALM: Role.MEMBER})
-
-
-@pytest.fixture
-def service(artifacts_db_url, tmp_path, embedder) -> ArtifactService:
-    return ArtifactService(ArtifactStore(artifacts_db_url), ArtifactSearch(tmp_path, Engine(embedder=embedder)), tmp_path)
 
 
 def accepted(service: ArtifactService, path: str, body: str, entity: str, kind: str = "dossier") -> str:

@@ -172,8 +172,8 @@ async def test_every_refusal_names_its_rule(mcp_server):
                            body="x", source_ref="r", source_context={})
         await researcher.refused("lifecycle", "accept_memory_artifact", realm_id=REALM, artifact_id=wl["artifact_id"])
         await researcher("submit_memory_artifact", realm_id=REALM, artifact_id=wl["artifact_id"])
-        await other.refused("draft_owner", "append_memory_artifact", realm_id=REALM, artifact_id=wl["artifact_id"],
-                            body="x", source_ref="r", source_context={})
+        await other.refused("lifecycle", "append_memory_artifact", realm_id=REALM, artifact_id=wl["artifact_id"],
+                            body="x", source_ref="r", source_context={})  # a proposal under review takes no entries
         await researcher.refused("lifecycle", "update_memory_artifact_draft", realm_id=REALM, artifact_id=wl["artifact_id"], body="x")
         await viewer.refused("realm_role", "accept_memory_artifact", realm_id=REALM, artifact_id=wl["artifact_id"])
         await lead("accept_memory_artifact", realm_id=REALM, artifact_id=wl["artifact_id"])

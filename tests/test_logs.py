@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from shared.tenant_paths import user_hash
-from tests.conftest import call_recall, indexed_chunks, mint, post_conversation, wait_until
+from tests.conftest import call_recall, indexed_chunks, mint, post_conversation, recall_url, wait_until
 
 USER = "ursula@example.com"
 
@@ -36,3 +38,20 @@ def test_json_logs_carry_no_ansi_colour_codes(services):
     assert any(e.get("event", "").startswith("Uvicorn running on") for e in events), "uvicorn's own lines are there"
     assert all("color_message" not in e for e in events)
     assert not any("\x1b" in line or "\\u001b" in line for line in lines), lines
+
+
+async def test_refused_realm_calls_write_no_error_lines(services, service_env):
+    from fastmcp import Client
+    from fastmcp.client.auth import BearerAuth
+    from fastmcp.exceptions import ToolError
+
+    recall = services("serve")
+    token = mint("reader-1", realms={"plant-7": "reader"})
+    async with Client(f"{recall_url(service_env)}/mcp", auth=BearerAuth(token)) as client:
+        for tool, args in [("get_memory_artifact", {"realm_id": "plant-7", "artifact_id": "f" * 32}),
+                           ("get_memory_artifact", {"realm_id": "elsewhere", "artifact_id": "f" * 32}),
+                           ("search_memory_artifacts", {"realm_id": "plant-7", "limit": 0})]:
+            with pytest.raises(ToolError):
+                await client.call_tool(tool, args)
+    events = [json.loads(line) for line in recall.output().splitlines() if line.startswith("{")]
+    assert not [e for e in events if e.get("level") in ("error", "critical")], "a refusal is routine: alerts see faults only"

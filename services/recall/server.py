@@ -15,7 +15,6 @@ from typing import Annotated
 
 import redis.asyncio as aioredis
 from fastmcp import FastMCP
-from fastmcp.exceptions import ToolError
 from fastmcp.server.dependencies import get_access_token
 from pydantic import Field
 from starlette.requests import Request
@@ -26,6 +25,7 @@ from services.recall.artifacts.artifact_search import ArtifactSearch
 from services.recall.artifacts.artifact_store import ArtifactStore, StoreUnavailable
 from services.recall.artifacts.service import ArtifactService
 from services.recall.artifacts.surface import register_realm_surface
+from services.recall.artifacts.tool_access import refusal
 from services.recall.backend import BackendOverloaded, BackendUnavailable, RecallBackend
 from services.recall.embedded_backend import EmbeddedBackend
 from services.recall.fd_budget import raise_open_file_limit, readers_within
@@ -70,7 +70,7 @@ def caller_user() -> str:
     token = get_access_token()
     subject = token.claims.get("sub") if token is not None else None
     if not subject or not isinstance(subject, str):
-        raise ToolError("the access token names no user (sub claim)")
+        raise refusal("the access token names no user (sub claim)")
     return subject
 
 

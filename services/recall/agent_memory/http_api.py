@@ -42,7 +42,7 @@ from services.recall.metrics import REALM_CALLS
 from shared.http_body import BodyNotUtf8, BodyTooLarge, huge_integer, read_body, utf8_text
 from shared.raw_url import NOT_UTF8, not_utf8_parameters
 
-STATUS = {"realm_membership": 403, "realm_role": 403, "not_found": 404, "body_size": 413, "body_encoding": 415}
+STATUS = {"realm_membership": 403, "realm_role": 403, "record_author": 403, "not_found": 404, "body_size": 413, "body_encoding": 415}
 MIN_BODY_BYTES = 2**20  # a valid record is far smaller, whatever the text limit
 Handler = Callable[[Request, Caller, str], Awaitable[Any]]
 

@@ -30,7 +30,8 @@ class RecordFields(BaseModel):
     memory_type: MemoryType | None = Field(None, description="fact, observation, decision, hypothesis or historical.")
     title: str | None = Field(None, min_length=1, max_length=200)
     summary: str | None = Field(None, min_length=1, max_length=1000)
-    content: str | None = Field(None, min_length=1, max_length=20000)
+    # No character cap: RECALL_REALM_MAX_TEXT_BYTES bounds it in bytes of UTF-8 (a 413 naming it).
+    content: str | None = Field(None, min_length=1)
     reality: Reality | None = Field(None, description="current_state, target_state, hypothesis, decision or historical_fact.")
     targets: list[Target] | None = Field(None, min_length=1, max_length=MAX_TARGETS)
     tags: list[Tag] | None = Field(None, max_length=20)

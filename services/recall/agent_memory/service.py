@@ -1,5 +1,6 @@
-"""AgentMemory operations. People (owners, members) create, update and retire records; every
-realm role searches and reads them. Each operation is one transaction; each change is audited."""
+"""AgentMemory operations. People (owners, members) create records; a record's author updates
+it, its author or a realm owner retires it; every realm role searches and reads them. Each
+operation is one transaction; each change is audited."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from services.recall.agent_memory.citations import check_citations, show_citatio
 from services.recall.agent_memory.memory_store import MemoryStore
 from services.recall.agent_memory.models import MemoryRecord, RecordFields, RecordInput, epoch
 from services.recall.artifacts import rules
-from services.recall.artifacts.models import rfc3339
+from services.recall.artifacts.models import Role, rfc3339
 from services.recall.artifacts.rules import RuleBroken
 from services.recall.artifacts.text_limits import check_text
 from services.recall.artifacts.service import AUDIT_PAGE, MAX_TRAIL_OFFSET, ArtifactService, Caller, check_page
@@ -57,8 +58,11 @@ class AgentMemoryService:
             record = self._load(tx, realm_id, record_id, lock=True)
             if record.status != "active":
                 raise RuleBroken("lifecycle", "a retired record is not changed")
-            if patch.citations is not None and record.author != caller.principal:
-                raise RuleBroken("citations", "only the author cites their own conversations")
+            if record.author != caller.principal:
+                # A record shows its author and the author's cited passages beside its text: another
+                # person's words there would pass as the author's, vouched for by their evidence.
+                raise RuleBroken("record_author", f"only the record's author ({record.author}) changes it; "
+                                 "write your own record, or ask a realm owner to retire this one")
             if patch.targets is not None:
                 self.artifacts.check_targets(tx, caller, realm_id, patch.targets)
             fields = {k: v for k, v in changes.items() if k in CHANGEABLE}
@@ -76,13 +80,16 @@ class AgentMemoryService:
         return self._show(caller, stored)
 
     def retire(self, caller: Caller, realm_id: str, record_id: str, reason: str | None) -> dict[str, Any]:
-        rules.check_can_write(rules.role_in(caller.realms, realm_id), realm_id)
+        role = rules.role_in(caller.realms, realm_id)
+        rules.check_can_write(role, realm_id)
         if reason is not None and len(reason) > MAX_REASON_CHARS:
             raise RuleBroken("reason", f"at most {MAX_REASON_CHARS} characters, not {len(reason)}")
         with self.store.transaction() as tx:
             record = self._load(tx, realm_id, record_id, lock=True)
             if record.status != "active":
                 raise RuleBroken("lifecycle", "the record is already retired")
+            if record.author != caller.principal and role is not Role.OWNER:
+                raise RuleBroken("record_author", f"only the record's author ({record.author}) or a realm owner retires it")
             self.store.update_fields(tx, record_id, status="retired")
             self.store.record(tx, record_id, "retired", caller.principal, reason=reason)
             stored = self.store.get(tx, record_id)

@@ -351,6 +351,10 @@ class ArtifactStore:
             sql += ")"
         return sql, params
 
+    def entity_kind(self, tx: Tx, realm_id: str, entity_id: str) -> str | None:
+        rows = tx.q("SELECT entity_kind FROM realm_entities WHERE realm_id = ? AND entity_id = ?", (realm_id, entity_id))
+        return rows[0][0] if rows else None
+
     def entity_exists(self, tx: Tx, realm_id: str, entity_id: str, entity_kind: str | None = None) -> bool:
         sql = "SELECT 1 FROM realm_entities WHERE realm_id = ? AND entity_id = ?"
         if entity_kind is None:

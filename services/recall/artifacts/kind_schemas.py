@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import json
 import re
+from datetime import datetime
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from services.recall.artifacts.artifact_store import DamagedRow
 from services.recall.artifacts.models import ARTIFACT_PATH
-from services.recall.artifacts.rules import RuleBroken
+from services.recall.artifacts.rules import WRITE_MODE, RuleBroken
 
 CONSTITUTION_PATH = "population/constitution"
 REGISTRY_PATH = "population/registry"
@@ -168,6 +169,44 @@ def parse_stored_body(kind: str, body: str) -> Strict | None:
         return parse_body(kind, body)
     except RuleBroken:
         raise DamagedRow(f"a stored {kind} body fails validation") from None
+
+
+def _is_rfc3339(text: str) -> bool:
+    try:
+        datetime.fromisoformat(text)
+    except ValueError:
+        return False
+    return "T" in text
+
+
+def check_new_body(body: Strict | None, constitution: Constitution | None, registry: AgentRegistry | None) -> None:
+    """What a new version of a population document meets beyond its schema, given the realm's
+    accepted constitution and registry. Checked when a version is written, never when a stored
+    one is read: a version accepted before a rule existed stays readable, and only what a new
+    version adds or changes is held to it."""
+    if isinstance(body, Constitution):
+        for name, policy in body.roles.items():
+            unknown = sorted(set(policy.may_write_kinds) - set(WRITE_MODE))
+            if unknown:
+                raise RuleBroken("body", f"constitution body: roles.{name}.may_write_kinds: unknown kinds {unknown}; "
+                                 f"each one of {sorted(WRITE_MODE)}")
+    if isinstance(body, AgentRegistry):
+        before = {a.principal: a for a in registry.agents} if registry else {}
+        holders = {principal_segment(a.principal): a.principal for a in body.agents if before.get(a.principal) == a}
+        for a in body.agents:
+            if before.get(a.principal) == a:
+                continue  # as accepted before
+            where = f"agent_registry body: agent {a.principal!r}"
+            if not _is_rfc3339(a.proposed_at):
+                raise RuleBroken("body", f"{where}: proposed_at {a.proposed_at!r} is not an RFC 3339 time")
+            if constitution is not None and a.role not in constitution.roles:
+                raise RuleBroken("body", f"{where}: role {a.role!r} is not one of the constitution's roles "
+                                 f"{sorted(constitution.roles)}")
+            segment = principal_segment(a.principal)
+            other = holders.setdefault(segment, a.principal)
+            if other != a.principal:  # two agents would restore each other's worklog and handoff
+                raise RuleBroken("body", f"{where}: its working paths ({PLACEHOLDER} = {segment!r}) are those of "
+                                 f"{other!r}; admit it under another principal")
 
 
 def check_place(path: str, body: Strict | None) -> None:

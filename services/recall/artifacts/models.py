@@ -5,13 +5,15 @@ from datetime import datetime, timezone
 from enum import Enum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, PlainSerializer, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, field_validator
 
 ARTIFACT_PATH = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}(/[a-z0-9][a-z0-9._-]{0,63}){0,7}")
 REALM_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")
 # Each target is checked in the write's transaction (SQLite's write lock held): 4 MiB of targets
 # held every writer of the database for as long as their checks took.
 MAX_TARGETS = 20
+ARTIFACT_ID_MAX = 64  # ids are 32 hex digits; a longer one is refused before any query, and never echoed
+NOT_BLANK = r"\S"  # a required text holds more than whitespace (pydantic's pattern searches the string)
 ArtifactKind = Literal["worklog", "handoff", "decision", "strategy", "review_protocol", "dossier",
                        "constitution", "agent_registry", "charter"]
 WriteMode = Literal["append", "replace"]
@@ -56,6 +58,7 @@ class TargetRole(str, Enum):
 
 
 class Target(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a misspelt key is refused, not dropped
     target_kind: TargetKind = Field(description="realm: the realm itself; entity: an object registered with "
                                                 "register_realm_entity; template, diagram: one registered with that "
                                                 "entity_kind; conversation: one of your own recorded conversations.")
@@ -119,12 +122,12 @@ class DraftInput(BaseModel):
     artifact_path: str
     artifact_kind: ArtifactKind
     write_mode: WriteMode
-    body: str = Field(min_length=1)
-    summary: str = Field(min_length=1, max_length=1000)
-    source_ref: str = Field(min_length=1, max_length=500)
+    body: str = Field(min_length=1, pattern=NOT_BLANK)
+    summary: str = Field(min_length=1, max_length=1000, pattern=NOT_BLANK)
+    source_ref: str = Field(min_length=1, max_length=500, pattern=NOT_BLANK)
     source_context: dict[str, Any]
     targets: list[Target] = Field(min_length=1, max_length=MAX_TARGETS)
-    supersedes_artifact_id: str | None = None
+    supersedes_artifact_id: str | None = Field(None, max_length=ARTIFACT_ID_MAX)
 
     @field_validator("artifact_path")
     @classmethod

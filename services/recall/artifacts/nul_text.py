@@ -13,8 +13,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from fastmcp.exceptions import ToolError
 from fastmcp.server.middleware import Middleware
+
+from services.recall.artifacts.tool_access import refusal
 
 UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 
@@ -59,5 +60,5 @@ class RefuseNulInRealmTools(Middleware):
             try:
                 refuse_nul(arguments)
             except NulText as exc:
-                raise ToolError(str(exc)) from None
+                raise refusal(str(exc)) from None
         return await call_next(context)

@@ -61,10 +61,15 @@ def check_append(write_mode: str, status: Status, author: str, caller: str, role
         raise RuleBroken("write_mode", "only append-mode artifacts (journals) take appended entries; replace documents get a new version")
     if status in (Status.SUPERSEDED, Status.REVOKED):
         raise RuleBroken("lifecycle", f"nobody appends to a {status.value} artifact")
-    if status in (Status.DRAFT, Status.PROPOSED) and author != caller:
-        raise RuleBroken("draft_owner", f"only the author appends while the artifact is {status.value}")
-    if status is Status.ACCEPTED and role not in CAN_WRITE:
-        raise RuleBroken("realm_role", "appending to accepted memory needs the member or owner role")
+    if status is Status.PROPOSED:
+        # What the reviewer read is what gets accepted: an entry added during review would be
+        # accepted unread.
+        raise RuleBroken("lifecycle", "a proposal is under review and takes no entries; append once it is accepted, "
+                         "or revoke it and draft again")
+    if status is Status.DRAFT and author != caller:
+        raise RuleBroken("draft_owner", "only the author appends while the artifact is a draft")
+    if role not in CAN_WRITE:
+        raise RuleBroken("realm_role", f"appending needs the member or owner role, not {role.value}")
 
 
 def check_submit(status: Status, author: str, caller: str) -> None:
@@ -84,6 +89,14 @@ def check_accept(status: Status, role: Role, kind: str, author: str, caller: str
     if separate_duties and author == caller:
         raise RuleBroken("separation_of_duties", "the realm constitution requires separate author and reviewer; "
                          "someone other than the author accepts this")
+
+
+def check_same_kind(current: str | None, kind: str) -> None:
+    """A path keeps its kind, and with it its write mode, from version to version: a reviewed
+    decision does not become a journal anyone may append to."""
+    if current is not None and current != kind:
+        raise RuleBroken("artifact_kind", f"the path holds a {current}; a new version keeps that kind, not {kind} "
+                         "(another kind goes to another path)")
 
 
 def check_succession(accepted_now: str | None, supersedes: str | None) -> None:

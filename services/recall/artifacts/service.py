@@ -130,6 +130,14 @@ class ArtifactService:
         current = self.store.accepted_at_path(tx, realm_id, kind_schemas.CONSTITUTION_PATH)
         return kind_schemas.parse_stored_body("constitution", current.body) if current else None  # type: ignore[return-value]
 
+    def check_new_body(self, tx: Tx, realm_id: str, body: kind_schemas.Strict | None) -> None:
+        """A new constitution or registry version against the realm's accepted ones (kind_schemas.check_new_body)."""
+        if not isinstance(body, (Constitution, AgentRegistry)):
+            return
+        registry = self.store.accepted_at_path(tx, realm_id, kind_schemas.REGISTRY_PATH) if isinstance(body, AgentRegistry) else None
+        kind_schemas.check_new_body(body, self.constitution(tx, realm_id),
+                                    kind_schemas.parse_stored_body("agent_registry", registry.body) if registry else None)  # type: ignore[arg-type]
+
     def governed(self, tx: Tx, caller: Caller, realm_id: str, action: str, kind: str | None = None) -> Constitution | None:
         """The constitution's word on a registered agent's action (people are governed by their realm
         role alone); returns the constitution, if any, for the realm-wide rules."""
@@ -158,6 +166,10 @@ class ArtifactService:
         with self.store.transaction() as tx:
             self.governed(tx, caller, realm_id, "create_draft")  # a suspended agent writes nothing
             created = self.store.register_entity(tx, realm_id, entity_id, title, entity_kind, caller.principal)
+            registered_as = None if created else self.store.entity_kind(tx, realm_id, entity_id)
+        if registered_as is not None and registered_as != entity_kind:
+            raise RuleBroken("entity_kind", f"entity {entity_id!r} is registered in realm {realm_id!r} as a {registered_as}; "
+                             f"an id names one object: register the {entity_kind} under another id")
         return {"realm_id": realm_id, "entity_id": entity_id, "created": created}
 
     # ---- lifecycle ----------------------------------------------------------------------------------
@@ -171,12 +183,15 @@ class ArtifactService:
         artifact = Artifact(artifact_id=uuid.uuid4().hex, realm_id=realm_id, status=Status.DRAFT, author=caller.principal,
                             created_at=now, updated_at=now, **draft.model_dump())
         kind_schemas.check_path(draft.artifact_kind, draft.artifact_path)
-        kind_schemas.check_place(draft.artifact_path, kind_schemas.parse_body(draft.artifact_kind, draft.body))
+        body = kind_schemas.parse_body(draft.artifact_kind, draft.body)
+        kind_schemas.check_place(draft.artifact_path, body)
         with self.store.transaction() as tx:
             self.governed(tx, caller, realm_id, as_action, draft.artifact_kind if as_action == "create_draft" else None)
+            self.check_new_body(tx, realm_id, body)
             self.check_targets(tx, caller, realm_id, draft.targets)
             current = self.store.accepted_at_path(tx, realm_id, draft.artifact_path)
             rules.check_succession(current.artifact_id if current else None, draft.supersedes_artifact_id)
+            rules.check_same_kind(current.artifact_kind if current else None, draft.artifact_kind)
             self.store.insert(tx, artifact)
             self.store.record(tx, artifact.artifact_id, "created", caller.principal, artifact_path=draft.artifact_path)
             return self.store.get(tx, artifact.artifact_id)
@@ -186,12 +201,14 @@ class ArtifactService:
             raise RuleBroken("fields", "nothing to change: give body, summary, source_ref, source_context or targets")
         self.check_sizes(changes.get("body"), changes.get("source_context"))
         with self.store.transaction() as tx:
-            artifact, _ = self._load(tx, caller, realm_id, artifact_id, lock=True)
+            artifact, role = self._load(tx, caller, realm_id, artifact_id, lock=True)
             rules.check_edit_draft(artifact.status, artifact.author, caller.principal)
+            rules.check_can_write(role, realm_id)  # a member demoted to reader writes no more
             self.governed(tx, caller, realm_id, "create_draft", artifact.artifact_kind)
             if "body" in changes:
-                kind_schemas.check_place(artifact.artifact_path,
-                                         kind_schemas.parse_body(artifact.artifact_kind, changes["body"]))
+                body = kind_schemas.parse_body(artifact.artifact_kind, changes["body"])
+                kind_schemas.check_place(artifact.artifact_path, body)
+                self.check_new_body(tx, realm_id, body)
             targets = changes.pop("targets", None)
             if targets is not None:
                 self.check_targets(tx, caller, realm_id, targets)
@@ -218,8 +235,9 @@ class ArtifactService:
 
     def submit(self, caller: Caller, realm_id: str, artifact_id: str) -> Artifact:
         with self.store.transaction() as tx:
-            artifact, _ = self._load(tx, caller, realm_id, artifact_id, lock=True)
+            artifact, role = self._load(tx, caller, realm_id, artifact_id, lock=True)
             rules.check_submit(artifact.status, artifact.author, caller.principal)
+            rules.check_can_write(role, realm_id)
             self.governed(tx, caller, realm_id, "submit")
             self.store.update_fields(tx, artifact_id, status=Status.PROPOSED)
             self.store.record(tx, artifact_id, "submitted", caller.principal)
@@ -236,6 +254,7 @@ class ArtifactService:
                 if previous is None:  # PostgreSQL skips a row a concurrent acceptance just superseded: look again
                     previous = self.store.accepted_at_path(tx, realm_id, artifact.artifact_path, lock=True)
                 rules.check_succession(previous.artifact_id if previous else None, artifact.supersedes_artifact_id)
+                rules.check_same_kind(previous.artifact_kind if previous else None, artifact.artifact_kind)
                 if previous is not None:
                     self._supersede_row(tx, previous, artifact_id, caller.principal)
                 self.store.update_fields(tx, artifact_id, status=Status.ACCEPTED)
@@ -252,7 +271,10 @@ class ArtifactService:
         with self.store.transaction() as tx:
             artifact, role = self._load(tx, caller, realm_id, artifact_id, lock=True)
             rules.check_revoke(artifact.status, artifact.author, caller.principal, role, artifact.artifact_kind)
-            self.governed(tx, caller, realm_id, "revoke")
+            # Withdrawing one's own draft or proposal undoes a submission: an agent that may
+            # submit may withdraw; revoking another's work, or accepted memory, is the revoke right.
+            withdraws = artifact.author == caller.principal and artifact.status is not Status.ACCEPTED
+            self.governed(tx, caller, realm_id, "submit" if withdraws else "revoke")
             self.store.update_fields(tx, artifact_id, status=Status.REVOKED, revoked_reason=reason)
             self.store.record(tx, artifact_id, "revoked", caller.principal, reason=reason, was=artifact.status.value)
             if artifact.status is Status.ACCEPTED:
@@ -272,8 +294,9 @@ class ArtifactService:
                 # A new accepted version: what a registered agent needs to draft that kind and to accept.
                 self.governed(tx, caller, realm_id, "create_draft", current.artifact_kind)
                 self.governed(tx, caller, realm_id, "accept")
-                kind_schemas.check_place(current.artifact_path,
-                                         kind_schemas.parse_body(current.artifact_kind, body))
+                parsed = kind_schemas.parse_body(current.artifact_kind, body)
+                kind_schemas.check_place(current.artifact_path, parsed)
+                self.check_new_body(tx, realm_id, parsed)
                 new_targets = targets or current.targets
                 self.check_targets(tx, caller, realm_id, new_targets)
                 now = time.time()

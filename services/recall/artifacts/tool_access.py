@@ -8,6 +8,7 @@ checked on every call (a member of realm A is refused in realm B).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -26,6 +27,13 @@ from services.recall.metrics import REALM_CALLS
 
 DATABASE_UNAVAILABLE = "database is unavailable: the realm's memory cannot be read or written right now"
 CONCURRENT_CHANGE = "a concurrent change of the same thing won; nothing was written, read it again and retry"
+
+
+def refusal(message: str) -> ToolError:
+    """A tool error for the caller's mistake or a rule it broke: fastmcp logs it at INFO, not
+    ERROR (refusals are routine and counted in recall_realm_calls_total{outcome="refused"}; an
+    alert on error lines should see the service's own faults only)."""
+    return ToolError(message, log_level=logging.INFO)
 
 
 def _roles(ctx: AuthContext) -> set[Role]:
@@ -49,7 +57,7 @@ def owner_somewhere(ctx: AuthContext) -> bool:
 def caller() -> Caller:
     token = get_access_token()
     if token is None or not token.claims.get("sub"):
-        raise ToolError("authentication: the access token names no principal (sub claim)")
+        raise refusal("authentication: the access token names no principal (sub claim)")
     return Caller.from_claims(token.claims)
 
 
@@ -60,16 +68,16 @@ async def run(fn: Callable[..., Any], *args: Any) -> Any:
         result = await in_realm_thread(fn, caller(), *args)
     except RuleBroken as exc:
         REALM_CALLS.labels("mcp", "refused").inc()
-        raise ToolError(str(exc)) from None
+        raise refusal(str(exc)) from None
     except StoreUnavailable:
         REALM_CALLS.labels("mcp", "database_unavailable").inc()
-        raise ToolError(f"{DATABASE_UNAVAILABLE}; retry in a moment") from None
+        raise ToolError(f"{DATABASE_UNAVAILABLE}; retry in a moment", log_level=logging.WARNING) from None
     except Conflict:
         REALM_CALLS.labels("mcp", "refused").inc()  # a lost race: the caller retries
-        raise ToolError(f"concurrency: {CONCURRENT_CHANGE}") from None
+        raise refusal(f"concurrency: {CONCURRENT_CHANGE}") from None
     except ValidationError as exc:
         REALM_CALLS.labels("mcp", "refused").inc()
         first = exc.errors(include_url=False)[0]
-        raise ToolError(f"invalid {'.'.join(str(p) for p in first['loc']) or 'input'}: {first['msg']}") from None
+        raise refusal(f"invalid {'.'.join(str(p) for p in first['loc']) or 'input'}: {first['msg']}") from None
     REALM_CALLS.labels("mcp", "ok").inc()
     return result

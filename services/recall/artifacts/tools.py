@@ -11,18 +11,18 @@ from typing import Annotated, Any, Literal
 from fastmcp import FastMCP
 from pydantic import Field
 
-from services.recall.artifacts.models import MAX_TARGETS, ArtifactKind, DraftInput, Target, TargetKind, WriteMode
+from services.recall.artifacts.models import ARTIFACT_ID_MAX, MAX_TARGETS, NOT_BLANK, ArtifactKind, DraftInput, Target, TargetKind, WriteMode
 from services.recall.artifacts.artifact_store import ENTRIES_PAGE
 from services.recall.artifacts.service import AUDIT_PAGE, MAX_LIMIT, MAX_OFFSET, MAX_TRAIL_OFFSET, ArtifactService, Caller
 from services.recall.artifacts.tool_access import any_realm, owner_somewhere, run, writer_somewhere
 
 RealmId = Annotated[str, Field(description="The realm (team or project space): one of the realms your token names.")]
-ArtifactId = Annotated[str, Field(description="The artifact's id, as returned by create, search or get.")]
+ArtifactId = Annotated[str, Field(max_length=ARTIFACT_ID_MAX, description="The artifact's id, as returned by create, search or get.")]
 ArtifactPath = Annotated[str, Field(description="Logical address of the memory inside the realm, not a file: lowercase "
                                                 "segments of [a-z0-9._-] separated by '/', e.g. agents/integration-researcher/worklog.")]
-Body = Annotated[str, Field(min_length=1, description="The content: what was done, found, decided, with the evidence.")]
-Summary = Annotated[str, Field(min_length=1, max_length=1000, description="One or two sentences shown in search results.")]
-SourceRef = Annotated[str, Field(min_length=1, max_length=500, description="Where this comes from: a session, task or document id, "
+Body = Annotated[str, Field(min_length=1, pattern=NOT_BLANK, description="The content: what was done, found, decided, with the evidence.")]
+Summary = Annotated[str, Field(min_length=1, max_length=1000, pattern=NOT_BLANK, description="One or two sentences shown in search results.")]
+SourceRef = Annotated[str, Field(min_length=1, max_length=500, pattern=NOT_BLANK, description="Where this comes from: a session, task or document id, "
                                                                             "e.g. codex-thread:<session id>.")]
 SourceContext = Annotated[dict[str, Any], Field(description="Free provenance details (agent, task, stage) to check the record later.")]
 Targets = Annotated[list[Target], Field(min_length=1, max_length=MAX_TARGETS,

@@ -120,11 +120,15 @@ class PopulationService:
         with self.store.transaction() as tx:
             c, constitution, r, registry = self._state(tx, realm_id)
             reasons = self._refusals(tx, realm_id, constitution, registry, who, action, artifact_kind, agent_role)
-        allowed = ["allowed by the constitution"]
+        allowed = "allowed by the constitution"
+        if registry.find(who) is None and action not in ("admit", "start"):
+            allowed = (f"{who} is not in the agent registry, so the constitution's roles do not bind it: the service treats "
+                       "a principal outside the registry as a person, governed by the realm role in its token alone "
+                       "(give an agent its token once it is admitted)")
         if action == "accept" and constitution.separate_author_and_reviewer:
-            allowed = ["allowed by the constitution, except for artifacts you wrote (separate author and reviewer)"]
+            allowed += ", except for artifacts you wrote (separate author and reviewer)"
         return {"allowed": not reasons, "principal": who, "action": action, "artifact_kind": artifact_kind,
-                "reasons": reasons or allowed, "constitution_id": c.artifact_id,
+                "reasons": reasons or [allowed], "constitution_id": c.artifact_id,
                 "registry_id": r.artifact_id,
                 "note": "a dry run against the constitution and registry; the realm role in the agent's token still applies"}
 
@@ -140,6 +144,8 @@ class PopulationService:
             if agent_role is None or agent_role not in constitution.roles:
                 out.append(f"agent_role must be one of the constitution's roles {sorted(constitution.roles)}")
             return out
+        if entry is None and action != "start":
+            return []  # as ArtifactService.governed enforces: the constitution binds the agents it lists
         out = agent_refusals(constitution, registry, who, action, artifact_kind)
         if action == "start" and entry is not None and not out and \
                 self.store.accepted_at_path(tx, realm_id, charter_path(entry.role)) is None:

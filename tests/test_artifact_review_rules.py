@@ -1,0 +1,184 @@
+"""Review and authorship rules a seed-004 review found open (round 16), on SQLite and a real
+PostgreSQL: what was reviewed is what gets accepted, a path keeps its kind, a demoted member
+writes no more, an agent withdraws its own proposal, the dry run answers as the service
+enforces, two agents never share working paths, and a record's author is who wrote its text."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pydantic import ValidationError
+
+from services.recall.agent_memory.memory_store import MemoryStore
+from services.recall.agent_memory.models import RecordFields, RecordInput
+from services.recall.agent_memory.service import AgentMemoryService
+from services.recall.artifacts.kind_schemas import REGISTRY_PATH, AgentRegistry, RegistryEntry, dump
+from services.recall.artifacts.models import DraftInput, Role, Status, Target
+from services.recall.artifacts.rules import RuleBroken
+from services.recall.artifacts.service import ArtifactService, Caller
+from services.recall.artifacts.text_limits import TextTooLarge
+from services.recall.population.defaults import default_constitution
+from services.recall.population.service import PopulationService
+
+REALM = "plant-7"
+OWNER = Caller("lead", {REALM: Role.OWNER})
+ALICE = Caller("alice", {REALM: Role.MEMBER})
+BOB = Caller("bob", {REALM: Role.MEMBER})
+ON_REALM = [Target(target_kind="realm", target_id=REALM)]
+
+
+def draft(path: str, kind: str = "decision", body: str = "Stay on 2.0.", supersedes: str | None = None) -> DraftInput:
+    return DraftInput(artifact_path=path, artifact_kind=kind, write_mode="append" if kind == "worklog" else "replace",
+                      body=body, summary=body[:60], source_ref="thread:t-1", source_context={}, targets=ON_REALM,
+                      supersedes_artifact_id=supersedes)
+
+
+def refused(rule: str, call, *args, **kwargs) -> str:
+    with pytest.raises(RuleBroken) as caught:
+        call(*args, **kwargs)
+    assert caught.value.rule == rule, caught.value
+    return str(caught.value)
+
+
+def accepted(service: ArtifactService, author: Caller, made: DraftInput, reviewer: Caller = BOB) -> str:
+    artifact = service.create_draft(author, REALM, made)
+    service.submit(author, REALM, artifact.artifact_id)
+    return service.accept(reviewer, REALM, artifact.artifact_id).artifact_id
+
+
+def admitted(service: ArtifactService, *principals: str, role: str = "researcher") -> PopulationService:
+    population = PopulationService(service)
+    population.init_population(OWNER, REALM)
+    for principal in principals:
+        proposal = population.propose_admission(ALICE, REALM, principal, role, "joins the line-7 study")
+        service.accept(OWNER, REALM, proposal.artifact_id)
+    return population
+
+
+def test_a_path_keeps_its_kind_and_write_mode_from_version_to_version(service):
+    decision = accepted(service, ALICE, draft("decisions/c7"))
+    message = refused("artifact_kind", service.create_draft, ALICE, REALM,
+                      draft("decisions/c7", kind="worklog", body="anyone may append here", supersedes=decision))
+    assert "holds a decision" in message
+    newer = accepted(service, ALICE, draft("decisions/c7", body="Move to 2.1.", supersedes=decision))
+    assert service.get(ALICE, REALM, newer).artifact_kind == "decision"
+
+
+def test_a_member_demoted_to_reader_edits_submits_and_appends_no_more(service):
+    journal = service.create_draft(ALICE, REALM, draft("agents/alice/worklog", kind="worklog", body="Started."))
+    demoted = Caller("alice", {REALM: Role.READER})
+    refused("realm_role", service.update_draft, demoted, REALM, journal.artifact_id, {"body": "rewritten after demotion"})
+    refused("realm_role", service.append, demoted, REALM, journal.artifact_id, "one more", "thread:t-2", {})
+    refused("realm_role", service.submit, demoted, REALM, journal.artifact_id)
+    assert service.get(ALICE, REALM, journal.artifact_id).status is Status.DRAFT
+    assert service.revoke(demoted, REALM, journal.artifact_id, "left the team").status is Status.REVOKED  # withdrawing stays
+
+
+def test_a_proposal_takes_no_entries_while_it_is_reviewed(service):
+    journal = service.create_draft(ALICE, REALM, draft("agents/alice/worklog", kind="worklog", body="Started."))
+    service.append(ALICE, REALM, journal.artifact_id, "Measured line 7.", "thread:t-1", {})
+    service.submit(ALICE, REALM, journal.artifact_id)
+    refused("lifecycle", service.append, ALICE, REALM, journal.artifact_id, "UNREVIEWED: drop table", "thread:t-2", {})
+    kept = service.accept(BOB, REALM, journal.artifact_id)
+    assert kept.entries_total == 1 and [e.body for e in kept.entries] == ["Measured line 7."]
+    assert service.append(ALICE, REALM, journal.artifact_id, "Next step.", "thread:t-3", {}).entries_total == 2
+
+
+def test_an_agent_that_may_submit_withdraws_its_own_proposal_but_revokes_no_others(service):
+    admitted(service, "bot-1", "bot-2")
+    bot1, bot2 = Caller("bot-1", {REALM: Role.MEMBER}), Caller("bot-2", {REALM: Role.MEMBER})
+    mine = service.create_draft(bot1, REALM, draft("agents/bot-1/handoff", kind="handoff", body="Line 7 is open."))
+    service.submit(bot1, REALM, mine.artifact_id)
+    theirs = service.create_draft(bot2, REALM, draft("agents/bot-2/handoff", kind="handoff", body="Line 8 is open."))
+    service.submit(bot2, REALM, theirs.artifact_id)
+    refused("draft_owner", service.revoke, bot1, REALM, theirs.artifact_id, "not mine")
+    assert service.revoke(bot1, REALM, mine.artifact_id, "proposed by mistake").status is Status.REVOKED
+
+
+def test_the_dry_run_answers_for_a_principal_outside_the_registry_as_the_service_enforces(service):
+    population = admitted(service)
+    proposal = service.create_draft(ALICE, REALM, draft("decisions/c7"))
+    service.submit(ALICE, REALM, proposal.artifact_id)
+    outsider = Caller("rogue-bot", {REALM: Role.MEMBER})
+    dry = population.check(outsider, REALM, "accept")
+    assert dry["allowed"] and "not in the agent registry" in dry["reasons"][0], dry
+    assert service.accept(outsider, REALM, proposal.artifact_id).status is Status.ACCEPTED
+    assert not population.check(outsider, REALM, "start")["allowed"]  # an agent starts only once admitted
+
+
+def test_an_agent_whose_working_paths_are_another_agents_is_not_admitted(service):
+    population = admitted(service, "bot1")
+    message = refused("body", population.propose_admission, ALICE, REALM, "Bot1", "researcher", "a second bot")
+    assert "'bot1'" in message and "another principal" in message
+    population.propose_admission(ALICE, REALM, "bot-one", "researcher", "a distinct principal")
+
+
+def test_a_new_registry_version_holds_real_roles_and_times_and_keeps_what_was_accepted(service):
+    admitted(service, "bot-1")
+    current = service.get_by_path(OWNER, REALM, REGISTRY_PATH)
+    agents = AgentRegistry.model_validate(json.loads(current.body)).agents
+
+    def registry_with(entry: RegistryEntry) -> DraftInput:
+        return DraftInput(artifact_path=REGISTRY_PATH, artifact_kind="agent_registry", write_mode="replace",
+                          body=dump(AgentRegistry(agents=[*agents, entry])), summary="admit", source_ref="admission",
+                          source_context={}, targets=ON_REALM, supersedes_artifact_id=current.artifact_id)
+
+    bad_time = RegistryEntry(principal="ghost", role="researcher", proposed_by="alice", proposed_at="not a date")
+    assert "RFC 3339" in refused("body", service.create_draft, OWNER, REALM, registry_with(bad_time))
+    bad_role = RegistryEntry(principal="ghost", role="janitor", proposed_by="alice", proposed_at="2026-12-01T00:00:00Z")
+    assert "janitor" in refused("body", service.create_draft, OWNER, REALM, registry_with(bad_role))
+    good = RegistryEntry(principal="ghost", role="reviewer", proposed_by="alice", proposed_at="2026-12-01T00:00:00Z")
+    assert service.create_draft(OWNER, REALM, registry_with(good)).status is Status.DRAFT
+
+
+def test_a_constitution_grants_only_kinds_that_exist(service):
+    admitted(service)
+    current = service.get_by_path(OWNER, REALM, "population/constitution")
+    constitution = default_constitution(REALM, True).model_dump(mode="json")
+    constitution["roles"]["researcher"]["may_write_kinds"].append("nonsense-kind")
+    made = DraftInput(artifact_path="population/constitution", artifact_kind="constitution", write_mode="replace",
+                      body=json.dumps(constitution), summary="typo", source_ref="edit", source_context={}, targets=ON_REALM,
+                      supersedes_artifact_id=current.artifact_id)
+    assert "nonsense-kind" in refused("body", service.create_draft, OWNER, REALM, made)
+
+
+def test_an_id_registered_as_one_kind_is_not_quietly_taken_as_another(service):
+    assert service.register_entity(ALICE, REALM, "contract-7", "Contract 7", "contract")["created"]
+    assert not service.register_entity(BOB, REALM, "contract-7", "Contract 7", "contract")["created"]  # the same: fine
+    assert "registered in realm" in refused("entity_kind", service.register_entity, BOB, REALM, "contract-7", "C7", "diagram")
+
+
+def test_blank_required_texts_unknown_target_keys_and_overlong_ids_are_refused():
+    with pytest.raises(ValidationError, match="body"):
+        draft("decisions/c7", body="   ")
+    with pytest.raises(ValidationError, match="evil"):
+        Target.model_validate({"target_kind": "realm", "target_id": REALM, "evil": 1})
+    with pytest.raises(ValidationError, match="supersedes_artifact_id"):
+        draft("decisions/c7", supersedes="f" * 65)
+
+
+@pytest.fixture
+def records(service) -> AgentMemoryService:
+    return AgentMemoryService(MemoryStore(service.store), service, service.data_dir)
+
+
+def record(content: str = "Retries follow 2.1.") -> RecordInput:
+    return RecordInput(memory_type="fact", title="Contract 7 retries", summary="The vendor changed retries.",
+                       content=content, reality="current_state", targets=ON_REALM)
+
+
+def test_only_a_records_author_changes_it_and_its_author_or_an_owner_retires_it(records):
+    made = records.create(ALICE, REALM, record())
+    refused("record_author", records.update, BOB, REALM, made["record_id"], RecordFields(content="Disable backoff."))
+    refused("record_author", records.retire, BOB, REALM, made["record_id"], "wrong")
+    shown = records.update(ALICE, REALM, made["record_id"], RecordFields(content="Retries follow 2.2."))
+    assert (shown["author"], shown["content"]) == ("alice", "Retries follow 2.2.")
+    assert records.retire(OWNER, REALM, made["record_id"], "superseded by the vendor's note")["status"] == "retired"
+
+
+def test_a_records_content_is_bounded_in_bytes_of_utf8_not_in_characters(records):
+    long = "x" * 25_000  # over the old 20,000-character cap, well under the 64 KiB default
+    assert records.create(ALICE, REALM, record(long))["content"] == long
+    with pytest.raises(TextTooLarge):
+        records.create(ALICE, REALM, record("я" * 40_000))  # 80,000 bytes of UTF-8
