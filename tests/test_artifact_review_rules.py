@@ -20,6 +20,7 @@ from services.recall.artifacts.service import ArtifactService, Caller
 from services.recall.artifacts.text_limits import TextTooLarge
 from services.recall.population.defaults import default_constitution
 from services.recall.population.service import PopulationService
+from shared.tenant_paths import TenantPaths
 
 REALM = "plant-7"
 OWNER = Caller("lead", {REALM: Role.OWNER})
@@ -182,3 +183,18 @@ def test_a_records_content_is_bounded_in_bytes_of_utf8_not_in_characters(records
     assert records.create(ALICE, REALM, record(long))["content"] == long
     with pytest.raises(TextTooLarge):
         records.create(ALICE, REALM, record("я" * 40_000))  # 80,000 bytes of UTF-8
+
+
+def test_a_new_version_keeps_the_conversations_its_predecessor_cited_but_cites_no_other_users(service):
+    transcript = TenantPaths.for_user(service.data_dir, "alice").transcript("call-notes")
+    transcript.parent.mkdir(parents=True, exist_ok=True)
+    transcript.write_text("")
+    cited = [*ON_REALM, Target(target_kind="conversation", target_id="call-notes", role="evidence")]
+    first = accepted(service, ALICE, draft("decisions/c7").model_copy(update={"targets": cited}))
+    second = service.supersede(OWNER, REALM, first, "Move to 2.1.", "2.1", "thread:t-2", {}, None)
+    assert sorted(t.target_id for t in second.targets) == ["call-notes", REALM]
+    third = draft("decisions/c7", body="Move to 2.2.", supersedes=second.artifact_id).model_copy(update={"targets": cited})
+    assert sorted(t.target_id for t in service.create_draft(BOB, REALM, third).targets) == ["call-notes", REALM]
+    elsewhere = [*ON_REALM, Target(target_kind="conversation", target_id="bobs-other-call", role="evidence")]
+    refused("targets", service.create_draft, BOB, REALM,
+            draft("decisions/c8").model_copy(update={"targets": elsewhere}))

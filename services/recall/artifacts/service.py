@@ -105,7 +105,12 @@ class ArtifactService:
         rules.check_can_see(artifact.status, artifact.author, caller.principal)
         return artifact, role
 
-    def check_targets(self, tx: Tx, caller: Caller, realm_id: str, targets: list[Target]) -> None:
+    def check_targets(self, tx: Tx, caller: Caller, realm_id: str, targets: list[Target],
+                      inherited: list[Target] | None = None) -> None:
+        """`inherited`: the targets of the version a new one supersedes. A conversation target
+        carried over from it was checked against that version's author when it was written: it
+        stays, though the conversation is not the new author's (only new ones must be theirs)."""
+        carried = {(t.target_kind, t.target_id) for t in inherited or []}
         if not targets:
             raise RuleBroken("targets", "an artifact needs at least one target")
         if len(targets) > MAX_TARGETS:
@@ -119,7 +124,7 @@ class ArtifactService:
                     not self.store.entity_exists(tx, realm_id, t.target_id, t.target_kind.value):
                 raise RuleBroken("targets", f"{t.target_kind.value} {t.target_id!r} does not exist in realm {realm_id!r} "
                                  f"(register it with entity_kind={t.target_kind.value!r})")
-            if t.target_kind is TargetKind.CONVERSATION:
+            if t.target_kind is TargetKind.CONVERSATION and (t.target_kind, t.target_id) not in carried:
                 ok = CONVERSATION_ID.fullmatch(t.target_id) and \
                     TenantPaths.for_user(self.data_dir, caller.principal).transcript(t.target_id).exists()
                 if not ok:
@@ -188,10 +193,10 @@ class ArtifactService:
         with self.store.transaction() as tx:
             self.governed(tx, caller, realm_id, as_action, draft.artifact_kind if as_action == "create_draft" else None)
             self.check_new_body(tx, realm_id, body)
-            self.check_targets(tx, caller, realm_id, draft.targets)
             current = self.store.accepted_at_path(tx, realm_id, draft.artifact_path)
             rules.check_succession(current.artifact_id if current else None, draft.supersedes_artifact_id)
             rules.check_same_kind(current.artifact_kind if current else None, draft.artifact_kind)
+            self.check_targets(tx, caller, realm_id, draft.targets, current.targets if current else None)
             self.store.insert(tx, artifact)
             self.store.record(tx, artifact.artifact_id, "created", caller.principal, artifact_path=draft.artifact_path)
             return self.store.get(tx, artifact.artifact_id)
@@ -211,7 +216,8 @@ class ArtifactService:
                 self.check_new_body(tx, realm_id, body)
             targets = changes.pop("targets", None)
             if targets is not None:
-                self.check_targets(tx, caller, realm_id, targets)
+                superseded = self.store.get(tx, artifact.supersedes_artifact_id) if artifact.supersedes_artifact_id else None
+                self.check_targets(tx, caller, realm_id, targets, superseded.targets if superseded else None)
                 self.store.replace_targets(tx, artifact_id, targets)
             if changes:
                 self.store.update_fields(tx, artifact_id, **changes)
@@ -298,7 +304,7 @@ class ArtifactService:
                 kind_schemas.check_place(current.artifact_path, parsed)
                 self.check_new_body(tx, realm_id, parsed)
                 new_targets = targets or current.targets
-                self.check_targets(tx, caller, realm_id, new_targets)
+                self.check_targets(tx, caller, realm_id, new_targets, current.targets)
                 now = time.time()
                 new = Artifact(artifact_id=uuid.uuid4().hex, realm_id=realm_id, artifact_path=current.artifact_path,
                                artifact_kind=current.artifact_kind, write_mode=current.write_mode, status=Status.DRAFT,
