@@ -77,7 +77,8 @@ async def test_a_change_that_nulls_a_required_field_is_422_naming_it(realm_serve
                          headers={"authorization": f"Bearer {mint('alice', realms={REALM: 'member'})}"})
     made = alice.post("/memory", json={**record("Contract 7"), "valid_until": "2099-01-01T00:00:00Z", "tags": ["a"]})
     rid = made.json()["record_id"]
-    for field in ("memory_type", "title", "summary", "content", "reality", "targets", "tags", "citations"):
+    for field in ("memory_type", "title", "summary", "content", "reality", "targets", "tags", "citations", "source_ref",
+                  "source_context"):
         resp = alice.patch(f"/memory/{rid}", json={field: None})
         assert resp.status_code == 422 and resp.json()["error"] == field, (field, resp.text)
     cleared = alice.patch(f"/memory/{rid}", json={"valid_until": None, "tags": []})
@@ -101,5 +102,7 @@ def test_a_database_made_before_search_text_is_migrated_and_searchable(artifacts
     memory = AgentMemoryService(MemoryStore(store), ArtifactService(store, ArtifactSearch(tmp_path, Engine(embedder=embedder)),
                                                                     tmp_path), tmp_path)
     assert [r["record_id"] for r in memory.search(ALICE, REALM, query="контракт")] == ["old-1"]
+    shown = memory.get(ALICE, REALM, "old-1")  # written before records carried their source
+    assert (shown["source_ref"], shown["source_context"]) == (None, {})
     new = memory.create(ALICE, REALM, RecordInput.model_validate(record("Новый контракт")))
     assert {r["record_id"] for r in memory.search(ALICE, REALM, query="КОНТРАКТ")} == {"old-1", new["record_id"]}

@@ -198,3 +198,17 @@ def test_a_new_version_keeps_the_conversations_its_predecessor_cited_but_cites_n
     elsewhere = [*ON_REALM, Target(target_kind="conversation", target_id="bobs-other-call", role="evidence")]
     refused("targets", service.create_draft, BOB, REALM,
             draft("decisions/c8").model_copy(update={"targets": elsewhere}))
+
+
+def test_a_record_carries_its_source_and_provenance_and_only_its_author_changes_them(records):
+    made = records.create(ALICE, REALM, record().model_copy(update={
+        "source_ref": "vendor-call:2026-11-30", "source_context": {"attendees": ["alice", "vendor"], "minute": 42}}))
+    assert (made["source_ref"], made["source_context"]) == ("vendor-call:2026-11-30", {"attendees": ["alice", "vendor"], "minute": 42})
+    changed = records.update(ALICE, REALM, made["record_id"], RecordFields(source_ref="vendor-email:2026-12-01"))
+    assert changed["source_ref"] == "vendor-email:2026-12-01" and changed["source_context"]["minute"] == 42
+    listed = records.search(ALICE, REALM, query="retries")
+    assert [r["source_ref"] for r in listed] == ["vendor-email:2026-12-01"]
+    with pytest.raises(ValidationError, match="source_ref"):
+        RecordFields(source_ref="  ")
+    with pytest.raises(TextTooLarge):
+        records.create(ALICE, REALM, record().model_copy(update={"source_context": {"notes": "x" * 70_000}}))

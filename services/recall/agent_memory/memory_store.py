@@ -58,9 +58,17 @@ def add_search_text(tx: Tx) -> None:
         tx.q("UPDATE agent_memory_records SET search_text = ? WHERE record_id = ?", (search_text(title, summary, content), record_id))
 
 
-SCHEMA = [*TABLES, add_search_text]
+def add_provenance(tx: Tx) -> None:
+    """Databases made before records carried their source: the two columns, empty for old records."""
+    have = tx.columns("agent_memory_records")
+    for column in ("source_ref", "source_context"):
+        if column not in have:
+            tx.q("ALTER TABLE agent_memory_records ADD COLUMN " + ("IF NOT EXISTS " if tx.pg else "") + f"{column} TEXT")
+
+
+SCHEMA = [*TABLES, add_search_text, add_provenance]
 COLUMNS = ("record_id, realm_id, memory_type, title, summary, content, reality, valid_from, valid_until, author,"
-           " created_at, updated_at, status")
+           " created_at, updated_at, status, source_ref, source_context")
 NAMES = [c.strip() for c in COLUMNS.split(",")]
 
 
@@ -133,17 +141,21 @@ class MemoryStore:
         for rid, sid, turn in tx.q("SELECT record_id, session_id, turn_uuid FROM agent_memory_citations"
                                    f" WHERE record_id IN ({marks}) ORDER BY ordinal", ids):
             cites[rid].append(Citation(session_id=sid, turn_uuid=turn))
-        return [MemoryRecord.model_validate({**dict(zip(NAMES, r)), "tags": tags[r[0]], "targets": targets[r[0]],
-                                             "citations": cites[r[0]]}) for r in rows]
+        return [MemoryRecord.model_validate({**dict(zip(NAMES, r)), "source_context": json.loads(r[-1] or "{}"),
+                                             "tags": tags[r[0]], "targets": targets[r[0]], "citations": cites[r[0]]})
+                for r in rows]
 
     # ---- writes -----------------------------------------------------------------------------------
     def insert(self, tx: Tx, r: MemoryRecord) -> None:
         tx.q(f"INSERT INTO agent_memory_records ({COLUMNS}, search_text) VALUES ({','.join('?' * (len(NAMES) + 1))})",
              (r.record_id, r.realm_id, r.memory_type, r.title, r.summary, r.content, r.reality, r.valid_from,
-              r.valid_until, r.author, r.created_at, r.updated_at, r.status, search_text(r.title, r.summary, r.content)))
+              r.valid_until, r.author, r.created_at, r.updated_at, r.status, r.source_ref, json.dumps(r.source_context),
+              search_text(r.title, r.summary, r.content)))
         self.replace_links(tx, r.record_id, tags=r.tags, targets=r.targets, citations=r.citations)
 
     def update_fields(self, tx: Tx, record_id: str, **fields: Any) -> None:
+        if "source_context" in fields:
+            fields["source_context"] = json.dumps(fields["source_context"])
         fields["updated_at"] = time.time()
         sets = ", ".join(f"{k} = ?" for k in fields)
         tx.q(f"UPDATE agent_memory_records SET {sets} WHERE record_id = ?", (*fields.values(), record_id))

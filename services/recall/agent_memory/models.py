@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from services.recall.artifacts.models import MAX_TARGETS, Target, Timestamp, rfc3339
+from services.recall.artifacts.models import MAX_TARGETS, NOT_BLANK, Target, Timestamp, rfc3339
 from shared.tenant_paths import CONVERSATION_ID
 
 MemoryType = Literal["fact", "observation", "decision", "hypothesis", "historical"]
@@ -38,8 +38,13 @@ class RecordFields(BaseModel):
     valid_from: AwareDatetime | None = Field(None, description="RFC 3339 with an offset; from when it holds.")
     valid_until: AwareDatetime | None = Field(None, description="RFC 3339 with an offset; after this it is hidden from default searches.")
     citations: list[Citation] | None = Field(None, max_length=20)
+    # Seed 004: every record has a source reference and a free-form context of where it came from.
+    source_ref: str | None = Field(None, min_length=1, max_length=500, pattern=NOT_BLANK,
+                                   description="Where it comes from: a meeting, ticket, document or session id.")
+    source_context: dict[str, Any] | None = Field(None, description="Free-form provenance (who, which call, which version).")
 
-    @field_validator("memory_type", "title", "summary", "content", "reality", "targets", "tags", "citations", mode="before")
+    @field_validator("memory_type", "title", "summary", "content", "reality", "targets", "tags", "citations",
+                     "source_ref", "source_context", mode="before")
     @classmethod
     def _not_null(cls, v: Any) -> Any:
         # Only the validity period can be cleared with null; the rest would be a NULL the table
@@ -95,6 +100,8 @@ class MemoryRecord(BaseModel):
     status: RecordStatus
     targets: list[Target]
     citations: list[Citation] = []
+    source_ref: str | None = None  # None: a record written before records carried their source
+    source_context: dict[str, Any] = {}
 
     def valid_at(self, now: float) -> bool:
         return (self.valid_from is None or self.valid_from <= now) and (self.valid_until is None or now < self.valid_until)
@@ -102,8 +109,8 @@ class MemoryRecord(BaseModel):
     def compact(self, now: float) -> dict[str, Any]:
         """What search returns: enough to choose, no content."""
         return {"record_id": self.record_id, "memory_type": self.memory_type, "reality": self.reality, "title": self.title,
-                "summary": self.summary, "tags": self.tags, "author": self.author, "updated_at": rfc3339(self.updated_at),
-                "valid_from": rfc3339(self.valid_from) if self.valid_from else None,
+                "summary": self.summary, "tags": self.tags, "author": self.author, "source_ref": self.source_ref,
+                "updated_at": rfc3339(self.updated_at), "valid_from": rfc3339(self.valid_from) if self.valid_from else None,
                 "valid_until": rfc3339(self.valid_until) if self.valid_until else None, "valid_now": self.valid_at(now),
                 "targets": [t.model_dump(mode="json") for t in self.targets]}
 

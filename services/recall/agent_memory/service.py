@@ -15,11 +15,12 @@ from services.recall.agent_memory.models import MemoryRecord, RecordFields, Reco
 from services.recall.artifacts import rules
 from services.recall.artifacts.models import Role, rfc3339
 from services.recall.artifacts.rules import RuleBroken
-from services.recall.artifacts.text_limits import check_text
+from services.recall.artifacts.text_limits import check_json, check_text
 from services.recall.artifacts.service import AUDIT_PAGE, MAX_TRAIL_OFFSET, ArtifactService, Caller, check_page
 
 MAX_REASON_CHARS = 1000  # as an artifact's revocation reason
-CHANGEABLE = ("memory_type", "title", "summary", "content", "reality", "valid_from", "valid_until")
+CHANGEABLE = ("memory_type", "title", "summary", "content", "reality", "valid_from", "valid_until", "source_ref",
+              "source_context")
 
 
 class AgentMemoryService:
@@ -32,13 +33,15 @@ class AgentMemoryService:
     def create(self, caller: Caller, realm_id: str, data: RecordInput) -> dict[str, Any]:
         rules.check_can_write(rules.role_in(caller.realms, realm_id), realm_id)
         check_text("content", data.content, self.artifacts.max_text_bytes)
+        check_json("source_context", data.source_context, self.artifacts.max_text_bytes)
         check_citations(self.data_dir, caller.principal, data.citations or [])
         now = time.time()
         record = MemoryRecord(record_id=uuid.uuid4().hex, realm_id=realm_id, memory_type=data.memory_type,
                               title=data.title, summary=data.summary, content=data.content, reality=data.reality,
                               tags=sorted(set(data.tags or [])), valid_from=epoch(data.valid_from),
                               valid_until=epoch(data.valid_until), author=caller.principal, created_at=now,
-                              updated_at=now, status="active", targets=data.targets, citations=data.citations or [])
+                              updated_at=now, status="active", targets=data.targets, citations=data.citations or [],
+                              source_ref=data.source_ref, source_context=data.source_context or {})
         with self.store.transaction() as tx:
             self.artifacts.check_targets(tx, caller, realm_id, record.targets)
             self.store.insert(tx, record)
@@ -52,6 +55,7 @@ class AgentMemoryService:
         if not changes:
             raise RuleBroken("fields", "nothing to change")
         check_text("content", patch.content, self.artifacts.max_text_bytes)
+        check_json("source_context", patch.source_context, self.artifacts.max_text_bytes)
         if patch.citations is not None:  # reading conversations, before the transaction holds the record
             check_citations(self.data_dir, caller.principal, patch.citations)
         with self.store.transaction() as tx:
