@@ -30,7 +30,8 @@ def test_time_words_name_a_window(query, rest, start, end):
     assert (window.start.date().isoformat(), window.end.date().isoformat()) == (start, end)
 
 
-@pytest.mark.parametrize("query", ["may we proceed with K-2", "MT-4471 status", "the October report", "2026-02-30"])
+@pytest.mark.parametrize("query", ["may we proceed with K-2", "MT-4471 status", "the October report", "2026-02-30",
+                                   "since 2026-02-30", "changes since 2026-11-31"])
 def test_no_window_without_a_real_date(query):
     assert find_time_window(query, NOW) == (query, None)
 
@@ -71,7 +72,8 @@ def _random_queries(seed: int, count: int) -> list[str]:
     out = []
     for _ in range(count):
         y, m, d, n = rnd.choice(years), rnd.randint(0, 13), rnd.randint(0, 32), rnd.randint(0, 999)
-        out += [f"what happened on {y:04d}-{m:02d}-{d:02d}", f"meeting in {rnd.choice(month_words)} {y:04d}",
+        out += [f"what happened on {y:04d}-{m:02d}-{d:02d}", f"since {y:04d}-{m:02d}-{d:02d}",
+                f"since {rnd.choice(month_words)} {y:04d}", f"meeting in {rnd.choice(month_words)} {y:04d}",
                 f"{rnd.choice(month_words)} {y:04d} notes", f"{n} {rnd.choice(['days', 'weeks', 'months'])} ago",
                 f"in the last {n} {rnd.choice(['days', 'weeks', 'months'])}", "today", "yesterday",
                 f"{rnd.choice(['this', 'last', 'past'])} {rnd.choice(['week', 'month'])}"]

@@ -124,8 +124,8 @@ def find_time_window(query: str, now: datetime) -> tuple[str, TimeWindow | None]
             since = _SINCE.search(query, 0, m.start())
             begin = since.start() if since else m.start()
             try:
-                window = resolve(m, today)
-                if since or m[0].lower().startswith("since"):
+                window = resolve(m, today)  # None for a date no calendar has ("2026-02-30")
+                if window is not None and (since or m[0].lower().startswith("since")):
                     window = _since(window, today)
             except (OverflowError, ValueError):
                 # A date at the calendar's edge ("9999-12-31", "March 0000") has no window
