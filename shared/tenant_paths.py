@@ -59,3 +59,7 @@ class TenantPaths:
 
     def transcript(self, conversation_id: str) -> Path:
         return self.src / f"{check_conversation_id(conversation_id)}.funes.jsonl"
+
+    def has_conversations(self) -> bool:
+        """Whether any conversation is stored (a directory listing, stopped at the first)."""
+        return self.src.is_dir() and any(self.src.glob("*.funes.jsonl"))

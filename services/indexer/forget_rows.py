@@ -48,8 +48,14 @@ class EmbeddedRows:
 
     async def remove_conversation(self, paths: TenantPaths, conversation_id: str, lock: RedisLock | None = None) -> int:
         from shared.engine.api import chunk_count
+        from shared.engine.store import MemoryDamaged
 
-        before = await asyncio.to_thread(chunk_count, paths.memory, conversation_id)
+        try:
+            before = await asyncio.to_thread(chunk_count, paths.memory, conversation_id)
+        except MemoryDamaged:
+            # Unreadable, so uncounted; the run below deletes it and rebuilds it without the conversation.
+            log.warning("forget.memory_damaged", user_hash=paths.uhash)
+            before = 0
         await self.job.remove_deleted(paths, lock=lock)
         # Not 0 after only when a snapshot newer than the forget stays (forgetting.py): its rows
         # were re-read, not removed.

@@ -66,6 +66,16 @@ def make_backend(s: RecallSettings, open_file_limit: int | None = None) -> Recal
     return EmbeddedBackend(readers, s.timeout_s, s.reader_cache_bytes, s.pool_idle_s)
 
 
+async def _no_memory(paths: TenantPaths) -> tuple[str, str]:
+    """No memory to search. Conversations stored without one (its first index run is due, or it
+    was lost: the indexer rebuilds it) make memory unavailable, not empty: "nothing stored"
+    would tell the agent something false."""
+    if not await asyncio.to_thread(paths.has_conversations):
+        return "no_memory", NO_MEMORY
+    log.warning("recall.memory_missing", user_hash=paths.uhash)
+    return "unavailable", UNAVAILABLE
+
+
 def caller_user() -> str:
     token = get_access_token()
     subject = token.claims.get("sub") if token is not None else None
@@ -117,12 +127,12 @@ class RecallService:
             log.warning("recall.busy", user_hash=paths.uhash, reason="search_deadline")
             return "busy", BUSY
         except NoIndex:
-            return "no_memory", NO_MEMORY
+            return await _no_memory(paths)
         except BackendUnavailable as exc:
             log.warning("recall.unavailable", user_hash=paths.uhash, error=str(exc)[:200])
             return "unavailable", UNAVAILABLE
         if raw is None:
-            return "no_memory", NO_MEMORY
+            return await _no_memory(paths)
         text = render_for_agent(raw, self.s.max_result_chars, self.s.k, window)
         return ("empty" if text == NOTHING else "hit"), text
 

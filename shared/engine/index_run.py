@@ -7,6 +7,8 @@ embedded again. Only chunks whose text is not already stored are embedded.
 
 from __future__ import annotations
 
+import logging
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,8 +17,10 @@ from shared.engine.chunking import Chunk, chunk_turn
 from shared.engine.embedder import Embedder
 from shared.engine.fault_injection import fault_point
 from shared.engine.memory_lock import memory_lock
-from shared.engine.store import MemoryStore, NewRow
+from shared.engine.store import MemoryDamaged, MemoryStore, NewRow
 from shared.engine.transcript import read_transcript, transcript_signatures
+
+_log = logging.getLogger("recall.engine.index")
 
 
 @dataclass(frozen=True)
@@ -36,13 +40,21 @@ def memory_dir(home: Path) -> Path:
     return home / "memory"
 
 
-def open_or_create(home: Path, embedder: Embedder) -> MemoryStore:
+def open_or_create(home: Path, embedder: Embedder) -> tuple[MemoryStore, bool]:
+    """The memory under `home` (the caller holds its lock), and whether it was made anew: none
+    yet, or a damaged one, deleted whole (its text too: a forget must reach every copy) to be
+    rebuilt from the sources."""
     path = memory_dir(home)
     if MemoryStore.exists(path):
-        store = MemoryStore.open(path)
-        store.check_model(embedder.spec.model_id, embedder.dim)
-        return store
-    return MemoryStore.create(path, embedder.spec.model_id, embedder.dim)
+        try:
+            store = MemoryStore.open(path)
+        except MemoryDamaged as exc:
+            _log.warning("memory damaged, rebuilt from its sources: %s", exc)
+            shutil.rmtree(path)
+        else:
+            store.check_model(embedder.spec.model_id, embedder.dim)
+            return store, False
+    return MemoryStore.create(path, embedder.spec.model_id, embedder.dim), True
 
 
 Checkpoint = Callable[[str], None]
@@ -72,7 +84,8 @@ def index_tree(home: Path, src: Path, embedder: Embedder, lock_wait_s: float = 0
     if not src.exists():
         raise FileNotFoundError(f"no such path: {src}")
     with memory_lock(home, lock_wait_s):
-        store = open_or_create(home, embedder)
+        store, made = open_or_create(home, embedder)
+        only_removals = only_removals and not made  # a rebuilt memory takes every source back
         try:
             # A snapshot between slices keeps readers of a growing memory off SQLite's tail.
             known, signatures = store.sources(), transcript_signatures(src.resolve())

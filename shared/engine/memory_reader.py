@@ -20,6 +20,7 @@ outside the rescored pool (int8 error is ~1e-3 of a cosine; tested).
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import threading
 from collections.abc import Iterator
@@ -31,9 +32,10 @@ import numpy as np
 
 from shared.engine.store import FTS_DIR, MemoryStore, Row, journal_mode
 from shared.engine.text_analysis import ANALYZER, held_stems
-from shared.engine.vector_file import (VectorFile, approximate_scores, conversation_code, current_inode,
+from shared.engine.vector_file import (VectorFile, approximate_scores, conversation_code, current_identity,
                                        open_vector_file)
 
+_log = logging.getLogger("recall.engine.reader")
 RESCORE_MIN = 64
 RESCORE_FACTOR = 4
 BM25_SLACK = 10  # hits read beyond the limit before reading the full depth (MemoryReader.bm25)
@@ -142,6 +144,7 @@ class MemoryReader:
         self.fts_analyzer = meta.get("fts_analyzer", "")  # as of the last refresh
         self._refresh_lock = threading.Lock()
         self._seen = None  # (data_version, total_changes) when the view was last known current
+        self._unusable: tuple[int, int] | None = None  # (inode, size) of a snapshot file found unreadable
         self._view = _empty_view(self.dim)
         self._fts_bytes = _dir_bytes(path / FTS_DIR)
 
@@ -174,32 +177,39 @@ class MemoryReader:
         """Catch up with the last committed generation. True when anything changed."""
         with self._refresh_lock:
             view = self._view
-            inode = current_inode(self.path)
+            identity = current_identity(self.path)
+            inode = identity[0] if identity else None
+            # The mapped file changed in place (vector_file.current_identity): its mapping is let go.
+            changed = view.base is not None and view.base.inode == inode and view.base.mapped_bytes != identity[1]
+            if changed:
+                _log.warning("vector snapshot %s changed in place: searching SQLite alone until an index run "
+                             "rewrites it", self.path)
             store = self.store
             with store.lock:
                 # Read before the transaction below: a commit in between is seen next time.
                 seen = (store.conn.execute("PRAGMA data_version").fetchone()[0], store.conn.total_changes)
-            if seen == self._seen and (inode is None or (view.base is not None and view.base.inode == inode)):
+            if seen == self._seen and not changed and (inode is None or (view.base is not None and view.base.inode == inode)):
                 return False  # nobody committed since the last look, and the snapshot is the same
             # Opened before the read transaction, so the snapshot is never ahead of what it sees.
             new_base = None
-            if inode is not None and (view.base is None or view.base.inode != inode):
+            if inode is not None and (view.base is None or view.base.inode != inode) and identity != self._unusable:
                 new_base = open_vector_file(self.path, self.dim)
+                self._unusable = identity if new_base is None else None  # not opened again until it is replaced
             with store.lock:
                 store.conn.execute("BEGIN")
                 try:
                     meta = store.meta()
                     self.fts_analyzer = meta.get("fts_analyzer", "")
                     generation, floor = int(meta["generation"]), int(meta["tombstone_floor"])
-                    if new_base is None and generation == view.generation:
+                    if new_base is None and generation == view.generation and not changed:
                         self._seen = seen
                         return False
                     if new_base is not None and new_base.memory_id != meta.get("memory_id", ""):
                         new_base = None  # another memory's snapshot (the directory was swapped): SQLite alone
                     if new_base is not None and new_base.generation >= floor:
                         view = _base_view(new_base, self.dim)
-                    elif view.generation < 0 or view.generation < floor:  # too far behind for tombstones
-                        base = view.base if view.base is not None and view.base.generation >= floor else None
+                    elif changed or view.generation < 0 or view.generation < floor:  # too far behind for tombstones
+                        base = view.base if not changed and view.base is not None and view.base.generation >= floor else None
                         view = _empty_view(self.dim) if base is None else _base_view(base, self.dim)
                     dead = store.tombstones_since(view.generation) if view.generation >= 0 else []
                     ids, vecs, facets = store.vectors_since(view.max_row_id)

@@ -33,7 +33,7 @@ from shared.engine.api import chunk_count
 from shared.engine.embedder import Embedder, embedder_for_stamp
 from shared.engine.index_run import Checkpoint, index_tree, memory_dir
 from shared.engine.memory_lock import memory_lock
-from shared.engine.store import MemoryStore
+from shared.engine.store import MemoryDamaged, MemoryStore
 
 STAGING = ".reembed"
 
@@ -41,11 +41,15 @@ Progress = Callable[[int, int], None]  # (chunks embedded so far, chunks of the 
 
 
 def stamp_of(home: Path) -> tuple[str, int] | None:
-    """(model id, dim) the memory under `home` was built with; None when there is none."""
+    """(model id, dim) the memory under `home` was built with; None when there is none, or only a
+    damaged one (its next index run rebuilds it with the configured model)."""
     path = memory_dir(home)
     if not MemoryStore.exists(path):
         return None
-    store = MemoryStore.open(path)
+    try:
+        store = MemoryStore.open(path)
+    except MemoryDamaged:
+        return None
     try:
         meta = store.meta()
     finally:
@@ -126,8 +130,8 @@ def remove_deleted_sources(home: Path, src: Path, embedder: Embedder, checkpoint
     of a model that cannot run here is re-embedded first (nothing else can write to it)."""
     kwargs = {"checkpoint": checkpoint} if checkpoint else {}
     stamp = stamp_of(home)
-    if stamp is not None:
-        own_model = embedder if stamp == (embedder.spec.model_id, embedder.dim) else embedder_for_stamp(stamp[0])
+    if stamp is not None or MemoryStore.exists(memory_dir(home)):  # a damaged one is rebuilt without the removed
+        own_model = embedder if stamp in (None, (embedder.spec.model_id, embedder.dim)) else embedder_for_stamp(stamp[0])
         if own_model is None:
             reembed_memory(home, src, embedder, **kwargs)
             own_model = embedder

@@ -71,6 +71,19 @@ class ModelMismatch(MemoryUnusable):
     pass
 
 
+class MemoryDamaged(MemoryUnusable):
+    """Files that no longer read as a memory (a truncated or garbled database or BM25 index).
+    A memory is derived from its sources, so an index run rebuilds it from them (index_run)."""
+
+
+def _damage(exc: Exception) -> bool:
+    """Whether opening failed on the files' content rather than on the moment (a lock, a full
+    table of open files, a permission): only damage is worth throwing a memory away for."""
+    if isinstance(exc, sqlite3.OperationalError):
+        return str(exc).startswith("no such table")  # a file cut to nothing reads as an empty database
+    return isinstance(exc, (sqlite3.DatabaseError, ValueError))  # "malformed", "not a database"; tantivy's meta
+
+
 class Row(NamedTuple):
     """One stored chunk. A tuple, not a frozen dataclass: a recall builds ~70 of them, and a
     frozen dataclass pays a guarded setattr per field (0.14 vs 0.01 ms per 60 rows)."""
@@ -166,7 +179,10 @@ class MemoryStore:
             conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
             fts = tantivy.Index(_fts_schema(), path=str(path / FTS_DIR), reuse=True)
         except (sqlite3.DatabaseError, ValueError, OSError) as exc:
-            raise MemoryUnusable(f"memory at {path} is unreadable ({exc}); rebuild it with `recall-engine index`") from exc
+            if _damage(exc):
+                raise MemoryDamaged(f"memory at {path} is damaged ({exc}); the next `recall-engine index` rebuilds it "
+                                    "from its sources") from exc
+            raise MemoryUnusable(f"memory at {path} cannot be opened now ({exc})") from exc
         return cls(path, conn, fts)
 
     @classmethod

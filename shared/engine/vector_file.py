@@ -54,6 +54,8 @@ import numpy as np
 from shared.engine.native_threads import ort_session_options
 from shared.engine.text_analysis import ANALYZER, fts_text, turn_stems
 
+_log = logging.getLogger("recall.engine.vectors")
+
 VECTOR_FILE = "vectors.i8"
 MAGIC = b"RECALLV1"
 _ALIGN = 64
@@ -163,16 +165,21 @@ def open_vector_file(memory: Path, dim: int) -> VectorFile | None:
         os.close(fd)
     if mapping[:8] != MAGIC:
         return None
-    (hlen,) = struct.unpack("<I", mapping[8:12])
-    header = json.loads(mapping[12 : 12 + hlen])
-    n = int(header["n"])
-    if int(header["dim"]) != dim:
+    try:
+        (hlen,) = struct.unpack("<I", mapping[8:12])
+        header = json.loads(mapping[12 : 12 + hlen])
+        n = int(header["n"])
+        if int(header["dim"]) != dim:
+            return None
+        offsets = header["offsets"]
+        stems = header.get("stems")
+        sections = _sections(n, dim) + (_stem_sections(n, stems) if stems else [])
+        # numpy refuses a section that runs past the end: a truncated file is never read past it.
+        arrays = {name: np.ndarray(shape, dtype=np.dtype(dtype), buffer=mapping, offset=offsets[name]) if name in offsets else None
+                  for name, dtype, shape in sections}
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:  # damaged: SQLite alone until an index run rewrites it
+        _log.warning("vector snapshot %s unreadable (%s): searching SQLite alone", path, exc)
         return None
-    offsets = header["offsets"]
-    stems = header.get("stems")
-    sections = _sections(n, dim) + (_stem_sections(n, stems) if stems else [])
-    arrays = {name: np.ndarray(shape, dtype=np.dtype(dtype), buffer=mapping, offset=offsets[name]) if name in offsets else None
-              for name, dtype, shape in sections}
     arrays.pop("bias")  # for releases that scanned with a +64 query offset
     owned = 0
     if arrays["rows"] is None:  # written before the rows were: a copy until the next index run
@@ -184,11 +191,16 @@ def open_vector_file(memory: Path, dim: int) -> VectorFile | None:
                       owned_bytes=owned, stems_analyzer=stems["analyzer"] if stems else "", **arrays)
 
 
-def current_inode(memory: Path) -> int | None:
+def current_identity(memory: Path) -> tuple[int, int] | None:
+    """(inode, size) of the current snapshot file, None when there is none. Index runs replace the
+    file (a new inode), never change it: the same inode with another size was changed in place
+    (a copy or restore over a live memory), and its mapping must not be read again — past a
+    truncated end a read is SIGBUS, which kills the whole process."""
     try:
-        return os.stat(memory / VECTOR_FILE).st_ino
+        st = os.stat(memory / VECTOR_FILE)
     except FileNotFoundError:
         return None
+    return st.st_ino, st.st_size
 
 
 def quantise_rows(vecs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -387,7 +399,6 @@ def _scan_session():
 # 1,000 conversations, so only a memory searched repeatedly pays it; the mapped pages it no
 # longer reads stay reclaimable page cache.
 PACK_AFTER_SCANS = 16
-_log = logging.getLogger("recall.engine.scan")
 
 
 class Scanner:
