@@ -17,7 +17,7 @@ from services.indexer.index_job import FunesIndexJob
 from services.recall.process_pool import ProcessPool
 from services.recall.server import RecallService
 from services.recall.settings import RecallSettings
-from shared.recall_answer_format import NO_MEMORY, NOTHING
+from shared.recall_answer_format import NO_MEMORY, NOTHING, UNAVAILABLE
 from shared.tenant_paths import TenantPaths
 from tests.conftest import (INGEST_KEY, JWT_SECRET, call_recall, funes_status_chunks, ingest_url, mint, post_conversation,
                             wait_until, write_conversation)
@@ -134,10 +134,10 @@ async def test_funes_mode_recall_decides_memory_state_from_the_contract_alone(te
         assert "Proceed once ticket MT-4471" in await service.recall_for("alice", "MT-4471 K-2")
         assert await service.recall_for("nobody", "MT-4471") == NO_MEMORY  # no src/: no child at all
         assert pool.ready() and len(pool._slots) == 1
-        # Stored conversations but no index yet: the child's status says so.
+        # Stored conversations but no index yet (the child's status says so): unavailable, not "none stored".
         bob = TenantPaths.for_user(tenant.root.parent, "bob")
         write_conversation(bob.src, "b1", ["The P-7 motor has bearing noise."])
-        assert await service.recall_for("bob", "P-7") == NO_MEMORY
+        assert await service.recall_for("bob", "P-7") == UNAVAILABLE
         # An index that holds nothing: "no results".
         index(fake_funes, bob)
         run(fake_funes, bob.root, "forget", "b1", "--memory", str(bob.memory))
@@ -157,7 +157,7 @@ async def test_funes_mode_ignores_an_engine_file_that_funes_did_not_write(tenant
     s = RecallSettings(data_dir=tenant.root.parent, engine="funes", funes_bin=fake_funes, jwt_secret=JWT_SECRET)
     pool = ProcessPool(fake_funes, 4, 60, 10, 30)
     try:
-        assert await RecallService(s, pool).recall_for("carol", "K-9") == NO_MEMORY
+        assert await RecallService(s, pool).recall_for("carol", "K-9") == UNAVAILABLE  # stored, not indexed by funes
     finally:
         await pool.close()
 

@@ -155,10 +155,13 @@ class ProcessPool:
             if slot is not None:  # died between calls
                 POOL_CRASH_RESTARTS.labels("crash").inc()
                 await self._drop(uhash)
+            evicted: list[_Slot] = []
             spawning = self._spawning.get(uhash)
             if spawning is None:  # concurrent first calls of one tenant share one spawn
-                await self._make_room()
+                evicted = self._make_room()
                 spawning = self._spawning[uhash] = asyncio.create_task(self._spawn(paths))
+        for victim in evicted:  # closed outside the lock: a hung child's grace period holds up no other tenant
+            await victim.child.close()
         try:
             slot = await asyncio.shield(spawning)
         except Exception as exc:
@@ -183,24 +186,27 @@ class ProcessPool:
         log.info("pool.spawned", user_hash=paths.uhash, pid=child.pid)
         return _Slot(child)
 
-    async def _make_room(self) -> None:
-        """Called with self._lock held: close LRU idle children until a new one fits."""
-        while len(self._slots) + len(self._spawning) >= self.max_processes:
-            victim = next((u for u, s in self._slots.items() if not s.users), None)
-            if victim is None:  # load, not a failure: the agent is told "busy, try again"
-                raise BackendOverloaded("every engine child is busy")
-            POOL_EVICTIONS.labels("lru").inc()
-            await self._drop(victim)
+    def _make_room(self) -> list[_Slot]:
+        """Called with self._lock held: take LRU idle children out until a new one fits; the
+        caller closes them once it has let go of the lock."""
+        idle = [u for u, s in self._slots.items() if not s.users]  # least recently used first
+        excess = len(self._slots) + len(self._spawning) + 1 - self.max_processes
+        if excess > len(idle):  # load, not a failure: the agent is told "busy, try again"
+            raise BackendOverloaded("every engine child is busy")
+        POOL_EVICTIONS.labels("lru").inc(max(0, excess))
+        return [slot for slot in map(self._detach, idle[:max(0, excess)]) if slot is not None]
 
     async def _replace(self, uhash: str, slot: _Slot, reason: str) -> None:
-        POOL_CRASH_RESTARTS.labels(reason).inc()
-        log.warning("pool.child_dropped", user_hash=uhash, reason=reason, pid=slot.child.pid)
         slot.child.kill()
         async with self._lock:
-            if self._slots.get(uhash) is slot:
+            first = self._slots.get(uhash) is slot  # calls queued on a dead child all come here: counted once
+            if first:
                 del self._slots[uhash]
                 self._indexed.discard(uhash)
             POOL_SIZE.set(len(self._slots))
+        if first:
+            POOL_CRASH_RESTARTS.labels(reason).inc()
+            log.warning("pool.child_dropped", user_hash=uhash, reason=reason, pid=slot.child.pid)
         await slot.child.close(grace=0.5)
 
     def _detach(self, uhash: str) -> _Slot | None:
