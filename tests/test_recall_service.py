@@ -107,6 +107,7 @@ async def test_awkward_queries(stack):
     assert long != UNAVAILABLE and len(long) <= 4000
     assert await call_recall(env, token, "") == EMPTY_QUERY
     assert await call_recall(env, token, "   \n\t ") == EMPTY_QUERY
+    assert await call_recall(env, token, "\x00\x01\x1b \u200b\u2060") == EMPTY_QUERY  # control and format characters alone
     for q in ("MT-4471?", "(N-11)", "'K-2'", '"MT-4471"', "MT-4471:", "N-11,MT-4471"):
         assert "MT-4471" in await call_recall(env, token, q), q
     for q in ("MT-4471 what happened on 9999-12-31", "MT-4471 meeting in March 0000"):  # no MCP error

@@ -105,7 +105,7 @@ class RecallService:
 
     async def _answer(self, user: str, query: str) -> tuple[str, str]:
         query = " ".join(query[: self.s.max_query_chars].split())
-        if not query:
+        if not any(c.isprintable() for c in query.replace(" ", "")):  # control or format characters alone (NUL, escapes)
             return "empty", EMPTY_QUERY
         paths = TenantPaths.for_user(self.s.data_dir, user)
         search_query, window = find_time_window(query, datetime.now(timezone.utc))
