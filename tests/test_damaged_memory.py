@@ -16,7 +16,7 @@ from shared.engine.api import Engine, chunk_count
 from shared.engine.hybrid_search import RecallParams
 from shared.engine.index_run import index_tree
 from shared.engine.reembed import remove_deleted_sources
-from shared.engine.store import DB_NAME, FTS_DIR, MemoryDamaged, MemoryStore
+from shared.engine.store import DB_NAME, FTS_DIR, MemoryDamaged, MemoryStore, MemoryUnusable
 from shared.engine.vector_file import VECTOR_FILE
 from shared.recall_answer_format import NO_MEMORY, UNAVAILABLE
 from shared.tenant_paths import TenantPaths
@@ -120,3 +120,23 @@ async def test_the_indexer_puts_a_tenant_with_conversations_but_no_usable_memory
     finally:
         await client.delete(keys.DUE, keys.REEMBED_PENDING)
         await client.aclose()
+
+
+def test_a_memory_that_cannot_be_opened_for_a_passing_reason_is_never_taken_for_damaged(tenant, embedder, monkeypatch):
+    import tantivy
+
+    def out_of_files(*args, **kwargs):
+        raise ValueError("Failed to open file for read: 'IoError: Too many open files (os error 24)'")
+
+    with monkeypatch.context() as m:
+        m.setattr(tantivy, "Index", out_of_files)
+        with pytest.raises(MemoryUnusable) as caught:
+            MemoryStore.open(tenant.memory)
+        assert not isinstance(caught.value, MemoryDamaged)
+        with pytest.raises(MemoryUnusable):
+            index_tree(tenant.root, tenant.src, embedder)  # refused, not rebuilt
+    with monkeypatch.context() as m:
+        m.setenv("RECALL_SQLITE_JOURNAL_MODE", "bogus")
+        with pytest.raises(ValueError, match="RECALL_SQLITE_JOURNAL_MODE"):
+            index_tree(tenant.root, tenant.src, embedder)
+    assert chunk_count(tenant.memory) == 4  # nothing was thrown away

@@ -76,12 +76,19 @@ class MemoryDamaged(MemoryUnusable):
     A memory is derived from its sources, so an index run rebuilds it from them (index_run)."""
 
 
+# tantivy-py reports every failure as ValueError: these are the moment's, not the files'.
+_PASSING = ("too many open files", "permission denied", "no space left", "resource temporarily unavailable",
+            "interrupted", "timed out", "lock")
+
+
 def _damage(exc: Exception) -> bool:
     """Whether opening failed on the files' content rather than on the moment (a lock, a full
     table of open files, a permission): only damage is worth throwing a memory away for."""
     if isinstance(exc, sqlite3.OperationalError):
         return str(exc).startswith("no such table")  # a file cut to nothing reads as an empty database
-    return isinstance(exc, (sqlite3.DatabaseError, ValueError))  # "malformed", "not a database"; tantivy's meta
+    if isinstance(exc, sqlite3.DatabaseError):
+        return True  # "database disk image is malformed", "file is not a database"
+    return isinstance(exc, ValueError) and not any(word in str(exc).lower() for word in _PASSING)
 
 
 class Row(NamedTuple):
@@ -174,6 +181,7 @@ class MemoryStore:
     def open(cls, path: Path) -> "MemoryStore":
         if not cls.exists(path):
             raise FileNotFoundError(f"no index found at {path}")
+        journal_mode()  # a setting's mistake is raised as itself, never taken for a damaged file
         try:
             conn = _connect(path / DB_NAME)
             conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
