@@ -208,7 +208,24 @@ def test_a_record_carries_its_source_and_provenance_and_only_its_author_changes_
     assert changed["source_ref"] == "vendor-email:2026-12-01" and changed["source_context"]["minute"] == 42
     listed = records.search(ALICE, REALM, query="retries")
     assert [r["source_ref"] for r in listed] == ["vendor-email:2026-12-01"]
-    with pytest.raises(ValidationError, match="source_ref"):
-        RecordFields(source_ref="  ")
+    for field in ("source_ref", "title", "summary", "content"):
+        with pytest.raises(ValidationError, match=field):
+            RecordFields(**{field: "  "})
     with pytest.raises(TextTooLarge):
         records.create(ALICE, REALM, record().model_copy(update={"source_context": {"notes": "x" * 70_000}}))
+
+
+def test_an_agent_admitted_before_the_registry_checks_can_still_be_suspended(service, monkeypatch):
+    import services.recall.artifacts.kind_schemas as kind_schemas
+
+    population = admitted(service, "bot1")
+    with monkeypatch.context() as m:  # a registry accepted before the checks: two agents on one set of paths
+        m.setattr(kind_schemas, "check_new_body", lambda *args: None)
+        proposal = population.propose_admission(ALICE, REALM, "Bot1", "researcher", "admitted before the checks")
+        service.accept(OWNER, REALM, proposal.artifact_id)
+    current = service.get_by_path(OWNER, REALM, REGISTRY_PATH)
+    registry = AgentRegistry.model_validate(json.loads(current.body))
+    suspended = AgentRegistry(agents=[a.model_copy(update={"status": "suspended"}) if a.principal == "Bot1" else a
+                                      for a in registry.agents])
+    made = service.supersede(OWNER, REALM, current.artifact_id, dump(suspended), "suspend Bot1", "owner", {}, None)
+    assert json.loads(made.body)["agents"][1]["status"] == "suspended"

@@ -40,6 +40,15 @@ def garble_bm25_index(memory: Path) -> None:
     (memory / FTS_DIR / "meta.json").write_text("{")
 
 
+def cut_bm25_index(memory: Path) -> None:
+    meta = memory / FTS_DIR / "meta.json"
+    meta.write_bytes(meta.read_bytes()[: meta.stat().st_size // 2])  # its content quotes "docstore_blocksize"
+
+
+def lose_bm25_index(memory: Path) -> None:
+    (memory / FTS_DIR / "meta.json").unlink()  # tantivy would start an empty index in its place
+
+
 def cut_database(memory: Path) -> None:
     os.truncate(memory / DB_NAME, 100)
 
@@ -48,7 +57,7 @@ def texts_on_disk(root: Path) -> bytes:
     return b"".join(p.read_bytes() for p in root.rglob("*") if p.is_file())
 
 
-@pytest.mark.parametrize("damage", [garble_bm25_index, cut_database])
+@pytest.mark.parametrize("damage", [garble_bm25_index, cut_bm25_index, lose_bm25_index, cut_database])
 def test_the_next_index_run_rebuilds_a_damaged_memory_from_its_sources(tenant, embedder, damage):
     before = chunk_count(tenant.memory)
     damage(tenant.memory)
@@ -125,8 +134,9 @@ async def test_the_indexer_puts_a_tenant_with_conversations_but_no_usable_memory
 def test_a_memory_that_cannot_be_opened_for_a_passing_reason_is_never_taken_for_damaged(tenant, embedder, monkeypatch):
     import tantivy
 
-    def out_of_files(*args, **kwargs):
-        raise ValueError("Failed to open file for read: 'IoError: Too many open files (os error 24)'")
+    def out_of_files(*args, **kwargs):  # as tantivy-py words it (os error 24, EMFILE)
+        raise ValueError("Failed to open file for read: 'IoError { io_error: Os { code: 24, kind: Uncategorized, "
+                         "message: \"Too many open files\" }, filepath: \"meta.json\" }'")
 
     with monkeypatch.context() as m:
         m.setattr(tantivy, "Index", out_of_files)

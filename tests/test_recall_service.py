@@ -529,10 +529,23 @@ async def test_a_replica_told_to_stop_answers_every_call_it_had_admitted(service
             "params": {"name": "recall_my_conversations", "arguments": {"query": "who replaced the pump P-101 seal"}}}
     async with httpx.AsyncClient(base_url=recall_url(service_env), headers=headers, timeout=60) as client:
         calls = [asyncio.create_task(client.post("/mcp", json=call)) for _ in range(12)]
-        await asyncio.sleep(0.15)
+        # SIGTERM once all twelve reached the replica (on a loaded machine some took over 0.15 s to connect).
+        for _ in range(500):
+            if _admitted((await client.get("/metrics")).text) >= 12:
+                break
+            await asyncio.sleep(0.01)
         serve.proc.send_signal(signal.SIGTERM)
         answers = await asyncio.gather(*calls, return_exceptions=True)
     assert all(isinstance(a, httpx.Response) and a.status_code == 200 for a in answers), answers
     assert all("Priya" in a.json()["result"]["content"][0]["text"] for a in answers)
     assert serve.proc.wait(30) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal once it has shut down
 
+
+def _admitted(metrics: str) -> float:
+    """Recalls this replica has taken in: waiting for a slot, searching, or answered."""
+    total = 0.0
+    for line in metrics.splitlines():
+        name = line.split("{")[0].split(" ")[0]
+        if name in ("recall_queued", "recall_in_flight", "recall_tool_latency_seconds_count"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total

@@ -60,6 +60,7 @@ class ProcessPool:
         self._lock = asyncio.Lock()
         self._sweeper: asyncio.Task | None = None
         self._indexed: set[str] = set()  # tenants whose child reported an index (until it is dropped)
+        self._closing: set[asyncio.Task] = set()  # evicted children being closed, apart from any call
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -70,6 +71,7 @@ class ProcessPool:
             self._sweeper.cancel()
         for uhash in list(self._slots):
             await self._drop(uhash)
+        await asyncio.gather(*self._closing)
 
     def ready(self) -> bool:
         return os.path.isfile(self.binary) or any(
@@ -160,8 +162,10 @@ class ProcessPool:
             if spawning is None:  # concurrent first calls of one tenant share one spawn
                 evicted = self._make_room()
                 spawning = self._spawning[uhash] = asyncio.create_task(self._spawn(paths))
-        for victim in evicted:  # closed outside the lock: a hung child's grace period holds up no other tenant
-            await victim.child.close()
+        for victim in evicted:  # closed apart from the lock and the call: a hung child's grace holds up nobody
+            closing = asyncio.create_task(victim.child.close())
+            self._closing.add(closing)
+            closing.add_done_callback(self._closing.discard)
         try:
             slot = await asyncio.shield(spawning)
         except Exception as exc:

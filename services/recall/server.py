@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import unicodedata
 from contextlib import asynccontextmanager
 from datetime import datetime, timezone
 from typing import Annotated
@@ -72,7 +73,7 @@ async def _no_memory(paths: TenantPaths) -> tuple[str, str]:
     would tell the agent something false."""
     if not await asyncio.to_thread(paths.has_conversations):
         return "no_memory", NO_MEMORY
-    log.warning("recall.memory_missing", user_hash=paths.uhash)
+    log.info("recall.memory_missing", user_hash=paths.uhash)  # also the seconds before a user's first index run
     return "unavailable", UNAVAILABLE
 
 
@@ -105,7 +106,7 @@ class RecallService:
 
     async def _answer(self, user: str, query: str) -> tuple[str, str]:
         query = " ".join(query[: self.s.max_query_chars].split())
-        if not any(c.isprintable() for c in query.replace(" ", "")):  # control or format characters alone (NUL, escapes)
+        if all(unicodedata.category(c) in ("Cc", "Cf", "Zs") for c in query):  # control or format characters alone
             return "empty", EMPTY_QUERY
         paths = TenantPaths.for_user(self.s.data_dir, user)
         search_query, window = find_time_window(query, datetime.now(timezone.utc))

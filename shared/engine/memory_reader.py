@@ -184,6 +184,7 @@ class MemoryReader:
             if changed:
                 _log.warning("vector snapshot %s changed in place: searching SQLite alone until an index run "
                              "rewrites it", self.path)
+                self._unusable = identity  # not mapped again until it is replaced (a new inode or size)
             store = self.store
             with store.lock:
                 # Read before the transaction below: a commit in between is seen next time.

@@ -76,9 +76,9 @@ class MemoryDamaged(MemoryUnusable):
     A memory is derived from its sources, so an index run rebuilds it from them (index_run)."""
 
 
-# tantivy-py reports every failure as ValueError: these are the moment's, not the files'.
-_PASSING = ("too many open files", "permission denied", "no space left", "resource temporarily unavailable",
-            "interrupted", "timed out", "lock")
+# tantivy-py reports every failure as ValueError; these say the files are wrong. Anything else
+# (an I/O error, too many open files, a permission) is the moment's, and deletes nothing.
+_TANTIVY_DAMAGE = ("Data corrupted", "Directory does not exist", "FileDoesNotExist")
 
 
 def _damage(exc: Exception) -> bool:
@@ -88,7 +88,7 @@ def _damage(exc: Exception) -> bool:
         return str(exc).startswith("no such table")  # a file cut to nothing reads as an empty database
     if isinstance(exc, sqlite3.DatabaseError):
         return True  # "database disk image is malformed", "file is not a database"
-    return isinstance(exc, ValueError) and not any(word in str(exc).lower() for word in _PASSING)
+    return isinstance(exc, ValueError) and any(mark in str(exc) for mark in _TANTIVY_DAMAGE)
 
 
 class Row(NamedTuple):
@@ -182,6 +182,11 @@ class MemoryStore:
         if not cls.exists(path):
             raise FileNotFoundError(f"no index found at {path}")
         journal_mode()  # a setting's mistake is raised as itself, never taken for a damaged file
+        if not (path / FTS_DIR / "meta.json").is_file():
+            # tantivy would start an empty index there (every turn gone from BM25 for good) and a
+            # reader would write it; a memory is made with its index (_initialise), so it is lost.
+            raise MemoryDamaged(f"memory at {path} has lost its BM25 index; the next `recall-engine index` rebuilds it "
+                                "from its sources")
         try:
             conn = _connect(path / DB_NAME)
             conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()

@@ -28,10 +28,10 @@ class Citation(BaseModel):
 class RecordFields(BaseModel):
     model_config = ConfigDict(extra="forbid")
     memory_type: MemoryType | None = Field(None, description="fact, observation, decision, hypothesis or historical.")
-    title: str | None = Field(None, min_length=1, max_length=200)
-    summary: str | None = Field(None, min_length=1, max_length=1000)
+    title: str | None = Field(None, min_length=1, max_length=200, pattern=NOT_BLANK)
+    summary: str | None = Field(None, min_length=1, max_length=1000, pattern=NOT_BLANK)
     # No character cap: RECALL_REALM_MAX_TEXT_BYTES bounds it in bytes of UTF-8 (a 413 naming it).
-    content: str | None = Field(None, min_length=1)
+    content: str | None = Field(None, min_length=1, pattern=NOT_BLANK)
     reality: Reality | None = Field(None, description="current_state, target_state, hypothesis, decision or historical_fact.")
     targets: list[Target] | None = Field(None, min_length=1, max_length=MAX_TARGETS)
     tags: list[Tag] | None = Field(None, max_length=20)

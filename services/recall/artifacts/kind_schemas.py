@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
 from services.recall.artifacts.artifact_store import DamagedRow
 from services.recall.artifacts.models import ARTIFACT_PATH
@@ -171,42 +170,47 @@ def parse_stored_body(kind: str, body: str) -> Strict | None:
         raise DamagedRow(f"a stored {kind} body fails validation") from None
 
 
+_AWARE_TIME = TypeAdapter(AwareDatetime)
+
+
 def _is_rfc3339(text: str) -> bool:
     try:
-        datetime.fromisoformat(text)
-    except ValueError:
+        _AWARE_TIME.validate_python(text)
+    except ValidationError:
         return False
-    return "T" in text
+    return "T" in text.upper()
 
 
 def check_new_body(body: Strict | None, constitution: Constitution | None, registry: AgentRegistry | None) -> None:
     """What a new version of a population document meets beyond its schema, given the realm's
-    accepted constitution and registry. Checked when a version is written, never when a stored
-    one is read: a version accepted before a rule existed stays readable, and only what a new
-    version adds or changes is held to it."""
+    accepted constitution and registry. Only what the version adds or changes is held to it: a
+    version accepted before a rule existed stays readable, and an owner can still suspend or
+    retire an agent admitted before it."""
     if isinstance(body, Constitution):
+        accepted = constitution.roles if constitution else {}
         for name, policy in body.roles.items():
-            unknown = sorted(set(policy.may_write_kinds) - set(WRITE_MODE))
+            known = set(accepted[name].may_write_kinds) if name in accepted else set()
+            unknown = sorted(set(policy.may_write_kinds) - set(WRITE_MODE) - known)
             if unknown:
                 raise RuleBroken("body", f"constitution body: roles.{name}.may_write_kinds: unknown kinds {unknown}; "
                                  f"each one of {sorted(WRITE_MODE)}")
     if isinstance(body, AgentRegistry):
         before = {a.principal: a for a in registry.agents} if registry else {}
-        holders = {principal_segment(a.principal): a.principal for a in body.agents if before.get(a.principal) == a}
+        holders = {principal_segment(p): p for p in before}
         for a in body.agents:
-            if before.get(a.principal) == a:
-                continue  # as accepted before
+            was = before.get(a.principal)
             where = f"agent_registry body: agent {a.principal!r}"
-            if not _is_rfc3339(a.proposed_at):
-                raise RuleBroken("body", f"{where}: proposed_at {a.proposed_at!r} is not an RFC 3339 time")
-            if constitution is not None and a.role not in constitution.roles:
+            if (was is None or was.proposed_at != a.proposed_at) and not _is_rfc3339(a.proposed_at):
+                raise RuleBroken("body", f"{where}: proposed_at {a.proposed_at!r} is not an RFC 3339 time with an offset")
+            if (was is None or was.role != a.role) and constitution is not None and a.role not in constitution.roles:
                 raise RuleBroken("body", f"{where}: role {a.role!r} is not one of the constitution's roles "
                                  f"{sorted(constitution.roles)}")
-            segment = principal_segment(a.principal)
-            other = holders.setdefault(segment, a.principal)
-            if other != a.principal:  # two agents would restore each other's worklog and handoff
-                raise RuleBroken("body", f"{where}: its working paths ({PLACEHOLDER} = {segment!r}) are those of "
-                                 f"{other!r}; admit it under another principal")
+            if was is None:  # two agents would restore each other's worklog and handoff
+                segment = principal_segment(a.principal)
+                other = holders.setdefault(segment, a.principal)
+                if other != a.principal:
+                    raise RuleBroken("body", f"{where}: its working paths ({PLACEHOLDER} = {segment!r}) are those of "
+                                     f"{other!r}; admit it under another principal")
 
 
 def check_place(path: str, body: Strict | None) -> None:

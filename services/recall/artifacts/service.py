@@ -278,9 +278,14 @@ class ArtifactService:
             artifact, role = self._load(tx, caller, realm_id, artifact_id, lock=True)
             rules.check_revoke(artifact.status, artifact.author, caller.principal, role, artifact.artifact_kind)
             # Withdrawing one's own draft or proposal undoes a submission: an agent that may
-            # submit may withdraw; revoking another's work, or accepted memory, is the revoke right.
+            # submit (or revoke) may withdraw; another's work, or accepted memory, takes the revoke right.
             withdraws = artifact.author == caller.principal and artifact.status is not Status.ACCEPTED
-            self.governed(tx, caller, realm_id, "submit" if withdraws else "revoke")
+            try:
+                self.governed(tx, caller, realm_id, "revoke")
+            except RuleBroken:
+                if not withdraws:
+                    raise
+                self.governed(tx, caller, realm_id, "submit")
             self.store.update_fields(tx, artifact_id, status=Status.REVOKED, revoked_reason=reason)
             self.store.record(tx, artifact_id, "revoked", caller.principal, reason=reason, was=artifact.status.value)
             if artifact.status is Status.ACCEPTED:
