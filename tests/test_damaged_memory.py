@@ -18,6 +18,7 @@ from shared.engine.index_run import index_tree
 from shared.engine.reembed import remove_deleted_sources
 from shared.engine.store import DB_NAME, FTS_DIR, MemoryDamaged, MemoryStore, MemoryUnusable
 from shared.engine.vector_file import VECTOR_FILE
+from shared.index_requests import DUE
 from shared.recall_answer_format import NO_MEMORY, UNAVAILABLE
 from shared.tenant_paths import TenantPaths
 from tests.conftest import call_recall, mint, write_conversation
@@ -103,12 +104,26 @@ def test_a_snapshot_truncated_in_place_under_a_live_reader_is_let_go_not_read(te
     assert "changed in place" in done.stderr
 
 
-async def test_a_tenant_with_conversations_but_no_memory_hears_memory_is_unavailable_not_empty(services, service_env):
+async def test_a_tenant_with_conversations_but_no_memory_hears_unavailable_and_the_indexers_are_asked(services, service_env, r):
     services("serve")
     paths = TenantPaths.for_user(Path(service_env["RECALL_DATA_DIR"]), USER)
+    r.delete(DUE)
     assert await call_recall(service_env, mint(USER), "gasket") == NO_MEMORY
+    assert r.zscore(DUE, paths.uhash) is None  # nothing stored: nothing to build
     write_conversation(paths.src, "gasket", GASKET)  # stored; its memory lost (or not built yet)
     assert await call_recall(service_env, mint(USER), "gasket") == UNAVAILABLE
+    assert r.zscore(DUE, paths.uhash) is not None  # an idle tenant heals without waiting for a restart
+
+
+async def test_a_damaged_memory_answers_unavailable_and_the_indexers_are_asked_to_rebuild_it(services, service_env, r, embedder):
+    paths = TenantPaths.for_user(Path(service_env["RECALL_DATA_DIR"]), USER)
+    write_conversation(paths.src, "gasket", GASKET)
+    index_tree(paths.root, paths.src, embedder)
+    garble_bm25_index(paths.memory)
+    services("serve")
+    r.delete(DUE)
+    assert await call_recall(service_env, mint(USER), "gasket") == UNAVAILABLE
+    assert r.zscore(DUE, paths.uhash) is not None
 
 
 async def test_the_indexer_puts_a_tenant_with_conversations_but_no_usable_memory_on_the_due_list(tenant, redis_url, embedder):

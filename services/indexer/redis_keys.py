@@ -1,6 +1,8 @@
 """Redis keys the indexers coordinate through (besides the stream and its group)."""
 
-DUE = "recall:index:due"  # zset: user_hash -> time its next index run may start
+from shared import index_requests
+
+DUE = index_requests.DUE  # zset: user_hash -> time its next index run may start (recall asks for runs too)
 # set of user hashes whose memory carries another model's stamp: added by a start sweep, removed
 # by the tenant's next finished index run (which re-embeds first) or its forget
 REEMBED_PENDING = "recall:reembed:pending"

@@ -13,6 +13,10 @@ class BackendUnavailable(Exception):
     """The engine could not answer (crash, hung child, corrupt memory); the tool degrades softly."""
 
 
+class MemoryNeedsRebuild(BackendUnavailable):
+    """The tenant's memory files are damaged: unavailable until an index run rebuilds them."""
+
+
 class BackendOverloaded(Exception):
     """A healthy engine ran out of time: the search stopped at its deadline because the replica is
     loaded. The memory is fine, so the agent is told "busy, try again", not "unavailable"."""

@@ -13,11 +13,12 @@ from __future__ import annotations
 import asyncio
 import time
 
-from services.recall.backend import BackendOverloaded, BackendUnavailable
+from services.recall.backend import BackendOverloaded, BackendUnavailable, MemoryNeedsRebuild
 from services.recall.metrics import POOL_EVICTIONS, POOL_SIZE, READER_CACHE_BYTES
 from services.recall.tool_output import AgentHit, hits_from_engine
 from shared.engine.api import Engine, MemoryState, NoIndex, memory_state
 from shared.engine.hybrid_search import DeadlineExceeded, RecallParams
+from shared.engine.store import MemoryDamaged
 from shared.tenant_paths import TenantPaths
 
 
@@ -42,6 +43,8 @@ class EmbeddedBackend:
             raise BackendOverloaded("recall timed out") from None
         except NoIndex:
             raise
+        except MemoryDamaged as exc:
+            raise MemoryNeedsRebuild(f"{type(exc).__name__}: {exc}") from exc
         except Exception as exc:
             raise BackendUnavailable(f"{type(exc).__name__}: {exc}") from exc
         finally:

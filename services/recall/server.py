@@ -27,7 +27,7 @@ from services.recall.artifacts.artifact_store import ArtifactStore, StoreUnavail
 from services.recall.artifacts.service import ArtifactService
 from services.recall.artifacts.surface import register_realm_surface
 from services.recall.artifacts.tool_access import refusal
-from services.recall.backend import BackendOverloaded, BackendUnavailable, RecallBackend
+from services.recall.backend import BackendOverloaded, BackendUnavailable, MemoryNeedsRebuild, RecallBackend
 from services.recall.embedded_backend import EmbeddedBackend
 from services.recall.fd_budget import raise_open_file_limit, readers_within
 from services.recall.metrics import RECALL_BUSY, RECALL_CONCURRENCY_LIMIT, RECALL_IN_FLIGHT, RECALL_LATENCY
@@ -39,6 +39,7 @@ from services.recall.tool_output import RECALL_TOOL, TOOL_DESCRIPTION, AgentHit,
 from services.recall.unexpected_errors import UnexpectedToolErrors, record_http_failure
 from shared.engine.api import Engine, MemoryState, NoIndex
 from shared.http_serving import serve_http
+from shared.index_requests import IndexRequests
 from shared.logging_setup import configure_logging, get_logger
 from shared.metrics_http import metrics_endpoint
 from shared.recall_answer_format import BUSY, EMPTY_QUERY, NO_MEMORY, NOTHING, UNAVAILABLE
@@ -67,16 +68,6 @@ def make_backend(s: RecallSettings, open_file_limit: int | None = None) -> Recal
     return EmbeddedBackend(readers, s.timeout_s, s.reader_cache_bytes, s.pool_idle_s)
 
 
-async def _no_memory(paths: TenantPaths) -> tuple[str, str]:
-    """No memory to search. Conversations stored without one (its first index run is due, or it
-    was lost: the indexer rebuilds it) make memory unavailable, not empty: "nothing stored"
-    would tell the agent something false."""
-    if not await asyncio.to_thread(paths.has_conversations):
-        return "no_memory", NO_MEMORY
-    log.info("recall.memory_missing", user_hash=paths.uhash)  # also the seconds before a user's first index run
-    return "unavailable", UNAVAILABLE
-
-
 def caller_user() -> str:
     token = get_access_token()
     subject = token.claims.get("sub") if token is not None else None
@@ -86,9 +77,10 @@ def caller_user() -> str:
 
 
 class RecallService:
-    def __init__(self, settings: RecallSettings, backend: RecallBackend) -> None:
+    def __init__(self, settings: RecallSettings, backend: RecallBackend, index_requests: IndexRequests | None = None) -> None:
         self.s = settings
         self.backend = backend
+        self.index_requests = index_requests  # None without Redis: a lost memory waits for the indexer
         self.admission = Admission(settings.max_concurrency, settings.queue_max, settings.queue_wait_s)
         # The funes pool bounds every step itself (a child's start, each call, killing the child).
         self.caller_wait_s = None if settings.engine == "funes" else settings.timeout_s + CALLER_GRACE_S
@@ -128,14 +120,30 @@ class RecallService:
             log.warning("recall.busy", user_hash=paths.uhash, reason="search_deadline")
             return "busy", BUSY
         except NoIndex:
-            return await _no_memory(paths)
+            return await self._no_memory(paths)
         except BackendUnavailable as exc:
             log.warning("recall.unavailable", user_hash=paths.uhash, error=str(exc)[:200])
+            if isinstance(exc, MemoryNeedsRebuild):
+                await self._ask_for_index_run(paths)
             return "unavailable", UNAVAILABLE
         if raw is None:
-            return await _no_memory(paths)
+            return await self._no_memory(paths)
         text = render_for_agent(raw, self.s.max_result_chars, self.s.k, window)
         return ("empty" if text == NOTHING else "hit"), text
+
+    async def _no_memory(self, paths: TenantPaths) -> tuple[str, str]:
+        """No memory to search. Conversations stored without one (its first index run is due, or
+        it was lost) make memory unavailable, not empty: "nothing stored" would tell the agent
+        something false; the indexers are asked for the run that builds it."""
+        if not await asyncio.to_thread(paths.has_conversations):
+            return "no_memory", NO_MEMORY
+        log.info("recall.memory_missing", user_hash=paths.uhash)  # also the seconds before a user's first index run
+        await self._ask_for_index_run(paths)
+        return "unavailable", UNAVAILABLE
+
+    async def _ask_for_index_run(self, paths: TenantPaths) -> None:
+        if self.index_requests is not None:
+            await self.index_requests.ask(paths.uhash)
 
     async def _search(self, paths: TenantPaths, query: str, k: int) -> list[AgentHit] | None:
         """Runs holding an admission slot and gives it back when the work ends, whether or not
@@ -209,7 +217,8 @@ def check_artifacts_db(service: ArtifactService) -> None:
 def build_app(settings: RecallSettings | None = None):
     s = settings or RecallSettings()
     backend = make_backend(s, raise_open_file_limit())
-    service = RecallService(s, backend)
+    index_requests = IndexRequests(s.redis) if s.redis_url else None
+    service = RecallService(s, backend, index_requests)
     mcp = FastMCP("recall", auth=build_verifier(s), mask_error_details=True,
                   instructions="Memory of this user's earlier conversations. If the user refers to earlier work, "
                                "recall first, then answer.")
@@ -254,6 +263,8 @@ def build_app(settings: RecallSettings | None = None):
             yield state
         if listener is not None:
             listener.cancel()
+        if index_requests is not None:
+            await index_requests.close()
         await backend.close()
 
     app.router.lifespan_context = lifespan

@@ -1,0 +1,41 @@
+"""Asking the indexers for a tenant's index run: the due list every indexer worker polls (a zset
+user_hash -> the time its next run may start). The indexer puts a tenant there after each
+snapshot it writes; the recall service asks for a tenant whose stored conversations have no
+usable memory (lost or damaged files: the run rebuilds it), so an idle tenant heals too."""
+
+from __future__ import annotations
+
+import time
+
+import redis.asyncio as aioredis
+
+from shared.logging_setup import get_logger
+
+DUE = "recall:index:due"
+ASK_EVERY_S = 30.0  # one request per tenant per this long: a tenant's every failing call must not write to Redis
+
+log = get_logger("recall.index_requests")
+
+
+class IndexRequests:
+    def __init__(self, redis_url: str) -> None:
+        self._client = aioredis.Redis.from_url(redis_url)
+        self._asked: dict[str, float] = {}
+
+    async def ask(self, uhash: str) -> None:
+        """Best effort: with Redis away the tenant waits for its next conversation or an indexer's start."""
+        now = time.monotonic()
+        if now - self._asked.get(uhash, -ASK_EVERY_S) < ASK_EVERY_S:
+            return
+        self._asked[uhash] = now
+        if len(self._asked) > 10_000:  # forget the oldest half: a bounded map, whatever the tenant count
+            for old in sorted(self._asked, key=self._asked.__getitem__)[:5_000]:
+                del self._asked[old]
+        try:
+            await self._client.zadd(DUE, {uhash: time.time()}, nx=True)  # an already due tenant keeps its time
+            log.info("recall.index_requested", user_hash=uhash)
+        except Exception as exc:  # noqa: BLE001 - Redis away: recall answers all the same
+            log.warning("recall.index_request_failed", user_hash=uhash, error=type(exc).__name__)
+
+    async def close(self) -> None:
+        await self._client.aclose()
