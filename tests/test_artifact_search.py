@@ -165,3 +165,11 @@ def test_ranked_pages_reach_every_accepted_artifact_while_the_index_still_holds_
         seen += [a["artifact_id"] for a in page]
         offset = next_offset(page, 2, offset)
     assert sorted(seen) == sorted(set(made) - {best})
+
+
+def test_a_query_nothing_in_the_realm_is_close_to_finds_nothing(service):
+    service.register_entity(MEMBER, REALM, "contract-7", "Contract 7", "contract")
+    accepted(service, "dossiers/contract-7", "The vendor changed the retry semantics of contract 7 in version 2.1.", "contract-7")
+    assert service.search(MEMBER, REALM, None, None, None, "retry semantics of contract 7")
+    for nonsense in ("xyzzy plugh", "🦓🦓", "!!!"):
+        assert service.search(MEMBER, REALM, None, None, None, nonsense) == [], nonsense

@@ -116,8 +116,10 @@ class ArtifactSearch:
         """Artifact ids (of `kind` only, when given), best first, from the realm's best `pool`
         passages; and whether those were all the passages there are (a larger pool finds no more)."""
         try:
+            # The relevance floor of conversation recall: a query nothing in the realm is close to
+            # ("xyzzy plugh", "🦓🦓") finds nothing, not the realm's artifacts in some order.
             hits = self.engine.search(self.home(realm_id) / "memory", query,
-                                      RecallParams(k=pool, candidates=pool, neighbors=0, harness=kind))
+                                      RecallParams(k=pool, candidates=pool, neighbors=0, harness=kind, floor=True))
         except NoIndex:
             return [], True
         ordered: dict[str, None] = {}
