@@ -46,6 +46,11 @@ def cut_bm25_index(memory: Path) -> None:
     meta.write_bytes(meta.read_bytes()[: meta.stat().st_size // 2])  # its content quotes "docstore_blocksize"
 
 
+def cut_bm25_segment(memory: Path) -> None:
+    biggest = max((p for p in (memory / FTS_DIR).iterdir() if p.suffix not in (".json", ".lock")), key=lambda p: p.stat().st_size)
+    os.truncate(biggest, biggest.stat().st_size // 2)  # tantivy: "Footer magic byte mismatch. File corrupted"
+
+
 def lose_bm25_index(memory: Path) -> None:
     (memory / FTS_DIR / "meta.json").unlink()  # tantivy would start an empty index in its place
 
@@ -58,7 +63,7 @@ def texts_on_disk(root: Path) -> bytes:
     return b"".join(p.read_bytes() for p in root.rglob("*") if p.is_file())
 
 
-@pytest.mark.parametrize("damage", [garble_bm25_index, cut_bm25_index, lose_bm25_index, cut_database])
+@pytest.mark.parametrize("damage", [garble_bm25_index, cut_bm25_index, cut_bm25_segment, lose_bm25_index, cut_database])
 def test_the_next_index_run_rebuilds_a_damaged_memory_from_its_sources(tenant, embedder, damage):
     before = chunk_count(tenant.memory)
     damage(tenant.memory)

@@ -78,7 +78,8 @@ class MemoryDamaged(MemoryUnusable):
 
 # tantivy-py reports every failure as ValueError; these say the files are wrong. Anything else
 # (an I/O error, too many open files, a permission) is the moment's, and deletes nothing.
-_TANTIVY_DAMAGE = ("Data corrupted", "Directory does not exist", "FileDoesNotExist")
+_TANTIVY_DAMAGE = ("Data corrupted", "Directory does not exist", "FileDoesNotExist",
+                   "kind: InvalidData")  # a segment file cut short: "Footer magic byte mismatch. File corrupted"
 
 
 def _damage(exc: Exception) -> bool:
