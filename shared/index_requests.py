@@ -27,10 +27,9 @@ class IndexRequests:
         now = time.monotonic()
         if now - self._asked.get(uhash, -ASK_EVERY_S) < ASK_EVERY_S:
             return
+        if len(self._asked) >= 10_000:  # a bounded map, whatever the tenant count: at worst a tenant is asked again
+            self._asked.clear()
         self._asked[uhash] = now
-        if len(self._asked) > 10_000:  # forget the oldest half: a bounded map, whatever the tenant count
-            for old in sorted(self._asked, key=self._asked.__getitem__)[:5_000]:
-                del self._asked[old]
         try:
             await self._client.zadd(DUE, {uhash: time.time()}, nx=True)  # an already due tenant keeps its time
             log.info("recall.index_requested", user_hash=uhash)

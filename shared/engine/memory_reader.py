@@ -179,17 +179,18 @@ class MemoryReader:
             view = self._view
             identity = current_identity(self.path)
             inode = identity[0] if identity else None
-            # The mapped file changed in place (vector_file.current_identity): its mapping is let go.
-            changed = view.base is not None and view.base.inode == inode and view.base.mapped_bytes != identity[1]
-            if changed:
+            if view.base is not None and view.base.inode == inode and view.base.mapped_bytes != identity[1]:
+                # The mapped file changed in place (vector_file.current_identity): its mapping is let
+                # go, and the view is built again from SQLite below, as for a memory without a snapshot.
                 _log.warning("vector snapshot %s changed in place: searching SQLite alone until an index run "
                              "rewrites it", self.path)
                 self._unusable = identity  # not mapped again until it is replaced (a new inode or size)
+                view = _empty_view(self.dim)
             store = self.store
             with store.lock:
                 # Read before the transaction below: a commit in between is seen next time.
                 seen = (store.conn.execute("PRAGMA data_version").fetchone()[0], store.conn.total_changes)
-            if seen == self._seen and not changed and (inode is None or (view.base is not None and view.base.inode == inode)):
+            if seen == self._seen and (inode is None or (view.base is not None and view.base.inode == inode)):
                 return False  # nobody committed since the last look, and the snapshot is the same
             # Opened before the read transaction, so the snapshot is never ahead of what it sees.
             new_base = None
@@ -202,15 +203,15 @@ class MemoryReader:
                     meta = store.meta()
                     self.fts_analyzer = meta.get("fts_analyzer", "")
                     generation, floor = int(meta["generation"]), int(meta["tombstone_floor"])
-                    if new_base is None and generation == view.generation and not changed:
+                    if new_base is None and generation == view.generation:
                         self._seen = seen
                         return False
                     if new_base is not None and new_base.memory_id != meta.get("memory_id", ""):
                         new_base = None  # another memory's snapshot (the directory was swapped): SQLite alone
                     if new_base is not None and new_base.generation >= floor:
                         view = _base_view(new_base, self.dim)
-                    elif changed or view.generation < 0 or view.generation < floor:  # too far behind for tombstones
-                        base = view.base if not changed and view.base is not None and view.base.generation >= floor else None
+                    elif view.generation < 0 or view.generation < floor:  # too far behind for tombstones
+                        base = view.base if view.base is not None and view.base.generation >= floor else None
                         view = _empty_view(self.dim) if base is None else _base_view(base, self.dim)
                     dead = store.tombstones_since(view.generation) if view.generation >= 0 else []
                     ids, vecs, facets = store.vectors_since(view.max_row_id)
