@@ -47,6 +47,7 @@ class TimedEmbedder:
 
     def __init__(self, real) -> None:
         self.real, self.spec, self.dim = real, real.spec, real.dim
+        self.query_batcher = real.query_batcher  # so that a search sees the model busy (embedder.query_model_busy)
         self.wall: list[float] = []
         self.cpu: list[float] = []
         self._lock = threading.Lock()

@@ -156,3 +156,58 @@ def test_recalls_racing_on_one_memory_find_what_they_find_one_at_a_time(e5_one_l
         racing = list(pool.map(found, questions))
     assert racing == one_at_a_time and all(one_at_a_time)
     assert e5_one_lane.query_batcher.runs - runs_before < len(questions)
+
+
+class HeldModel:
+    """The real e5 behind a one-lane batcher whose first run waits until the test lets it end;
+    records the order of model runs and BM25 searches in `events`."""
+
+    def __init__(self, real: OnnxEmbedder, events: list[str]) -> None:
+        self.spec, self.dim, self.real, self.events = real.spec, real.dim, real, events
+        self.release = threading.Event()
+        self.query_batcher = QueryBatcher(self._run, lanes=1)
+
+    def _run(self, texts: list[str]) -> np.ndarray:
+        self.events.append("model " + " | ".join(texts))
+        if len(self.events) == 1:
+            assert self.release.wait(10)
+        return np.stack([self.real.embed_query(t) for t in texts])
+
+    def embed_query(self, text: str) -> np.ndarray:
+        return self.query_batcher.embed(text)
+
+    def text_log_prob(self, text: str) -> float | None:
+        return self.real.text_log_prob(text)
+
+
+def test_a_search_that_finds_the_query_model_busy_searches_its_words_while_it_waits(e5_one_lane, tmp_path):
+    from shared.engine.hybrid_search import RecallParams, recall
+    from shared.engine.index_run import index_tree, memory_dir
+    from shared.engine.memory_reader import MemoryReader
+    from tests.conftest import wait_until, write_conversation
+
+    write_conversation(tmp_path / "src", "c0", ["The pump MT-4471 at the north site leaks again.", "noted"])
+    index_tree(tmp_path, tmp_path / "src", e5_one_lane)
+    reader = MemoryReader(memory_dir(tmp_path))
+    events: list[str] = []
+    model = HeldModel(e5_one_lane, events)
+    bm25 = reader.store.bm25
+    reader.store.bm25 = lambda query, depth: events.append("bm25") or bm25(query, depth)
+    try:
+        other_call = start_callers(model.query_batcher, ["another call's query"])
+        assert wait_until(lambda: events == ["model another call's query"], 10)
+        with ThreadPoolExecutor(1) as pool:
+            search = pool.submit(recall, reader, model, "which pump leaks", RecallParams(k=1))
+            # Its BM25 leg runs while the other call still holds the model's lane.
+            assert wait_until(lambda: "bm25" in events, 10), events
+            model.release.set()
+            hits = search.result(10)
+        assert other_call[0].result(10).shape == (e5_one_lane.dim,)
+        assert events.index("bm25") < events.index("model which pump leaks")
+        assert "MT-4471" in hits[0].row.text
+        # With the model free, a search embeds its query first, as it always did.
+        events.clear()
+        recall(reader, model, "north site", RecallParams(k=1))
+        assert events[0] == "model north site"
+    finally:
+        reader.close()

@@ -151,6 +151,13 @@ class Embedder(Protocol):
         ...
 
 
+def query_model_busy(embedder: Embedder) -> bool:
+    """Whether a query embedded now would wait for other calls' model runs (query_batching.py);
+    False for an embedder without query lanes."""
+    batcher = getattr(embedder, "query_batcher", None)
+    return batcher is not None and batcher.busy
+
+
 @dataclass(frozen=True)
 class EmbedModelSpec:
     model_id: str  # the stamp written into every memory this model builds

@@ -18,7 +18,7 @@ from operator import or_
 
 import numpy as np
 
-from shared.engine.embedder import E5_STAMPS, Embedder
+from shared.engine.embedder import E5_STAMPS, Embedder, query_model_busy
 from shared.engine.identifiers import IdentifierPattern, count_identifiers, query_identifiers
 from shared.engine.memory_reader import Mask, MemoryReader
 from shared.engine.relevance_floor import floor_for
@@ -219,9 +219,15 @@ def search_legs(reader: MemoryReader, qvec: np.ndarray, query: str, candidates: 
                 bm25_depth: int = 0) -> Legs:
     """Both legs, each its top `candidates` with raw scores (call inside `reader.fresh()`), and
     the BM25 leg's top `bm25_depth` when that is deeper (one search)."""
-    analyzer = reader.fts_analyzer
-    bm25 = bm25_leg(reader, bm25_query_text(query, analyzer), max(candidates, bm25_depth), mask)
-    return Legs(reader.nearest_scored(qvec, candidates, mask), bm25[:candidates], bm25[:bm25_depth])
+    bm25, deep = bm25_legs(reader, query, candidates, mask, bm25_depth)
+    return Legs(reader.nearest_scored(qvec, candidates, mask), bm25, deep)
+
+
+def bm25_legs(reader: MemoryReader, query: str, candidates: int, mask: Mask,
+              bm25_depth: int = 0) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
+    """The BM25 leg's top `candidates` and top `bm25_depth`, from one search."""
+    bm25 = bm25_leg(reader, bm25_query_text(query, reader.fts_analyzer), max(candidates, bm25_depth), mask)
+    return bm25[:candidates], bm25[:bm25_depth]
 
 
 @dataclass(frozen=True)
@@ -310,22 +316,30 @@ def recall(
     query = query.strip()
     if not query:
         return []
-    qvec = embedder.embed_query(query)
     now = time.time() if now is None else now
     with reader.fresh():  # no lock while searching: concurrent calls on one memory run side by side
         check_deadline(deadline)
         mask = reader.filter_mask(params.block_type, params.harness)
         c = params.candidates
-        legs = search_legs(reader, qvec, query, max(c, MIN_LEG_DEPTH), mask,
-                           CONVERSATION_DEPTH if CONVERSATION_WEIGHT > 0 else 0)
+        # The query model runs one call's query at a time (query_batching.py). A call that finds
+        # it busy does its word-based work first instead of waiting: its core searches while the
+        # other runs the model, and by the time it asks, the run has often ended.
+        words_first = query_model_busy(embedder)
+        qvec = None if words_first else _embed(embedder, query, deadline)
+        bm25, bm25_deep = bm25_legs(reader, query, max(c, MIN_LEG_DEPTH), mask,
+                                    CONVERSATION_DEPTH if CONVERSATION_WEIGHT > 0 else 0)
         idents = query_identifiers(query)
         # Turns holding the query's identifiers join the pool even when both legs missed them.
         ident_leg = bm25_leg(reader, " ".join(f'"{phrase(i)}"' for i in idents), c, mask) if idents else []
         # A memory indexed before stemming holds plain words: the query's stems say nothing there.
         stemmed = reader.fts_analyzer in STEMMED_ANALYZERS
-        evidence = conversation_candidates(reader, legs.bm25_deep, mask) if legs.bm25_deep and stemmed else None
+        evidence = conversation_candidates(reader, bm25_deep, mask) if bm25_deep and stemmed else None
+        clauses = QueryClauses.of(reader, query) if evidence else None
+        if qvec is None:
+            qvec = _embed(embedder, query, deadline)
+        legs = Legs(reader.nearest_scored(qvec, max(c, MIN_LEG_DEPTH), mask), bm25, bm25_deep)
         found = {rid for leg in (legs.dense, legs.bm25, ident_leg) for rid, _ in leg}
-        judgement = _judge_conversations(reader, query, found, evidence, mask) if evidence else None
+        judgement = _judge_conversations(reader, clauses, found, evidence, mask) if evidence and clauses else None
         # One read of the turns the pool may hold: the legs' and the best turns of the best conversations.
         rows = reader.store.rows(list(found | set(judgement.best if judgement else ())))
         dense_weight = dense_weight_for(embedder.spec.model_id)
@@ -371,6 +385,12 @@ def recall(
         if params.neighbors > 0:
             _attach_neighbours(reader, hits, params.neighbors)
         return hits
+
+
+def _embed(embedder: Embedder, query: str, deadline: float | None) -> np.ndarray:
+    qvec = embedder.embed_query(query)
+    check_deadline(deadline)
+    return qvec
 
 
 def _clears_floor(embedder: Embedder, query: str, legs: Legs, rows: dict[int, Row], c: int) -> bool:
@@ -440,12 +460,11 @@ class ConversationJudgement:
         return {rid: CONVERSATION_WEIGHT * share(covered[rid] | self.held.get(code, 0)) for rid, code in zip(rows, codes)}
 
 
-def _judge_conversations(reader: MemoryReader, query: str, found: set[int], evidence: ConversationEvidence,
+def _judge_conversations(reader: MemoryReader, clauses: QueryClauses, found: set[int], evidence: ConversationEvidence,
                          mask: Mask) -> ConversationJudgement:
     """Which clauses each judged conversation's turns hold, from the snapshot's stems, so a judged
     turn is read from SQLite only when the snapshot has no stems for it (and then only if it is
     still there); the legs' own turns are judged in the same pass."""
-    clauses = QueryClauses.of(reader, query)
     judged = [rid for turns in evidence.turns.values() for rid in turns]
     held_by_row = reader.snapshot_held(list(found.union(judged)), clauses.stems, mask)
     unread = [rid for rid in judged if rid not in held_by_row]

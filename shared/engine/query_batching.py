@@ -47,6 +47,11 @@ class QueryBatcher:
         self.runs = 0
         self.queries = 0
 
+    @property
+    def busy(self) -> bool:
+        """Every lane is running: a query asked now would wait for a run to end."""
+        return not self._free_lanes  # read without the lock: a hint for ordering work, not a promise
+
     def embed(self, text: str) -> np.ndarray:
         request = _Request(text)
         with self._lock:
