@@ -1,7 +1,10 @@
 """Where a warm recall's CPU and wall time go, alone and with calls side by side (issue 15's
 calls/s target: a replica's throughput is 2 cores over what a call costs while another runs).
 
-    .venv/bin/python -m bench.call_breakdown [--conversations 10000] [--calls 400] [--clients 8] [--slots 2] [--no-doc]
+    GLIBC_TUNABLES=glibc.malloc.hugetlb=1 .venv/bin/python -m bench.call_breakdown [--conversations 10000] [--calls 400]
+        [--clients 8] [--slots 2] [--no-doc]
+
+(The tunable: as the services start, shared/huge_pages.py.)
 
 One tenant of `--conversations` conversations (bench/corpus.py; vectors reused as in
 bench/recall_cpu_bench.py, queries always embedded by the real default model), one process:
@@ -21,6 +24,7 @@ bench/recall_cpu_bench.py, queries always embedded by the real default model), o
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -207,7 +211,10 @@ def main() -> None:
     ])
     print(body)
     if not args.no_doc:
-        write_section("call-breakdown", "python -m bench.call_breakdown " + " ".join(sys.argv[1:]), body)
+        # Run as the services start (shared/huge_pages.py) to measure what they do; the command says how it ran.
+        tunables = os.environ.get("GLIBC_TUNABLES")
+        env = f"GLIBC_TUNABLES={tunables} " if tunables else ""
+        write_section("call-breakdown", env + "python -m bench.call_breakdown " + " ".join(sys.argv[1:]), body)
 
 
 if __name__ == "__main__":
