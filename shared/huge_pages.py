@@ -6,8 +6,8 @@ run misses the TLB on most of those pages, and more so after the search between 
 used it for other data. glibc (2.35 and later) backs its large allocations with 2 MiB pages
 when the process starts with the tunable below (`madvise`; read once at start, so it is set in
 the environment services start with: `recall up`'s children, the container image, funes
-children). Measured (docs/benchmarks.md, round 17): the model's CPU per query inside calls
--8 %, calls/s +4-5 % at 8 clients, RSS unchanged. The kernel's THP mode must be `madvise` or
+children). Measured (docs/benchmarks.md, round 17, alternating): the model's CPU per query
+inside calls -5 %, calls/s +3 % at 8 clients, RSS unchanged. The kernel's THP mode must be `madvise` or
 `always` (most distributions' default); with `never`, or another C library, it changes nothing.
 """
 
