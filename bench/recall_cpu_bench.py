@@ -3,6 +3,7 @@ and indexing CPU and wall time per conversation, against older engines in the sa
 
     .venv/bin/python -m bench.recall_cpu_bench [--sizes 1000 10000] [--calls 160] [--baseline-ref 477ac4d]
         [--before-ref 746882f] [--main-ref main] [--index-conversations 1000] [--mcp-calls 100] [--slots N]
+        [--rounds R]
 
 - Tenants of 1k and 10k conversations (6 turns each; seed 000's corpus, bench/corpus.py) are
   built once per model by this tree's engine: MiniLM as the baseline shipped it (stamp
@@ -35,6 +36,11 @@ and indexing CPU and wall time per conversation, against older engines in the sa
   split into anonymous memory and file-backed pages (the mapped snapshot: page cache, shared
   by every process reading the memory, reclaimable). Each code first rewrites the tenant's
   snapshot in its own format (`publish_vectors(force=True)`), as its index runs would.
+- `--rounds R`: every tenant is built first, then each row is measured R times, the rows' order
+  reversed every other round, and shown as the mean with its range. The host drifts by several
+  per cent over minutes, so rows measured one after another once are biased by their order
+  (round 17: the row measured last came out 7 % low three runs in a row, and ahead when
+  alternated).
 - Warm calls: `Engine.recall` with k=3, candidates=8 (the service's defaults), 1, 4 and 8
   client threads; CPU ms per call = process CPU time / calls (all threads, query embedding
   included; the service's HTTP/MCP layer adds ~1.5-2 ms, not measured here). Client counts
@@ -59,6 +65,7 @@ import json
 import os
 import random
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -293,6 +300,20 @@ SEARCHERS = {"baseline": ("baseline", {}, False), "ours": ("ours", {}, True),
              "main, before this pass": ("main", {}, False)}
 
 
+def combined(rounds: list[dict]) -> dict:
+    """One row's measurements: the mean of every figure over the rounds, and per client count
+    the range of its CPU per call and calls/s (`cpu_ms_range`, `calls_s_range`)."""
+    out = {key: statistics.mean(r[key] for r in rounds) for key, value in rounds[0].items()
+           if isinstance(value, (int, float)) and not isinstance(value, bool)}
+    out["runs"] = {}
+    for run in rounds[0]["runs"]:
+        each = [r["runs"][run] for r in rounds]
+        out["runs"][run] = {key: statistics.mean(e[key] for e in each) for key in each[0]}
+        for key in ("cpu_ms", "calls_s"):
+            out["runs"][run][f"{key}_range"] = (min(e[key] for e in each), max(e[key] for e in each))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000])
@@ -306,6 +327,8 @@ def main() -> None:
     ap.add_argument("--main-ref", default="main", help="the engine before this pass (its `minilm` row)")
     ap.add_argument("--index-conversations", type=int, default=1000)
     ap.add_argument("--mcp-calls", type=int, default=100)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="search measurements per row, every other round in reverse order; a row shows their mean (and range)")
     ap.add_argument("--no-doc", action="store_true")
     args = ap.parse_args()
     from shared.engine.embedder import embedder_for_stamp
@@ -322,30 +345,37 @@ def main() -> None:
     for n in args.sizes:
         src = work / f"src-{n}"
         queries = write_src(src, n)
-        for tenant, (model_id, name, searchers) in TENANTS.items():
-            home = work / f"home-{n}-{name}-{len(results)}"
+        homes: dict[str, Path] = {}
+        for tenant, (model_id, name, _) in TENANTS.items():
+            homes[tenant] = work / f"home-{n}-{len(homes)}"
             t0 = time.perf_counter()
             real = embedder_for_stamp(model_id)
             assert real is not None, model_id
-            index_tree(home, src, ReusingEmbedder(real))
+            index_tree(homes[tenant], src, ReusingEmbedder(real))
             print(f"built {n} conversations ({tenant}) in {time.perf_counter() - t0:.0f}s", file=sys.stderr)
-            for code in searchers:
+        rows = [(tenant, code) for tenant, (_, _, searchers) in TENANTS.items() for code in searchers]
+        measured: dict[tuple[str, str], list[dict]] = {row: [] for row in rows}
+        for r in range(args.rounds):  # every other round in reverse: the host's drift over minutes favours no row
+            for tenant, code in rows if r % 2 == 0 else rows[::-1]:
                 tree, extra, huge_pages = SEARCHERS[code]
                 result = run_worker(
-                    codes[tree], {"mode": "search", "memory": str(memory_dir(home)),
+                    codes[tree], {"mode": "search", "memory": str(memory_dir(homes[tenant])),
                                   "queries": queries[: FIRST_CALLS + len(runs) * args.calls], "runs": runs,
                                   "calls": args.calls, **extra},
-                    {"RECALL_EMBEDDER": name}, huge_pages)
-                result["runs"] = {run_key(*run): measured for run, measured in zip(runs, result["runs"])}
-                results[(n, tenant, code)] = result
-                print(n, tenant, code, json.dumps(results[(n, tenant, code)]), file=sys.stderr)
+                    {"RECALL_EMBEDDER": TENANTS[tenant][1]}, huge_pages)
+                result["runs"] = {run_key(*run): one for run, one in zip(runs, result["runs"])}
+                measured[(tenant, code)].append(result)
+                print(n, tenant, code, json.dumps(result), file=sys.stderr)
+        for tenant, code in rows:
+            results[(n, tenant, code)] = combined(measured[(tenant, code)])
+        for tenant, (model_id, name, _) in TENANTS.items():
             variants = {} if tenant == "MiniLM as shipped" else {tenant: {"RECALL_EMBEDDER": name}}
             if model_id == E5_MODEL_ID:  # a query on a team of two: lower latency for more CPU per call
                 variants[f"{tenant}, RECALL_EMBED_THREADS=2"] = {"RECALL_EMBEDDER": name, "RECALL_EMBED_THREADS": "2"}
             for label, env in variants.items():
-                mcp[(n, label)] = asyncio.run(mcp_latency(memory_dir(home), queries[-(args.mcp_calls + 10):], env))
+                mcp[(n, label)] = asyncio.run(mcp_latency(memory_dir(homes[tenant]), queries[-(args.mcp_calls + 10):], env))
                 print(n, label, "mcp", json.dumps(mcp[(n, label)]), file=sys.stderr)
-            shutil.rmtree(home)
+            shutil.rmtree(homes[tenant])
     index: dict[str, dict] = {}
     isrc = work / "src-index"
     write_src(isrc, args.index_conversations)
@@ -376,10 +406,16 @@ def render(args, results: dict[tuple[int, str, str], dict], mcp: dict[tuple[int,
                    for c, g in measured_runs(args.clients, args.slots)),
                   key=lambda run: "/" in run[0])  # every client at once first, then the gated runs
     loads = [r["runs"][run]["load"] for r in results.values() for run, _ in runs]
+    def cell(measured: dict, key: str, digits: int) -> str:
+        """The mean, and with several rounds their range: `7.7 (7.5–7.9)`."""
+        lo, hi = measured[f"{key}_range"]
+        mean = f"{measured[key]:.{digits}f}"
+        return mean if args.rounds == 1 else f"{mean} ({lo:.{digits}f}–{hi:.{digits}f})"
+
     perf = table(["conversations", "model", "code", *[f"CPU ms/call, {label}" for _, label in runs],
                   *[f"calls/s, {label}" for _, label in runs]],
-                 [[n, t, code, *[f"{results[(n, t, code)]['runs'][run]['cpu_ms']:.1f}" for run, _ in runs],
-                   *[f"{results[(n, t, code)]['runs'][run]['calls_s']:.0f}" for run, _ in runs]]
+                 [[n, t, code, *[cell(results[(n, t, code)]["runs"][run], "cpu_ms", 1) for run, _ in runs],
+                   *[cell(results[(n, t, code)]["runs"][run], "calls_s", 0) for run, _ in runs]]
                   for n, t, code in keys])
     cold = table(["conversations", "model", "code", "cold open wall (s)", "cold open CPU (s)",
                   f"CPU ms/call of the first {FIRST_CALLS} calls after it", "RSS after open (MiB)",
@@ -403,6 +439,8 @@ def render(args, results: dict[tuple[int, str, str], dict], mcp: dict[tuple[int,
         index_table = f"\n\nIndexing {nconv} conversations from scratch with the real model (no reuse):\n\n{index_table}"
     return (f"Baseline: `{args.baseline_ref}`'s `shared/` (git archive) in the same run; before: `{args.before_ref}`'s; "
             f"main, before this pass: `{args.main_ref}`; {args.calls} calls per row, each a different question; k=3, candidates=8; engine level (no HTTP). "
+            + (f"Each row is the mean of {args.rounds} measurements, the rows' order reversed every other round "
+               f"(the host drifts by several per cent over minutes), their range in brackets. " if args.rounds > 1 else "") +
             f"\"N clients, {args.slots} at once\": the N clients' calls pass {args.slots} at a time, as a recall replica admits them "
             f"(`RECALL_MAX_CONCURRENCY`); the other columns let every client search at once. "
             f"Tenants reuse 3,000 real embeddings (module docstring). Load average during the calls: "
