@@ -15,7 +15,7 @@ from services.indexer import redis_keys as keys
 from services.indexer.metrics import REEMBED_PENDING, REEMBED_PROGRESS, REEMBEDS
 from shared.engine.embedder import Embedder
 from shared.engine.index_run import Checkpoint
-from shared.engine.reembed import needs_reembed, reembed_memory, stamp_of
+from shared.engine.reembed import model_stamp, needs_reembed, reembed_memory, stamp_of
 from shared.error_site import loggable_failure
 from shared.logging_setup import get_logger
 from shared.tenant_paths import USER_HASH, TenantPaths
@@ -71,7 +71,7 @@ def _need(tenant: Path, embedder: Embedder) -> str | None:
         return None
     if stamp is None:
         return "rebuild" if TenantPaths(tenant).has_conversations() else None
-    return "reembed" if stamp != (embedder.spec.model_id, embedder.dim) else None
+    return "reembed" if stamp != model_stamp(embedder) else None
 
 
 async def schedule_stale_tenants(client: aioredis.Redis, data_dir: Path, embedder: Embedder) -> int:

@@ -57,9 +57,14 @@ def stamp_of(home: Path) -> tuple[str, int] | None:
     return meta["model_id"], int(meta["dim"])
 
 
+def model_stamp(embedder: Embedder) -> tuple[str, int]:
+    """What `stamp_of` reads back from a memory this embedder built."""
+    return embedder.spec.model_id, embedder.dim
+
+
 def needs_reembed(home: Path, embedder: Embedder) -> bool:
     stamp = stamp_of(home)
-    return stamp is not None and stamp != (embedder.spec.model_id, embedder.dim)
+    return stamp is not None and stamp != model_stamp(embedder)
 
 
 class _ReportingEmbedder:
@@ -90,7 +95,7 @@ def _keep_staging_of(home: Path, embedder: Embedder) -> Path:
     without a database: what a kill -9 mid-removal left, the snapshot's stems among them)."""
     staging = home / STAGING
     try:
-        reusable = stamp_of(staging) == (embedder.spec.model_id, embedder.dim)
+        reusable = stamp_of(staging) == model_stamp(embedder)
     except Exception:
         reusable = False
     if not reusable:
@@ -131,7 +136,7 @@ def remove_deleted_sources(home: Path, src: Path, embedder: Embedder, checkpoint
     kwargs = {"checkpoint": checkpoint} if checkpoint else {}
     stamp = stamp_of(home)
     if stamp is not None or MemoryStore.exists(memory_dir(home)):  # a damaged one is rebuilt without the removed
-        own_model = embedder if stamp in (None, (embedder.spec.model_id, embedder.dim)) else embedder_for_stamp(stamp[0])
+        own_model = embedder if stamp in (None, model_stamp(embedder)) else embedder_for_stamp(stamp[0])
         if own_model is None:
             reembed_memory(home, src, embedder, **kwargs)
             own_model = embedder
