@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from shared.engine.chunking import Chunk
-from shared.engine.memory_reader import MemoryReader
+from shared.engine.memory_reader import SAMPLE_STRIDE, MemoryReader, largest_positions
 from shared.engine.store import MemoryStore, NewRow
 from shared.engine.vector_file import VECTOR_FILE, open_vector_file
 
@@ -54,6 +54,24 @@ def test_int8_scan_with_rescore_returns_the_exact_top_k(tmp_path):
             assert reader.nearest(q, k, mask) == exact_top(by_id, q, k)
     reader.close()
     store.close()
+
+
+def test_the_sampled_selection_finds_exactly_the_largest_scores_whatever_their_order():
+    rng = np.random.default_rng(7)
+    n = 60000
+    scores = rng.standard_normal(n).astype(np.float32)
+    stacked = scores.copy()  # every sampled position holds one of the largest: the threshold lands too high
+    stacked[::SAMPLE_STRIDE] = np.sort(scores)[-len(stacked[::SAMPLE_STRIDE]):]
+    masked = scores.copy()  # a time window: most rows left out
+    masked[rng.random(n) < 0.97] = -np.inf
+    few = scores[:40]  # fewer rows than the sample needs
+    for values in (scores, stacked, masked, few, np.sort(scores), np.sort(scores)[::-1]):
+        finite = int(np.isfinite(values).sum())
+        for k in (1, 64, 120, 500, min(finite, 2000)):
+            k = min(k, finite)
+            got = largest_positions(values, k)
+            assert len(got) == len(set(got.tolist())) == k
+            assert np.sort(values[got]).tolist() == np.sort(values)[len(values) - k:].tolist()
 
 
 def test_reader_catches_up_from_sqlite_and_switches_to_a_newer_snapshot(tmp_path):

@@ -44,6 +44,25 @@ BM25_SLACK = 10  # hits read beyond the limit before reading the full depth (Mem
 # the re-score, hydration and neighbour statements then copy no page through read(2). This
 # is address space, not memory: the pages are the page cache.
 SQLITE_MMAP_BYTES = 1 << 34
+SAMPLE_STRIDE = 16  # largest_positions: every 16th score estimates the threshold of the best few
+
+
+def largest_positions(values: np.ndarray, k: int) -> np.ndarray:
+    """Positions of the `k` largest `values` (1 <= k <= len(values)), in no order: the set a
+    full `argpartition` gives (ties at the k-th value go either way), ~10x cheaper over a
+    snapshot's 60k scores. Every 16th value gives a threshold that about 2k + 128 values reach;
+    the partition then runs over those only. The set is exact whatever the sample: if fewer
+    than `k` values reach the threshold, it partitions all of them."""
+    n = len(values)
+    sample = values[::SAMPLE_STRIDE]
+    wanted = 2 * (k // SAMPLE_STRIDE) + 8  # twice the sample's expected share of the k, plus slack
+    if wanted >= len(sample):
+        return np.argpartition(values, n - k)[n - k:]
+    threshold = np.partition(sample, len(sample) - wanted)[len(sample) - wanted]
+    reach = np.flatnonzero(values >= threshold)
+    if len(reach) < k:
+        return np.argpartition(values, n - k)[n - k:]
+    return reach[np.argpartition(values[reach], len(reach) - k)[len(reach) - k:]]
 
 
 @dataclass(frozen=True)
@@ -282,7 +301,7 @@ class MemoryReader:
                 approx = approximate_scores(view.base, q)
                 if allowed < nb:
                     approx[~base_bits] = -np.inf
-                top = np.argpartition(-approx, pool - 1)[:pool]
+                top = largest_positions(approx, pool)
                 exact_ids, exact_vecs = self.store.vectors_of(view.ids[top].tolist())
                 found += zip(exact_ids.tolist(), (exact_vecs @ q).tolist())
         if view.n > nb:
@@ -290,7 +309,7 @@ class MemoryReader:
             sims[~bits[nb:]] = -np.inf
             take = min(limit, np.count_nonzero(bits[nb:]))
             if take:
-                top = np.argpartition(-sims, take - 1)[:take]
+                top = largest_positions(sims, take)
                 found += [(int(view.ids[nb + i]), float(sims[i])) for i in top]
         found.sort(key=lambda pair: (-pair[1], pair[0]))
         return found[:limit]
