@@ -17,9 +17,12 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from shared.child_process import free_port, stop, wait_healthy
+from shared.engine.chunking import Chunk
+from shared.engine.store import NewRow
 from shared.engine.transcript import Block, TranscriptTurn, dump_transcript
 
 REPO = Path(__file__).resolve().parents[1]
@@ -37,6 +40,27 @@ def make_turns(conversation_id: str, messages: list[str], day: str = "2026-10-08
                        harness=harness, blocks=[Block(block_type="text", text=m)])
         for i, m in enumerate(messages)
     ]
+
+
+VECTOR_DIM = 384  # store-level tests' vectors: e5's and MiniLM's width
+
+
+def clustered_vectors(n: int, seed: int) -> np.ndarray:
+    """Unit vectors in tight clusters, like embeddings of template-heavy chats: many near-ties."""
+    rng = np.random.default_rng(seed)
+    centres = rng.standard_normal((max(1, n // 40), VECTOR_DIM)).astype(np.float32)
+    vecs = centres[rng.integers(0, len(centres), n)] + 0.15 * rng.standard_normal((n, VECTOR_DIM)).astype(np.float32)
+    return vecs / np.linalg.norm(vecs, axis=1, keepdims=True)
+
+
+def new_rows(vecs: np.ndarray, start: int, harness: str = "copilot") -> list[NewRow]:
+    out = []
+    for i, v in enumerate(vecs, start):
+        chunk = Chunk(chunk_key=f"k{i}", session_id=f"s{i // 6}", turn_uuid=f"t{i}", seq=i % 6, ts="2026-10-08T10:00:00Z",
+                      ts_epoch=1791453600.0 + i, role="user", harness=harness, workdir="", block_type="text",
+                      block_idx=0, split_idx=0, text=f"row {i}")
+        out.append(NewRow(chunk=chunk, source_path=f"s{i // 6}.funes.jsonl", vector=v))
+    return out
 
 
 def write_conversation(src: Path, conversation_id: str, messages: list[str], day: str = "2026-10-08") -> Path:

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from pathlib import Path
 
 import pytest
+import tantivy
 
 from shared.engine.api import Engine
 from shared.engine.hybrid_search import RecallParams
 from shared.engine.index_run import index_tree, memory_dir
-from shared.engine.store import ModelMismatch
-from tests.conftest import CountingEmbedder, write_conversation
+from shared.engine.store import FTS_DIR, MemoryStore, ModelMismatch
+from tests.conftest import VECTOR_DIM, CountingEmbedder, clustered_vectors, new_rows, write_conversation
 
 CONVS = {
     "plant": ["Let's review the N-11 upgrade. Load at 91% is acceptable but tight.",
@@ -64,6 +66,21 @@ def test_incremental_index_equals_from_scratch(tmp_path, embedder):
     assert rows_of(inc) == rows_of(tmp_path / "scratch")
     for q in ("N-11 decision", "gland leak work order", "18 month forecast"):
         assert top_sessions(inc, embedder, q) == top_sessions(tmp_path / "scratch", embedder, q)
+
+
+def test_index_runs_leave_their_bm25_segments_merged(tmp_path):
+    """tantivy merges the segments commits leave only while the writer waits for it; dropped at
+    once, it killed merges still running, and every query term is looked up in every segment."""
+    store = MemoryStore.create(tmp_path / "memory", "test-model", VECTOR_DIM)
+    vectors = clustered_vectors(200, seed=1)
+    counts = []
+    for run in range(24):
+        store.commit_changes(new_rows(vectors, 1 + 200 * run), [], {}, [])
+        counts.append(len(json.loads((tmp_path / "memory" / FTS_DIR / "meta.json").read_text())["segments"]))
+    ids, _ = store.bm25(tantivy.Query.term_query(store.schema, "row_id", 4321), 5)
+    store.close()
+    assert max(counts) <= 8, f"BM25 segments after each of 24 runs: {counts}"  # tantivy merges 8 of a size
+    assert ids == [4321], "the merged segments still hold every run's rows"
 
 
 def test_unchanged_tree_is_a_no_op(tmp_path, embedder):

@@ -5,30 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from shared.engine.chunking import Chunk
 from shared.engine.memory_reader import SAMPLE_STRIDE, MemoryReader, largest_positions
-from shared.engine.store import MemoryStore, NewRow
+from shared.engine.store import MemoryStore
 from shared.engine.vector_file import VECTOR_FILE, open_vector_file
-
-DIM = 384
-
-
-def clustered_vectors(n: int, seed: int) -> np.ndarray:
-    """Unit vectors in tight clusters, like embeddings of template-heavy chats: many near-ties."""
-    rng = np.random.default_rng(seed)
-    centres = rng.standard_normal((max(1, n // 40), DIM)).astype(np.float32)
-    vecs = centres[rng.integers(0, len(centres), n)] + 0.15 * rng.standard_normal((n, DIM)).astype(np.float32)
-    return vecs / np.linalg.norm(vecs, axis=1, keepdims=True)
-
-
-def new_rows(vecs: np.ndarray, start: int, harness: str = "copilot") -> list[NewRow]:
-    out = []
-    for i, v in enumerate(vecs, start):
-        chunk = Chunk(chunk_key=f"k{i}", session_id=f"s{i // 6}", turn_uuid=f"t{i}", seq=i % 6, ts="2026-10-08T10:00:00Z",
-                      ts_epoch=1791453600.0 + i, role="user", harness=harness, workdir="", block_type="text",
-                      block_idx=0, split_idx=0, text=f"row {i}")
-        out.append(NewRow(chunk=chunk, source_path=f"s{i // 6}.funes.jsonl", vector=v))
-    return out
+from tests.conftest import VECTOR_DIM, clustered_vectors, new_rows
 
 
 def exact_top(vecs_by_id: dict[int, np.ndarray], q: np.ndarray, k: int) -> list[int]:
@@ -39,7 +19,7 @@ def exact_top(vecs_by_id: dict[int, np.ndarray], q: np.ndarray, k: int) -> list[
 
 def test_int8_scan_with_rescore_returns_the_exact_top_k(tmp_path):
     memory = tmp_path / "memory"
-    store = MemoryStore.create(memory, "test-model", DIM)
+    store = MemoryStore.create(memory, "test-model", VECTOR_DIM)
     vecs = clustered_vectors(6000, seed=1)
     store.commit_changes(new_rows(vecs, 1), [], {}, [])
     store.publish_vectors()
@@ -76,7 +56,7 @@ def test_the_sampled_selection_finds_exactly_the_largest_scores_whatever_their_o
 
 def test_reader_catches_up_from_sqlite_and_switches_to_a_newer_snapshot(tmp_path):
     memory = tmp_path / "memory"
-    store = MemoryStore.create(memory, "test-model", DIM)
+    store = MemoryStore.create(memory, "test-model", VECTOR_DIM)
     vecs = clustered_vectors(900, seed=3)
     store.commit_changes(new_rows(vecs[:600], 1), [], {}, [])
     store.publish_vectors(force=True)
@@ -87,7 +67,7 @@ def test_reader_catches_up_from_sqlite_and_switches_to_a_newer_snapshot(tmp_path
 
     # Committed but not yet in a snapshot: 300 new rows, 50 removed, some of another harness.
     store.commit_changes(new_rows(vecs[600:], 601, harness="codex"), list(range(1, 51)), {}, [])
-    assert open_vector_file(memory, DIM).generation == first_snapshot.generation, "lag below the rewrite threshold"
+    assert open_vector_file(memory, VECTOR_DIM).generation == first_snapshot.generation, "lag below the rewrite threshold"
     reader.refresh()
     assert reader.view.base is first_snapshot and reader.view.n == 900
     alive = {i + 1: v for i, v in enumerate(vecs) if i + 1 > 50}
@@ -110,12 +90,12 @@ def test_reader_catches_up_from_sqlite_and_switches_to_a_newer_snapshot(tmp_path
 
 def test_forgetting_rewrites_the_snapshot_without_the_forgotten_rows(tmp_path):
     memory = tmp_path / "memory"
-    store = MemoryStore.create(memory, "test-model", DIM)
+    store = MemoryStore.create(memory, "test-model", VECTOR_DIM)
     store.commit_changes(new_rows(clustered_vectors(120, seed=4), 1), [], {}, [])
     store.publish_vectors()
     store.commit_changes([], list(range(1, 7)), {}, [])
     store.purge_deleted_text()
-    snapshot = open_vector_file(memory, DIM)
+    snapshot = open_vector_file(memory, VECTOR_DIM)
     assert snapshot.generation == store.generation()
     assert not set(range(1, 7)) & set(snapshot.ids.tolist())
     store.close()
@@ -126,7 +106,7 @@ def test_a_snapshot_of_another_memory_is_never_used(tmp_path):
     a reader still holds: the reader keeps to its own memory's rows."""
     stores = {}
     for name, seed in (("a", 5), ("b", 6)):
-        stores[name] = MemoryStore.create(tmp_path / name, "test-model", DIM)
+        stores[name] = MemoryStore.create(tmp_path / name, "test-model", VECTOR_DIM)
         stores[name].commit_changes(new_rows(clustered_vectors(300, seed=seed), 1), [], {}, [])
         stores[name].publish_vectors()
     reader = MemoryReader(tmp_path / "a")
