@@ -423,7 +423,7 @@ def render(args, results: dict[tuple[int, str, str], dict], mcp: dict[tuple[int,
                  [[n, t, code, f"{r['cold_wall_s']:.3f}", f"{r['cold_cpu_s']:.3f}", f"{r['first_calls_cpu_ms']:.1f}",
                    f"{r['rss_delta'] / mib:.0f}",
                    f"{r['peak_delta'] / mib:.0f}", f"{r['anon_after_calls'] / mib:.0f} + {r['file_after_calls'] / mib:.0f}",
-                   r["threads"]] for n, t, code in keys for r in [results[(n, t, code)]]])
+                   f"{r['threads']:.0f}"] for n, t, code in keys for r in [results[(n, t, code)]]])
     mcp_table = table(["conversations", "model", "warm p50 (ms)", "p95 (ms)", "child CPU per call (ms)", "load average"],
                       [[n, t, f"{r['p50_ms']:.1f}", f"{r['p95_ms']:.1f}", f"{r['cpu_ms']:.1f}", f"{r['load']:.1f}"]
                        for (n, t), r in mcp.items()])
