@@ -7,8 +7,9 @@ used it for other data. glibc (2.35 and later) backs its large allocations with 
 when the process starts with the tunable below (`madvise`; read once at start, so it is set in
 the environment services start with: `recall up`'s children, the container image, funes
 children). Measured (docs/benchmarks.md, round 17, alternating): the model's CPU per query
-inside calls -5 %, calls/s +3 % at 8 clients, RSS unchanged; indexing -7 % CPU, +2 % RSS. The kernel's THP mode must be `madvise` or
-`always` (most distributions' default); with `never`, or another C library, it changes nothing.
+inside calls -5 %, calls/s +3 % at 8 clients, RSS unchanged; indexing -7 % CPU, +2 % RSS. The
+kernel's THP mode must be `madvise` or `always` (most distributions' default); with `never`, or
+another C library, it changes nothing.
 """
 
 from __future__ import annotations

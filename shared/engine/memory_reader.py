@@ -53,16 +53,14 @@ def largest_positions(values: np.ndarray, k: int) -> np.ndarray:
     snapshot's 60k scores. Every 16th value gives a threshold that about 2k + 128 values reach;
     the partition then runs over those only. The set is exact whatever the sample: if fewer
     than `k` values reach the threshold, it partitions all of them."""
-    n = len(values)
     sample = values[::SAMPLE_STRIDE]
     wanted = 2 * (k // SAMPLE_STRIDE) + 8  # twice the sample's expected share of the k, plus slack
-    if wanted >= len(sample):
-        return np.argpartition(values, n - k)[n - k:]
-    threshold = np.partition(sample, len(sample) - wanted)[len(sample) - wanted]
-    reach = np.flatnonzero(values >= threshold)
-    if len(reach) < k:
-        return np.argpartition(values, n - k)[n - k:]
-    return reach[np.argpartition(values[reach], len(reach) - k)[len(reach) - k:]]
+    if wanted < len(sample):
+        threshold = np.partition(sample, len(sample) - wanted)[len(sample) - wanted]
+        reach = np.flatnonzero(values >= threshold)
+        if len(reach) >= k:
+            return reach[np.argpartition(values[reach], len(reach) - k)[len(reach) - k:]]
+    return np.argpartition(values, len(values) - k)[len(values) - k:]
 
 
 @dataclass(frozen=True)
