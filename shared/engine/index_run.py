@@ -7,6 +7,7 @@ embedded again. Only chunks whose text is not already stored are embedded.
 
 from __future__ import annotations
 
+import errno
 import logging
 import shutil
 from collections.abc import Callable
@@ -50,11 +51,24 @@ def open_or_create(home: Path, embedder: Embedder) -> tuple[MemoryStore, bool]:
             store = MemoryStore.open(path)
         except MemoryDamaged as exc:
             _log.warning("memory damaged, rebuilt from its sources: %s", exc)
-            shutil.rmtree(path)
+            _delete_tree(path)
         else:
             store.check_model(embedder.spec.model_id, embedder.dim)
             return store, False
     return MemoryStore.create(path, embedder.spec.model_id, embedder.dim), True
+
+
+def _delete_tree(path: Path, attempts: int = 3) -> None:
+    """`shutil.rmtree`, again when a file appeared in a directory while it was emptied: a tantivy
+    index still open in this process polls its damaged meta.json and takes its lock file in
+    `fts/` meanwhile (a full test run under load saw "Directory not empty: 'fts'")."""
+    for attempt in range(attempts):
+        try:
+            shutil.rmtree(path)
+            return
+        except OSError as exc:
+            if exc.errno != errno.ENOTEMPTY or attempt == attempts - 1:
+                raise
 
 
 Checkpoint = Callable[[str], None]
