@@ -170,7 +170,7 @@ def test_attention_as_one_node_gives_the_bits_of_the_nodes_it_replaced():
     parts = GraphParts()
     const, node = parts.const, parts.node
     key_mask = node("Cast", ["mask"], "key_mask", to=TensorProto.INT32)
-    fused = attention(parts, "q", "k", "v", key_mask, heads, "fused")
+    attention(parts, "q", "k", "v", key_mask, heads, "fused")
     split = const("split", np.array([0, 0, heads, hidden // heads], np.int64))
     qh = node("Transpose", [node("Reshape", ["q", split], "qr")], "qh", perm=[0, 2, 1, 3])
     kh = node("Transpose", [node("Reshape", ["k", split], "kr")], "kh", perm=[0, 2, 3, 1])

@@ -130,7 +130,7 @@ def attention(parts: GraphParts, q: str, k: str, v: str, key_mask: str, heads: i
     """softmax(Q·Kᵀ/√d + key bias)·V per head, as one `MultiHeadAttention` node: padding keys get
     its default -10000 before the softmax, where exp() makes them exactly 0. The same bits as
     the thirteen nodes it replaces (reshapes, transposes, two MatMuls, scale, mask, softmax;
-    tests/test_embedder.py), and on an AMD host without AMX 4-8 % less of the query model's CPU,
+    tests/test_embedder.py), and on an AMD host without AMX ~4 % less of the query model's CPU,
     where each node's dispatch is dearer (docs/benchmarks.md, round 19)."""
     return parts.node("MultiHeadAttention", [q, k, v, "", key_mask], out, domain="com.microsoft", num_heads=heads)
 
