@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from shared.engine.e5_graph import IR_VERSION, GraphParts, INT8_ACTIVATIONS, OPSET, pack_nibbles
+from shared.engine.e5_graph import GraphParts, INT8_ACTIVATIONS, pack_nibbles
 from shared.engine.e5_packed import BLOCK, PackedE5
 
 
@@ -50,7 +50,7 @@ def fused_attention_graph(packed: PackedE5):
 
     hidden, heads, eps = packed.hidden, packed.heads, float(packed.layer_norm_eps)
     parts = GraphParts()
-    nodes, initializers, const, node = parts.nodes, parts.initializers, parts.const, parts.node
+    nodes, const, node = parts.nodes, parts.const, parts.node
 
     def vec(name: str) -> np.ndarray:
         return packed.vector(name).copy()
@@ -85,13 +85,9 @@ def fused_attention_graph(packed: PackedE5):
                    domain="com.microsoft")
         x = skip_ln(nbits(ffn, f"{p}.fo", packed.ffn, p + ".fo"), x, vec(f"{p}.fo.b"), f"{p}.oln", p + ".x2")
     nodes.append(helper.make_node("Identity", [x], ["last_hidden_state"], name="last_hidden_state"))
-    graph = helper.make_graph(
-        nodes, "multilingual-e5-small",
-        [helper.make_tensor_value_info(n, TensorProto.INT64, ["batch", "tokens"]) for n in ("input_ids", "attention_mask")],
-        [helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, ["batch", "tokens", hidden])], initializers)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)])
-    model.ir_version = IR_VERSION
-    return model
+    return parts.model("multilingual-e5-small",
+                       [helper.make_tensor_value_info(n, TensorProto.INT64, ["batch", "tokens"]) for n in ("input_ids", "attention_mask")],
+                       [helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, ["batch", "tokens", hidden])])
 
 
 def minilm_int8_blocks(folded, bits: int = 8, block: int = 32):

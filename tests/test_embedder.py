@@ -130,7 +130,7 @@ def test_an_integer_layer_gives_the_bits_of_its_per_token_formula(e5):
     import onnxruntime as ort
     from onnx import TensorProto, helper
 
-    from shared.engine.e5_graph import ACTIVATION_OFFSET, IR_VERSION, OPSET, GraphParts, int8_matmul, per_column_int7
+    from shared.engine.e5_graph import ACTIVATION_OFFSET, GraphParts, int8_matmul, per_column_int7
     from shared.engine.e5_packed import Q4_BLOCK
 
     rng = np.random.default_rng(12)
@@ -141,10 +141,8 @@ def test_an_integer_layer_gives_the_bits_of_its_per_token_formula(e5):
                                                                           parts.const("nil", np.array(0, np.float32))], "m0"),
                                                          parts.const("o", np.array(ACTIVATION_OFFSET, np.float32))], "of")], "offsets", to=TensorProto.UINT8)
     int8_matmul(parts, "x", blocks, "y", offsets)
-    graph = helper.make_graph(parts.nodes, "layer", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "t", 384])],
-                              [helper.make_tensor_value_info("y.mm", TensorProto.FLOAT, ["b", "t", 96])], parts.initializers)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)])
-    model.ir_version = IR_VERSION
+    model = parts.model("layer", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "t", 384])],
+                        [helper.make_tensor_value_info("y.mm", TensorProto.FLOAT, ["b", "t", 96])])
     onnx.checker.check_model(model)
     x = (rng.standard_normal((3, 17, 384)) * rng.uniform(0.1, 30, (3, 17, 1))).astype(np.float32)
     got = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
@@ -164,7 +162,7 @@ def test_attention_as_one_node_gives_the_bits_of_the_nodes_it_replaced():
     import onnxruntime as ort
     from onnx import TensorProto, helper
 
-    from shared.engine.e5_graph import IR_VERSION, OPSET, GraphParts, attention
+    from shared.engine.e5_graph import GraphParts, attention
 
     heads, hidden = 12, 384
     parts = GraphParts()
@@ -182,13 +180,10 @@ def test_attention_as_one_node_gives_the_bits_of_the_nodes_it_replaced():
                           key_bias], "scores")
     context = node("Transpose", [node("MatMul", [node("Softmax", [scores], "probs", axis=-1), vh], "ctxh")], "ctxt", perm=[0, 2, 1, 3])
     node("Reshape", [context, const("merged", np.array([0, 0, hidden], np.int64))], "written")
-    graph = helper.make_graph(parts.nodes, "attention",
-                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["b", "t", hidden]) for n in "qkv"]
-                              + [helper.make_tensor_value_info("mask", TensorProto.INT64, ["b", "t"])],
-                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["b", "t", hidden]) for n in ("fused", "written")],
-                              parts.initializers)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)])
-    model.ir_version = IR_VERSION
+    model = parts.model("attention",
+                        [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["b", "t", hidden]) for n in "qkv"]
+                        + [helper.make_tensor_value_info("mask", TensorProto.INT64, ["b", "t"])],
+                        [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["b", "t", hidden]) for n in ("fused", "written")])
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(19)
     for batch, tokens in ((1, 18), (5, 23), (2, 512)):

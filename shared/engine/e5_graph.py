@@ -62,6 +62,16 @@ class GraphParts:
         self.nodes.append(helper.make_node(op, inputs, [output], name=output, domain=domain, **attrs))
         return output
 
+    def model(self, name: str, inputs: list, outputs: list):
+        """The ONNX model of these nodes (opset OPSET with onnxruntime's contrib ops), `inputs`
+        and `outputs` as value infos."""
+        from onnx import helper
+
+        graph = helper.make_graph(self.nodes, name, inputs, outputs, self.initializers)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)])
+        model.ir_version = IR_VERSION
+        return model
+
     def split_last_axis(self, x: str, outputs: list[str], width: int) -> list[str]:
         from onnx import helper
 
@@ -140,7 +150,7 @@ def e5_graph(packed: PackedE5, kind: str = INT8):
 
     hidden, heads = packed.hidden, packed.heads
     parts = GraphParts()
-    nodes, initializers, const, node = parts.nodes, parts.initializers, parts.const, parts.node
+    nodes, const, node = parts.nodes, parts.const, parts.node
 
     def linear(x: str, weights: list[str], columns: int, out: str, activation: str = "Add") -> str:
         """x @ W.T + b, W the rows of `weights` stacked (each output column is computed alone, so
@@ -190,12 +200,7 @@ def e5_graph(packed: PackedE5, kind: str = INT8):
         x = layer_norm(node("Add", [x, out], p + ".res2"), f"{p}.oln", p + ".x2")
     nodes.append(helper.make_node("Identity", [x], ["last_hidden_state"], name="last_hidden_state"))
 
-    graph = helper.make_graph(
-        nodes, "multilingual-e5-small",
-        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "tokens"]),
-         helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "tokens"])],
-        [helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, ["batch", "tokens", hidden])],
-        initializers)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)])
-    model.ir_version = IR_VERSION
-    return model
+    return parts.model("multilingual-e5-small",
+                       [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "tokens"]),
+                        helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "tokens"])],
+                       [helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, ["batch", "tokens", hidden])])
