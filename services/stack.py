@@ -42,7 +42,7 @@ from services.port_check import port_problems
 from services.recall.settings import RecallSettings
 from services.stack_state import DataDirLock, StackInfo, remove_info, write_info
 from services.supervisor import RESTART_WINDOW_S, Child, Supervisor
-from shared.child_process import die_with_parent, ready, stop
+from shared.child_process import die_with_parent, ready
 from shared.huge_pages import with_huge_pages
 from shared.settings_base import CommonSettings
 
@@ -61,6 +61,9 @@ class StackSettings(IngestSettings, IndexerSettings, RecallSettings):
                                             "when RECALL_REDIS_URL is unset; unset = a free port, printed in the banner.")
     child_restart_limit: int = Field(5, ge=0, description="How often `recall up` starts a crashed service (ingest, indexer, "
                                      f"recall) again within {RESTART_WINDOW_S:.0f} s before it stops everything; 0 = never.")
+    stop_grace_s: float = Field(30.0, gt=0, description="On Ctrl-C, how long ingest and the recall service may take to "
+                                "finish the calls they admitted, and then the indexer its running index job, before "
+                                "`recall up` kills what is left (each named on stderr).")
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -177,14 +180,32 @@ def run_stack() -> int:
             print(f"recall up: {exc}; stopping everything", file=sys.stderr)
             code = 1
     finally:
-        for child in reversed(children):  # recall and ingest first, the indexer finishes its job last
-            stop(child.proc, timeout=60)
+        # recall and ingest together first: nothing new reaches the indexer, which finishes its job last
+        stop_children([c for c in children if c.name != "indexer"], s.stop_grace_s)
+        stop_children([c for c in children if c.name == "indexer"], s.stop_grace_s)
         if redis_server is not None:
             redis_server.stop()
         remove_info(data_dir)
         lock.release()
     print("recall up: stopped", flush=True)
     return code
+
+
+def stop_children(children: list[Child], grace_s: float) -> None:
+    """SIGTERM to all of `children` at once; one still running `grace_s` later is killed, with a
+    line naming it (a stop that hangs would otherwise hold Ctrl-C, or look like a clean exit)."""
+    for child in children:
+        if child.proc.poll() is None:
+            child.proc.terminate()
+    deadline = time.monotonic() + grace_s
+    for child in children:
+        try:
+            child.proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            print(f"recall up: {child.name} did not stop within {grace_s:g} s of SIGTERM; killing it", file=sys.stderr,
+                  flush=True)
+            child.proc.kill()
+            child.proc.wait()
 
 
 def keep_redis_running(server: EmbeddedRedis) -> bool:

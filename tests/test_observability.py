@@ -54,7 +54,12 @@ def stack_up(tmp_path):
         yield env, (tmp_path / "up.log"), proc
     finally:
         proc.terminate()
-        proc.wait(60)
+        try:  # a part that outlives its grace (30 s; then 30 s for the indexer) is killed by recall up itself
+            proc.wait(90)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            pytest.fail(f"recall up did not stop within 90 s of SIGTERM:\n{(tmp_path / 'up.log').read_text()[-3000:]}")
 
 
 def test_recall_up_prints_how_to_use_it_and_demo_works(stack_up):

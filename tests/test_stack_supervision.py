@@ -145,6 +145,21 @@ def test_with_no_restarts_allowed_a_dead_service_stops_the_stack_as_before(start
     assert wait_until(lambda: not stack.leftovers(), 30), [p.cmdline() for p in stack.leftovers()]
 
 
+def test_ctrl_c_kills_a_part_that_does_not_stop_within_the_grace_and_names_it(start_stack):
+    stack = start_stack(RECALL_STOP_GRACE_S="3")
+    stuck = stack.child("serve")
+    stuck.suspend()  # SIGSTOP: its SIGTERM stays pending, as in a process that hangs while stopping
+    parts = psutil.Process(stack.proc.pid).children(recursive=True)
+    started = time.monotonic()
+    os.killpg(stack.proc.pid, signal.SIGINT)
+    assert stack.proc.wait(60) == 0, stack.output()[-3000:]
+    assert 3 <= time.monotonic() - started < 30, stack.output()[-3000:]
+    lines = [ln for ln in stack.output().splitlines() if "did not stop" in ln]
+    assert lines == ["recall up: recall did not stop within 3 s of SIGTERM; killing it"]
+    _, alive = psutil.wait_procs(parts, timeout=30)
+    assert not alive and not stack.leftovers(), [p.cmdline() for p in alive]
+
+
 def _thp_mode() -> str:
     try:
         return re.search(r"\[(\w+)\]", Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text())[1]
