@@ -6,8 +6,8 @@ port unless RECALL_EMBEDDED_REDIS_PORT is set, verified to be our own) unless RE
 is set, and the ingest API, one indexer and the recall MCP service as child processes sharing
 every RECALL_* setting. When all of them are ready it prints the URLs, a dev token and a ready
 curl line, last; it stops everything on Ctrl-C or SIGTERM (ingest and the recall service
-together, then the indexer; a part still running RECALL_STOP_GRACE_S after its SIGTERM is
-killed, named on stderr). A part that dies before the stack is up stops everything; after
+together, then the indexer; a part still running STOP_MARGIN_S past RECALL_STOP_GRACE_S after
+its SIGTERM is killed, named on stderr). A part that dies before the stack is up stops everything; after
 that, a service that exits is started again after a backoff (1, 2, 4, 8, 16 s) unless it
 already was RECALL_CHILD_RESTART_LIMIT times within two minutes, which stops everything, and
 the embedded Redis is started again (on its port and AOF) unless it dies again
@@ -54,6 +54,7 @@ if TYPE_CHECKING:
 BIN = Path(sys.executable).parent
 READY_TIMEOUT_S = 120.0
 REDIS_RESTART_WINDOW_S = 30.0  # a Redis that dies again this soon is failing, not killed once
+STOP_MARGIN_S = 5.0  # past a part's own RECALL_STOP_GRACE_S: the time to close up after its last request
 
 
 class StackSettings(IngestSettings, IndexerSettings, RecallSettings):
@@ -63,9 +64,6 @@ class StackSettings(IngestSettings, IndexerSettings, RecallSettings):
                                             "when RECALL_REDIS_URL is unset; unset = a free port, printed in the banner.")
     child_restart_limit: int = Field(5, ge=0, description="How often `recall up` starts a crashed service (ingest, indexer, "
                                      f"recall) again within {RESTART_WINDOW_S:.0f} s before it stops everything; 0 = never.")
-    stop_grace_s: float = Field(30.0, gt=0, description="On Ctrl-C, how long ingest and the recall service may take to "
-                                "finish the calls they admitted, and then the indexer its running index job, before "
-                                "`recall up` kills what is left (each named on stderr).")
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -183,8 +181,9 @@ def run_stack() -> int:
             code = 1
     finally:
         # recall and ingest together first: nothing new reaches the indexer, which finishes its job last
-        stop_children([c for c in children if c.name != "indexer"], s.stop_grace_s)
-        stop_children([c for c in children if c.name == "indexer"], s.stop_grace_s)
+        grace = s.stop_grace_s + STOP_MARGIN_S
+        stop_children([c for c in children if c.name != "indexer"], grace)
+        stop_children([c for c in children if c.name == "indexer"], grace)
         if redis_server is not None:
             redis_server.stop()
         remove_info(data_dir)

@@ -7,19 +7,17 @@ service they took 0.35-0.5 ms of CPU off each call and served ~4 % more calls/s 
 services log their events as JSON lines (`shared/logging_setup.py`).
 
 On SIGTERM uvicorn lets the requests in flight finish, and by default waits for them without
-end: one that never ends would hold the process until it is killed. After GRACEFUL_STOP_S it
-cancels them and exits, inside Kubernetes' default 30 s grace and `recall up`'s.
+end: one that never ends (a client that stalls in the middle of its body) held the process
+until it was killed. After `stop_grace_s` (RECALL_STOP_GRACE_S) it cancels them and exits.
 """
 
 from __future__ import annotations
 
 from starlette.types import ASGIApp
 
-GRACEFUL_STOP_S = 25
 
-
-def serve_http(app: ASGIApp, host: str, port: int) -> None:
+def serve_http(app: ASGIApp, host: str, port: int, stop_grace_s: float) -> None:
     import uvicorn
 
     uvicorn.run(app, host=host, port=port, loop="uvloop", http="httptools", log_config=None, access_log=False,
-                timeout_graceful_shutdown=GRACEFUL_STOP_S)
+                timeout_graceful_shutdown=stop_grace_s)

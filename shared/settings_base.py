@@ -22,6 +22,9 @@ class CommonSettings(BaseSettings):
     debug: bool = Field(False, description="Debug logging (the only mode in which query text may be logged).")
     engine: str = Field("embedded", pattern="^(embedded|funes)$", description="embedded: the project's engine in-process; funes: drive a funes-compatible binary.")
     funes_bin: str = Field("funes", description="The funes-compatible binary used when engine=funes.")
+    stop_grace_s: float = Field(25.0, gt=0, description="After SIGTERM, how long ingest and the recall service let the requests "
+                                "in flight finish before cancelling them (keep it under the orchestrator's grace: Kubernetes "
+                                "gives 30 s); `recall up` kills a part still running 5 s past it.")
 
     @field_validator("log_level")
     @classmethod

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import codecs
 import json
+import signal
+import socket
+import time
 
 import httpx
 import pytest
 
 from shared.stream_schema import RETENTION_OVERRIDES
 from shared.tenant_paths import user_hash
-from tests.conftest import INGEST_KEY, conversation_payload, ingest_url
+from tests.conftest import INGEST_KEY, conversation_payload, ingest_url, mint
 
 
 @pytest.fixture
@@ -167,3 +170,21 @@ def test_an_integer_of_5000_digits_is_422_naming_its_field_in_the_projects_words
     assert resp.json()["fields"] == [{"field": field, "message": "an integer of 5,000 digits; no field takes one of more than 4,300"}]
     assert "sys.set_int_max_str_digits" not in resp.text
     assert r.xlen("recall:turns") == 0 and r.hlen(RETENTION_OVERRIDES) == 0
+
+
+@pytest.mark.parametrize("command, port_var, path", [("ingest", "RECALL_INGEST_PORT", "/turns"),
+                                                     ("serve", "RECALL_RECALL_PORT", "/mcp")])
+def test_a_client_stalled_in_the_middle_of_its_body_does_not_hold_a_service_past_its_stop_grace(services, service_env,
+                                                                                                command, port_var, path):
+    """uvicorn waits for the requests in flight after SIGTERM, without end unless told: one whose
+    client stopped sending its body held the process until it was killed."""
+    service = services(command, RECALL_STOP_GRACE_S="2")
+    with socket.create_connection(("127.0.0.1", int(service_env[port_var]))) as stalled:
+        stalled.sendall(f"POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+                        f"accept: application/json, text/event-stream\r\nx-ingest-key: {INGEST_KEY}\r\n"
+                        f"authorization: Bearer {mint('alice')}\r\ncontent-length: 1000\r\n\r\n{{\"user\": ".encode())
+        time.sleep(0.5)  # in flight: its handler waits for the other 990 bytes
+        started = time.monotonic()
+        service.proc.terminate()
+        assert service.proc.wait(30) in (0, -signal.SIGTERM), service.output()[-2000:]  # uvicorn re-raises the signal
+        assert 1.5 < time.monotonic() - started < 15, "stopped at its grace, once the stalled request was cancelled"

@@ -54,7 +54,7 @@ def stack_up(tmp_path):
         yield env, (tmp_path / "up.log"), proc
     finally:
         proc.terminate()
-        try:  # a part that outlives its grace (30 s; then 30 s for the indexer) is killed by recall up itself
+        try:  # a part that outlives its grace (25 + 5 s; then as long for the indexer) is killed by recall up itself
             proc.wait(90)
         except subprocess.TimeoutExpired:
             proc.kill()

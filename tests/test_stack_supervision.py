@@ -153,9 +153,9 @@ def test_ctrl_c_kills_a_part_that_does_not_stop_within_the_grace_and_names_it(st
     started = time.monotonic()
     os.killpg(stack.proc.pid, signal.SIGINT)
     assert stack.proc.wait(60) == 0, stack.output()[-3000:]
-    assert 3 <= time.monotonic() - started < 30, stack.output()[-3000:]
+    assert 8 <= time.monotonic() - started < 30, stack.output()[-3000:]  # its grace, then STOP_MARGIN_S
     lines = [ln for ln in stack.output().splitlines() if "did not stop" in ln]
-    assert lines == ["recall up: recall did not stop within 3 s of SIGTERM; killing it"]
+    assert lines == ["recall up: recall did not stop within 8 s of SIGTERM; killing it"]
     _, alive = psutil.wait_procs(parts, timeout=30)
     assert not alive and not stack.leftovers(), [p.cmdline() for p in alive]
 

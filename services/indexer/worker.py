@@ -133,7 +133,7 @@ async def run_worker(settings: IndexerSettings) -> None:
     storage = StorageProbe(client, settings.data_dir, settings.consumer)
     await storage.check()
     http = uvicorn.Server(uvicorn.Config(_http_app(client, storage), host=settings.indexer_host, port=settings.indexer_port,
-                                         log_config=None, lifespan="off"))
+                                         log_config=None, lifespan="off", timeout_graceful_shutdown=settings.stop_grace_s))
     http.install_signal_handlers = lambda: None  # this process handles SIGTERM itself
 
     stop = asyncio.Event()
