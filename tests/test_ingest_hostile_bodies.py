@@ -1,5 +1,6 @@
 """Hostile bodies to the ingest API found by fault-injection (round fault9): each is a 4xx that
-names what is wrong and stays small, and nothing is stored."""
+names what is wrong and stays small, and nothing is stored. And a body that stalls holds
+neither ingest nor the recall service past its stop grace."""
 
 from __future__ import annotations
 
