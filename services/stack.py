@@ -6,8 +6,8 @@ port unless RECALL_EMBEDDED_REDIS_PORT is set, verified to be our own) unless RE
 is set, and the ingest API, one indexer and the recall MCP service as child processes sharing
 every RECALL_* setting. When all of them are ready it prints the URLs, a dev token and a ready
 curl line, last; it stops everything on Ctrl-C or SIGTERM (ingest and the recall service
-together, then the indexer; a part still running STOP_MARGIN_S past RECALL_STOP_GRACE_S after
-its SIGTERM is killed, named on stderr). A part that dies before the stack is up stops
+together, then the indexer; a part still running 5 s past RECALL_STOP_GRACE_S after its
+SIGTERM is killed, named on stderr). A part that dies before the stack is up stops
 everything; after that, a service that exits is started again after a backoff (1, 2, 4, 8,
 16 s) unless it already was RECALL_CHILD_RESTART_LIMIT times within two minutes, which stops
 everything, and the embedded Redis is started again (on its port and AOF) unless it dies again
