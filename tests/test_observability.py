@@ -13,6 +13,7 @@ import shutil
 import sqlite3
 import subprocess
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -53,6 +54,7 @@ def stack_up(tmp_path):
         assert proc.poll() is None, (tmp_path / "up.log").read_text()
         yield env, (tmp_path / "up.log"), proc
     finally:
+        stopping = time.monotonic()
         proc.terminate()
         try:  # a part that outlives its grace (25 + 5 s; then as long for the indexer) is killed by recall up itself
             proc.wait(90)
@@ -60,6 +62,9 @@ def stack_up(tmp_path):
             proc.kill()
             proc.wait()
             pytest.fail(f"recall up did not stop within 90 s of SIGTERM:\n{(tmp_path / 'up.log').read_text()[-3000:]}")
+        if time.monotonic() - stopping > 10:  # once over 60 s in CI, never here: say which part was slow
+            warnings.warn(f"recall up took {time.monotonic() - stopping:.0f} s to stop; its log's end:\n"
+                          f"{(tmp_path / 'up.log').read_text()[-1500:]}")
 
 
 def test_recall_up_prints_how_to_use_it_and_demo_works(stack_up):
