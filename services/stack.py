@@ -44,7 +44,7 @@ from services.port_check import port_problems
 from services.recall.settings import RecallSettings
 from services.stack_state import DataDirLock, StackInfo, remove_info, write_info
 from services.supervisor import RESTART_WINDOW_S, Child, Supervisor
-from shared.child_process import die_with_parent, ready
+from shared.child_process import die_with_parent, ready, stop_together
 from shared.huge_pages import with_huge_pages
 from shared.settings_base import CommonSettings
 
@@ -195,18 +195,11 @@ def run_stack() -> int:
 def stop_children(children: list[Child], grace_s: float) -> None:
     """SIGTERM to all of `children` at once; one still running `grace_s` later is killed, with a
     line naming it (a stop that hangs would otherwise hold Ctrl-C, or look like a clean exit)."""
+    killed = stop_together([c.proc for c in children], grace_s)
     for child in children:
-        if child.proc.poll() is None:
-            child.proc.terminate()
-    deadline = time.monotonic() + grace_s
-    for child in children:
-        try:
-            child.proc.wait(max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
+        if child.proc in killed:
             print(f"recall up: {child.name} did not stop within {grace_s:g} s of SIGTERM; killing it", file=sys.stderr,
                   flush=True)
-            child.proc.kill()
-            child.proc.wait()
 
 
 def keep_redis_running(server: EmbeddedRedis) -> bool:

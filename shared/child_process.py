@@ -22,14 +22,26 @@ def free_port() -> int:
 
 def stop(proc: subprocess.Popen, timeout: float = 30.0) -> int:
     """SIGTERM, wait, then SIGKILL: graceful when it can be, never left running."""
-    if proc.poll() is None:
-        proc.terminate()
+    stop_together([proc], timeout)
+    return proc.returncode
+
+
+def stop_together(procs: list[subprocess.Popen], timeout: float) -> list[subprocess.Popen]:
+    """`stop` for several at once: SIGTERM to each, `timeout` for them all, then SIGKILL to what
+    is left; those it had to kill."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+    deadline = time.monotonic() + timeout
+    killed = []
+    for proc in procs:
         try:
-            proc.wait(timeout)
+            proc.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-    return proc.returncode
+            killed.append(proc)
+    return killed
 
 
 def die_with_parent(sig: int = signal.SIGTERM) -> None:
