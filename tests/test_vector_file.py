@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from shared.engine import vector_file
 from shared.engine.memory_reader import SAMPLE_STRIDE, MemoryReader, largest_positions
 from shared.engine.store import MemoryStore
 from shared.engine.vector_file import VECTOR_FILE, open_vector_file
@@ -122,3 +123,84 @@ def test_a_snapshot_of_another_memory_is_never_used(tmp_path):
     reader.close()
     for store in stores.values():
         store.close()
+
+
+def _large_snapshot(tmp_path, monkeypatch, n: int = 6000) -> tuple[MemoryStore, dict[int, np.ndarray]]:
+    """A memory whose snapshot passes the 4-bit copy's size bar (lowered to its n rows), the
+    first half of its rows from one harness and the second from another; each row shares a
+    common part, as e5's embeddings do (their mutual cosine is ~0.7)."""
+    monkeypatch.setattr(vector_file, "PREFILTER_MIN_BYTES", n * VECTOR_DIM)
+    monkeypatch.setattr(vector_file, "PREFILTER_ROWS", 400)  # of 6000: the prefilter does choose
+    monkeypatch.setattr(vector_file, "PACK_AFTER_SCANS", 1)
+    common = np.random.default_rng(11).standard_normal(VECTOR_DIM).astype(np.float32)
+    vecs = clustered_vectors(n, seed=12) + 1.5 * common / np.linalg.norm(common)
+    vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+    store = MemoryStore.create(tmp_path / "memory", "test-model", VECTOR_DIM)
+    half = n // 2
+    store.commit_changes(new_rows(vecs[:half], 1) + new_rows(vecs[half:], half + 1, harness="cli"), [], {}, [])
+    store.publish_vectors()
+    return store, {i + 1: v for i, v in enumerate(vecs)}
+
+
+def test_a_large_snapshot_is_scanned_in_four_bits_first_and_still_returns_the_exact_top_k(tmp_path, monkeypatch):
+    store, by_id = _large_snapshot(tmp_path, monkeypatch)
+    reader = MemoryReader(store.path)
+    reader.refresh()
+    base = reader.view.base
+    assert base.has_prefilter and base.scanner.prefilter is None
+    queries = clustered_vectors(100, seed=13) + 1.5 * (base.centre / np.linalg.norm(base.centre))
+    queries /= np.linalg.norm(queries, axis=1, keepdims=True)
+    mask = reader.filter_mask(None, None)
+    before = reader.resident_bytes()
+    reader.nearest(queries[0], 8, mask)  # the snapshot's first scans are int8 ones; then it packs
+    assert base.scanner.prefilter is not None and base.scanner.packed is None, "the 4-bit copy packed, not the columns"
+    assert reader.resident_bytes() > before, "the packed copy counts against the reader cache"
+    for k in (8, 30):
+        for q in queries:
+            assert reader.nearest(q, k, mask) == exact_top(by_id, q, k)
+    cli = reader.filter_mask(None, "cli")
+    cli_rows = {i: v for i, v in by_id.items() if i > len(by_id) // 2}
+    for q in queries[:30]:
+        assert reader.nearest(q, 30, cli) == exact_top(cli_rows, q, 30), "a filter applies before the prefilter chooses"
+    reader.close()
+    store.close()
+
+
+def test_the_int8_scores_of_the_prefilters_rows_are_the_full_scans(tmp_path, monkeypatch):
+    store, _ = _large_snapshot(tmp_path, monkeypatch, n=3000)
+    vf = open_vector_file(store.path, VECTOR_DIM)
+    rng = np.random.default_rng(14)
+    for _ in range(10):
+        q = rng.standard_normal(VECTOR_DIM).astype(np.float32)
+        positions = rng.choice(vf.n, 500, replace=False)
+        assert np.array_equal(vector_file.approximate_scores_at(vf, q, positions),
+                              vector_file.approximate_scores(vf, q)[positions])
+    store.close()
+
+
+def test_the_four_bit_copy_is_each_row_minus_the_mean_row_within_half_a_step(tmp_path, monkeypatch):
+    store, _ = _large_snapshot(tmp_path, monkeypatch, n=3000)
+    vf = open_vector_file(store.path, VECTOR_DIM)
+    rows = (vf.rows.astype(np.float32) - vector_file.ROW_OFFSET) * vf.scale[:, None]
+    assert np.allclose(vf.centre, rows.mean(axis=0), atol=1e-6)
+    low, high = vf.nibbles & 0xF, vf.nibbles >> 4
+    values = np.empty(rows.shape, np.float32)
+    values[:, 0::2], values[:, 1::2] = low, high
+    step = np.repeat(vf.nibble_scale, vector_file.NIBBLE_BLOCK, axis=1)
+    error = np.abs((values - 8) * step + vf.centre - rows)
+    assert (error <= step / 2 + 1e-6).all()
+    store.close()
+
+
+def test_a_snapshot_under_the_bar_or_written_without_the_copy_scans_in_int8(tmp_path, monkeypatch):
+    store, by_id = _large_snapshot(tmp_path, monkeypatch, n=3000)
+    monkeypatch.setattr(vector_file, "PREFILTER_MIN_BYTES", 3001 * VECTOR_DIM)
+    store.publish_vectors(force=True)
+    reader = MemoryReader(store.path)
+    reader.refresh()
+    assert not reader.view.base.has_prefilter
+    q = clustered_vectors(1, seed=15)[0]
+    assert reader.nearest(q, 30, reader.filter_mask(None, None)) == exact_top(by_id, q, 30)
+    assert reader.view.base.scanner.packed is not None and reader.view.base.scanner.prefilter is None
+    reader.close()
+    store.close()

@@ -32,8 +32,8 @@ import numpy as np
 
 from shared.engine.store import FTS_DIR, MemoryStore, Row, journal_mode
 from shared.engine.text_analysis import ANALYZER, held_stems
-from shared.engine.vector_file import (VectorFile, approximate_scores, conversation_code, current_identity,
-                                       open_vector_file)
+from shared.engine.vector_file import (PREFILTER_ROWS, VectorFile, approximate_scores, approximate_scores_at,
+                                       conversation_code, current_identity, open_vector_file, prefilter_scores)
 
 _log = logging.getLogger("recall.engine.reader")
 RESCORE_MIN = 64
@@ -61,6 +61,22 @@ def largest_positions(values: np.ndarray, k: int) -> np.ndarray:
         if len(reach) >= k:
             return reach[np.argpartition(values[reach], len(reach) - k)[len(reach) - k:]]
     return np.argpartition(values, len(values) - k)[len(values) - k:]
+
+
+def _pool_positions(vf: VectorFile, q: np.ndarray, pool: int, allowed_bits: np.ndarray | None, allowed: int) -> np.ndarray:
+    """Snapshot positions of the `pool` allowed rows with the best int8 scores: from every row's
+    score, or, where the snapshot's 4-bit copy is packed, from the scores of the 4-bit scan's
+    best PREFILTER_ROWS (vector_file.py)."""
+    coarse = prefilter_scores(vf, q)
+    if coarse is None:
+        approx = approximate_scores(vf, q)
+        if allowed_bits is not None:
+            approx[~allowed_bits] = -np.inf
+        return largest_positions(approx, pool)
+    if allowed_bits is not None:
+        coarse[~allowed_bits] = -np.inf
+    candidates = np.sort(largest_positions(coarse, min(allowed, max(PREFILTER_ROWS, pool))))  # none disallowed
+    return candidates[largest_positions(approximate_scores_at(vf, q, candidates), pool)]
 
 
 @dataclass(frozen=True)
@@ -296,10 +312,7 @@ class MemoryReader:
             allowed = np.count_nonzero(base_bits)
             pool = min(allowed, max(RESCORE_MIN, RESCORE_FACTOR * limit))
             if pool:
-                approx = approximate_scores(view.base, q)
-                if allowed < nb:
-                    approx[~base_bits] = -np.inf
-                top = largest_positions(approx, pool)
+                top = _pool_positions(view.base, q, pool, base_bits if allowed < nb else None, allowed)
                 exact_ids, exact_vecs = self.store.vectors_of(view.ids[top].tolist())
                 found += zip(exact_ids.tolist(), (exact_vecs @ q).tolist())
         if view.n > nb:

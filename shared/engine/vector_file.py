@@ -7,7 +7,8 @@ derived from `chunks.sqlite3` (which keeps the float32 vectors and stays the tru
     section offsets) | row ids int64[n] (ascending) | scale float32[n] | bias int32[n] |
     block code int32[n] | harness code int32[n] | ts_epoch float64[n] | int8 matrix [dim, n] |
     conversation code int64[n] (`conversation_code` of the row's session id) | rows uint8 [n, dim] |
-    stem start int64[n + 1] | stem ids int32[m] | vocabulary (the stems, UTF-8, one per line)
+    stem start int64[n + 1] | stem ids int32[m] | vocabulary (the stems, UTF-8, one per line) |
+    centre float32[dim] | nibbles uint8 [n, dim / 2] | nibble scale float32[n, dim / 128]
 
 Row i's BM25 stems (text_analysis.turn_stems, as SQLite's `chunk_stems` holds them) are the
 vocabulary's lines `stem_ids[stem_start[i]:stem_start[i + 1]]`, stamped with the analyzer that
@@ -27,6 +28,13 @@ transposed as int8, which a snapshot searched often gets packed once into its ow
 kernel layout (a little faster per call, n x dim bytes of RAM). Both give the same integer
 scores. The scores only choose candidates: the best of them are re-scored exactly from the
 float32 vectors. (`bias` is kept for releases that scanned with a +64 query offset.)
+
+A snapshot whose int8 rows outgrow a last-level cache (`PREFILTER_MIN_BYTES`) also holds them
+in 4 bits: each row minus the snapshot's mean row (`centre`), in blocks of 128 with a scale each
+(`nibbles`, `nibble_scale`; onnxruntime's `MatMulNBits` layout). Such a snapshot, once searched
+often, is scanned in 4 bits first: its best `PREFILTER_ROWS` rows get their int8 scores from the
+mapped rows, and the best of those go on to the exact re-score. Half the bytes per call; on 240k
+real e5 rows every question's final 30 were the int8 scan's (docs/benchmarks.md, round 21).
 
 A reader opens it with `mmap` (no per-row work, no private copy: the pages are the page
 cache, shared by every process reading the memory) and catches up from SQLite for what came
@@ -65,6 +73,15 @@ _BATCH = 8192
 QUERY_LEVELS = 63
 QUERY_OFFSET = 64  # the packed scan's query as uint8 (1..127: u8 x s8 pairs below 2^15 again)
 ROW_OFFSET = 128  # a row's int8 values stored as uint8 (u8 x s8 is the fast integer product)
+# The 4-bit copy is written for snapshots whose int8 rows take at least this much: past a
+# last-level cache (32 MiB on these hosts, 87k rows of 384) every scan streams them from RAM and
+# evicts the query model's weights. Smaller ones stay on the int8 scan alone.
+PREFILTER_MIN_BYTES = 32 << 20
+NIBBLE_BLOCK = 128
+# How many rows of the 4-bit scan get their int8 score. On 240k real e5 rows and 400 questions
+# the worst 4-bit rank of a final top-30 row was 672 (round 21): 2048 keeps a 3x margin, and
+# their int8 scores cost ~1 ms (against ~6 ms for the int8 scan of all 240k).
+PREFILTER_ROWS = 2048
 
 
 @dataclass(frozen=True)
@@ -94,6 +111,9 @@ class VectorFile:
     stem_ids: np.ndarray | None = None  # int32 [m]
     vocabulary_bytes: np.ndarray | None = None  # uint8: the stems, one per line
     stems_analyzer: str = ""
+    centre: np.ndarray | None = None  # float32 [dim]; None in a snapshot without the 4-bit copy
+    nibbles: np.ndarray | None = None  # uint8 [n, dim / 2]
+    nibble_scale: np.ndarray | None = None  # float32 [n, dim / NIBBLE_BLOCK]
     scanner: "Scanner" = field(default_factory=lambda: Scanner(), compare=False, repr=False)
     _vocabulary: list = field(default_factory=list, compare=False, repr=False)
 
@@ -103,11 +123,16 @@ class VectorFile:
 
     @property
     def held_bytes(self) -> int:
-        """What a reader of this snapshot keeps in memory: the mapped file but one of its two int8
-        layouts (the columns are read once, to pack them; the rows are not read once packed),
-        the copy of an older file's rows, and the packed columns."""
-        unused = 0 if self.owned_bytes else self.n * self.dim
+        """What a reader of this snapshot keeps in memory: the mapped file but the parts it reads
+        once (the int8 columns, or the 4-bit copy, to pack them; the rows are then read only
+        where the 4-bit scan's best rows are), the copy of an older file's rows, and the packed scan."""
+        four_bit = 0 if self.nibbles is None else self.nibbles.nbytes + self.nibble_scale.nbytes
+        unused = (0 if self.owned_bytes else self.n * self.dim) + four_bit
         return self.mapped_bytes - unused + self.owned_bytes + self.scanner.packed_bytes
+
+    @property
+    def has_prefilter(self) -> bool:
+        return self.nibbles is not None
 
     def vocabulary(self) -> dict[str, int]:
         """Stem -> id, read on first use (racing callers build the same dict)."""
@@ -138,6 +163,14 @@ def _sections(n: int, dim: int) -> list[tuple[str, str, tuple[int, ...]]]:
 def _stem_sections(n: int, stems: dict) -> list[tuple[str, str, tuple[int, ...]]]:
     return [("stem_start", "<i8", (n + 1,)), ("stem_ids", "<i4", (int(stems["count"]),)),
             ("vocabulary_bytes", "u1", (int(stems["vocabulary_bytes"]),))]
+
+
+def _nibble_sections(n: int, dim: int) -> list[tuple[str, str, tuple[int, ...]]]:
+    return [("centre", "<f4", (dim,)), ("nibbles", "u1", (n, dim // 2)), ("nibble_scale", "<f4", (n, dim // NIBBLE_BLOCK))]
+
+
+def wants_prefilter(n: int, dim: int) -> bool:
+    return n * dim >= PREFILTER_MIN_BYTES and dim % NIBBLE_BLOCK == 0
 
 
 def _layout(n: int, dim: int, header_room: int, sections=None) -> tuple[dict[str, int], int]:
@@ -173,7 +206,8 @@ def open_vector_file(memory: Path, dim: int) -> VectorFile | None:
             return None
         offsets = header["offsets"]
         stems = header.get("stems")
-        sections = _sections(n, dim) + (_stem_sections(n, stems) if stems else [])
+        sections = (_sections(n, dim) + (_stem_sections(n, stems) if stems else [])
+                    + (_nibble_sections(n, dim) if "nibbles" in offsets else []))
         # numpy refuses a section that runs past the end: a truncated file is never read past it.
         arrays = {name: np.ndarray(shape, dtype=np.dtype(dtype), buffer=mapping, offset=offsets[name]) if name in offsets else None
                   for name, dtype, shape in sections}
@@ -280,17 +314,22 @@ def write_vector_file(memory: Path, conn: sqlite3.Connection, dim: int) -> bool:
             at += len(rows)
     finally:
         conn.execute("COMMIT")
+    end = size
     if with_stems:
         vocab_blob = "\n".join(vocabulary).encode("utf-8", "surrogatepass")
         stems_header = {"analyzer": analyzer, "count": len(stem_ids), "vocabulary_bytes": len(vocab_blob)}
-        stem_offsets, total = _layout(n, dim, size, _stem_sections(n, stems_header))
+        stem_offsets, end = _layout(n, dim, size, _stem_sections(n, stems_header))
         with open(tmp, "r+b") as f:
-            f.truncate(total)
+            f.truncate(end)
             for name, data in (("stem_start", stem_start), ("stem_ids", stem_ids), ("vocabulary_bytes", vocab_blob)):
                 f.seek(stem_offsets[name])
                 f.write(bytes(data) if isinstance(data, bytes) else data.tobytes())
         offsets = {**offsets, **stem_offsets}
         header["stems"] = stems_header
+    if wants_prefilter(n, dim):
+        nibble_offsets, end = _layout(n, dim, end, _nibble_sections(n, dim))
+        _write_nibbles(tmp, nibble_offsets, end, arrays["rows"], arrays["scale"])
+        offsets = {**offsets, **nibble_offsets}
     header.update(block_types=list(block_types), harnesses=list(harnesses), offsets=offsets)
     blob = json.dumps(header).encode()
     if 12 + len(blob) > room:  # thousands of distinct harness names: no snapshot, readers use SQLite
@@ -324,6 +363,39 @@ def write_vector_file(memory: Path, conn: sqlite3.Connection, dim: int) -> bool:
             conn.execute("ROLLBACK")
             raise
     return True
+
+
+def quantise_nibbles(rows: np.ndarray, scale: np.ndarray, centre: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Stored int8 rows (uint8, `rows_of`) → their 4-bit copy: each row minus `centre` in blocks
+    of NIBBLE_BLOCK, each block's values scaled to -8..7 by its largest |value| / 7 and stored + 8,
+    two to a byte, the first in the low nibble (`MatMulNBits`' layout). Returns (nibbles uint8
+    [n, dim / 2], scales float32 [n, dim / NIBBLE_BLOCK])."""
+    x = (rows.astype(np.float32) - ROW_OFFSET) * scale[:, None] - centre
+    blocks = x.reshape(len(x), -1, NIBBLE_BLOCK)
+    scales = np.maximum(np.abs(blocks).max(axis=2), 1e-12) / 7.0
+    values = (np.clip(np.rint(blocks / scales[..., None]), -8, 7) + 8).astype(np.uint8).reshape(len(x), -1)
+    return values[:, 0::2] | (values[:, 1::2] << 4), scales.astype(np.float32)
+
+
+def _write_nibbles(tmp: Path, offsets: dict[str, int], end: int, rows: np.ndarray, scale: np.ndarray) -> None:
+    """The 4-bit copy of the snapshot's rows, centred on their mean (the part every row shares
+    says nothing about which rows are nearest, and 4 bits go further on what is left)."""
+    n, dim = rows.shape
+    with open(tmp, "r+b") as f:
+        f.truncate(end)
+    out = np.memmap(tmp, dtype=np.uint8, mode="r+", shape=(end,))
+    arrays = {name: np.ndarray(shape, dtype=np.dtype(dtype), buffer=out, offset=offsets[name])
+              for name, dtype, shape in _nibble_sections(n, dim)}
+    total = np.zeros(dim, np.float64)
+    for at in range(0, n, _BATCH):
+        total += ((rows[at:at + _BATCH].astype(np.float32) - ROW_OFFSET) * scale[at:at + _BATCH, None]).sum(axis=0)
+    centre = (total / max(n, 1)).astype(np.float32)
+    arrays["centre"][:] = centre
+    for at in range(0, n, _BATCH):
+        sl = slice(at, at + _BATCH)
+        arrays["nibbles"][sl], arrays["nibble_scale"][sl] = quantise_nibbles(rows[sl], scale[sl], centre)
+    out.flush()
+    del out, arrays
 
 
 # ---- scanning ------------------------------------------------------------------------------------
@@ -402,18 +474,20 @@ PACK_AFTER_SCANS = 16
 
 
 class Scanner:
-    """How one snapshot is scanned: its mapped rows by the shared session first, its own packed
-    session once hot. The same integer scores either way."""
+    """How one snapshot is scanned: its mapped rows by the shared session first; once hot, its
+    own packed session: of the int8 columns, or of the 4-bit copy where the file holds one (then
+    only the prefilter's best rows get int8 scores). The same integer scores either way."""
 
     def __init__(self) -> None:
         self.scans = 0
         self.packed = None  # onnxruntime session with this snapshot's columns packed
+        self.prefilter = None  # onnxruntime session with this snapshot's 4-bit copy packed
         self.packed_bytes = 0
         self.failed = False
         self._packing = threading.Lock()
 
     def integer_scores(self, vf: VectorFile, q: np.ndarray) -> np.ndarray:
-        if self.packed is None:
+        if self.packed is None and self.prefilter is None:
             self.scans += 1  # racy on purpose: an approximate count is enough
             if self.scans >= PACK_AFTER_SCANS and not self.failed:
                 self._try_pack(vf)
@@ -426,7 +500,9 @@ class Scanner:
         if not self._packing.acquire(blocking=False):
             return  # one caller packs; the others keep scanning the shared way meanwhile
         try:
-            if self.packed is None:
+            if vf.has_prefilter and self.prefilter is None:
+                self.prefilter = self._pack_prefilter(vf)
+            elif not vf.has_prefilter and self.packed is None:
                 self.packed = self._pack(vf)
         except Exception as exc:  # no RAM for the copy, say: the shared scan gives the same scores
             self.failed = True
@@ -444,11 +520,62 @@ class Scanner:
         self.packed_bytes = vf.dim * vf.n
         return session
 
+    def _pack_prefilter(self, vf: VectorFile):
+        import onnxruntime as ort
+
+        opts = _scan_options()
+        blocks = vf.nibbles.reshape(vf.n, vf.dim // NIBBLE_BLOCK, NIBBLE_BLOCK // 2)
+        opts.add_external_initializers(["B", "S"], [ort.OrtValue.ortvalue_from_numpy(blocks),
+                                                    ort.OrtValue.ortvalue_from_numpy(vf.nibble_scale.reshape(-1))])
+        session = ort.InferenceSession(_prefilter_model(vf.dim, vf.n), opts, providers=["CPUExecutionProvider"])
+        self.packed_bytes = vf.nibbles.nbytes + vf.nibble_scale.nbytes
+        return session
+
+
+def _prefilter_model(dim: int, n: int) -> bytes:
+    """`Y[1, n] = A float [1, dim] x the 4-bit rows`: onnxruntime's `MatMulNBits`, its activations
+    quantised to int8 (accuracy level 4), the rows (B) and their block scales (S) external
+    initializers the caller supplies from the mapping, packed once by onnxruntime."""
+    from onnx import TensorProto, helper
+
+    def external(name: str, elem_type: int, dims: list[int]) -> TensorProto:
+        tensor = TensorProto(name=name, data_type=elem_type, dims=dims, data_location=TensorProto.EXTERNAL)
+        for key, value in (("location", name), ("offset", "0"), ("length", str(int(np.prod(dims)) * (4 if elem_type == TensorProto.FLOAT else 1)))):
+            tensor.external_data.add(key=key, value=value)
+        return tensor
+
+    node = helper.make_node("MatMulNBits", ["A", "B", "S"], ["Y"], domain="com.microsoft", K=dim, N=n, bits=4,
+                            block_size=NIBBLE_BLOCK, accuracy_level=4)
+    graph = helper.make_graph([node], "prefilter", [helper.make_tensor_value_info("A", TensorProto.FLOAT, [1, dim])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, n])],
+                              [external("B", TensorProto.UINT8, [n, dim // NIBBLE_BLOCK, NIBBLE_BLOCK // 2]),
+                               external("S", TensorProto.FLOAT, [n * (dim // NIBBLE_BLOCK)])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
+    model.ir_version = 10
+    return model.SerializeToString()
+
 
 def quantise_query(qvec: np.ndarray) -> np.ndarray:
     """The query as an int8 column of -63..63 (QUERY_LEVELS), scaled by its largest component."""
     scale = float(max(np.abs(qvec).max(), 1e-12)) / QUERY_LEVELS
     return np.rint(qvec / scale).astype(np.int8)[:, None]
+
+
+def prefilter_scores(vf: VectorFile, qvec: np.ndarray) -> np.ndarray | None:
+    """Every snapshot row's 4-bit similarity estimate, float32 [n], for choosing which rows get
+    their int8 score; None where the snapshot has no 4-bit copy or is not searched often enough
+    yet to have it packed."""
+    session = vf.scanner.prefilter
+    if session is None:
+        return None
+    return session.run(None, {"A": np.asarray(qvec, np.float32)[None, :]})[0][0]
+
+
+def approximate_scores_at(vf: VectorFile, qvec: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """`approximate_scores` of the rows at `positions` only, with the same values: the shared
+    scan's kernel on just those rows (ascending positions read the mapping forward)."""
+    integers = _scan_session().run(None, {"A": vf.rows[positions], "B": quantise_query(qvec), "A0": _ROW_ZERO})[0][:, 0]
+    return np.multiply(integers, vf.scale[positions], dtype=np.float32)
 
 
 def approximate_scores(vf: VectorFile, qvec: np.ndarray) -> np.ndarray:
