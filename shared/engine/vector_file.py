@@ -419,6 +419,16 @@ def _pb_tensor(name: str, elem_type: int, dims: list[str]) -> bytes:
     return _pb_field(1, name.encode()) + _pb_field(2, _pb_field(1, _pb_field(1, elem_type) + _pb_field(2, shape)))
 
 
+def _pb_external(name: str, elem_type: int, dims: list[int], length: int) -> bytes:
+    """A graph's initializer (field 5) whose bytes the session's caller supplies
+    (`add_external_initializers`). TensorProto: dims, data_type, name, external_data,
+    data_location EXTERNAL."""
+    external = b"".join(_pb_field(13, _pb_field(1, k.encode()) + _pb_field(2, v.encode()))
+                        for k, v in (("location", name), ("offset", "0"), ("length", str(length))))
+    return _pb_field(5, b"".join(_pb_field(1, d) for d in dims) + _pb_field(2, elem_type) + _pb_field(8, name.encode())
+                     + external + _pb_field(14, 1))
+
+
 def _scan_model(packed: tuple[int, int] | None = None) -> bytes:
     """ONNX model of one `MatMulInteger` with A's zero point `A0`, encoded by hand (a dozen
     protobuf fields) so the engine needs no `onnx` package. Shared: `Y[n, 1] = (A uint8 [n, d] -
@@ -431,11 +441,7 @@ def _scan_model(packed: tuple[int, int] | None = None) -> bytes:
         inputs, initializer, out = [_pb_tensor("A", 2, ["n", "d"]), _pb_tensor("B", 3, ["d", "1"])], b"", ["n", "1"]
     else:
         dim, n = packed
-        external = b"".join(_pb_field(13, _pb_field(1, k.encode()) + _pb_field(2, v.encode()))
-                            for k, v in (("location", "matrix_t"), ("offset", "0"), ("length", str(dim * n))))
-        # TensorProto: dims, data_type INT8, name, external_data, data_location EXTERNAL
-        initializer = _pb_field(5, _pb_field(1, dim) + _pb_field(1, n) + _pb_field(2, 3) + _pb_field(8, b"B") + external
-                                + _pb_field(14, 1))
+        initializer = _pb_external("B", 3, [dim, n], dim * n)
         inputs, out = [_pb_tensor("A", 2, ["1", "d"])], ["1", "n"]
     graph = (_pb_field(1, node) + _pb_field(2, b"int8_scan") + b"".join(_pb_field(11, t) for t in inputs)
              + _pb_field(11, _pb_tensor("A0", 2, [])) + initializer + _pb_field(12, _pb_tensor("Y", 6, out)))
@@ -533,26 +539,21 @@ class Scanner:
 
 
 def _prefilter_model(dim: int, n: int) -> bytes:
-    """`Y[1, n] = A float [1, dim] x the 4-bit rows`: onnxruntime's `MatMulNBits`, its activations
-    quantised to int8 (accuracy level 4), the rows (B) and their block scales (S) external
-    initializers the caller supplies from the mapping, packed once by onnxruntime."""
-    from onnx import TensorProto, helper
-
-    def external(name: str, elem_type: int, dims: list[int]) -> TensorProto:
-        tensor = TensorProto(name=name, data_type=elem_type, dims=dims, data_location=TensorProto.EXTERNAL)
-        for key, value in (("location", name), ("offset", "0"), ("length", str(int(np.prod(dims)) * (4 if elem_type == TensorProto.FLOAT else 1)))):
-            tensor.external_data.add(key=key, value=value)
-        return tensor
-
-    node = helper.make_node("MatMulNBits", ["A", "B", "S"], ["Y"], domain="com.microsoft", K=dim, N=n, bits=4,
-                            block_size=NIBBLE_BLOCK, accuracy_level=4)
-    graph = helper.make_graph([node], "prefilter", [helper.make_tensor_value_info("A", TensorProto.FLOAT, [1, dim])],
-                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, n])],
-                              [external("B", TensorProto.UINT8, [n, dim // NIBBLE_BLOCK, NIBBLE_BLOCK // 2]),
-                               external("S", TensorProto.FLOAT, [n * (dim // NIBBLE_BLOCK)])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
-    model.ir_version = 10
-    return model.SerializeToString()
+    """`Y[1, n] = A float [1, dim] x the 4-bit rows`: one onnxruntime `MatMulNBits` (its
+    activations quantised to int8: accuracy level 4), encoded by hand like `_scan_model` (importing
+    `onnx` costs a second or two, inside the call that packs). The rows (B) and their block
+    scales (S) are external initializers the caller supplies from the mapping; onnxruntime packs
+    them once."""
+    attributes = b"".join(_pb_field(5, _pb_field(1, k.encode()) + _pb_field(3, v) + _pb_field(20, 2))  # type INT
+                          for k, v in (("K", dim), ("N", n), ("bits", 4), ("block_size", NIBBLE_BLOCK), ("accuracy_level", 4)))
+    node = (b"".join(_pb_field(f, v.encode()) for f, v in ((1, "A"), (1, "B"), (1, "S"), (2, "Y"), (3, "prefilter"),
+                                                           (4, "MatMulNBits"), (7, "com.microsoft"))) + attributes)
+    blocks = dim // NIBBLE_BLOCK
+    graph = (_pb_field(1, node) + _pb_field(2, b"prefilter") + _pb_field(11, _pb_tensor("A", 1, ["1", str(dim)]))
+             + _pb_external("B", 2, [n, blocks, NIBBLE_BLOCK // 2], n * dim // 2)
+             + _pb_external("S", 1, [n * blocks], 4 * n * blocks) + _pb_field(12, _pb_tensor("Y", 1, ["1", str(n)])))
+    opsets = _pb_field(8, _pb_field(1, b"") + _pb_field(2, 13)) + _pb_field(8, _pb_field(1, b"com.microsoft") + _pb_field(2, 1))
+    return _pb_field(1, 8) + opsets + _pb_field(7, graph)
 
 
 def quantise_query(qvec: np.ndarray) -> np.ndarray:
