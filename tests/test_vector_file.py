@@ -1,7 +1,11 @@
 """The dense leg's int8 snapshot: exact top-k after re-scoring, published only whole and never
-ahead of SQLite, caught up from SQLite when behind, and free of forgotten rows."""
+ahead of SQLite, caught up from SQLite when behind, and free of forgotten rows; a large one's
+4-bit first pass returns the same top-k, packed once however many calls race."""
 
 from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -202,5 +206,29 @@ def test_a_snapshot_under_the_bar_or_written_without_the_copy_scans_in_int8(tmp_
     q = clustered_vectors(1, seed=15)[0]
     assert reader.nearest(q, 30, reader.filter_mask(None, None)) == exact_top(by_id, q, 30)
     assert reader.view.base.scanner.packed is not None and reader.view.base.scanner.prefilter is None
+    reader.close()
+    store.close()
+
+
+def test_concurrent_first_calls_on_a_large_snapshot_all_get_the_exact_top_k_while_one_packs(tmp_path, monkeypatch):
+    store, by_id = _large_snapshot(tmp_path, monkeypatch)
+    reader = MemoryReader(store.path)
+    reader.refresh()
+    packs = []
+    real_pack = vector_file.Scanner._pack_prefilter
+
+    def slow_pack(self, vf):  # a pack that takes a while, so that other calls arrive meanwhile
+        packs.append(vf.n)
+        time.sleep(0.3)
+        return real_pack(self, vf)
+
+    monkeypatch.setattr(vector_file.Scanner, "_pack_prefilter", slow_pack)
+    queries = clustered_vectors(64, seed=16)
+    mask = reader.filter_mask(None, None)
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(lambda q: reader.nearest(q, 30, mask), queries))
+    assert got == [exact_top(by_id, q, 30) for q in queries]
+    assert packs == [len(by_id)], "one caller packs; the others scan meanwhile"
+    assert reader.view.base.scanner.prefilter is not None
     reader.close()
     store.close()
