@@ -281,6 +281,8 @@ def write_vector_file(memory: Path, conn: sqlite3.Connection, dim: int) -> bool:
                            " CASE WHEN s.stems IS NULL THEN c.text END, c.ts"
                            " FROM chunks c LEFT JOIN chunk_stems s ON s.row_id = c.row_id ORDER BY c.row_id")
         vocabulary: dict[str, int] = {}
+        prefilter = wants_prefilter(n, dim)
+        row_sum = np.zeros(dim, np.float64)  # of the int8 rows as stored: the 4-bit copy's centre
         stem_ids = array("i")
         stem_start = array("q", [0])
         stemmed: list[tuple[int, str]] = []
@@ -289,6 +291,8 @@ def write_vector_file(memory: Path, conn: sqlite3.Connection, dim: int) -> bool:
             sl = slice(at, at + len(rows))
             vecs = np.frombuffer(b"".join(r[1] for r in rows), dtype=np.float32).reshape(len(rows), dim)
             q, scale = quantise_rows(vecs)
+            if prefilter:
+                row_sum += (q.astype(np.float32) * scale[:, None]).sum(axis=0)
             arrays["ids"][sl] = [r[0] for r in rows]
             arrays["scale"][sl] = scale
             arrays["block"][sl] = [block_types.setdefault(r[2], len(block_types)) for r in rows]
@@ -326,9 +330,10 @@ def write_vector_file(memory: Path, conn: sqlite3.Connection, dim: int) -> bool:
                 f.write(bytes(data) if isinstance(data, bytes) else data.tobytes())
         offsets = {**offsets, **stem_offsets}
         header["stems"] = stems_header
-    if wants_prefilter(n, dim):
+    if prefilter:
         nibble_offsets, end = _layout(n, dim, end, _nibble_sections(n, dim))
-        _write_nibbles(tmp, nibble_offsets, end, arrays["rows"], arrays["scale"])
+        centre = (row_sum / max(n, 1)).astype(np.float32)
+        _write_nibbles(tmp, nibble_offsets, end, arrays["rows"], arrays["scale"], centre)
         offsets = {**offsets, **nibble_offsets}
     header.update(block_types=list(block_types), harnesses=list(harnesses), offsets=offsets)
     blob = json.dumps(header).encode()
@@ -377,19 +382,16 @@ def quantise_nibbles(rows: np.ndarray, scale: np.ndarray, centre: np.ndarray) ->
     return values[:, 0::2] | (values[:, 1::2] << 4), scales.astype(np.float32)
 
 
-def _write_nibbles(tmp: Path, offsets: dict[str, int], end: int, rows: np.ndarray, scale: np.ndarray) -> None:
-    """The 4-bit copy of the snapshot's rows, centred on their mean (the part every row shares
-    says nothing about which rows are nearest, and 4 bits go further on what is left)."""
+def _write_nibbles(tmp: Path, offsets: dict[str, int], end: int, rows: np.ndarray, scale: np.ndarray,
+                   centre: np.ndarray) -> None:
+    """The 4-bit copy of the snapshot's rows, centred on their mean row `centre` (the part every
+    row shares says nothing about which rows are nearest, and 4 bits go further on what is left)."""
     n, dim = rows.shape
     with open(tmp, "r+b") as f:
         f.truncate(end)
     out = np.memmap(tmp, dtype=np.uint8, mode="r+", shape=(end,))
     arrays = {name: np.ndarray(shape, dtype=np.dtype(dtype), buffer=out, offset=offsets[name])
               for name, dtype, shape in _nibble_sections(n, dim)}
-    total = np.zeros(dim, np.float64)
-    for at in range(0, n, _BATCH):
-        total += ((rows[at:at + _BATCH].astype(np.float32) - ROW_OFFSET) * scale[at:at + _BATCH, None]).sum(axis=0)
-    centre = (total / max(n, 1)).astype(np.float32)
     arrays["centre"][:] = centre
     for at in range(0, n, _BATCH):
         sl = slice(at, at + _BATCH)
