@@ -34,14 +34,14 @@ def test_int8_scan_with_rescore_returns_the_exact_top_k(tmp_path):
     by_id = {i + 1: v for i, v in enumerate(vecs)}
     queries = clustered_vectors(120, seed=2)
     mask = reader.filter_mask(None, None)
-    for k in (8, 30):
+    for k in (8, 30, 60):
         for q in queries:
             assert reader.nearest(q, k, mask) == exact_top(by_id, q, k)
     reader.close()
     store.close()
 
 
-def test_the_sampled_selection_finds_exactly_the_largest_scores_whatever_their_order():
+def test_the_sampled_selection_finds_exactly_the_largest_scores_and_the_first_of_ties_whatever_their_order():
     rng = np.random.default_rng(7)
     n = 60000
     scores = rng.standard_normal(n).astype(np.float32)
@@ -50,13 +50,13 @@ def test_the_sampled_selection_finds_exactly_the_largest_scores_whatever_their_o
     masked = scores.copy()  # a time window: most rows left out
     masked[rng.random(n) < 0.97] = -np.inf
     few = scores[:40]  # fewer rows than the sample needs
-    for values in (scores, stacked, masked, few, np.sort(scores), np.sort(scores)[::-1]):
+    tied = np.round(scores, 1)  # ~60 distinct values: the k-th is shared by hundreds of positions
+    for values in (scores, stacked, masked, few, tied, np.sort(scores), np.sort(scores)[::-1]):
         finite = int(np.isfinite(values).sum())
         for k in (1, 64, 120, 500, min(finite, 2000)):
             k = min(k, finite)
-            got = largest_positions(values, k)
-            assert len(got) == len(set(got.tolist())) == k
-            assert np.sort(values[got]).tolist() == np.sort(values)[len(values) - k:].tolist()
+            exact = np.sort(np.argsort(-values, kind="stable")[:k])  # of equal values, the first positions
+            assert largest_positions(values, k).tolist() == exact.tolist()
 
 
 def test_reader_catches_up_from_sqlite_and_switches_to_a_newer_snapshot(tmp_path):
@@ -129,12 +129,12 @@ def test_a_snapshot_of_another_memory_is_never_used(tmp_path):
         store.close()
 
 
-def _large_snapshot(tmp_path, monkeypatch, n: int = 6000) -> tuple[MemoryStore, dict[int, np.ndarray]]:
+def _large_snapshot(tmp_path, monkeypatch, n: int = 20000) -> tuple[MemoryStore, dict[int, np.ndarray]]:
     """A memory whose snapshot passes the 4-bit copy's size bar (lowered to its n rows), the
     first half of its rows from one harness and the second from another; each row shares a
-    common part, as e5's embeddings do (their mutual cosine is ~0.7)."""
+    common part, as e5's embeddings do (their mutual cosine is ~0.7). At 20,000 rows the 4-bit
+    pass does choose, with its real depth, even for one harness's half (prefilter_depth)."""
     monkeypatch.setattr(vector_file, "PREFILTER_MIN_BYTES", n * VECTOR_DIM)
-    monkeypatch.setattr(vector_file, "PREFILTER_ROWS", 400)  # of 6000: the prefilter does choose
     monkeypatch.setattr(vector_file, "PACK_AFTER_SCANS", 1)
     common = np.random.default_rng(11).standard_normal(VECTOR_DIM).astype(np.float32)
     vecs = clustered_vectors(n, seed=12) + 1.5 * common / np.linalg.norm(common)
@@ -159,13 +159,47 @@ def test_a_large_snapshot_is_scanned_in_four_bits_first_and_still_returns_the_ex
     reader.nearest(queries[0], 8, mask)  # the snapshot's first scans are int8 ones; then it packs
     assert base.scanner.prefilter is not None and base.scanner.packed is None, "the 4-bit copy packed, not the columns"
     assert reader.resident_bytes() > before, "the packed copy counts against the reader cache"
-    for k in (8, 30):
+    for k in (8, 30, 60):  # pools of 64, 120 and 240 rows: the 4-bit pass keeps 2048, 2048 and 3840
+        assert vector_file.prefilter_depth(max(64, 4 * k), len(by_id)) is not None
         for q in queries:
             assert reader.nearest(q, k, mask) == exact_top(by_id, q, k)
     cli = reader.filter_mask(None, "cli")
     cli_rows = {i: v for i, v in by_id.items() if i > len(by_id) // 2}
+    assert vector_file.prefilter_depth(120, len(cli_rows)) is not None
     for q in queries[:30]:
         assert reader.nearest(q, 30, cli) == exact_top(cli_rows, q, 30), "a filter applies before the prefilter chooses"
+    reader.close()
+    store.close()
+
+
+def test_a_pool_too_large_for_the_four_bit_pass_is_chosen_by_the_int8_scan_and_stays_exact(tmp_path, monkeypatch):
+    store, by_id = _large_snapshot(tmp_path, monkeypatch)
+    reader = MemoryReader(store.path)
+    reader.refresh()
+    mask = reader.filter_mask(None, None)
+    queries = clustered_vectors(12, seed=17)
+    reader.nearest(queries[0], 8, mask)
+    assert reader.view.base.scanner.prefilter is not None
+    assert vector_file.prefilter_depth(4 * 600, len(by_id)) is None, "2400 pool rows would need 38400 of 20000"
+    for q in queries:
+        assert reader.nearest(q, 600, mask) == exact_top(by_id, q, 600)
+    reader.close()
+    store.close()
+
+
+def test_equal_vectors_come_back_lowest_row_id_first_before_and_after_the_snapshot(tmp_path):
+    vecs = clustered_vectors(2000, seed=1)
+    vecs[1000:1300] = vecs[0]  # one text repeated: ids 1 and 1001..1300 hold the same vector
+    store = MemoryStore.create(tmp_path / "memory", "test-model", VECTOR_DIM)
+    store.commit_changes(new_rows(vecs, 1), [], {}, [])
+    reader = MemoryReader(store.path)
+    reader.refresh()
+    exact = [1, *range(1001, 1010)]
+    assert reader.nearest(vecs[0], 10, reader.filter_mask(None, None)) == exact, "rows after any snapshot"
+    store.publish_vectors(force=True)
+    reader.refresh()
+    assert reader.view.n_base == 2000
+    assert reader.nearest(vecs[0], 10, reader.filter_mask(None, None)) == exact, "the snapshot's int8 scan"
     reader.close()
     store.close()
 

@@ -14,7 +14,12 @@ writer lock and are never blocked by an index run.
 Dense search: the int8 scan picks the best `max(64, 4 * limit)` snapshot rows, which are
 re-scored exactly from their float32 vectors in SQLite; rows after the snapshot are scored
 exactly in float32. The top `limit` equals an exact float32 search unless a true top row falls
-outside the rescored pool (int8 error is ~1e-3 of a cosine; tested).
+outside the rescored pool (int8 error is ~1e-3 of a cosine; tested). Ties go to the lower row
+id at every step, as in an exact search. A snapshot large enough to hold a 4-bit copy
+(vector_file.py) is scanned in 4 bits first, and only its best rows (16 per pool row, at
+least 2,048) get their int8 scores. That is a bet on the data, not a bound: on real e5 vectors
+every final top 30 was the int8 scan's (docs/benchmarks.md, round 21), but a row whose few
+large values take its blocks' whole 4-bit range can rank far lower there than it should.
 """
 
 from __future__ import annotations
@@ -32,8 +37,8 @@ import numpy as np
 
 from shared.engine.store import FTS_DIR, MemoryStore, Row, journal_mode
 from shared.engine.text_analysis import ANALYZER, held_stems
-from shared.engine.vector_file import (PREFILTER_ROWS, VectorFile, approximate_scores, approximate_scores_at,
-                                       conversation_code, current_identity, open_vector_file, prefilter_scores)
+from shared.engine.vector_file import (VectorFile, approximate_scores, approximate_scores_at, conversation_code,
+                                       current_identity, open_vector_file, prefilter_depth, prefilter_scores)
 
 _log = logging.getLogger("recall.engine.reader")
 RESCORE_MIN = 64
@@ -48,26 +53,34 @@ SAMPLE_STRIDE = 16  # largest_positions: every 16th score estimates the threshol
 
 
 def largest_positions(values: np.ndarray, k: int) -> np.ndarray:
-    """Positions of the `k` largest `values` (1 <= k <= len(values)), in no order: the set a
-    full `argpartition` gives (ties at the k-th value go either way), ~10x cheaper over a
-    snapshot's 60k scores. Every 16th value gives a threshold that about 2k + 128 values reach;
-    the partition then runs over those only. The set is exact whatever the sample: if fewer
-    than `k` values reach the threshold, it partitions all of them."""
+    """Positions of the `k` largest `values` (1 <= k <= len(values)), ascending; of the values
+    equal to the k-th, the lowest positions (rows are in id order, so an exact search's ties).
+    ~10x cheaper than a full partition over a snapshot's 60k scores: every 16th value gives a
+    threshold that about 2k + 128 values reach, and the partition runs over those only. The set
+    is exact whatever the sample: if fewer than `k` values reach the threshold, it looks at all."""
     sample = values[::SAMPLE_STRIDE]
     wanted = 2 * (k // SAMPLE_STRIDE) + 8  # twice the sample's expected share of the k, plus slack
+    reach = None
     if wanted < len(sample):
         threshold = np.partition(sample, len(sample) - wanted)[len(sample) - wanted]
         reach = np.flatnonzero(values >= threshold)
-        if len(reach) >= k:
-            return reach[np.argpartition(values[reach], len(reach) - k)[len(reach) - k:]]
-    return np.argpartition(values, len(values) - k)[len(values) - k:]
+        if len(reach) < k:
+            reach = None
+    reached = values if reach is None else values[reach]
+    kth = np.partition(reached, len(reached) - k)[len(reached) - k]
+    chosen = np.flatnonzero(reached >= kth)  # ascending
+    if len(chosen) > k:  # values equal to the k-th beyond the k: the last of them go
+        tied = np.flatnonzero(reached[chosen] == kth)
+        chosen = np.delete(chosen, tied[len(tied) - (len(chosen) - k):])
+    return chosen if reach is None else reach[chosen]
 
 
 def _pool_positions(vf: VectorFile, q: np.ndarray, pool: int, allowed_bits: np.ndarray | None, allowed: int) -> np.ndarray:
     """Snapshot positions of the `pool` allowed rows with the best int8 scores: from every row's
-    score, or, where the snapshot's 4-bit copy is packed, from the scores of the 4-bit scan's
-    best PREFILTER_ROWS (vector_file.py)."""
-    coarse = prefilter_scores(vf, q)
+    score, or, where the snapshot's 4-bit copy is packed and the pool is small beside the allowed
+    rows, from the scores of the 4-bit scan's best `prefilter_depth` rows (vector_file.py)."""
+    depth = prefilter_depth(pool, allowed)
+    coarse = None if depth is None else prefilter_scores(vf, q)
     if coarse is None:
         approx = approximate_scores(vf, q)
         if allowed_bits is not None:
@@ -75,7 +88,7 @@ def _pool_positions(vf: VectorFile, q: np.ndarray, pool: int, allowed_bits: np.n
         return largest_positions(approx, pool)
     if allowed_bits is not None:
         coarse[~allowed_bits] = -np.inf
-    candidates = np.sort(largest_positions(coarse, min(allowed, max(PREFILTER_ROWS, pool))))  # none disallowed
+    candidates = largest_positions(coarse, depth)  # ascending, none disallowed (depth < allowed)
     return candidates[largest_positions(approximate_scores_at(vf, q, candidates), pool)]
 
 

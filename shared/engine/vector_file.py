@@ -78,10 +78,13 @@ ROW_OFFSET = 128  # a row's int8 values stored as uint8 (u8 x s8 is the fast int
 # evicts the query model's weights. Smaller ones stay on the int8 scan alone.
 PREFILTER_MIN_BYTES = 32 << 20
 NIBBLE_BLOCK = 128
-# How many rows of the 4-bit scan get their int8 score. On 240k real e5 rows and 400 questions
-# the worst 4-bit rank of a final top-30 row was 672 (round 21): 2048 keeps a 3x margin, and
-# their int8 scores cost ~1 ms (against ~6 ms for the int8 scan of all 240k).
+# How many rows of the 4-bit scan get their int8 score: at least PREFILTER_ROWS, and 16 per row
+# of the re-score pool. On 240k real e5 rows and 400 questions the worst 4-bit rank of a final
+# top-30 row (a pool of 120) was 672 (round 21): 2048 keeps a 3x margin there, and their int8
+# scores cost ~1 ms (against ~6 ms for the int8 scan of all 240k). A larger pool keeps the same
+# ratio, so the 4-bit pass never picks the pool by itself.
 PREFILTER_ROWS = 2048
+PREFILTER_ROWS_PER_POOL_ROW = 16
 
 
 @dataclass(frozen=True)
@@ -484,7 +487,7 @@ PACK_AFTER_SCANS = 16
 class Scanner:
     """How one snapshot is scanned: its mapped rows by the shared session first; once hot, its
     own packed session: of the int8 columns, or of the 4-bit copy where the file holds one (then
-    only the prefilter's best rows get int8 scores). The same integer scores either way."""
+    only the prefilter's best rows get int8 scores, the same values the full scan gives them)."""
 
     def __init__(self) -> None:
         self.scans = 0
@@ -536,7 +539,9 @@ class Scanner:
         opts.add_external_initializers(["B", "S"], [ort.OrtValue.ortvalue_from_numpy(blocks),
                                                     ort.OrtValue.ortvalue_from_numpy(vf.nibble_scale.reshape(-1))])
         session = ort.InferenceSession(_prefilter_model(vf.dim, vf.n), opts, providers=["CPUExecutionProvider"])
-        self.packed_bytes = vf.nibbles.nbytes + vf.nibble_scale.nbytes
+        # onnxruntime keeps each block's scale and sum beside its packed nibbles: 240 bytes a row
+        # of 384 (measured on 60k and 240k rows), not the 204 of the file's sections.
+        self.packed_bytes = vf.nibbles.nbytes + 4 * vf.nibble_scale.nbytes
         return session
 
 
@@ -562,6 +567,14 @@ def quantise_query(qvec: np.ndarray) -> np.ndarray:
     """The query as an int8 column of -63..63 (QUERY_LEVELS), scaled by its largest component."""
     scale = float(max(np.abs(qvec).max(), 1e-12)) / QUERY_LEVELS
     return np.rint(qvec / scale).astype(np.int8)[:, None]
+
+
+def prefilter_depth(pool: int, allowed: int) -> int | None:
+    """How many of the 4-bit scan's best rows get their int8 score for a re-score pool of `pool`
+    rows; None where that would be a quarter of the `allowed` rows or more: the int8 scan of
+    every row then costs about as much."""
+    depth = max(PREFILTER_ROWS, PREFILTER_ROWS_PER_POOL_ROW * pool)
+    return depth if 4 * depth < allowed else None
 
 
 def prefilter_scores(vf: VectorFile, qvec: np.ndarray) -> np.ndarray | None:
