@@ -2,7 +2,9 @@
 
 When RECALL_INGEST_KEY or RECALL_JWT_SECRET is unset (or empty), `recall up` generates one and
 writes it to `DATA_DIR/dev-secrets.json` (mode 0600); `recall token`, `recall demo` and
-`recall status` read it back. Production sets both explicitly (Kubernetes Secrets, compose
+`recall status` read it back. A secret `recall up` took from its environment is named in the
+file instead (never its value), so those commands ask for the same value rather than use a
+generated one the stack refuses. Production sets both explicitly (Kubernetes Secrets, compose
 `.env`), and this file is never used.
 """
 
@@ -19,6 +21,7 @@ from services.cli_problem import Problem
 
 FILE = "dev-secrets.json"
 WANTED = {"RECALL_INGEST_KEY": 24, "RECALL_JWT_SECRET": 32}
+FROM_ENVIRONMENT = "set_by_environment"  # the secrets `recall up` took from its environment, by name
 
 
 def _configured(name: str) -> bool:
@@ -27,27 +30,39 @@ def _configured(name: str) -> bool:
     return bool(os.environ.get(name) or dotenv_values(".env").get(name))
 
 
+def _read(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
 def export_defaults(data_dir: Path, create: bool) -> None:
-    """Fill unset RECALL_INGEST_KEY / RECALL_JWT_SECRET from the dev file (creating it if asked)."""
-    if all(_configured(name) for name in WANTED):
-        return
+    """Fill unset RECALL_INGEST_KEY / RECALL_JWT_SECRET from the dev file; `recall up` (create)
+    first writes it: a generated value for each secret its environment leaves unset (kept from
+    an earlier run), and the names of those it sets (FROM_ENVIRONMENT)."""
     path = data_dir / FILE
-    stored: dict[str, str] = json.loads(path.read_text()) if path.exists() else {}
-    if create and any(name not in stored for name in WANTED):
-        stored = {name: stored.get(name) or secrets.token_urlsafe(n) for name, n in WANTED.items()}
+    stored = _read(path)
+    if create:
+        from_environment = [name for name in WANTED if _configured(name)]
+        if len(from_environment) == len(WANTED) and not path.exists():
+            return  # nothing generated, and no earlier dev secret a second shell could pick up
+        stored = {name: stored.get(name) or secrets.token_urlsafe(n) for name, n in WANTED.items()
+                  if name not in from_environment} | {FROM_ENVIRONMENT: from_environment}
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as fh:
             json.dump(stored, fh)
-    for name, value in stored.items():
-        if not _configured(name):  # an empty value counts as unset, as README says
-            os.environ[name] = value
+    for name in WANTED:
+        if name in stored and not _configured(name):  # an empty value counts as unset, as README says
+            os.environ[name] = stored[name]
 
 
 def require(data_dir: Path, command: str, *names: str) -> None:
     """Problem (one line) when a secret is neither set nor in the dev file of this data dir."""
     export_defaults(data_dir, create=False)
     missing = [name for name in names if not _configured(name)]
+    elsewhere = [name for name in missing if name in _read(data_dir / FILE).get(FROM_ENVIRONMENT, [])]
+    if elsewhere:
+        raise Problem(f"recall {command}: the recall up of {data_dir} took {' and '.join(elsewhere)} from its "
+                      f"environment; set the same {' and '.join(elsewhere)} here")
     if missing:
         raise Problem(f"recall {command}: {' and '.join(missing)} not set and {data_dir / FILE} does not exist; run it "
                       "from the directory where `make run` runs (or set RECALL_DATA_DIR to that stack's data dir), "

@@ -219,6 +219,29 @@ def test_a_secret_in_dot_env_wins_over_the_generated_dev_secret(tmp_path):
     assert jwt.decode(token.stdout.strip(), OctKey.import_key(JWT)).claims["sub"] == "alice"
 
 
+def test_a_secret_recall_up_took_from_its_environment_is_asked_for_in_another_shell_not_generated(tmp_path, monkeypatch):
+    from services.cli_problem import Problem
+    from services.dev_secrets import FILE, export_defaults, require
+
+    monkeypatch.chdir(tmp_path)  # no .env here
+    data = tmp_path / "data"
+    monkeypatch.setenv("RECALL_INGEST_KEY", INGEST_KEY)  # the shell that runs recall up
+    monkeypatch.delenv("RECALL_JWT_SECRET", raising=False)
+    export_defaults(data, create=True)
+    generated = os.environ["RECALL_JWT_SECRET"]
+    assert INGEST_KEY not in (data / FILE).read_text(), "a secret from the environment is named, never written"
+
+    monkeypatch.delenv("RECALL_INGEST_KEY")  # a second shell: neither set
+    monkeypatch.delenv("RECALL_JWT_SECRET")
+    with pytest.raises(Problem) as refused:
+        require(data, "status", "RECALL_INGEST_KEY", "RECALL_JWT_SECRET")
+    assert "took RECALL_INGEST_KEY from its environment" in str(refused.value)
+    require(data, "token", "RECALL_JWT_SECRET")  # the generated one is the stack's: still read back
+    assert os.environ["RECALL_JWT_SECRET"] == generated
+    monkeypatch.setenv("RECALL_INGEST_KEY", INGEST_KEY)
+    require(data, "status", "RECALL_INGEST_KEY", "RECALL_JWT_SECRET")
+
+
 def test_an_unreachable_redis_url_is_one_line(tmp_path):
     url = f"redis://127.0.0.1:{free_port()}/0"
     result = recall("up", cwd=tmp_path, RECALL_REDIS_URL=url, **free_ports())
