@@ -52,6 +52,7 @@ class RedisLock:
         self.key = key
         self.yields_to = yields_to
         self.yielded = False
+        self.given_up = False
         self.ttl_ms = max(100, int(ttl_s * 1000))
         self.token = secrets.token_hex(16)
         self._renewer: asyncio.Task | None = None
@@ -96,11 +97,17 @@ class RedisLock:
             return False
         return bool(held)
 
+    def give_up(self) -> None:
+        """Its holder is stopping (SIGTERM): the work stops as if the lock were lost, `guard()`
+        cancels it and `fence()` refuses the next commit; the caller still releases the lock."""
+        self.given_up = self.yielded = True
+        self._mark_lost()
+
     def _mark_lost(self) -> None:
         if not self.lost:
             self.lost = True
             if self.yielded:
-                log.info("lock.yielded", key=self.key)
+                log.info("lock.given_up" if self.given_up else "lock.yielded", key=self.key)
             else:
                 LOCKS_LOST.inc()
                 log.warning("lock.lost", key=self.key)

@@ -256,13 +256,39 @@ def test_poison_and_failing_messages_go_to_the_dead_letter_stream(services, serv
     assert "recall_indexer_retries_total 3.0" in metrics
 
 
-def test_sigterm_finishes_the_current_job_and_exits(services, service_env):
+def test_sigterm_after_its_work_exits_cleanly(services, service_env):
     services("ingest")
     worker = services("indexer")
     post(service_env, conversation_payload("ivan", "i1", ["one more thing about K-9"]))
     assert wait_until(lambda: searchable(service_env, "ivan", 1), 20)
     assert worker.terminate(timeout=30) == 0
     assert '"indexer.stopped"' in worker.output()
+
+
+LONG_FIRST_IMPORT = """#!/usr/bin/env bash
+if [ "$1" = "index" ]; then touch "{started}"; sleep 120; fi
+exec "{engine}" "$@"
+"""
+
+
+def test_sigterm_during_a_long_index_run_stops_it_within_seconds_and_the_user_stays_due(services, service_env, tmp_path, r):
+    from services.indexer import redis_keys as keys
+    from services.indexer.index_scheduler import FINISH_ON_STOP_S
+
+    started = tmp_path / "import-started"
+    slow = tmp_path / "funes"
+    slow.write_text(LONG_FIRST_IMPORT.format(started=started, engine=engine_cli()))
+    slow.chmod(0o755)
+    services("ingest")
+    worker = services("indexer", RECALL_ENGINE="funes", RECALL_FUNES_BIN=str(slow), RECALL_INDEX_DEBOUNCE_S="0.05")
+    post(service_env, conversation_payload("olga", "o1", ["a first import that takes minutes"]))
+    assert wait_until(started.exists, 30)
+    stopping = time.monotonic()
+    assert worker.terminate(timeout=60) == 0
+    assert time.monotonic() - stopping < FINISH_ON_STOP_S + 5, "the run gave up its lock: no wait for the whole import"
+    assert '"outcome": "stopped"' in worker.output()
+    assert r.zscore(keys.DUE, user_hash("olga")) is not None, "the next start (or another replica) runs it again"
+    assert r.get(keys.index_lock(user_hash("olga"))) is None, "its lock was released, not left to expire"
 
 
 # ---- a lost lock aborts the job; embedded jobs have a timeout ----------------------------------

@@ -29,6 +29,7 @@ from shared.tenant_paths import TenantPaths
 
 log = get_logger("recall.indexer.scheduler")
 
+FINISH_ON_STOP_S = 5.0  # how long a stopping indexer lets its running index runs end before they give up
 _MARK_DIRTY = """
 redis.call('INCR', KEYS[1])
 redis.call('ZADD', KEYS[2], 'NX', ARGV[1], ARGV[2])
@@ -61,6 +62,7 @@ class IndexScheduler:
         self.concurrency = concurrency
         self.poll_s = poll_s
         self.running: dict[str, asyncio.Task] = {}
+        self._locks: dict[str, RedisLock] = {}  # of the running runs, so that a stop can make them give up
         self._stopping = asyncio.Event()
 
     async def run_forever(self) -> None:
@@ -88,6 +90,7 @@ class IndexScheduler:
             lock = RedisLock(self.client, keys.index_lock(uhash), self.lock_ttl_s, yields_to=keys.forget_waiting(uhash))
             if not await lock.acquire():
                 continue  # another replica runs this user now; it stays due
+            self._locks[uhash] = lock
             self.running[uhash] = asyncio.create_task(self._run(uhash, lock))
             INDEX_RUNNING.set(len(self.running))
             if len(self.running) >= self.concurrency:
@@ -119,7 +122,7 @@ class IndexScheduler:
         except LockLost:
             # Another worker may own the user now, or a forget asked for the lock; this run
             # commits nothing more (what it committed before stays). It stays due.
-            outcome = "yielded" if lock.yielded else "lock_lost"
+            outcome = "stopped" if lock.given_up else "yielded" if lock.yielded else "lock_lost"
             await self._stay_due(uhash, max(self.debounce_s, 0.5))
         except asyncio.CancelledError:
             outcome = "cancelled"
@@ -133,6 +136,7 @@ class IndexScheduler:
             INDEX_JOB_SECONDS.labels(outcome).observe(time.monotonic() - started)
             await lock.release()
             self.running.pop(uhash, None)
+            self._locks.pop(uhash, None)
             INDEX_RUNNING.set(len(self.running))
             log.info("index.run", user_hash=uhash, outcome=outcome, seconds=round(time.monotonic() - started, 3))
 
@@ -143,7 +147,13 @@ class IndexScheduler:
             await self.client.zadd(keys.DUE, {uhash: time.time() + delay_s})
 
     async def stop(self) -> None:
-        """Start no new run; let the running ones finish (SIGTERM semantics)."""
+        """Start no new run (SIGTERM); give the running ones FINISH_ON_STOP_S to end, then have them
+        give up their lock: they stop at their next checkpoint (an embedding batch; a funes child is
+        killed), keeping what they committed (every 2,048 chunks), and their users stay due.
+        Waiting for a long import to end held Ctrl-C until `recall up` killed the indexer."""
         self._stopping.set()
         if self.running:
+            await asyncio.wait(list(self.running.values()), timeout=FINISH_ON_STOP_S)
+            for lock in list(self._locks.values()):
+                lock.give_up()
             await asyncio.gather(*self.running.values(), return_exceptions=True)

@@ -1,6 +1,6 @@
 """The indexer worker process: faststream consumers on the stream, the index scheduler, and
 a small HTTP server for /healthz, /readyz and /metrics. SIGTERM: stop taking messages, let
-in-flight handlers and the running index job finish, exit."""
+in-flight handlers finish, stop the running index job (index_scheduler.IndexScheduler.stop), exit."""
 
 from __future__ import annotations
 
@@ -156,7 +156,7 @@ async def run_worker(settings: IndexerSettings) -> None:
     watchdog.cancel()  # before the broker stops: its stopped subscribers are no fault then
     await asyncio.gather(watchdog, return_exceptions=True)
     await broker.stop()  # waits for in-flight handlers
-    await scheduler.stop()  # lets the running index job finish
+    await scheduler.stop()  # a running index job gets a few seconds, then stops at its next checkpoint
     http.should_exit = True
     for t in tasks[:-1]:
         t.cancel()
