@@ -11,7 +11,7 @@ SIGTERM is killed, named on stderr). A part that dies before the stack is up sto
 everything; after that, a service that exits is started again after a backoff (1, 2, 4, 8,
 16 s) unless it already was RECALL_CHILD_RESTART_LIMIT times within two minutes, which stops
 everything, and the embedded Redis is started again (on its port and AOF) unless it dies again
-within REDIS_RESTART_WINDOW_S of being started again.
+within 30 s of being started again.
 """
 
 from __future__ import annotations

@@ -134,6 +134,30 @@ def test_services_set_only_real_settings_and_probe_the_right_paths(overlay):
         assert container["resources"]["requests"]["cpu"]
 
 
+def service_link_variables(service: dict) -> set[str]:
+    """What kubelet puts in the environment of a pod created after `service` exists in its
+    namespace, unless the pod sets enableServiceLinks: false (Docker-link style names)."""
+    name = service["metadata"]["name"].upper().replace("-", "_")
+    out = {f"{name}_SERVICE_HOST", f"{name}_SERVICE_PORT", f"{name}_PORT"}
+    for port in service["spec"]["ports"]:
+        base = f"{name}_PORT_{port['port']}_{port.get('protocol', 'TCP')}"
+        out |= {base, f"{base}_PROTO", f"{base}_PORT", f"{base}_ADDR"}
+        if "name" in port:
+            out.add(f"{name}_SERVICE_PORT_{port['name'].upper().replace('-', '_')}")
+    return out
+
+
+def test_no_service_link_variable_reaches_a_setting(overlay):
+    """A Service `recall-ingest` gives every later pod RECALL_INGEST_PORT=tcp://10.x.y.z:8001,
+    which the ingest service reads as its port and refuses: each pod turns the links off."""
+    links = set().union(*(service_link_variables(svc) for svc in objects(overlay, "Service").values()))
+    assert {"RECALL_INGEST_PORT", "RECALL_INDEXER_PORT"} <= links, "the collision this guards against"
+    read = setting_names(StackSettings)
+    for name, spec in pod_specs(overlay).items():
+        if spec.get("enableServiceLinks", True):
+            assert not links & read, (name, sorted(links & read))
+
+
 def test_probes_services_and_scrapes_reach_the_port_each_service_listens_on(overlay):
     """The port a service binds by default (its settings) is the container port, the Service's
     target, the port every probe names, the image's EXPOSE and HEALTHCHECK, and the port the
