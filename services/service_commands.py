@@ -44,7 +44,7 @@ def _ingest(args: argparse.Namespace) -> int:
     if problems:
         raise ConfigProblem(*problems)
     configure_logging(s.log_level)
-    serve_http(create_app(s), s.ingest_host, s.ingest_port, s.stop_grace_s)
+    serve_http(create_app(s), s.ingest_host, s.ingest_port, s.stop_grace_s, s.request_read_timeout_s)
     return 0
 
 

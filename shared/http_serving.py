@@ -9,15 +9,64 @@ services log their events as JSON lines (`shared/logging_setup.py`).
 On SIGTERM uvicorn lets the requests in flight finish, and by default waits for them without
 end: one that never ends (a client that stalls in the middle of its body) held the process
 until it was killed. After `stop_grace_s` (RECALL_STOP_GRACE_S) it cancels them and exits.
+
+uvicorn also waits without end for a request to arrive: its keep-alive timer starts only after
+a response, so a connection that sends nothing, half its headers or half its body stayed open
+for good, and ~20,000 of them (no key or token needed) took every file descriptor: /healthz
+and every caller got connection resets. Each request now has `read_timeout_s`
+(RECALL_REQUEST_READ_TIMEOUT_S) from its first byte, or from the connection's opening, to
+arrive whole; then the connection is closed.
 """
 
 from __future__ import annotations
 
+import asyncio
+
 from starlette.types import ASGIApp
 
 
-def serve_http(app: ASGIApp, host: str, port: int, stop_grace_s: float) -> None:
+def serve_http(app: ASGIApp, host: str, port: int, stop_grace_s: float, read_timeout_s: float) -> None:
     import uvicorn
 
-    uvicorn.run(app, host=host, port=port, loop="uvloop", http="httptools", log_config=None, access_log=False,
-                timeout_graceful_shutdown=stop_grace_s)
+    uvicorn.run(app, host=host, port=port, loop="uvloop", http=bounded_read_protocol(read_timeout_s), log_config=None,
+                access_log=False, timeout_graceful_shutdown=stop_grace_s)
+
+
+def bounded_read_protocol(read_timeout_s: float) -> type[asyncio.Protocol]:
+    """httptools' protocol (uvicorn's) with a deadline on reading each request whole."""
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    class BoundedReadProtocol(HttpToolsProtocol):
+        _read_deadline: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm()
+
+        def on_message_begin(self) -> None:  # a request's first byte (a kept-alive connection's next one too)
+            super().on_message_begin()
+            self._arm()
+
+        def on_message_complete(self) -> None:
+            self._disarm()
+            super().on_message_complete()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._read_deadline = self.loop.call_later(read_timeout_s, self._read_timed_out)
+
+        def _disarm(self) -> None:
+            if self._read_deadline is not None:
+                self._read_deadline.cancel()
+                self._read_deadline = None
+
+        def _read_timed_out(self) -> None:
+            self._read_deadline = None
+            if not self.transport.is_closing():
+                self.transport.close()  # a handler reading the body sees the client gone
+
+    return BoundedReadProtocol

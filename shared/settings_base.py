@@ -25,6 +25,9 @@ class CommonSettings(BaseSettings):
     stop_grace_s: float = Field(25.0, gt=0, description="After SIGTERM, how long ingest and the recall service let the requests "
                                 "in flight finish before cancelling them (keep it under the orchestrator's grace: Kubernetes "
                                 "gives 30 s); `recall up` kills a part still running 5 s past it.")
+    request_read_timeout_s: float = Field(30.0, gt=0, description="How long ingest and the recall service wait for a request "
+                                          "to arrive whole (headers and body, from its first byte or the connection's opening) "
+                                          "before closing the connection: idle or stalled connections cannot pile up.")
 
     @field_validator("log_level")
     @classmethod

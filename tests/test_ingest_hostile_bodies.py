@@ -95,6 +95,8 @@ def test_a_user_id_holding_a_real_replacement_character_is_still_forgotten(inges
     (lambda b: b.update(user="ali\x00ce"), "user", "a NUL character (U+0000)"),
     (lambda b: b.update(user="ali\x1b[2Jce"), "user", "the control character U+001B"),
     (lambda b: b.update(user="ali\x9b2Jce"), "user", "the control character U+009B"),
+    (lambda b: b.update(user=" "), "user", "blank"),  # no token may name a blank subject: no one could read it
+    (lambda b: b.update(user="\t\n"), "user", "blank"),
     (lambda b: b["turns"][1].update(role="tool", tool_name="grep\x7f"), "turns[1].tool_name", "the control character U+007F"),
     (lambda b: b["turns"][1].update(role="tool", tool_name="grep\x07"), "turns[1].tool_name", "the control character U+0007"),
     (lambda b: b["turns"][0].update(id="t\x0c1"), "turns[0].id", "control characters"),
@@ -171,6 +173,34 @@ def test_an_integer_of_5000_digits_is_422_naming_its_field_in_the_projects_words
     assert resp.json()["fields"] == [{"field": field, "message": "an integer of 5,000 digits; no field takes one of more than 4,300"}]
     assert "sys.set_int_max_str_digits" not in resp.text
     assert r.xlen("recall:turns") == 0 and r.hlen(RETENTION_OVERRIDES) == 0
+
+
+@pytest.mark.parametrize("command, port_var, path", [("ingest", "RECALL_INGEST_PORT", "/turns"),
+                                                     ("serve", "RECALL_RECALL_PORT", "/mcp")])
+def test_connections_that_send_nothing_half_headers_or_half_a_body_are_closed_after_the_read_timeout(services, service_env,
+                                                                                                    command, port_var, path):
+    """uvicorn's keep-alive timer starts only after a response: such connections stayed open for
+    good, and enough of them (no key or token needed) took every file descriptor."""
+    service = services(command, RECALL_REQUEST_READ_TIMEOUT_S="1.5")
+    port = int(service_env[port_var])
+    head = (f"POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+            f"accept: application/json, text/event-stream\r\nx-ingest-key: {INGEST_KEY}\r\n"
+            f"authorization: Bearer {mint('alice')}\r\ncontent-length: 1000\r\n")
+    sent = {"nothing": b"", "half the headers": head.encode()[:60], "half the body": (head + '\r\n{"user": ').encode()}
+    opened = {what: socket.create_connection(("127.0.0.1", port)) for what in sent}
+    try:
+        for what, data in sent.items():
+            opened[what].sendall(data)
+        started = time.monotonic()
+        for what, conn in opened.items():
+            conn.settimeout(10)
+            assert conn.recv(65536) == b"", f"{what}: closed without an answer"
+            assert time.monotonic() - started < 6, what
+        assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200
+        assert "Traceback" not in service.output()
+    finally:
+        for conn in opened.values():
+            conn.close()
 
 
 @pytest.mark.parametrize("command, port_var, path", [("ingest", "RECALL_INGEST_PORT", "/turns"),

@@ -46,6 +46,16 @@ def _storable(value: str, refused: re.Pattern[str]) -> str:
 
 Text = Annotated[str, AfterValidator(lambda v: _storable(v, NUL)), Field(json_schema_extra={"pattern": TEXT_PATTERN})]
 Name = Annotated[str, AfterValidator(lambda v: _storable(v, CONTROL)), Field(json_schema_extra={"pattern": NAME_PATTERN})]
+
+
+def _not_blank(value: str) -> str:
+    if not value.strip():
+        raise ValueError("is blank: the recall service refuses a token whose subject is blank, so no one could read it")
+    return value
+
+
+# The user a conversation is stored for: what a token's `sub` names, so never blank either.
+User = Annotated[Name, AfterValidator(_not_blank)]
 # The user of a forget or a retention override: only hashed, never stored or printed. Ingest took
 # every character in a user id (NUL and ESC too) until names refused control characters, and
 # the users stored then must stay forgettable.
@@ -98,7 +108,7 @@ class IngestTurn(BaseModel):
 
 class IngestRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    user: Name = Field(min_length=1, max_length=256, description="The end user this conversation belongs to.")
+    user: User = Field(min_length=1, max_length=256, description="The end user this conversation belongs to.")
     conversation_id: str = Field(pattern=f"^{CONVERSATION_ID.pattern}$", description="[A-Za-z0-9_-]{1,128}; names a file.")
     # At least one: the newest snapshot replaces the stored one, so an empty list would erase
     # the conversation (forgetting is DELETE /conversations/{id}, with a receipt).

@@ -274,4 +274,4 @@ def build_app(settings: RecallSettings | None = None):
 def serve() -> None:
     s = RecallSettings()
     configure_logging(s.log_level)
-    serve_http(build_app(s), s.recall_host, s.recall_port, s.stop_grace_s)
+    serve_http(build_app(s), s.recall_host, s.recall_port, s.stop_grace_s, s.request_read_timeout_s)
