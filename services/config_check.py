@@ -8,8 +8,11 @@ so the documented variables and defaults cannot drift from what is read.
 
 from __future__ import annotations
 
+import difflib
 import os
+import re
 import shutil
+import sys
 import textwrap
 from pathlib import Path
 from typing import TypeVar
@@ -39,12 +42,43 @@ def variable(field_name: str) -> str:
 
 def load_settings(cls: type[S]) -> S:
     """`cls()` from the environment; ConfigProblem with one line per invalid variable."""
+    warn_misspelled_variables()
     try:
         return cls()
     except ValidationError as exc:
         raise ConfigProblem(*(_error_line(cls, err) for err in exc.errors())) from None
     except SettingsError as exc:
         raise ConfigProblem(str(exc)) from None
+
+
+# What kubelet sets for each Service in the namespace (`recall-ingest` → RECALL_INGEST_SERVICE_HOST):
+# not a setting, and not a typo of one.
+_SERVICE_LINK = re.compile(r"_(SERVICE_HOST|SERVICE_PORT(_[A-Z0-9_]+)?|PORT_\d+_(TCP|UDP|SCTP)(_PROTO|_PORT|_ADDR)?)$")
+_warned: list[str] = []
+
+
+def misspelled_variables(names: set[str], known: set[str]) -> list[tuple[str, str]]:
+    """(name, the setting it is close to) for each RECALL_ name that no setting reads."""
+    return [(name, close[0]) for name in sorted(names)
+            if name.startswith(PREFIX) and name not in known and not _SERVICE_LINK.search(name)
+            and (close := difflib.get_close_matches(name, known, 1, 0.8))]
+
+
+def warn_misspelled_variables() -> None:
+    """Once per process, a stderr line for each RECALL_ variable (environment or ./.env) that no
+    setting reads but one is close to: pydantic-settings ignores unknown names, so a typo
+    (RECALL_RECAL_PORT) silently left the default in place."""
+    if _warned:
+        return
+    from dotenv import dotenv_values
+
+    from services.stack import settings_groups
+
+    known = {variable(name) for _, cls in settings_groups() for name in cls.model_fields} | set(ENGINE_VARIABLES)
+    for name, meant in misspelled_variables(set(os.environ) | set(dotenv_values(".env")), known):
+        _warned.append(name)
+        print(f"recall: {name} is not a setting and is ignored; did you mean {meant}?", file=sys.stderr)
+    _warned.append("")
 
 
 def _error_line(cls: type[BaseSettings], err: dict) -> str:

@@ -242,6 +242,15 @@ def test_a_secret_recall_up_took_from_its_environment_is_asked_for_in_another_sh
     require(data, "status", "RECALL_INGEST_KEY", "RECALL_JWT_SECRET")
 
 
+def test_a_misspelled_variable_is_named_with_the_setting_it_is_close_to(tmp_path):
+    result = recall("up", cwd=tmp_path, RECALL_RECAL_PORT="18000", RECALL_INGEST_SERVICE_HOST="10.0.0.7",
+                    RECALL_K="0", **free_ports())
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 2, result.stderr
+    assert lines[0] == "recall: RECALL_RECAL_PORT is not a setting and is ignored; did you mean RECALL_RECALL_PORT?"
+    assert "RECALL_K='0'" in lines[1], "a Service's link variable (RECALL_INGEST_SERVICE_HOST) is no typo"
+
+
 def test_an_unreachable_redis_url_is_one_line(tmp_path):
     url = f"redis://127.0.0.1:{free_port()}/0"
     result = recall("up", cwd=tmp_path, RECALL_REDIS_URL=url, **free_ports())
