@@ -6,6 +6,7 @@ only with RECALL_DEBUG=true); tracebacks carry no frame locals, which could hold
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sys
 
@@ -35,6 +36,18 @@ class HashedTokenSubjects(logging.Filter):
         return True
 
 
+class CancelledAtShutdown(logging.Filter):
+    """uvicorn logs each request it cancels at the end of its stop grace as an ERROR with the
+    whole stack ("Exception in ASGI application", CancelledError): a stop with 50 stalled
+    clients looked like 50 failures. Such a request is one WARNING line, without the stack."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], asyncio.CancelledError):
+            record.msg, record.args, record.exc_info = "request cancelled: the stop grace (RECALL_STOP_GRACE_S) passed", (), None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
 def configure_logging(level: str = "INFO") -> None:
     lvl = logging.getLevelName(level.upper()) if isinstance(level, str) else level
     shared = [structlog.contextvars.merge_contextvars, structlog.processors.add_log_level,
@@ -61,6 +74,9 @@ def configure_logging(level: str = "INFO") -> None:
     for own in fastmcp_root.handlers[:]:
         fastmcp_root.removeHandler(own)
     fastmcp_root.propagate = True
+    uvicorn_errors = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, CancelledAtShutdown) for f in uvicorn_errors.filters):
+        uvicorn_errors.addFilter(CancelledAtShutdown())
     token_log = logging.getLogger(FASTMCP_TOKEN_LOGGER)
     if not any(isinstance(f, HashedTokenSubjects) for f in token_log.filters):
         token_log.addFilter(HashedTokenSubjects())
