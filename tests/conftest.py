@@ -33,6 +33,22 @@ def engine_cli() -> str:
     return str(BIN / "recall-engine")
 
 
+FIRST_INDEX_RUN_TAKES_MINUTES = """#!/usr/bin/env bash
+# A funes stand-in whose first index run is a long import (killed with its process group).
+if [ "$1" = "index" ] && [ ! -e "{started}" ]; then touch "{started}"; sleep 120; fi
+exec "{engine}" "$@"
+"""
+
+
+@pytest.fixture
+def funes_with_a_long_first_import(tmp_path: Path) -> tuple[Path, Path]:
+    """(a funes stand-in whose first index run takes minutes, the file that exists once it began)."""
+    started, slow = tmp_path / "first-run-started", tmp_path / "funes"
+    slow.write_text(FIRST_INDEX_RUN_TAKES_MINUTES.format(started=started, engine=engine_cli()))
+    slow.chmod(0o755)
+    return slow, started
+
+
 def make_turns(conversation_id: str, messages: list[str], day: str = "2026-10-08", harness: str = "copilot") -> list[TranscriptTurn]:
     return [
         TranscriptTurn(session_id=conversation_id, turn_uuid=f"{conversation_id}-{i}", seq=i,

@@ -265,18 +265,8 @@ def test_a_long_forget_is_not_reclaimed_and_run_twice(services, service_env, tmp
     assert worker.output().count('"forget.done"') == 1
 
 
-FIRST_INDEX_RUN_TAKES_MINUTES = """#!/usr/bin/env bash
-# A funes stand-in whose first index run is a long import (killed with its process group).
-if [ "$1" = "index" ] && [ ! -e "{started}" ]; then touch "{started}"; sleep 120; fi
-exec "{engine}" "$@"
-"""
-
-
-def test_a_forget_does_not_wait_for_a_long_index_run_of_the_user(services, service_env, tmp_path):
-    started = tmp_path / "first-run-started"
-    slow = tmp_path / "funes"
-    slow.write_text(FIRST_INDEX_RUN_TAKES_MINUTES.format(started=started, engine=engine_cli()))
-    slow.chmod(0o755)
+def test_a_forget_does_not_wait_for_a_long_index_run_of_the_user(services, service_env, funes_with_a_long_first_import):
+    slow, started = funes_with_a_long_first_import
     services("ingest")
     worker = services("indexer", RECALL_ENGINE="funes", RECALL_FUNES_BIN=str(slow), RECALL_INDEX_DEBOUNCE_S="0.05")
     post_conversation(service_env, "yuki", "secret-plan", SECRET_PLAN)

@@ -265,20 +265,12 @@ def test_sigterm_after_its_work_exits_cleanly(services, service_env):
     assert '"indexer.stopped"' in worker.output()
 
 
-LONG_FIRST_IMPORT = """#!/usr/bin/env bash
-if [ "$1" = "index" ]; then touch "{started}"; sleep 120; fi
-exec "{engine}" "$@"
-"""
-
-
-def test_sigterm_during_a_long_index_run_stops_it_within_seconds_and_the_user_stays_due(services, service_env, tmp_path, r):
+def test_sigterm_during_a_long_index_run_stops_it_within_seconds_and_the_user_stays_due(services, service_env, r,
+                                                                                      funes_with_a_long_first_import):
     from services.indexer import redis_keys as keys
     from services.indexer.index_scheduler import FINISH_ON_STOP_S
 
-    started = tmp_path / "import-started"
-    slow = tmp_path / "funes"
-    slow.write_text(LONG_FIRST_IMPORT.format(started=started, engine=engine_cli()))
-    slow.chmod(0o755)
+    slow, started = funes_with_a_long_first_import
     services("ingest")
     worker = services("indexer", RECALL_ENGINE="funes", RECALL_FUNES_BIN=str(slow), RECALL_INDEX_DEBOUNCE_S="0.05")
     post(service_env, conversation_payload("olga", "o1", ["a first import that takes minutes"]))
