@@ -9,6 +9,7 @@ so the documented variables and defaults cannot drift from what is read.
 from __future__ import annotations
 
 import difflib
+import functools
 import os
 import re
 import shutil
@@ -54,7 +55,6 @@ def load_settings(cls: type[S]) -> S:
 # What kubelet sets for each Service in the namespace (`recall-ingest` → RECALL_INGEST_SERVICE_HOST):
 # not a setting, and not a typo of one.
 _SERVICE_LINK = re.compile(r"_(SERVICE_HOST|SERVICE_PORT(_[A-Z0-9_]+)?|PORT_\d+_(TCP|UDP|SCTP)(_PROTO|_PORT|_ADDR)?)$")
-_warned: list[str] = []
 
 
 def misspelled_variables(names: set[str], known: set[str]) -> list[tuple[str, str]]:
@@ -64,21 +64,18 @@ def misspelled_variables(names: set[str], known: set[str]) -> list[tuple[str, st
             and (close := difflib.get_close_matches(name, known, 1, 0.8))]
 
 
+@functools.cache  # once per process
 def warn_misspelled_variables() -> None:
-    """Once per process, a stderr line for each RECALL_ variable (environment or ./.env) that no
-    setting reads but one is close to: pydantic-settings ignores unknown names, so a typo
-    (RECALL_RECAL_PORT) silently left the default in place."""
-    if _warned:
-        return
+    """A stderr line for each RECALL_ variable (environment or ./.env) that no setting reads but
+    one is close to: pydantic-settings ignores unknown names, so a typo (RECALL_RECAL_PORT)
+    silently left the default in place."""
     from dotenv import dotenv_values
 
     from services.stack import settings_groups
 
     known = {variable(name) for _, cls in settings_groups() for name in cls.model_fields} | set(ENGINE_VARIABLES)
     for name, meant in misspelled_variables(set(os.environ) | set(dotenv_values(".env")), known):
-        _warned.append(name)
         print(f"recall: {name} is not a setting and is ignored; did you mean {meant}?", file=sys.stderr)
-    _warned.append("")
 
 
 def _error_line(cls: type[BaseSettings], err: dict) -> str:
