@@ -65,17 +65,20 @@ def misspelled_variables(names: set[str], known: set[str]) -> list[tuple[str, st
 
 
 @functools.cache  # once per process
-def warn_misspelled_variables() -> None:
+def warn_misspelled_variables() -> tuple[str, ...]:
     """A stderr line for each RECALL_ variable (environment or ./.env) that no setting reads but
     one is close to: pydantic-settings ignores unknown names, so a typo (RECALL_RECAL_PORT)
-    silently left the default in place."""
+    silently left the default in place. Returns those names (`recall up` keeps them from its
+    children, which would say it again)."""
     from dotenv import dotenv_values
 
     from services.stack import settings_groups
 
     known = {variable(name) for _, cls in settings_groups() for name in cls.model_fields} | set(ENGINE_VARIABLES)
-    for name, meant in misspelled_variables(set(os.environ) | set(dotenv_values(".env")), known):
+    misspelled = misspelled_variables(set(os.environ) | set(dotenv_values(".env")), known)
+    for name, meant in misspelled:
         print(f"recall: {name} is not a setting and is ignored; did you mean {meant}?", file=sys.stderr)
+    return tuple(name for name, _ in misspelled)
 
 
 def _error_line(cls: type[BaseSettings], err: dict) -> str:

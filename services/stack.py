@@ -36,6 +36,7 @@ from services.config_check import (
     engine_problems,
     load_settings,
     variables_help,
+    warn_misspelled_variables,
 )
 from services.dev_secrets import export_defaults
 from services.indexer.settings import IndexerSettings
@@ -139,7 +140,8 @@ def run_stack() -> int:
     children: list[Child] = []
     code = 0
     try:
-        env = with_huge_pages({**os.environ, "RECALL_DATA_DIR": str(data_dir)})
+        ignored = set(warn_misspelled_variables())  # said once here, not again by each child
+        env = with_huge_pages({**{k: v for k, v in os.environ.items() if k not in ignored}, "RECALL_DATA_DIR": str(data_dir)})
         if not s.redis_url:
             redis_server = EmbeddedRedis(data_dir / "redis", port=s.embedded_redis_port, own_session=True)
             try:

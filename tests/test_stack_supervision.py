@@ -137,7 +137,8 @@ def test_a_service_that_keeps_dying_stops_the_stack_with_one_line_naming_it_and_
 
 
 def test_with_no_restarts_allowed_a_dead_service_stops_the_stack_as_before(start_stack):
-    stack = start_stack(RECALL_CHILD_RESTART_LIMIT="0")
+    stack = start_stack(RECALL_CHILD_RESTART_LIMIT="0", RECALL_CHILD_RESTART_LIMT="3")
+    assert stack.output().count("RECALL_CHILD_RESTART_LIMT is not a setting") == 1, "said by recall up, not by each child"
     stack.child("serve").kill()
     assert stack.proc.wait(90) == 1, stack.output()[-3000:]
     assert "recall up: recall exited with -9 (SIGKILL) after 0 restarts within 120 s; stopping everything" in stack.output()

@@ -204,7 +204,9 @@ def _validate(model: type[BaseModel], payload: Any) -> Any:
     try:
         return model.model_validate(payload)
     except ValidationError as exc:
-        raise HTTPProblem(422, "invalid request", [(_loc(e["loc"]), e["msg"]) for e in exc.errors(include_url=False)])
+        # A validator's own message is already the reason: pydantic's "Value error, " adds nothing.
+        raise HTTPProblem(422, "invalid request", [(_loc(e["loc"]), e["msg"].removeprefix("Value error, "))
+                                                   for e in exc.errors(include_url=False)])
 
 
 class IngestAPI:
