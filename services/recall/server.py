@@ -266,6 +266,7 @@ def build_app(settings: RecallSettings | None = None):
         if index_requests is not None:
             await index_requests.close()
         await backend.close()
+        artifacts.store.close()
 
     app.router.lifespan_context = lifespan
     return app

@@ -12,7 +12,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from functools import wraps
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
@@ -152,6 +152,8 @@ class ArtifactStore:
         self._schema: list[str | Callable[[Tx], None]] = list(SCHEMA)
         self._schema_ready = False
         self._schema_lock = threading.Lock()
+        self._opened: list[Any] = []  # every thread's connection, for close()
+        self._opened_lock = threading.Lock()  # not the schema lock: check() opens a connection holding it
 
     def add_schema(self, statements: list[str | Callable[[Tx], None]]) -> None:
         """More tables of this database (AgentMemory's), made with the others; a callable is a
@@ -174,7 +176,7 @@ class ArtifactStore:
     # ---- connections and transactions ----------------------------------------------------------
     def _connection(self) -> Any:
         conn = getattr(self._local, "conn", None)
-        if conn is not None and not (self.pg and conn.closed):
+        if conn is not None and conn in self._opened and not (self.pg and conn.closed):
             return conn
         if self.pg:
             import psycopg
@@ -191,7 +193,18 @@ class ArtifactStore:
             conn.execute(f"PRAGMA journal_mode={journal_mode()}")  # RECALL_SQLITE_JOURNAL_MODE, as the engine
             conn.execute("PRAGMA foreign_keys=ON")
         self._local.conn = conn
+        with self._opened_lock:
+            self._opened.append(conn)
         return conn
+
+    def close(self) -> None:
+        """Close every thread's connection (the service is stopping): SQLite then checkpoints
+        its WAL and removes it, and PostgreSQL sees a clean disconnect. A later call reconnects."""
+        with self._opened_lock:
+            opened, self._opened = self._opened, []
+        for conn in opened:
+            with suppress(Exception):
+                conn.close()
 
     @contextmanager
     def transaction(self) -> Iterator[Tx]:
