@@ -741,7 +741,16 @@ async def test_services_work_with_only_their_redis_acl_users_and_postgresql_arti
     recall_client = redis.Redis.from_url(urls["recall"])
     with pytest.raises(redis.exceptions.NoPermissionError):
         recall_client.xadd("recall:turns", {"kind": "forget_user", "user_hash": "0" * 24, "event": "{}"})
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        recall_client.zrange("recall:index:due", 0, -1)
     recall_client.close()
+    # A replica whose tenant's memory is damaged asks the indexers for a rebuild (IndexRequests).
+    from shared.index_requests import DUE, IndexRequests
+
+    asking = IndexRequests(urls["recall"])
+    await asking.ask("f" * 24)
+    await asking.close()
+    assert redis.Redis.from_url(urls["indexer"]).zscore(DUE, "f" * 24) is not None, "the recall user may ZADD the due list"
 
 
 @pytest.mark.skipif(tool("prometheus-redis-exporter") is None,
