@@ -22,6 +22,7 @@ from services.indexer.settings import IndexerSettings
 from services.ingest.settings import IngestSettings
 from services.recall.settings import RecallSettings
 from services.stack import StackSettings
+from shared.settings_base import CommonSettings
 from tests.conftest import REPO
 
 DEPLOY = REPO / "deploy"
@@ -156,6 +157,19 @@ def test_no_service_link_variable_reaches_a_setting(overlay):
     for name, spec in pod_specs(overlay).items():
         if spec.get("enableServiceLinks", True):
             assert not links & read, (name, sorted(links & read))
+
+
+def test_http_pods_outlast_their_endpoints_removal_and_their_stop_grace_and_drains_are_never_held(overlay):
+    grace = CommonSettings.model_fields["stop_grace_s"].default
+    for name in ("recall", "recall-ingest"):
+        spec = pod_specs(overlay)[name]
+        [container] = spec["containers"]
+        assert container["lifecycle"]["preStop"] == {"exec": {"command": ["sleep", "5"]}}, name
+        assert spec["terminationGracePeriodSeconds"] >= 5 + grace + 5, name
+    for name in ("recall", "recall-indexer"):  # the data volume: no chown of every tenant file at each start
+        assert pod_specs(overlay)[name]["securityContext"]["fsGroupChangePolicy"] == "OnRootMismatch", name
+    for pdb in objects(overlay, "PodDisruptionBudget").values():
+        assert pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow", pdb["metadata"]["name"]
 
 
 def test_probes_services_and_scrapes_reach_the_port_each_service_listens_on(overlay):
@@ -528,7 +542,9 @@ def test_compose_starts_in_dependency_order_keeps_state_on_volumes_and_restarts_
     assert ("volume", "memories", "/data") in mounts["indexer"] and ("volume", "memories", "/data") in mounts["recall"]
     long_running = set(services) - {"secret-check"}
     assert {n for n in long_running if services[n].get("restart") != "unless-stopped"} == set()
-    assert services["indexer"]["stop_grace_period"] == "2m0s", "the largest index job (~80 s) finishes on SIGTERM"
+    assert services["indexer"]["stop_grace_period"] == "1m0s", "in-flight messages, 5 s for a running index job, its checkpoint"
+    for name in ("ingest", "recall"):  # past RECALL_STOP_GRACE_S (25 s): Docker's default 10 s cut admitted calls off
+        assert services[name]["stop_grace_period"] == "30s", name
 
 
 @needs_compose
