@@ -13,13 +13,21 @@ from pathlib import Path
 from shared.child_process import die_with_parent
 from shared.engine.embedder import EmbedderSettings
 
-# Model and locale settings a funes child may legitimately need from the parent.
-PASSTHROUGH = ("HF_HOME", "RECALL_EMBED_MODEL_DIR", "RECALL_EMBED_MODEL_ID", "RECALL_EMBED_POOLING",
+# Model, secret-scanner and locale settings a funes child may legitimately need from the parent
+# (funes reads FUNES_TRUFFLEHOG to find TruffleHog: without it redaction is silently off).
+PASSTHROUGH = ("HF_HOME", "FUNES_TRUFFLEHOG", "RECALL_EMBED_MODEL_DIR", "RECALL_EMBED_MODEL_ID", "RECALL_EMBED_POOLING",
                "RECALL_RERANK_MODEL_DIR", "RECALL_SQLITE_JOURNAL_MODE", "LANG", "GLIBC_TUNABLES")
 
 
 def funes_environment(funes_home: Path) -> dict[str, str]:
-    env = {"FUNES_HOME": str(funes_home), "HF_HUB_OFFLINE": "1", "HOME": str(funes_home),
+    # The contract's checklist: an absolute FUNES_HOME (`recall serve` or `recall indexer` started
+    # by hand get RECALL_DATA_DIR as given, `data` by default).
+    home = funes_home.resolve()
+    # funes finds its models in $HF_HOME/hub, else ~/.cache/huggingface, and downloads what is
+    # missing there (it reads no HF_HUB_OFFLINE). HOME is the tenant's below, so without this
+    # every tenant would get, or download, its own copy of the models.
+    models = os.environ.get("HF_HOME") or str(Path.home() / ".cache" / "huggingface")
+    env = {"FUNES_HOME": str(home), "HF_HUB_OFFLINE": "1", "HOME": str(home), "HF_HOME": models,
            "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "NO_COLOR": "1"}
     env.update({name: os.environ[name] for name in PASSTHROUGH if name in os.environ})
     # HOME is the tenant's here: an engine of ours standing in for funes would otherwise build

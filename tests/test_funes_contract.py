@@ -72,6 +72,24 @@ def test_the_stand_in_answers_as_the_contract_documents(tenant, fake_funes, tmp_
     assert not any(b"BLUEHERON" in p.read_bytes() for p in tenant.root.rglob("*.jsonl") if "memory" in p.parts)
 
 
+def test_a_funes_child_gets_an_absolute_home_the_shared_model_cache_and_none_of_our_secrets(tmp_path, monkeypatch):
+    from shared.funes_env import funes_environment
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "service-home"))
+    monkeypatch.delenv("HF_HOME", raising=False)
+    monkeypatch.setenv("FUNES_TRUFFLEHOG", "/opt/trufflehog")
+    monkeypatch.setenv("RECALL_JWT_SECRET", JWT_SECRET)
+    env = funes_environment(Path("data") / "0123abcd")  # RECALL_DATA_DIR as given: relative by default
+    assert env["FUNES_HOME"] == env["HOME"] == str(tmp_path / "data" / "0123abcd"), "the contract: an absolute FUNES_HOME"
+    assert env["HF_HOME"] == str(tmp_path / "service-home" / ".cache" / "huggingface"), \
+        "funes reads no HF_HUB_OFFLINE: with HOME the tenant's it would fetch the models once per tenant"
+    assert env["FUNES_TRUFFLEHOG"] == "/opt/trufflehog", "redaction stays on"
+    assert JWT_SECRET not in env.values()
+    monkeypatch.setenv("HF_HOME", "/opt/hf")
+    assert funes_environment(tmp_path)["HF_HOME"] == "/opt/hf"
+
+
 def test_a_second_index_run_fails_with_funes_contention_message(tenant, fake_funes):
     import fcntl
 
