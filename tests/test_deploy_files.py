@@ -601,6 +601,20 @@ def test_nginx_accepts_the_load_balancer_config(tmp_path):
 
 
 # ---- Prometheus and Grafana ---------------------------------------------------------------------
+def test_redis_and_postgresql_alerts_and_panels_read_only_recalls_own_exporters():
+    """A shared Prometheus scrapes other teams' Redis and PostgreSQL too: an unscoped redis_up
+    fired recall's critical alerts for them and hid recall's own absent exporter."""
+    alerts = yaml.safe_load((DEPLOY / "prometheus" / "alerts.yml").read_text())
+    exprs = [r["expr"] for g in alerts["groups"] for r in g["rules"]]
+    panels = json.loads(DASHBOARD.read_text())["panels"]
+    exprs += [t["expr"] for panel in panels for t in panel.get("targets", [])]
+    uses = [(e, m) for e in exprs for m in re.finditer(r"\b(redis|pg)_[a-z_]+(\{[^}]*\})?", e)]
+    assert len(uses) >= 10, uses
+    for expr, use in uses:
+        component = "redis" if use[1] == "redis" else "postgres"
+        assert use[2] and f'job=~"recall-{component}(-metrics)?"' in use[2], expr
+
+
 def test_dashboard_is_valid_grafana_json_with_variables_and_every_topic():
     dash = json.loads(DASHBOARD.read_text())
     exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
@@ -622,7 +636,7 @@ def test_dashboard_has_a_postgresql_row_with_up_connections_and_transaction_rate
     exprs = [" ".join(t["expr"] for t in p["targets"]) for p in below]
     assert len(below) == 3 and "pg_up" in exprs[0], exprs
     assert "pg_stat_database_numbackends" in exprs[1] and "pg_settings_max_connections" in exprs[1], exprs
-    assert "rate(pg_stat_database_xact_commit[" in exprs[2] and "rate(pg_stat_database_xact_rollback[" in exprs[2], exprs
+    assert "rate(pg_stat_database_xact_commit{" in exprs[2] and "rate(pg_stat_database_xact_rollback{" in exprs[2], exprs
     assert sum(p["gridPos"]["w"] for p in below) == 24 and len({p["id"] for p in panels}) == len(panels)
 
 
