@@ -22,6 +22,7 @@ from services.indexer.settings import IndexerSettings
 from services.ingest.settings import IngestSettings
 from services.recall.settings import RecallSettings
 from services.stack import StackSettings
+from shared.engine.embedder import EmbedderSettings
 from shared.settings_base import CommonSettings
 from tests.conftest import REPO
 
@@ -128,7 +129,8 @@ def test_services_set_only_real_settings_and_probe_the_right_paths(overlay):
         [container] = d["spec"]["template"]["spec"]["containers"]
         assert container["image"].split("@")[0].rsplit("-", 1)[-1] in dockerfile_targets(), container["image"]
         env = {e["name"] for e in container.get("env", [])} | set(config)
-        unknown = env - setting_names(by_name[name]) - FOREIGN_ENV
+        # The recall service and the indexer load the embedding model, which reads its own settings.
+        unknown = env - setting_names(by_name[name]) - FOREIGN_ENV - (setting_names(EmbedderSettings) if name != "recall-ingest" else set())
         assert not unknown, (name, unknown)
         assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
         assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
@@ -170,6 +172,19 @@ def test_http_pods_outlast_their_endpoints_removal_and_their_stop_grace_and_drai
         assert pod_specs(overlay)[name]["securityContext"]["fsGroupChangePolicy"] == "OnRootMismatch", name
     for pdb in objects(overlay, "PodDisruptionBudget").values():
         assert pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow", pdb["metadata"]["name"]
+
+
+def test_postgresql_admits_every_connection_the_largest_recall_fleet_opens(overlay):
+    from services.recall.artifacts.realm_threads import REALM_THREADS
+
+    [container] = [c for c in pod_specs(overlay)["recall-postgres"]["containers"] if c["name"] == "postgres"]
+    limit = int(dict(a.split("=") for a in container["args"] if "=" in a)["max_connections"])
+    [hpa] = [h for h in objects(overlay, "HorizontalPodAutoscaler").values() if h["spec"]["scaleTargetRef"]["name"] == "recall"]
+    replicas = hpa["spec"]["maxReplicas"] * 5 // 4 + 1  # a rollout's default 25 % surge
+    assert limit >= (REALM_THREADS + 1) * replicas + 10, (limit, replicas)  # + the exporter and an operator's psql
+    [recall] = pod_specs(overlay)["recall"]["containers"]
+    assert {e["name"]: e.get("value") for e in recall["env"]}["RECALL_EMBED_QUERY_LANES"] == "1", \
+        "without a CPU limit the default lanes follow the node's cores"
 
 
 def test_probes_services_and_scrapes_reach_the_port_each_service_listens_on(overlay):

@@ -44,6 +44,7 @@ def test_an_unexpected_ingest_failure_is_a_json_500_counted_and_logged_without_i
     url, headers = ingest_url(service_env), {"x-ingest-key": INGEST_KEY}
     series = 'recall_ingest_requests_total{route="/deletions/{receipt}",status="500"}'
     assert sample(url, series) == 0, "at 0 from the start, so increase() sees the first one"
+    assert sample(url, 'recall_ingest_requests_total{route="/turns",status="503"}') == 0, "so does RecallIngestErrors"
     receipt = httpx.delete(f"{url}/users/alice", headers=headers, timeout=10).json()["receipt"]
     # The receipt's record damaged in Redis (a hand edit, an incompatible older writer).
     r.hset(deletion_key(receipt), "record", json.dumps({"receipt": receipt, "status": PLANTED}))

@@ -223,7 +223,8 @@ class IngestAPI:
 
     # ---- plumbing -------------------------------------------------------------------------------
     def route(self, path: str, handler, methods: list[str], query: frozenset[str] = frozenset()) -> Route:
-        INGEST_REQUESTS.labels(path, "500")  # at 0 from the start: increase() sees the first unexpected error
+        for status in ("500", "503"):  # at 0 from the start: increase() sees the first unexpected error, the first 503
+            INGEST_REQUESTS.labels(path, status)
         async def endpoint(request: Request) -> Response:
             started = time.perf_counter()
             try:
