@@ -95,11 +95,8 @@ class Replayer:
 
     async def replay(self, letter: DeadLetter) -> str:
         """Carry the event out at its original version; returns what happened (one word)."""
-        from services.indexer import redis_keys as keys
-        from services.indexer.index_scheduler import mark_dirty
-        from services.indexer.snapshot_writer import WriteResult, parse_version, write_snapshot
-        from shared.redis_lock import RedisLock
-        from shared.tenant_paths import TenantPaths
+        from services.indexer.snapshot_writer import parse_version
+        from services.indexer.stream_consumer import store_snapshot
 
         parse_version(letter.entry_id)  # a malformed id would order wrongly: refuse before touching anything
         event = valid_event(letter.fields)
@@ -109,13 +106,8 @@ class Replayer:
             await self.forgetter.forget(letter.entry_id, event)
             result = "forgotten"
         else:
-            paths = TenantPaths.for_hash(self.s.data_dir, event.user_hash)
-            lock = RedisLock(self.client, keys.conversation_lock(event.user_hash, event.conversation_id), 30)
-            async with lock.held(wait_s=30):
-                written = await asyncio.to_thread(write_snapshot, paths, event, letter.entry_id)
-            if written is WriteResult.WRITTEN:
-                await mark_dirty(self.client, event.user_hash, event.received_at, self.s.index_debounce_s)
-            result = written.value  # "written", or "stale": something newer or a deletion is on disk
+            # "written", "rewritten", or "stale": something newer or a deletion is on disk
+            result = (await store_snapshot(self.client, self.s, event, letter.entry_id, wait_s=30)).value
         await self.client.xdel(dead_letter_stream(self.s.stream), letter.dead_id)
         return result
 

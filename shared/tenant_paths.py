@@ -57,6 +57,12 @@ class TenantPaths:
     def memory(self) -> Path:
         return self.root / "memory"
 
+    @property
+    def funes_rebuild(self) -> Path:
+        """Marks a tenant whose snapshot rewrote lines funes had stored (funes is append-only): its
+        next funes index run starts from an empty memory (services/indexer/index_job.py)."""
+        return self.root / ".funes-rebuild"
+
     def transcript(self, conversation_id: str) -> Path:
         return self.src / f"{check_conversation_id(conversation_id)}.funes.jsonl"
 

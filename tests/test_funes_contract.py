@@ -4,9 +4,11 @@ exit codes), never on the embedded engine's files: checked against a stand-in fu
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -240,3 +242,20 @@ async def test_funes_stack_recalls_and_forgets_through_the_contract(funes_stack,
     assert "MT-4471" in await call_recall(env, token, "MT-4471")
     data = Path(env["RECALL_DATA_DIR"])
     assert not [p for p in data.rglob("*") if p.name in ENGINE_FILES], "no embedded-engine file in funes mode"
+
+
+async def test_funes_stack_answers_from_an_edited_turn_not_the_line_funes_stored_first(funes_stack, fake_funes):
+    """funes is append-only: a changed line keeps its first text, so a snapshot that rewrites
+    stored lines (an edited turn) rebuilds the tenant's memory instead of being skipped."""
+    env = funes_stack
+    post_conversation(env, "alice", "budget", ["What is the KESTREL Q3 budget?", "The KESTREL budget is 48k."])
+    assert wait_until(lambda: funes_status_chunks(fake_funes, _memory(env, "alice")) == 2, 30)
+    token = mint("alice")
+    assert "48k" in await call_recall(env, token, "KESTREL budget")
+    post_conversation(env, "alice", "budget", ["What is the KESTREL Q3 budget?", "Correction: the KESTREL budget is 52k."])
+    deadline = time.monotonic() + 30
+    while "52k" not in (answer := await call_recall(env, token, "KESTREL budget")):
+        assert time.monotonic() < deadline, answer
+        await asyncio.sleep(0.3)
+    assert "48k" not in answer and funes_status_chunks(fake_funes, _memory(env, "alice")) == 2
+    assert not TenantPaths.for_user(Path(env["RECALL_DATA_DIR"]), "alice").funes_rebuild.exists()

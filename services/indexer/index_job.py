@@ -114,6 +114,15 @@ class FunesIndexJob:
     async def _run(self, paths: TenantPaths) -> None:
         if not paths.src.is_dir():
             return  # the tenant was forgotten after this run was scheduled
+        # A snapshot rewrote stored lines: funes is append-only and has no command that deletes a
+        # chunk, so the only way to its new text is the contract's rebuild (an empty memory, then
+        # index). The mark goes only after a run that finished: a killed one rebuilds again.
+        try:
+            marked = paths.funes_rebuild.stat().st_mtime_ns
+        except FileNotFoundError:
+            marked = None
+        if marked is not None:
+            await asyncio.to_thread(shutil.rmtree, paths.memory, True)
         proc = await start_funes(self.binary, ["index", "--yes", str(paths.src.resolve())], paths.root)
         try:
             _, err = await asyncio.wait_for(proc.communicate(), self.timeout_s)
@@ -128,6 +137,9 @@ class FunesIndexJob:
             if "in progress" in message[0] or CONTENTION_MESSAGE in message[0]:
                 raise MemoryBusy()
             raise IndexJobFailed(f"index exited {proc.returncode}: {message[0][:300]}")
+        with contextlib.suppress(FileNotFoundError):
+            if marked is not None and paths.funes_rebuild.stat().st_mtime_ns == marked:  # not marked again meanwhile
+                paths.funes_rebuild.unlink()
 
 
 async def _kill_group(proc: asyncio.subprocess.Process) -> None:

@@ -21,7 +21,8 @@ HARNESS = "copilot"
 
 
 class WriteResult(Enum):
-    WRITTEN = "written"
+    WRITTEN = "written"  # new, or the file on disk plus turns after it
+    REWRITTEN = "rewritten"  # lines already on disk changed (an edited turn, a conversation cut back)
     STALE = "stale"  # a newer snapshot of the conversation is already on disk
 
 
@@ -111,7 +112,12 @@ def write_snapshot(paths: TenantPaths, event: TurnsEvent, entry_id: str) -> Writ
     if (current is not None and current > mine) or _older_than_user_deletion(paths, mine):
         return WriteResult.STALE
     paths.src.mkdir(parents=True, exist_ok=True)
-    _atomic_write(target, transcript_body(event))
+    body = transcript_body(event)
+    try:
+        appended = body.startswith(target.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        appended = True
+    _atomic_write(target, body)
     _atomic_write(vfile, entry_id)
     _fsync_dir(paths.src)
     # A user deletion does not take conversation locks; if one landed while we wrote, undo
@@ -130,7 +136,7 @@ def write_snapshot(paths: TenantPaths, event: TurnsEvent, entry_id: str) -> Writ
     # snapshots: one renamed away between our two writes may be half there and half gone.
     if not target.exists() or _read_version(vfile) != mine:
         raise SnapshotMoved(f"{event.conversation_id} was moved by a user deletion while written")
-    return WriteResult.WRITTEN
+    return WriteResult.WRITTEN if appended else WriteResult.REWRITTEN
 
 
 def tombstone_conversation(paths: TenantPaths, conversation_id: str, version: str) -> int:

@@ -48,6 +48,22 @@ class Poison(Exception):
     """A message that can never succeed (bad schema): dead-lettered at once."""
 
 
+async def store_snapshot(client: aioredis.Redis, s: IndexerSettings, event: TurnsEvent, entry_id: str,
+                         wait_s: float) -> WriteResult:
+    """Write a conversation's snapshot under its lock and make its user due (the stream, or a
+    dead letter replayed)."""
+    paths = TenantPaths.for_hash(s.data_dir, event.user_hash)
+    lock = RedisLock(client, keys.conversation_lock(event.user_hash, event.conversation_id), 30)
+    async with lock.held(wait_s=wait_s):
+        result = await asyncio.to_thread(write_snapshot, paths, event, entry_id)
+    if result is WriteResult.REWRITTEN and s.engine == "funes":
+        # funes keeps every line it stored and skips a changed one: the tenant is rebuilt.
+        await asyncio.to_thread(paths.funes_rebuild.touch)
+    if result is not WriteResult.STALE:
+        await mark_dirty(client, event.user_hash, event.received_at, s.index_debounce_s)
+    return result
+
+
 class StreamConsumer:
     def __init__(self, client: aioredis.Redis, settings: IndexerSettings, forgetter: Forgetter) -> None:
         self.client = client
@@ -107,13 +123,7 @@ class StreamConsumer:
             raise Poison(f"invalid event: {type(exc).__name__}") from exc
 
     async def _store(self, entry_id: str, event: TurnsEvent) -> None:
-        paths = TenantPaths.for_hash(self.s.data_dir, event.user_hash)
-        lock = RedisLock(self.client, keys.conversation_lock(event.user_hash, event.conversation_id), 30)
-        async with lock.held(wait_s=10):
-            result = await asyncio.to_thread(write_snapshot, paths, event, entry_id)
-        SNAPSHOTS.labels(result.value).inc()
-        if result is WriteResult.WRITTEN:
-            await mark_dirty(self.client, event.user_hash, event.received_at, self.s.index_debounce_s)
+        SNAPSHOTS.labels((await store_snapshot(self.client, self.s, event, entry_id, wait_s=10)).value).inc()
 
     async def ack(self, entry_id: str) -> None:
         """Acknowledge and delete the entry (one transaction: no message text outlives its processing)."""
