@@ -259,3 +259,15 @@ async def test_funes_stack_answers_from_an_edited_turn_not_the_line_funes_stored
         await asyncio.sleep(0.3)
     assert "48k" not in answer and funes_status_chunks(fake_funes, _memory(env, "alice")) == 2
     assert not TenantPaths.for_user(Path(env["RECALL_DATA_DIR"]), "alice").funes_rebuild.exists()
+
+
+async def test_an_index_run_told_in_progress_above_a_caused_by_chain_is_busy_not_failed(tenant, tmp_path):
+    from services.indexer.index_job import FunesIndexJob
+    from shared.engine.memory_lock import MemoryBusy
+
+    busy = tmp_path / "funes"
+    busy.write_text("#!/bin/sh\necho 'Error: another funes memory operation is in progress; retry in a moment' >&2\n"
+                    "echo 'Caused by:' >&2\necho '    0: Resource temporarily unavailable (os error 11)' >&2\nexit 1\n")
+    busy.chmod(0o755)
+    with pytest.raises(MemoryBusy):
+        await FunesIndexJob(str(busy), 30).run(tenant)

@@ -133,9 +133,11 @@ class FunesIndexJob:
             await _kill_group(proc)
             raise
         if proc.returncode != 0:
-            message = err.decode(errors="replace").strip().splitlines()[-1:] or [""]
-            if "in progress" in message[0] or CONTENTION_MESSAGE in message[0]:
+            stderr = err.decode(errors="replace")
+            # The contract: exit 1 whose message says "in progress" (a `Caused by:` chain may follow it).
+            if proc.returncode == 1 and ("in progress" in stderr or CONTENTION_MESSAGE in stderr):
                 raise MemoryBusy()
+            message = stderr.strip().splitlines()[-1:] or [""]
             raise IndexJobFailed(f"index exited {proc.returncode}: {message[0][:300]}")
         with contextlib.suppress(FileNotFoundError):
             if marked is not None and paths.funes_rebuild.stat().st_mtime_ns == marked:  # not marked again meanwhile
