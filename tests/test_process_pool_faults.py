@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sys
 import time
 
 import pytest
@@ -76,3 +77,33 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+# A funes stand-in whose first recall loads its models (2 s), as funes does: it relays the MCP
+# engine's stdio line by line and holds the first tools/call recall back.
+SLOW_FIRST_RECALL = """#!{python}
+import subprocess, sys, threading, time
+child = subprocess.Popen(["{engine}", *sys.argv[1:]], stdin=subprocess.PIPE, stdout=sys.stdout)
+loaded = False
+for line in sys.stdin:
+    if not loaded and '"tools/call"' in line and '"recall"' in line:
+        time.sleep(2.0)
+        loaded = True
+    child.stdin.write(line.encode()); child.stdin.flush()
+child.stdin.close(); child.wait()
+"""
+
+
+async def test_a_new_childs_model_load_is_not_charged_to_its_first_callers_timeout(tenants, tmp_path):
+    """funes loads its models on a child's first recall: within the call timeout that first call
+    timed out and its child was replaced by another cold one, for ever on a slow host. The pool
+    makes the first recall itself, under the start timeout."""
+    funes = tmp_path / "funes"
+    funes.write_text(SLOW_FIRST_RECALL.format(python=sys.executable, engine=engine_cli()))
+    funes.chmod(0o755)
+    pool = ProcessPool(str(funes), 3, 60, 1.0, 60)  # 1 s: a warm call, never a model load
+    try:
+        hits = await pool.recall(tenants[0], "gland leak", 3, 8)
+        assert hits and "gland leak" in hits[0].text
+    finally:
+        await pool.close()

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 from collections import OrderedDict
@@ -31,6 +32,7 @@ from shared.tenant_paths import TenantPaths
 log = get_logger("recall.pool")
 # funes' answers for a memory without an index: the default memory, and an explicit path.
 _NO_INDEX = ("no index yet", "no index found at")
+WARM_UP_QUERY = "warm up"  # a new child's first recall, so that a caller's is not the one that loads the models
 
 
 def _says_no_index(text: str) -> bool:
@@ -183,6 +185,11 @@ class ProcessPool:
         child = StdioMCPChild([self.binary, "mcp", str(paths.memory.resolve())], env=funes_environment(paths.root))
         try:
             await child.start(self.start_timeout_s)
+            # funes loads its embedder and reranker on the first recall (the contract: lazily,
+            # even when no memory exists), seconds on a small host. Within the call timeout that
+            # first call timed out, its child was replaced, and the next one started cold again.
+            with contextlib.suppress(ToolCallError):
+                await child.call_tool("recall", {"query": WARM_UP_QUERY, "k": 1}, self.start_timeout_s)
         except BaseException:
             child.kill()
             raise
