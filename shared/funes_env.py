@@ -27,8 +27,11 @@ def funes_environment(funes_home: Path) -> dict[str, str]:
     # missing there (it reads no HF_HUB_OFFLINE). HOME is the tenant's below, so without this
     # every tenant would get, or download, its own copy of the models.
     models = os.environ.get("HF_HOME") or str(Path.home() / ".cache" / "huggingface")
+    # TMPDIR the tenant's: funes copies each unit into a temp dir for TruffleHog, and a killed
+    # run's copy of the user's text must go with the tenant when it is forgotten (and is cleared
+    # before each index run: services/indexer/index_job.py).
     env = {"FUNES_HOME": str(home), "HF_HUB_OFFLINE": "1", "HOME": str(home), "HF_HOME": models,
-           "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "NO_COLOR": "1"}
+           "TMPDIR": str(funes_tmp(home)), "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "NO_COLOR": "1"}
     env.update({name: os.environ[name] for name in PASSTHROUGH if name in os.environ})
     # HOME is the tenant's here: an engine of ours standing in for funes would otherwise build
     # its model graphs once per tenant home instead of reading the parent's cache.
@@ -36,10 +39,15 @@ def funes_environment(funes_home: Path) -> dict[str, str]:
     return env
 
 
+def funes_tmp(funes_home: Path) -> Path:
+    return funes_home / "tmp"
+
+
 async def start_funes(binary: str, args: Sequence[str], funes_home: Path) -> asyncio.subprocess.Process:
     """One funes command for one tenant, its output piped. It runs in a session of its own (a
     timeout kills its whole group) and is killed with this process: an indexer killed with -9
     must not leave an index run behind that holds the tenant's memory from the next one."""
+    funes_tmp(funes_home.resolve()).mkdir(parents=True, exist_ok=True)
     return await asyncio.create_subprocess_exec(
         binary, *args, env=funes_environment(funes_home), stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True,

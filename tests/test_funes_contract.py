@@ -87,6 +87,7 @@ def test_a_funes_child_gets_an_absolute_home_the_shared_model_cache_and_none_of_
     assert env["HF_HOME"] == str(tmp_path / "service-home" / ".cache" / "huggingface"), \
         "funes reads no HF_HUB_OFFLINE: with HOME the tenant's it would fetch the models once per tenant"
     assert env["FUNES_TRUFFLEHOG"] == "/opt/trufflehog", "redaction stays on"
+    assert env["TMPDIR"] == str(tmp_path / "data" / "0123abcd" / "tmp"), "a unit's copy for TruffleHog stays the tenant's"
     assert JWT_SECRET not in env.values()
     monkeypatch.setenv("HF_HOME", "/opt/hf")
     assert funes_environment(tmp_path)["HF_HOME"] == "/opt/hf"
@@ -271,3 +272,14 @@ async def test_an_index_run_told_in_progress_above_a_caused_by_chain_is_busy_not
     busy.chmod(0o755)
     with pytest.raises(MemoryBusy):
         await FunesIndexJob(str(busy), 30).run(tenant)
+
+
+async def test_an_index_run_first_clears_what_a_killed_run_left_in_the_tenants_temp_dir(tenant, fake_funes):
+    from services.indexer.index_job import FunesIndexJob
+    from shared.funes_env import funes_tmp
+
+    leftover = funes_tmp(tenant.root.resolve()) / "tmp-unit" / "copy.jsonl"
+    leftover.parent.mkdir(parents=True)
+    leftover.write_text("a unit's text, copied for TruffleHog by a run that was killed")
+    await FunesIndexJob(fake_funes, 60).run(tenant)
+    assert not leftover.exists() and funes_tmp(tenant.root.resolve()).is_dir()

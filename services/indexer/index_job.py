@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from shared.engine.memory_lock import CONTENTION_MESSAGE, MemoryBusy
-from shared.funes_env import start_funes
+from shared.funes_env import funes_tmp, start_funes
 from shared.redis_lock import RedisLock
 from shared.tenant_paths import TenantPaths
 
@@ -123,6 +123,8 @@ class FunesIndexJob:
             marked = None
         if marked is not None:
             await asyncio.to_thread(shutil.rmtree, paths.memory, True)
+        # Whatever a killed run left in its temp dir (a unit's copy for TruffleHog) goes first.
+        await asyncio.to_thread(shutil.rmtree, funes_tmp(paths.root.resolve()), True)
         proc = await start_funes(self.binary, ["index", "--yes", str(paths.src.resolve())], paths.root)
         try:
             _, err = await asyncio.wait_for(proc.communicate(), self.timeout_s)
