@@ -136,6 +136,23 @@ async def test_a_dead_letter_accepted_after_a_user_forget_is_kept(tmp_path, redi
     await client.aclose()
 
 
+async def test_a_user_forget_deletes_a_file_found_where_the_users_tree_belongs(tmp_path, redis_url, r):
+    """A damaged data dir: a file at the tenant's path (its index runs failed and went to the dead
+    letters). The forget said done and left it, renamed <hash>.forgotten."""
+    from shared.stream_schema import ForgetEvent
+
+    r.flushdb()
+    settings = IndexerSettings(data_dir=tmp_path / "data", redis_url=redis_url)
+    uh = user_hash("rhea")
+    settings.data_dir.mkdir()
+    (settings.data_dir / uh).write_text("rhea's own words, in a file where her tree belongs")
+    client = aioredis.Redis.from_url(redis_url)
+    forgetter = Forgetter(client, settings, EmbeddedIndexJob(settings.index_timeout_s))
+    await forgetter.forget("2000-0", ForgetEvent(kind="forget_user", user_hash=uh, receipt="rr", received_at=time.time()))
+    assert not [f for f in settings.data_dir.rglob("*") if f.is_file() and "rhea" in f.read_text(errors="replace")]
+    await client.aclose()
+
+
 def test_a_snapshot_whose_tree_a_user_deletion_moved_mid_write_is_not_acked(tmp_path, monkeypatch):
     """A user deletion older than the snapshot sets the tree aside without the conversation
     lock; moved between the snapshot's two writes, it was half in the old tree and reported written."""

@@ -210,6 +210,9 @@ class Forgetter:
         waited for the user's index lock, it belongs to the user's new history. What it deletes
         is added to the receipt before the deletion starts (`_tally_tree_once`)."""
         if not aside.is_dir():
+            # A file where the tenant's tree belongs (a damaged data dir): nothing in it to count,
+            # but the forget says done, so it goes too.
+            await asyncio.to_thread(aside.unlink, True)
             return
         # A writer that was mid-write when the tree moved finishes first (its snapshot is then
         # whole in the set-aside tree, or it finds itself moved and is redelivered).
