@@ -421,7 +421,7 @@ def _make_writable(path: Path) -> None:
         subprocess.run(["chattr", "-i", str(path)], check=True)
 
 
-def test_an_unwritable_data_dir_makes_both_not_ready_and_ingest_refuse_turns(services, service_env, r):
+def test_an_unwritable_data_dir_makes_indexers_not_ready_and_ingest_refuse_turns_but_take_forgets(services, service_env, r):
     services("ingest")
     worker = services("indexer")
     data = Path(service_env["RECALL_DATA_DIR"])
@@ -432,11 +432,15 @@ def test_an_unwritable_data_dir_makes_both_not_ready_and_ingest_refuse_turns(ser
     try:
         assert wait_until(lambda: httpx.get(indexer_ready).status_code == 503, 10)
         assert "data dir not writable" in httpx.get(indexer_ready).json()["status"]
-        assert wait_until(lambda: httpx.get(ingest_ready).status_code == 503, 10)
+        # Ingest stays in its Service (the flag is every replica's): turns get its own 503, forgets go in.
+        assert wait_until(lambda: "data dir not writable" in httpx.get(ingest_ready).json()["status"], 10)
+        assert httpx.get(ingest_ready).status_code == 200
         resp = httpx.post(f"{ingest_url(service_env)}/turns", headers={"x-ingest-key": INGEST_KEY},
                           json=conversation_payload("olga", "o1", ["cannot be stored now"]), timeout=10)
         assert resp.status_code == 503 and [f["field"] for f in resp.json()["fields"]] == ["data_dir"], resp.text
         assert r.xlen("recall:turns") == 0, "nothing accepted that cannot be stored"
+        forget = httpx.delete(f"{ingest_url(service_env)}/users/olga", headers={"x-ingest-key": INGEST_KEY}, timeout=10)
+        assert forget.status_code == 202, forget.text
         lines = [json.loads(x) for x in worker.output().splitlines() if '"indexer.data_dir_not_writable"' in x]
         assert lines and lines[0]["reason"].startswith(("EPERM", "EACCES", "EROFS")), lines
     finally:

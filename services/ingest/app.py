@@ -454,9 +454,11 @@ class IngestAPI:
         except Exception:
             return JSONResponse({"status": "redis unreachable"}, status_code=503)
         if unwritable is not None:
+            # Still ready: turns get their own 503 (field data_dir) and forgets are accepted. Not
+            # ready, every replica left the Service at once (the flag is shared), and a forget got
+            # a connection error instead.
             reason = unwritable.decode(errors="replace")
-            log.warning("ingest.not_ready", reason=f"data dir not writable: {reason}")
-            return JSONResponse({"status": f"data dir not writable: {reason}"}, status_code=503)
+            return JSONResponse({"status": f"ready; turns refused (503): data dir not writable: {reason}"})
         return JSONResponse({"status": "ready"})
 
 
