@@ -46,7 +46,7 @@ def test_snapshots_accepted_after_a_forget_that_waited_for_the_index_lock_surviv
     assert wait_until(lambda: indexed_chunks(service_env, "nora") == 2, 30)
     uh = user_hash("nora")
     r.set(keys.index_lock(uh), "an index run under way", px=3000)
-    path = f"/conversations/c?user=nora" if kind == "conversation" else "/users/nora"
+    path = "/conversations/c?user=nora" if kind == "conversation" else "/users/nora"
     receipt = httpx.delete(f"{ingest_url(service_env)}{path}", headers=HEADERS, timeout=10).json()["receipt"]
     post(service_env, "nora", "c", ["after the forget: new plan N-2"])
     post(service_env, "nora", "d", ["a new conversation after the forget"])
