@@ -20,6 +20,7 @@ PASSTHROUGH = ("HF_HOME", "FUNES_TRUFFLEHOG", "RECALL_EMBED_MODEL_DIR", "RECALL_
 
 
 def funes_environment(funes_home: Path) -> dict[str, str]:
+    """The environment of a funes child for one tenant (its TMPDIR made here, so it exists)."""
     # The contract's checklist: an absolute FUNES_HOME (`recall serve` or `recall indexer` started
     # by hand get RECALL_DATA_DIR as given, `data` by default).
     home = funes_home.resolve()
@@ -30,6 +31,7 @@ def funes_environment(funes_home: Path) -> dict[str, str]:
     # TMPDIR the tenant's: funes copies each unit into a temp dir for TruffleHog, and a killed
     # run's copy of the user's text must go with the tenant when it is forgotten (and is cleared
     # before each index run: services/indexer/index_job.py).
+    funes_tmp(home).mkdir(parents=True, exist_ok=True)
     env = {"FUNES_HOME": str(home), "HF_HUB_OFFLINE": "1", "HOME": str(home), "HF_HOME": models,
            "TMPDIR": str(funes_tmp(home)), "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "NO_COLOR": "1"}
     env.update({name: os.environ[name] for name in PASSTHROUGH if name in os.environ})
@@ -47,7 +49,6 @@ async def start_funes(binary: str, args: Sequence[str], funes_home: Path) -> asy
     """One funes command for one tenant, its output piped. It runs in a session of its own (a
     timeout kills its whole group) and is killed with this process: an indexer killed with -9
     must not leave an index run behind that holds the tenant's memory from the next one."""
-    funes_tmp(funes_home.resolve()).mkdir(parents=True, exist_ok=True)
     return await asyncio.create_subprocess_exec(
         binary, *args, env=funes_environment(funes_home), stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True,

@@ -61,8 +61,7 @@ class IndexScheduler:
         self.lock_ttl_s = lock_ttl_s
         self.concurrency = concurrency
         self.poll_s = poll_s
-        self.running: dict[str, asyncio.Task] = {}
-        self._locks: dict[str, RedisLock] = {}  # of the running runs, so that a stop can make them give up
+        self.running: dict[str, tuple[asyncio.Task, RedisLock]] = {}  # the lock, so that a stop can make a run give up
         self._stopping = asyncio.Event()
 
     async def run_forever(self) -> None:
@@ -90,8 +89,7 @@ class IndexScheduler:
             lock = RedisLock(self.client, keys.index_lock(uhash), self.lock_ttl_s, yields_to=keys.forget_waiting(uhash))
             if not await lock.acquire():
                 continue  # another replica runs this user now; it stays due
-            self._locks[uhash] = lock
-            self.running[uhash] = asyncio.create_task(self._run(uhash, lock))
+            self.running[uhash] = (asyncio.create_task(self._run(uhash, lock)), lock)
             INDEX_RUNNING.set(len(self.running))
             if len(self.running) >= self.concurrency:
                 return
@@ -136,7 +134,6 @@ class IndexScheduler:
             INDEX_JOB_SECONDS.labels(outcome).observe(time.monotonic() - started)
             await lock.release()
             self.running.pop(uhash, None)
-            self._locks.pop(uhash, None)
             INDEX_RUNNING.set(len(self.running))
             log.info("index.run", user_hash=uhash, outcome=outcome, seconds=round(time.monotonic() - started, 3))
 
@@ -153,7 +150,7 @@ class IndexScheduler:
         Waiting for a long import to end held Ctrl-C until `recall up` killed the indexer."""
         self._stopping.set()
         if self.running:
-            await asyncio.wait(list(self.running.values()), timeout=FINISH_ON_STOP_S)
-            for lock in list(self._locks.values()):
+            await asyncio.wait([task for task, _ in self.running.values()], timeout=FINISH_ON_STOP_S)
+            for _, lock in list(self.running.values()):
                 lock.give_up()
-            await asyncio.gather(*self.running.values(), return_exceptions=True)
+            await asyncio.gather(*(task for task, _ in self.running.values()), return_exceptions=True)

@@ -103,8 +103,10 @@ class SnapshotMoved(Exception):
     is newer than that deletion): not acked, so its redelivery writes it again."""
 
 
-def write_snapshot(paths: TenantPaths, event: TurnsEvent, entry_id: str) -> WriteResult:
-    """Call with the conversation lock held. Durable (fsynced) when it returns WRITTEN."""
+def write_snapshot(paths: TenantPaths, event: TurnsEvent, entry_id: str, tell_rewrites: bool = False) -> WriteResult:
+    """Call with the conversation lock held. Durable (fsynced) when it returns WRITTEN or
+    REWRITTEN; REWRITTEN only with `tell_rewrites` (funes mode needs to know; telling reads the
+    file on disk first, so an engine that does not need it does not pay for it)."""
     target = paths.transcript(event.conversation_id)
     mine = parse_version(entry_id)
     vfile = version_file(paths, event.conversation_id)
@@ -114,7 +116,7 @@ def write_snapshot(paths: TenantPaths, event: TurnsEvent, entry_id: str) -> Writ
     paths.src.mkdir(parents=True, exist_ok=True)
     body = transcript_body(event)
     try:
-        appended = body.startswith(target.read_text(encoding="utf-8"))
+        appended = not tell_rewrites or body.startswith(target.read_text(encoding="utf-8"))
     except FileNotFoundError:
         appended = True
     _atomic_write(target, body)

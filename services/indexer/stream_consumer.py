@@ -55,8 +55,8 @@ async def store_snapshot(client: aioredis.Redis, s: IndexerSettings, event: Turn
     paths = TenantPaths.for_hash(s.data_dir, event.user_hash)
     lock = RedisLock(client, keys.conversation_lock(event.user_hash, event.conversation_id), 30)
     async with lock.held(wait_s=wait_s):
-        result = await asyncio.to_thread(write_snapshot, paths, event, entry_id)
-    if result is WriteResult.REWRITTEN and s.engine == "funes":
+        result = await asyncio.to_thread(write_snapshot, paths, event, entry_id, s.engine == "funes")
+    if result is WriteResult.REWRITTEN:
         # funes keeps every line it stored and skips a changed one: the tenant is rebuilt.
         await asyncio.to_thread(paths.funes_rebuild.touch)
     if result is not WriteResult.STALE:

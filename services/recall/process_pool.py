@@ -24,7 +24,7 @@ from services.recall.backend import BackendOverloaded, BackendUnavailable
 from services.recall.metrics import POOL_CRASH_RESTARTS, POOL_EVICTIONS, POOL_SIZE, POOL_SPAWNS
 from services.recall.tool_output import AgentHit, hits_from_funes_text
 from shared.engine.api import MemoryState, NoIndex
-from shared.funes_env import funes_environment, funes_tmp
+from shared.funes_env import funes_environment
 from shared.logging_setup import get_logger
 from shared.mcp_stdio_client import ChildExited, ChildGone, StdioMCPChild, ToolCallError
 from shared.tenant_paths import TenantPaths
@@ -182,7 +182,6 @@ class ProcessPool:
         return slot
 
     async def _spawn(self, paths: TenantPaths) -> _Slot:
-        funes_tmp(paths.root.resolve()).mkdir(parents=True, exist_ok=True)  # the child's TMPDIR
         child = StdioMCPChild([self.binary, "mcp", str(paths.memory.resolve())], env=funes_environment(paths.root))
         try:
             await child.start(self.start_timeout_s)
