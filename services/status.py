@@ -57,7 +57,12 @@ def _probe(url: str) -> str:
         resp = httpx.get(url, timeout=3)
     except httpx.HTTPError as exc:
         return f"down ({type(exc).__name__} at {url})"
-    return "ready" if resp.status_code == 200 else f"not ready ({resp.status_code} {resp.text[:120]})"
+    if resp.status_code != 200:
+        return f"not ready ({resp.status_code} {resp.text[:120]})"
+    try:  # ready, and what it refuses meanwhile ("ready; turns refused (503): ...")
+        return str(resp.json()["status"])[:200]
+    except (ValueError, KeyError, TypeError):
+        return "ready"
 
 
 def _tenant_count(data_dir) -> int:

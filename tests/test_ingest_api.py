@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import pytest
 
@@ -215,14 +217,35 @@ def test_a_rejected_request_loses_nothing_already_stored(ingest, r):
     assert '"first"' in fields["event"] and "second" not in fields["event"]
 
 
-def test_redis_down_is_503_and_not_ready(services, service_env):
+def test_redis_down_is_a_503_per_request_and_ingest_stays_ready(services, service_env):
     dead = f"redis://127.0.0.1:{free_port()}/0"
     services("ingest", RECALL_REDIS_URL=dead)
     url = ingest_url(service_env)
     resp = post(url, conversation_payload("alice", "c", ["hi"]))
     assert resp.status_code == 503 and fields_of(resp) == {"redis"}
-    assert httpx.get(f"{url}/readyz").status_code == 503
+    forget = httpx.delete(f"{url}/users/alice", headers={"x-ingest-key": INGEST_KEY}, timeout=10)
+    assert forget.status_code == 503 and fields_of(forget) == {"redis"}
+    # Every replica shares the Redis: not ready, all would leave the Service and callers would
+    # get connection errors instead of the 503 they retry on.
+    ready = httpx.get(f"{url}/readyz")
+    assert ready.status_code == 200 and "redis unreachable" in ready.json()["status"]
     assert httpx.get(f"{url}/healthz").status_code == 200
+
+
+def test_readiness_answers_within_the_probe_timeout_when_redis_never_replies(services, service_env):
+    import socket
+
+    silent = socket.socket()  # accepts connections (the kernel's backlog) and never answers
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)
+    try:
+        services("ingest", RECALL_REDIS_URL=f"redis://127.0.0.1:{silent.getsockname()[1]}/0")
+        started = time.monotonic()
+        ready = httpx.get(f"{ingest_url(service_env)}/readyz", timeout=10)
+        assert ready.status_code == 200 and "redis unreachable" in ready.json()["status"]
+        assert time.monotonic() - started < 2.5, "the manifests' probe gives up after 3 s"
+    finally:
+        silent.close()
 
 
 def test_openapi_metrics_and_probes(ingest):

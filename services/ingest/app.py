@@ -81,6 +81,7 @@ class StorageState(NamedTuple):
 # An error body lists at most this many fields: a 2 MB body of 200,000 unknown keys (or a URL of
 # thousands of unknown query parameters) must not earn a reply several times its own size.
 MAX_LISTED_FIELDS = 20
+READY_REDIS_TIMEOUT_S = 1.0  # /readyz's question to Redis (IngestAPI.readyz)
 
 
 class HTTPProblem(Exception):
@@ -448,15 +449,17 @@ class IngestAPI:
 
     # ---- probes ---------------------------------------------------------------------------------------
     async def readyz(self, request: Request) -> Response:
+        """Ready while the process serves: a shared dependency's failure is said here, and each
+        request gets its own 503 naming it. Were readiness to follow Redis or the data dir (both
+        shared by every replica), all replicas would leave the Service at once and callers would
+        get connection errors, not the 503 they can retry on."""
         try:
-            await self.redis.ping()
-            unwritable = await self.redis.get(STORAGE_UNWRITABLE)
+            # Within the probe's own timeout (3 s in the manifests): a Redis that accepts and never
+            # answers would otherwise fail the probe after the client's 5 s socket timeout.
+            unwritable = await asyncio.wait_for(self.redis.get(STORAGE_UNWRITABLE), READY_REDIS_TIMEOUT_S)
         except Exception:
-            return JSONResponse({"status": "redis unreachable"}, status_code=503)
-        if unwritable is not None:
-            # Still ready: turns get their own 503 (field data_dir) and forgets are accepted. Not
-            # ready, every replica left the Service at once (the flag is shared), and a forget got
-            # a connection error instead.
+            return JSONResponse({"status": "ready; turns and forgets refused (503): redis unreachable"})
+        if unwritable is not None:  # forgets are still accepted
             reason = unwritable.decode(errors="replace")
             return JSONResponse({"status": f"ready; turns refused (503): data dir not writable: {reason}"})
         return JSONResponse({"status": "ready"})
@@ -469,10 +472,10 @@ def create_app(settings: IngestSettings) -> Starlette:
     async def lifespan(app: Starlette):
         import redis
 
-        sync = redis.Redis.from_url(settings.redis, socket_connect_timeout=2)
+        sync = redis.Redis.from_url(settings.redis, socket_connect_timeout=2, socket_timeout=2)
         try:
             ensure_group(sync, settings.stream, settings.group)
-        except redis.ConnectionError:
+        except (redis.ConnectionError, redis.TimeoutError):  # refused, or accepted and never answered
             log.warning("ingest.group_not_created", reason="redis unreachable at start; indexers create it too")
         finally:
             sync.close()
