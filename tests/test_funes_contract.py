@@ -204,6 +204,47 @@ async def test_funes_without_a_forget_command_is_rebuilt_and_the_difference_coun
     assert await rows.count(tenant) == 3
 
 
+
+def _slow_funes(tmp_path: Path, fake_funes: str, sleep_s: float, after: bool = False) -> str:
+    """The stand-in, with `index` taking `sleep_s` longer: before its work, or after it (committed, then hung)."""
+    slow = tmp_path / "slow-funes"
+    run = f'"{fake_funes}" "$@"'
+    body = f'sleep {sleep_s}; exec {run}' if not after else f'{run}; s=$?; sleep {sleep_s}; exit $s'
+    slow.write_text(f'#!/bin/sh\nif [ "$1" = index ]; then {body}; fi\nexec {run}\n')
+    slow.chmod(0o755)
+    return str(slow)
+
+
+async def test_a_rebuild_gets_time_for_what_the_tenant_stored_not_the_index_timeout(tenant, tmp_path, fake_funes):
+    from services.indexer.index_job import REBUILD_S_PER_MIB, IndexJobFailed
+
+    # ~12 KiB of transcripts: 7 s at REBUILD_S_PER_MIB, so a rebuild outlasts the 1 s index timeout.
+    write_conversation(tenant.src, "long", [f"Turn {i}: the pump log says the seal held at {i} bar." * 4 for i in range(60)])
+    slow = _slow_funes(tmp_path, fake_funes, 2)
+    job = FunesIndexJob(slow, timeout_s=1)
+    assert job.rebuild_timeout(tenant) > 2 and job.rebuild_timeout(tenant) == pytest.approx(
+        sum(f.stat().st_size for f in tenant.src.glob("*.funes.jsonl")) / 2**20 * REBUILD_S_PER_MIB)
+    with pytest.raises(IndexJobFailed, match="timed out after 1s"):
+        await job.run(tenant)  # an ordinary run keeps the index timeout
+    (tenant.src / "plan.funes.jsonl").unlink()
+    await job.remove_deleted(tenant)  # a rebuild: the whole memory again
+    assert funes_status_chunks(fake_funes, tenant.memory) == 3 + 60
+
+
+async def test_a_rebuild_cut_short_goes_on_from_what_it_committed(tenant, tmp_path, fake_funes):
+    from services.indexer.index_job import IndexJobFailed
+
+    hung = FunesIndexJob(_slow_funes(tmp_path, fake_funes, 30, after=True), timeout_s=1)
+    tenant.funes_rebuild.touch()
+    with pytest.raises(IndexJobFailed):
+        await hung.run(tenant)  # emptied the memory, indexed it again, then hung and was killed
+    assert not tenant.funes_rebuild.exists(), "the rebuild is under way: the next run must not empty the memory again"
+    kept = tenant.memory / "kept-by-the-next-run"
+    kept.touch()
+    await FunesIndexJob(fake_funes, 60).run(tenant)
+    assert kept.exists() and funes_status_chunks(fake_funes, tenant.memory) == 7
+
+
 # ---- the whole stack in funes mode with the stand-in -------------------------------------------
 @pytest.fixture
 def funes_stack(services, service_env, fake_funes):

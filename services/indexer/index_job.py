@@ -9,6 +9,7 @@ import shutil
 import signal
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Protocol
 
 from shared.engine.memory_lock import CONTENTION_MESSAGE, MemoryBusy
@@ -92,6 +93,13 @@ class EmbeddedIndexJob:
         forget_cached_texts()
 
 
+# A rebuild indexes every stored conversation again, so it may take this long per MiB of the
+# tenant's transcripts when that is longer than the index timeout (sized for new conversations).
+# Our funes-compatible engine indexes ~1.2 KiB of transcript in 30 ms of CPU; 600 s per MiB
+# leaves real funes a wide margin and still stops a child that hangs.
+REBUILD_S_PER_MIB = 600.0
+
+
 class FunesIndexJob:
     """`<bin> index --yes <src>` with FUNES_HOME set, a cleaned environment and a timeout."""
 
@@ -101,8 +109,12 @@ class FunesIndexJob:
 
     async def remove_deleted(self, paths: TenantPaths, lock: RedisLock | None = None) -> None:
         # funes is append-only: a deletion is a rebuild of the memory from the remaining files.
-        await asyncio.to_thread(shutil.rmtree, paths.memory, True)
+        await asyncio.to_thread(paths.funes_rebuild.touch)
         await self.run(paths, lock=lock)
+
+    def rebuild_timeout(self, paths: TenantPaths) -> float:
+        stored = sum(f.stat().st_size for f in paths.src.glob("*.funes.jsonl"))
+        return max(self.timeout_s, stored / 2**20 * REBUILD_S_PER_MIB)
 
     def forget_cached_texts(self) -> None:
         pass  # every funes run is a child process that exits: it leaves nothing cached here
@@ -114,23 +126,31 @@ class FunesIndexJob:
     async def _run(self, paths: TenantPaths) -> None:
         if not paths.src.is_dir():
             return  # the tenant was forgotten after this run was scheduled
-        # A snapshot rewrote stored lines: funes is append-only and has no command that deletes a
-        # chunk, so the only way to its new text is the contract's rebuild (an empty memory, then
-        # index). The mark goes only after a run that finished: a killed one rebuilds again.
+        # A snapshot rewrote stored lines, or a conversation was deleted: funes is append-only and
+        # has no command that deletes a chunk, so the contract's rebuild (an empty memory, then
+        # index). Once the memory is emptied the rebuild is an ordinary index run (funes commits
+        # each conversation): one cut short by its timeout, a lost lock or a kill goes on from what
+        # it committed, so the mark goes now (unless set again meanwhile), not after the run: a
+        # tenant too large to rebuild in one run would otherwise start from nothing every time.
+        timeout_s = self.timeout_s
         try:
             marked = paths.funes_rebuild.stat().st_mtime_ns
         except FileNotFoundError:
             marked = None
         if marked is not None:
-            await asyncio.to_thread(shutil.rmtree, paths.memory, True)
+            await asyncio.to_thread(_empty_memory, paths.memory)
+            with contextlib.suppress(FileNotFoundError):
+                if paths.funes_rebuild.stat().st_mtime_ns == marked:
+                    paths.funes_rebuild.unlink()
+            timeout_s = await asyncio.to_thread(self.rebuild_timeout, paths)
         # Whatever a killed run left in its temp dir (a unit's copy for TruffleHog) goes first.
         await asyncio.to_thread(shutil.rmtree, funes_tmp(paths.root.resolve()), True)
         proc = await start_funes(self.binary, ["index", "--yes", str(paths.src.resolve())], paths.root)
         try:
-            _, err = await asyncio.wait_for(proc.communicate(), self.timeout_s)
+            _, err = await asyncio.wait_for(proc.communicate(), timeout_s)
         except asyncio.TimeoutError:
             await _kill_group(proc)
-            raise IndexJobFailed(f"index timed out after {self.timeout_s:.0f}s") from None
+            raise IndexJobFailed(f"index timed out after {timeout_s:.0f}s") from None
         except asyncio.CancelledError:
             await _kill_group(proc)
             raise
@@ -141,9 +161,12 @@ class FunesIndexJob:
                 raise MemoryBusy()
             message = stderr.strip().splitlines()[-1:] or [""]
             raise IndexJobFailed(f"index exited {proc.returncode}: {message[0][:300]}")
-        with contextlib.suppress(FileNotFoundError):
-            if marked is not None and paths.funes_rebuild.stat().st_mtime_ns == marked:  # not marked again meanwhile
-                paths.funes_rebuild.unlink()
+
+
+def _empty_memory(memory: Path) -> None:
+    """The memory goes whole, or the rebuild fails: a row left behind could be a forgotten one."""
+    with contextlib.suppress(FileNotFoundError):
+        shutil.rmtree(memory)
 
 
 async def _kill_group(proc: asyncio.subprocess.Process) -> None:
