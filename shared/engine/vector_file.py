@@ -34,8 +34,7 @@ in 4 bits: each row minus the snapshot's mean row (`centre`), in blocks of 128 w
 (`nibbles`, `nibble_scale`; onnxruntime's `MatMulNBits` layout). Such a snapshot, once searched
 often, is scanned in 4 bits first: its best `PREFILTER_ROWS` rows get their int8 scores from the
 mapped rows, and the best of those go on to the exact re-score. Half the bytes per call; on 240k
-real e5 rows every question's final 30 were the int8 scan's (docs/benchmarks.md, round 21), and
-on 60k (round 23).
+real e5 rows every question's final 30 were the int8 scan's (docs/benchmarks.md, round 21).
 
 A reader opens it with `mmap` (no per-row work, no private copy: the pages are the page
 cache, shared by every process reading the memory) and catches up from SQLite for what came
@@ -74,13 +73,10 @@ _BATCH = 8192
 QUERY_LEVELS = 63
 QUERY_OFFSET = 64  # the packed scan's query as uint8 (1..127: u8 x s8 pairs below 2^15 again)
 ROW_OFFSET = 128  # a row's int8 values stored as uint8 (u8 x s8 is the fast integer product)
-# The 4-bit copy is written for snapshots whose int8 rows take at least this much: past the share
-# of a last-level cache one process gets on these hosts every scan streams them from RAM and
-# evicts the query model's weights. The packed int8 scan alone (one thread, AMD EPYC, round 23):
-# 30k rows (11.5 MB) 0.34-0.45 ms, 45k (17 MB) 0.8-1.7, 60k (23 MB) 1.9-2.3; the 4-bit pass and
-# its 2,048 int8 scores 1.0-1.7 ms at 45k-60k. Whole calls at 10k conversations (60k rows of real
-# e5 vectors): -1.0 to -1.3 ms. Smaller snapshots stay on the int8 scan alone.
-PREFILTER_MIN_BYTES = 16 << 20
+# The 4-bit copy is written for snapshots whose int8 rows take at least this much: past a
+# last-level cache (32 MiB on these hosts, 87k rows of 384) every scan streams them from RAM and
+# evicts the query model's weights. Smaller ones stay on the int8 scan alone.
+PREFILTER_MIN_BYTES = 32 << 20
 NIBBLE_BLOCK = 128
 # How many rows of the 4-bit scan get their int8 score: at least PREFILTER_ROWS, and 16 per row
 # of the re-score pool. On 240k real e5 rows and 400 questions the worst 4-bit rank of a final
