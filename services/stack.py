@@ -44,7 +44,7 @@ from services.ingest.settings import IngestSettings
 from services.port_check import port_problems
 from services.recall.settings import RecallSettings
 from services.stack_state import DataDirLock, StackInfo, remove_info, write_info
-from services.supervisor import RESTART_WINDOW_S, Child, Supervisor
+from services.supervisor import RESTART_WINDOW_S, Child, Supervisor, exit_reason
 from shared.child_process import die_with_parent, ready, stop_together
 from shared.huge_pages import with_huge_pages
 from shared.settings_base import CommonSettings
@@ -186,8 +186,9 @@ def run_stack() -> int:
         grace = s.stop_grace_s + STOP_MARGIN_S
         stop_children([c for c in children if c.name != "indexer"], grace)
         stop_children([c for c in children if c.name == "indexer"], grace)
-        if redis_server is not None:
-            redis_server.stop()
+        if redis_server is not None and not redis_server.stop():
+            print(f"recall up: the embedded redis-server did not stop within 10 s of SIGTERM; killed it (its AOF may "
+                  "lack the last second of writes)", file=sys.stderr, flush=True)
         remove_info(data_dir)
         lock.release()
     print("recall up: stopped", flush=True)
@@ -214,10 +215,13 @@ def keep_redis_running(server: EmbeddedRedis) -> bool:
     if died is None:
         return True
     if server.restarts and time.monotonic() - server.started_at < REDIS_RESTART_WINDOW_S:
-        print(f"recall up: the embedded redis-server exited with {died} again within {REDIS_RESTART_WINDOW_S:.0f} s: "
-              f"{server.last_words()}; stopping everything", file=sys.stderr)
+        # Killed by a signal, its log's last line is whatever it did before (often "Ready to accept
+        # connections"): something outside it killed it, the OOM killer or a user.
+        why = "it was killed from outside (the OOM killer, or a user)" if died < 0 else server.last_words()
+        print(f"recall up: the embedded redis-server exited with {exit_reason(died)} again within "
+              f"{REDIS_RESTART_WINDOW_S:.0f} s of its restart: {why}; stopping everything", file=sys.stderr)
         return False
-    print(f"recall up: the embedded redis-server exited with {died}; starting it again on port {server.port}",
+    print(f"recall up: the embedded redis-server exited with {exit_reason(died)}; starting it again on port {server.port}",
           file=sys.stderr, flush=True)
     try:
         server.restart()

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import redis
 
-from shared.child_process import die_with_parent, free_port, stop
+from shared.child_process import die_with_parent, free_port, stop_together
 
 
 class RedisStartError(RuntimeError):
@@ -122,11 +122,12 @@ class EmbeddedRedis:
         self.restarts += 1
         self.start(timeout)
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """SIGTERM: Redis fsyncs the AOF before it exits."""
-        if self.proc is not None:
-            stop(self.proc, timeout)
+    def stop(self, timeout: float = 10.0) -> bool:
+        """SIGTERM: Redis fsyncs the AOF before it exits. False when it had to be killed after
+        `timeout` (stopped by a signal, or hung): its last second of writes may be lost."""
+        killed = self.proc is not None and bool(stop_together([self.proc], timeout))
         self.proc = None
+        return not killed
 
     def kill(self) -> None:
         if self.proc is not None:

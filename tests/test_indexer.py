@@ -421,6 +421,30 @@ def _make_writable(path: Path) -> None:
         subprocess.run(["chattr", "-i", str(path)], check=True)
 
 
+def test_an_indexer_whose_redis_hangs_says_not_ready_within_the_probe_timeout(services, service_env, tmp_path):
+    import os
+    import signal
+
+    from shared.redis_server import EmbeddedRedis
+
+    own = EmbeddedRedis(tmp_path / "redis")
+    own.start()
+    try:
+        services("indexer", RECALL_REDIS_URL=own.url)
+        ready = f"http://127.0.0.1:{service_env['RECALL_INDEXER_PORT']}/readyz"
+        assert httpx.get(ready, timeout=5).status_code == 200
+        os.kill(own.proc.pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            resp = httpx.get(ready, timeout=10)
+            assert resp.status_code == 503 and resp.json()["status"] == "redis unreachable"
+            assert time.monotonic() - started < 2.5, "the manifests' probe gives up after 3 s"
+        finally:
+            os.kill(own.proc.pid, signal.SIGCONT)
+    finally:
+        own.stop()
+
+
 def test_an_unwritable_data_dir_makes_indexers_not_ready_and_ingest_refuse_turns_but_take_forgets(services, service_env, r):
     services("ingest")
     worker = services("indexer")

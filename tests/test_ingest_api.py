@@ -244,6 +244,10 @@ def test_readiness_answers_within_the_probe_timeout_when_redis_never_replies(ser
         ready = httpx.get(f"{ingest_url(service_env)}/readyz", timeout=10)
         assert ready.status_code == 200 and "redis unreachable" in ready.json()["status"]
         assert time.monotonic() - started < 2.5, "the manifests' probe gives up after 3 s"
+        started = time.monotonic()
+        resp = post(ingest_url(service_env), conversation_payload("alice", "c", ["hi"]))
+        assert resp.status_code == 503 and fields_of(resp) == {"redis"}
+        assert time.monotonic() - started < 3.5, "a request waits 2 s for Redis, not the client's default 5 s"
     finally:
         silent.close()
 

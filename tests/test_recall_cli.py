@@ -353,6 +353,41 @@ def test_cli_is_importable_without_starting_anything():
     assert result.returncode == 0, result.stderr
 
 
+def test_a_redis_killed_twice_in_a_row_is_named_as_killed_not_by_its_last_log_line(tmp_path, capsys):
+    from services.stack import keep_redis_running
+
+    server = EmbeddedRedis(tmp_path / "redis")
+    server.start()
+    try:
+        server.proc.kill()
+        server.proc.wait()
+        assert keep_redis_running(server)
+        assert "exited with -9 (SIGKILL); starting it again" in capsys.readouterr().err
+        server.proc.kill()
+        server.proc.wait()
+        assert not keep_redis_running(server)
+        said = capsys.readouterr().err
+        assert "-9 (SIGKILL) again within 30 s of its restart: it was killed from outside" in said, said
+        assert "Ready to accept" not in said, "a healthy log line is not why it died"
+    finally:
+        server.stop()
+
+
+def test_a_hung_redis_is_killed_at_stop_and_says_so(tmp_path):
+    server = EmbeddedRedis(tmp_path / "redis")
+    server.start()
+    proc = server.proc
+    os.kill(proc.pid, signal.SIGSTOP)  # accepts nothing, answers nothing, ignores SIGTERM
+    try:
+        assert server.stop(timeout=1) is False and proc.returncode == -signal.SIGKILL
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    again = EmbeddedRedis(tmp_path / "redis2")
+    again.start()
+    assert again.stop() is True
+
+
 def test_a_killed_embedded_redis_is_started_again_and_the_stack_carries_on(tmp_path):
     """kill -9 of the embedded redis-server used to leave a zombie and a stack whose ingest
     answered 503 for ever. `recall up` now starts it again on its port and AOF: what was accepted

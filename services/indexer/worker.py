@@ -38,6 +38,7 @@ from shared.stream_schema import decode_fields, ensure_group, ensure_group_async
 from shared.unexpected_http import UnexpectedHTTPErrors, route_of
 
 log = get_logger("recall.indexer")
+READY_REDIS_TIMEOUT_S = 1.0  # /readyz's ping
 
 
 def build_broker(settings: IndexerSettings, consumer: StreamConsumer) -> RedisBroker:
@@ -110,7 +111,8 @@ def _http_app(client: aioredis.Redis, storage: StorageProbe) -> Starlette:
 
     async def readyz(request: Request) -> JSONResponse:
         try:
-            await client.ping()
+            # Within the probe's timeout (3 s): the client waits up to 10 s for a Redis that hangs.
+            await asyncio.wait_for(client.ping(), READY_REDIS_TIMEOUT_S)
         except Exception:
             return JSONResponse({"status": "redis unreachable"}, status_code=503)
         if storage.reason is not None:
@@ -133,7 +135,7 @@ async def _schedule_stale_tenants(client: aioredis.Redis, data_dir: Path, embedd
 async def run_worker(settings: IndexerSettings) -> None:
     import redis
 
-    sync = redis.Redis.from_url(settings.redis)
+    sync = redis.Redis.from_url(settings.redis, socket_connect_timeout=5, socket_timeout=10)  # a hung Redis fails the start, not hangs it
     ensure_group(sync, settings.stream, settings.group)
     sync.close()
     client = aioredis.Redis.from_url(settings.redis, socket_timeout=10)
