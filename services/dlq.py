@@ -113,9 +113,9 @@ class Replayer:
 
 
 async def _run(args: argparse.Namespace, settings: IndexerSettings) -> int:
-    import redis.asyncio as aioredis
+    from shared.redis_client import async_redis
 
-    client = aioredis.Redis.from_url(settings.redis)
+    client = async_redis(settings.redis)
     try:
         letters = await read_dead_letters(client, settings.stream, args.ids or None)
         if args.action == "list":

@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import time
 
-import redis.asyncio as aioredis
-
 from shared.logging_setup import get_logger
+from shared.redis_client import async_redis
 
 DUE = "recall:index:due"
 ASK_EVERY_S = 30.0  # one request per tenant per this long: a tenant's every failing call must not write to Redis
@@ -19,7 +18,7 @@ log = get_logger("recall.index_requests")
 
 class IndexRequests:
     def __init__(self, redis_url: str) -> None:
-        self._client = aioredis.Redis.from_url(redis_url)
+        self._client = async_redis(redis_url)
         self._asked: dict[str, float] = {}
 
     async def ask(self, uhash: str) -> None:

@@ -445,6 +445,31 @@ def test_an_indexer_whose_redis_hangs_says_not_ready_within_the_probe_timeout(se
         own.stop()
 
 
+def test_after_a_redis_restart_the_next_turns_are_stored_at_once_not_after_a_reclaim(services, service_env, tmp_path):
+    """The services' pooled connections die with Redis: their first commands after a restart
+    failed, and a stream entry then waited for the reclaimer (10 s by default) to be stored."""
+    from shared.redis_server import EmbeddedRedis
+
+    own = EmbeddedRedis(tmp_path / "redis")
+    own.start()
+    try:
+        env = {"RECALL_REDIS_URL": own.url, "RECALL_RECLAIM_IDLE_MS": "10000"}
+        service_env.update(env)
+        services("ingest", **env)
+        worker = services("indexer", **env)
+        src = Path(service_env["RECALL_DATA_DIR"]) / user_hash("ria") / "src"
+        post(service_env, conversation_payload("ria", "before", ["stored before the restart"]))
+        assert wait_until(lambda: (src / "before.funes.jsonl").exists(), 30)
+        own.restart()
+        started = time.monotonic()
+        post(service_env, conversation_payload("ria", "after", ["stored after the restart"]))
+        assert wait_until(lambda: (src / "after.funes.jsonl").exists(), 30, 0.05)
+        assert time.monotonic() - started < 8, worker.output()[-2000:]  # faststream may wait 5 s before its next read
+        assert '"message.failed"' not in worker.output()
+    finally:
+        own.stop()
+
+
 def test_an_unwritable_data_dir_makes_indexers_not_ready_and_ingest_refuse_turns_but_take_forgets(services, service_env, r):
     services("ingest")
     worker = services("indexer")
@@ -526,3 +551,23 @@ def test_a_redis_that_came_back_empty_gets_its_group_again_and_turns_flow(servic
     post(service_env, conversation_payload("lena", "c2", ["after Redis came back empty"]))
     assert wait_until(lambda: searchable(service_env, "lena", 2), 30), worker.output()[-2000:]
     assert '"indexer.consumers_restarted"' in worker.output()
+
+
+async def test_the_services_redis_client_outlives_a_redis_restart(tmp_path):
+    """redis-py tries nothing again by default: after a restart the first command on each pooled
+    connection failed ("Connection closed by server"), a stream entry then waited for the reclaimer."""
+    from shared.redis_client import async_redis
+    from shared.redis_server import EmbeddedRedis
+
+    own = EmbeddedRedis(tmp_path / "redis")
+    own.start()
+    client = async_redis(own.url, socket_timeout=5)
+    try:
+        await asyncio.gather(*(client.set(f"k{i}", i) for i in range(4)))  # four pooled connections
+        own.restart()
+        assert await client.pipeline(transaction=True).set("a", 1).get("a").execute() == [True, b"1"]
+        assert await client.eval("return redis.call('GET', KEYS[1])", 1, "a") == b"1"
+        assert await asyncio.gather(*(client.get(f"k{i}") for i in range(4))) == [b"0", b"1", b"2", b"3"]
+    finally:
+        await client.aclose()
+        own.stop()

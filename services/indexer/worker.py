@@ -34,6 +34,7 @@ from shared.engine.embedder import Embedder
 from shared.error_site import exception_site, loggable_failure, new_incident
 from shared.logging_setup import get_logger
 from shared.metrics_http import metrics_endpoint
+from shared.redis_client import async_redis, retry_options
 from shared.stream_schema import decode_fields, ensure_group, ensure_group_async
 from shared.unexpected_http import UnexpectedHTTPErrors, route_of
 
@@ -42,7 +43,7 @@ READY_REDIS_TIMEOUT_S = 1.0  # /readyz's ping
 
 
 def build_broker(settings: IndexerSettings, consumer: StreamConsumer) -> RedisBroker:
-    broker = RedisBroker(settings.redis, logger=None)
+    broker = RedisBroker(settings.redis, logger=None, **retry_options())
 
     @broker.subscriber(stream=StreamSub(settings.stream, group=settings.group, consumer=settings.consumer),
                        ack_policy=AckPolicy.MANUAL, max_workers=4)
@@ -138,7 +139,7 @@ async def run_worker(settings: IndexerSettings) -> None:
     sync = redis.Redis.from_url(settings.redis, socket_connect_timeout=5, socket_timeout=10)  # a hung Redis fails the start, not hangs it
     ensure_group(sync, settings.stream, settings.group)
     sync.close()
-    client = aioredis.Redis.from_url(settings.redis, socket_timeout=10)
+    client = async_redis(settings.redis, socket_timeout=10)
     job = make_index_job(settings.engine, settings.funes_bin, settings.index_timeout_s)
     scheduler = IndexScheduler(client, job, settings.data_dir, settings.index_debounce_s, settings.index_lock_ttl_s,
                                settings.index_concurrency)

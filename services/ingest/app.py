@@ -44,6 +44,7 @@ from shared.logging_setup import get_logger
 from shared.metrics_http import metrics_endpoint
 from shared.raw_url import NOT_UTF8, not_utf8_parameters, query_pairs
 from shared.recall_answer_format import looks_like_recall_answer
+from shared.redis_client import async_redis
 from shared.stream_schema import (
     RETENTION_OVERRIDES,
     STORAGE_UNWRITABLE,
@@ -221,7 +222,7 @@ class IngestAPI:
         self.next_key = settings.ingest_key_next.get_secret_value().encode() or None
         # A Redis that stops answering costs each request 2 s before its 503, not the client's default 5 s:
         # the gateway retries sooner, and its own timeout is not spent waiting here.
-        self.redis = aioredis.Redis.from_url(settings.redis, socket_timeout=REDIS_TIMEOUT_S, socket_connect_timeout=2)
+        self.redis = async_redis(settings.redis, socket_timeout=REDIS_TIMEOUT_S, socket_connect_timeout=2)
         self.redactor = Redactor(pii=settings.redact_pii)
         self._memory_unknown_logged = False
 
