@@ -5,6 +5,7 @@ gateway never becomes a future "memory")."""
 from __future__ import annotations
 
 import re
+from datetime import datetime
 
 NO_MEMORY = "No earlier conversations are stored for this user yet."
 NOTHING = "Nothing relevant found in earlier conversations."
@@ -13,16 +14,29 @@ EMPTY_QUERY = "The query is empty: describe what to look for, e.g. an identifier
 BUSY = "Conversation memory is busy right now; try again in a moment, or continue without it."
 FIXED_ANSWERS = frozenset({NO_MEMORY, NOTHING, UNAVAILABLE, EMPTY_QUERY, BUSY})
 
-DATE_HEADER = "[{:%Y-%m-%d %H:%M} UTC]"
 _HEADER_LINE = re.compile(r"^\[\d{4}-\d{2}-\d{2} \d{2}:\d{2} UTC\]$")
 SEPARATOR = "---"
 NEIGHBOUR_PREFIX = "  ~ "
 # The passage's conversation and turn, so an agent can cite it (AgentMemory provenance).
 CITE_LINE = "  cite: session_id={} turn_uuid={}"
-# Above the passages when the query named a time and none of them is from it, so the agent does
-# not present an older passage as what was said then.
-OUTSIDE_WINDOW_NOTE = "(None of these passages is from {:%Y-%m-%d} to {:%Y-%m-%d}, the time the query names; they are the closest matches from other dates.)"
 _NOTE_LINE = re.compile(r"^\(None of these passages is from \d{4}-\d{2}-\d{2} to \d{4}-\d{2}-\d{2}, the time the query names; they are the closest matches from other dates\.\)$")
+
+
+def date_header(dt: datetime) -> str:
+    """`[YYYY-MM-DD HH:MM UTC]` of a UTC time."""
+    return f"[{_day(dt)} {dt:%H:%M} UTC]"
+
+
+def _day(dt: datetime) -> str:
+    # Not strftime's %Y: glibc writes year 1 as "1", and ingest accepts years from 1.
+    return f"{dt.year:04d}-{dt.month:02d}-{dt.day:02d}"
+
+
+def outside_window_note(first: datetime, last: datetime) -> str:
+    """Above the passages when the query named a time and none of them is from it, so the agent
+    does not present an older passage as what was said then."""
+    return (f"(None of these passages is from {_day(first)} to {_day(last)}, the time the query names; they are the "
+            "closest matches from other dates.)")
 
 
 def looks_like_recall_answer(text: str) -> bool:

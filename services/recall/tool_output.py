@@ -11,7 +11,7 @@ its child and parses it into the same model (`hits_from_funes_text`). Each hit r
     ---
 
 cut at whole passages to `max_chars`. When the query named a time window and no passage is
-from it, one note line (`OUTSIDE_WINDOW_NOTE`) comes first.
+from it, one note line (`outside_window_note`) comes first.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from services.recall.time_window import TimeWindow
 from shared.engine.agent_format import parse_recall
 from shared.engine.hybrid_search import NEIGHBOUR_PREVIEW_CHARS, Hit
 from shared.engine.transcript import parse_ts
-from shared.recall_answer_format import CITE_LINE, DATE_HEADER, NEIGHBOUR_PREFIX, NOTHING, OUTSIDE_WINDOW_NOTE, SEPARATOR
+from shared.recall_answer_format import CITE_LINE, NEIGHBOUR_PREFIX, NOTHING, SEPARATOR, date_header, outside_window_note
 
 
 class Neighbour(BaseModel):
@@ -72,7 +72,7 @@ TOOL_DESCRIPTION = (
 
 def _date(ts: str) -> str:
     dt = _when(ts)
-    return DATE_HEADER.format(dt.astimezone(timezone.utc)) if dt else f"[{ts or 'undated'}]"
+    return date_header(dt.astimezone(timezone.utc)) if dt else f"[{ts or 'undated'}]"
 
 
 def render_hit(hit: AgentHit) -> str:
@@ -101,7 +101,7 @@ def render_for_agent(hits: list[AgentHit], max_chars: int, k: int, window: TimeW
         return NOTHING
     note = ""
     if window is not None and not any(_in_window(h, window) for h in hits):
-        note = OUTSIDE_WINDOW_NOTE.format(window.start, window.end - timedelta(microseconds=1)) + "\n"
+        note = outside_window_note(window.start, window.end - timedelta(microseconds=1)) + "\n"
         note = note if len(note) <= max_chars // 2 else ""  # a tiny budget goes to the passage
     out = ""
     for hit in hits:
