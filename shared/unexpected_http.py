@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from prometheus_client import Counter
+from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -48,6 +49,8 @@ class UnexpectedHTTPErrors:
 
         try:
             await self.app(scope, receive, send_tracked)
+        except ClientDisconnect:
+            return  # the caller hung up mid-request (a cancelled call, a gateway timeout): nobody to answer, no fault here
         except Exception as exc:
             incident = self.record(exc, scope)
             if started:

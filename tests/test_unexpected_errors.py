@@ -13,6 +13,7 @@ import json
 import re
 import sqlite3
 import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -159,6 +160,28 @@ def test_an_exception_while_a_bearer_token_is_verified_is_a_counted_json_500(ser
     [event] = log_events(proc.output(), "recall.unexpected_error")
     assert (event["incident"], event["error"], event["route"], event["user_hash"]) == (incident, "RecursionError", "before routing", None)
     assert "Exception in ASGI application" not in proc.output()
+
+
+def test_a_caller_that_hangs_up_mid_request_is_not_an_unexpected_error(services, service_env):
+    """A cancelled MCP call (or a gateway timing out) ends the connection before the body is
+    read: that is counted as nothing, not as an incident that fires RecallServiceUnexpectedErrors."""
+    import socket
+
+    proc = services("serve")
+    url = recall_url(service_env)
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                       "params": {"name": "recall_my_conversations", "arguments": {"query": "MT-4471"}}}).encode()
+    for _ in range(3):  # the headers of a call, as the fastmcp client sends them, and then nothing
+        with socket.create_connection(("127.0.0.1", int(service_env["RECALL_RECALL_PORT"])), timeout=5) as conn:
+            conn.sendall(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+                         b"accept: application/json, text/event-stream\r\nmcp-protocol-version: 2026-07-28\r\n"
+                         b"mcp-method: tools/call\r\nmcp-name: recall_my_conversations\r\n"
+                         + f"authorization: Bearer {mint('alice')}\r\ncontent-length: {len(body)}\r\n\r\n".encode())
+            time.sleep(0.2)
+    assert wait_until(lambda: httpx.get(f"{url}/healthz").status_code == 200, 10)
+    time.sleep(0.5)  # the handlers see the hang-ups
+    assert (sample(url, 'recall_unexpected_errors_total{surface="http"}') or 0) == 0
+    assert not log_events(proc.output(), "recall.unexpected_error"), proc.output()[-2000:]
 
 
 def test_a_stored_row_that_fails_validation_is_a_counted_500_not_the_callers_422(services, service_env):
