@@ -97,6 +97,32 @@ async def test_answers_are_dated_verbatim_passages_without_internal_ids(stack):
     assert out.count("---") <= 3, "at most RECALL_K passages"
 
 
+async def test_a_memory_with_nothing_indexed_yet_is_unavailable_not_nothing_relevant(tmp_path, embedder):
+    """A user's first index run makes the memory before it commits a row: for those seconds the
+    service answered "Nothing relevant found", which tells the agent something false."""
+    from services.recall.embedded_backend import EmbeddedBackend
+    from services.recall.server import RecallService
+    from services.recall.settings import RecallSettings
+    from shared.engine.index_run import index_tree
+    from shared.engine.reembed import remove_deleted_sources
+    from shared.tenant_paths import TenantPaths
+    from tests.conftest import JWT_SECRET, write_conversation
+
+    paths = TenantPaths.for_user(tmp_path, "alice")
+    write_conversation(paths.src, "a1", ALICE)
+    index_tree(paths.root, paths.src, embedder)
+    (paths.src / "a1.funes.jsonl").unlink()
+    remove_deleted_sources(paths.root, paths.src, embedder)  # a memory that holds no row
+    settings = RecallSettings(data_dir=tmp_path, jwt_secret=JWT_SECRET)
+    service = RecallService(settings, EmbeddedBackend(reader_cache=4, timeout_s=settings.timeout_s))
+    assert await service.recall_for("alice", "MT-4471") == NO_MEMORY  # nothing stored either
+    write_conversation(paths.src, "a2", ALICE)  # stored, its index run not committed yet
+    assert await service.recall_for("alice", "MT-4471") == UNAVAILABLE
+    index_tree(paths.root, paths.src, embedder)
+    assert "MT-4471" in await service.recall_for("alice", "MT-4471")
+    assert await service.recall_for("alice", "zebra crossing in the rain") == NOTHING
+
+
 @pytest.mark.parametrize("stack", ["embedded"], indirect=True)
 async def test_awkward_queries(stack):
     env, _, _ = stack
@@ -129,7 +155,9 @@ async def test_no_memory_and_nothing_relevant(stack):
                        env={**os.environ, "FUNES_HOME": str(paths.root)})
     else:
         index_tree(paths.root, paths.src, shared_embedder())
-    assert await call_recall(env, mint("dora"), "N-11") == NOTHING
+    # The embedded engine knows the memory holds no row, and nothing is stored: no memory. funes
+    # says nothing of its row count on the read path, so its empty top k is "nothing relevant".
+    assert await call_recall(env, mint("dora"), "N-11") == (NO_MEMORY if engine == "embedded" else NOTHING)
 
 
 @pytest.mark.parametrize("stack", ["funes"], indirect=True)

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
 from services.recall.backend import BackendOverloaded, BackendUnavailable, MemoryNeedsRebuild
 from services.recall.metrics import POOL_EVICTIONS, POOL_SIZE, READER_CACHE_BYTES
 from services.recall.tool_output import AgentHit, hits_from_engine
 from shared.engine.api import Engine, MemoryState, NoIndex, memory_state
-from shared.engine.hybrid_search import DeadlineExceeded, RecallParams
+from shared.engine.hybrid_search import DeadlineExceeded, Hit, RecallParams
 from shared.engine.store import MemoryDamaged
 from shared.tenant_paths import TenantPaths
 
@@ -37,7 +38,7 @@ class EmbeddedBackend:
         try:
             # A thread cannot be cancelled, so the search itself stops at its next stage once
             # the deadline passes; awaiting it to the end keeps its admission slot taken meanwhile.
-            hits = await asyncio.to_thread(self.engine.search, paths.memory, query, params, deadline=deadline)
+            hits = await asyncio.to_thread(self._search, paths.memory, query, params, deadline)
             return hits_from_engine(hits)
         except DeadlineExceeded:
             raise BackendOverloaded("recall timed out") from None
@@ -51,6 +52,14 @@ class EmbeddedBackend:
             self._publish_pool()
             if self.engine.evictions > evictions:
                 POOL_EVICTIONS.labels("lru").inc(self.engine.evictions - evictions)
+
+    def _search(self, memory: Path, query: str, params: RecallParams, deadline: float) -> list[Hit]:
+        hits = self.engine.search(memory, query, params, deadline=deadline)
+        if not hits and not self.engine.holds_rows(memory):
+            # Nothing indexed yet (a user's first index run is under way): the service answers as
+            # for no memory ("unavailable" while conversations are stored), not "nothing relevant".
+            raise NoIndex(memory)
+        return hits
 
     async def memory_state(self, paths: TenantPaths) -> MemoryState:
         return memory_state(paths.memory)

@@ -223,6 +223,12 @@ class Engine:
         with self.lease(memory) as reader:
             return recall(reader, self.embedder_of(reader), query, params, self.reranker, deadline=deadline)
 
+    def holds_rows(self, memory: Path) -> bool:
+        """Whether the memory holds a row: one made by a first index run that has not committed
+        yet holds none, and one whose every conversation was forgotten holds none."""
+        with self.lease(memory) as reader, reader.fresh() as view:
+            return bool(view.alive.any())
+
     def recall(self, memory: Path, query: str, params: RecallParams, label: str | None = None,
                deadline: float | None = None) -> str:
         return agent_format.render_recall(self.search(memory, query, params, deadline), label or str(memory))
