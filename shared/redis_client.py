@@ -5,7 +5,8 @@ Redis restart the first command on each pooled connection failed with "Connectio
 server" (a stream entry then waited for the reclaimer, a forget for its retry). These
 connections try a command, a pipeline or a script up to twice more on a fresh connection when
 the connection itself failed. Not on a timeout: a Redis that hangs must cost a caller one
-timeout, not three.
+timeout, not three. Not for a pub/sub listener that must notice a gap (it would reconnect and
+subscribe again unseen).
 """
 
 from __future__ import annotations

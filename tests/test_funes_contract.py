@@ -245,6 +245,27 @@ async def test_a_rebuild_cut_short_goes_on_from_what_it_committed(tenant, tmp_pa
     assert kept.exists() and funes_status_chunks(fake_funes, tenant.memory) == 7
 
 
+
+async def test_a_forgets_rebuild_cut_short_completes_the_forget_and_leaves_the_rest_to_the_next_runs(tenant, tmp_path, fake_funes):
+    """A forget whose rebuild outran its timeout failed, was redelivered, and each delivery emptied
+    the memory again: a tenant too large for one run never finished. Now the forget is done (the
+    memory was emptied first, so the conversation is gone) and the next index runs go on."""
+    from services.indexer.forget_rows import RebuildContinues
+
+    no_forget = tmp_path / "funes-1.2"  # no `forget`: the rebuild path; and `index` commits, then hangs
+    no_forget.write_text(f'#!/bin/sh\n[ "$1" = forget ] && exit 2\nexec "{_slow_funes(tmp_path, fake_funes, 30, after=True)}" "$@"\n')
+    no_forget.chmod(0o755)
+    rows = FunesRows(str(no_forget), FunesIndexJob(str(no_forget), 1), 60)
+    (tenant.src / "plan.funes.jsonl").unlink()
+    with pytest.raises(RebuildContinues) as unfinished:
+        await rows.remove_conversation(tenant, "plan")
+    assert unfinished.value.chunks == 4 and not tenant.funes_rebuild.exists()
+    kept = tenant.memory / "kept-by-the-next-run"
+    kept.touch()
+    await FunesIndexJob(fake_funes, 60).run(tenant)  # the next run goes on; it does not empty the memory
+    assert kept.exists() and funes_status_chunks(fake_funes, tenant.memory) == 3
+
+
 # ---- the whole stack in funes mode with the stand-in -------------------------------------------
 @pytest.fixture
 def funes_stack(services, service_env, fake_funes):

@@ -8,7 +8,7 @@ import asyncio
 import re
 from typing import Protocol
 
-from services.indexer.index_job import IndexJob
+from services.indexer.index_job import IndexJob, IndexJobFailed
 from shared.funes_env import start_funes
 from shared.logging_setup import get_logger
 from shared.redis_lock import RedisLock
@@ -19,6 +19,16 @@ log = get_logger("recall.indexer.forget")
 USAGE_ERROR = 2  # funes (clap) exits 2 for an unknown subcommand: funes <= 1.2 has no `forget`
 _FORGOT = re.compile(r"^forgot session .+: (\d+) chunks removed$", re.M)
 _CHUNKS = re.compile(r"^chunks: (\d+)$", re.M)
+
+
+class RebuildContinues(Exception):
+    """A forget's rebuild emptied the memory and was cut short: the conversation is gone, the
+    rest is indexed again by the user's next index runs (the caller schedules one). `chunks`: the
+    memory's rows before, less those it holds now (more than the conversation held)."""
+
+    def __init__(self, chunks: int) -> None:
+        super().__init__(f"rebuild continues; {chunks} chunks fewer for now")
+        self.chunks = chunks
 
 
 class ForgetRows(Protocol):
@@ -88,7 +98,15 @@ class FunesRows:
         # funes' own deletion path (the only one of an append-only funes): rebuild the memory from
         # the remaining files, and count the difference.
         before = await self.count(paths)
-        await self.job.remove_deleted(paths, lock=lock)
+        try:
+            await self.job.remove_deleted(paths, lock=lock)
+        except IndexJobFailed as exc:
+            # The run emptied the memory before it started, so the conversation is gone from it;
+            # what remains comes back in the next index runs, which go on from what this one
+            # committed. Failing the forget instead had it redelivered, and each delivery emptied
+            # the memory again: a tenant too large for one run never finished (dead-lettered).
+            log.warning("forget.rebuild_continues", user_hash=paths.uhash, error=str(exc)[:200])
+            raise RebuildContinues(max(0, before - await self.count(paths))) from exc
         return max(0, before - await self.count(paths))
 
     async def _run(self, paths: TenantPaths, *args: str) -> tuple[int, str, str]:

@@ -34,7 +34,7 @@ from pathlib import Path
 import redis.asyncio as aioredis
 
 from services.indexer import redis_keys as keys
-from services.indexer.forget_rows import make_forget_rows
+from services.indexer.forget_rows import RebuildContinues, make_forget_rows
 from services.indexer.index_job import IndexJob
 from services.indexer.index_scheduler import mark_dirty
 from services.indexer.metrics import FORGOTTEN
@@ -192,7 +192,11 @@ class Forgetter:
             await self._tally(event, files=await asyncio.to_thread(tombstone_conversation, paths, event.conversation_id, deletion))
             await self._tally(event, stream_entries=await self._purge_stream(event, deletion))
         if paths.src.is_dir():
-            await self._tally(event, chunks=await self.rows.remove_conversation(paths, event.conversation_id, lock))
+            try:
+                await self._tally(event, chunks=await self.rows.remove_conversation(paths, event.conversation_id, lock))
+            except RebuildContinues as unfinished:
+                await self._tally(event, chunks=unfinished.chunks)
+                await mark_dirty(self.client, event.user_hash, None, self.s.index_debounce_s)
 
     async def _forget_user(self, paths: TenantPaths, entry_id: str, event: ForgetEvent) -> None:
         await asyncio.to_thread(tombstone_user, self.s.data_dir, paths.uhash, entry_id)

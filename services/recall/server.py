@@ -14,6 +14,7 @@ from contextlib import asynccontextmanager
 from datetime import datetime, timezone
 from typing import Annotated
 
+import redis.asyncio as aioredis
 from fastmcp import FastMCP
 from fastmcp.server.dependencies import get_access_token
 from pydantic import Field
@@ -42,7 +43,6 @@ from shared.index_requests import IndexRequests
 from shared.logging_setup import configure_logging, get_logger
 from shared.metrics_http import metrics_endpoint
 from shared.recall_answer_format import BUSY, EMPTY_QUERY, NO_MEMORY, NOTHING, UNAVAILABLE
-from shared.redis_client import async_redis
 from shared.stream_schema import FORGET_CHANNEL
 from shared.tenant_paths import TenantPaths, user_hash
 from shared.unexpected_http import UnexpectedHTTPErrors
@@ -171,7 +171,9 @@ async def _drop_forgotten(s: RecallSettings, backend: RecallBackend) -> None:
     cached handle goes: one of them may belong to a tenant forgotten meanwhile."""
     missed = False
     while True:
-        client = async_redis(s.redis)
+        # Not the services' retrying client (shared/redis_client.py): its pub/sub would reconnect and
+        # subscribe again by itself, and the gap (a forget announced meanwhile) would go unseen.
+        client = aioredis.Redis.from_url(s.redis)
         try:
             async with client.pubsub() as pubsub:
                 await pubsub.subscribe(FORGET_CHANNEL)
