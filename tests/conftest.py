@@ -344,7 +344,9 @@ def postgres_cluster() -> Iterator[tuple[str, Callable[[], None]]]:
     subprocess.run([*as_user, initdb, "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8"],
                    check=True, capture_output=True)
     subprocess.run([*as_user, pg_ctl, "-D", str(data), "-l", str(base / "log"), "-w", "start", "-o",
-                    f"-p {port} -k {base} -c listen_addresses=127.0.0.1 -F"], check=True, capture_output=True)
+                    # 300 connections, as deployed: one worker's session runs many services and stores against
+                    # it, and at the default 100 a slow run met "too many clients" (a clean clone under load)
+                    f"-p {port} -k {base} -c listen_addresses=127.0.0.1 -c max_connections=300 -F"], check=True, capture_output=True)
 
     def stop_cluster() -> None:
         subprocess.run([*as_user, pg_ctl, "-D", str(data), "-m", "fast", "-w", "stop"], capture_output=True)
