@@ -55,6 +55,7 @@ if TYPE_CHECKING:
 BIN = Path(sys.executable).parent
 READY_TIMEOUT_S = 120.0
 REDIS_RESTART_WINDOW_S = 30.0  # a Redis that dies again this soon is failing, not killed once
+REDIS_STOP_S = 10.0  # SIGTERM to SIGKILL: Redis fsyncs its AOF meanwhile
 STOP_MARGIN_S = 5.0  # past a part's own RECALL_STOP_GRACE_S: the time to close up after its last request
 
 
@@ -186,9 +187,9 @@ def run_stack() -> int:
         grace = s.stop_grace_s + STOP_MARGIN_S
         stop_children([c for c in children if c.name != "indexer"], grace)
         stop_children([c for c in children if c.name == "indexer"], grace)
-        if redis_server is not None and not redis_server.stop():
-            print(f"recall up: the embedded redis-server did not stop within 10 s of SIGTERM; killed it (its AOF may "
-                  "lack the last second of writes)", file=sys.stderr, flush=True)
+        if redis_server is not None and not redis_server.stop(REDIS_STOP_S):
+            print(f"recall up: the embedded redis-server did not stop within {REDIS_STOP_S:g} s of SIGTERM; killed it "
+                  "(its AOF may lack the last second of writes)", file=sys.stderr, flush=True)
         remove_info(data_dir)
         lock.release()
     print("recall up: stopped", flush=True)

@@ -19,6 +19,9 @@ from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 RETRIES = 2
+# How long a /readyz waits for Redis: within the manifests' probe timeout (3 s), whatever the client's
+# socket timeout (ingest 2 s, the indexer 10 s) would let a hung Redis take.
+READY_CHECK_S = 1.0
 
 
 def retry_options() -> dict[str, Any]:

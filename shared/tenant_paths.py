@@ -59,8 +59,9 @@ class TenantPaths:
 
     @property
     def funes_rebuild(self) -> Path:
-        """Marks a tenant whose snapshot rewrote lines funes had stored (funes is append-only): its
-        next funes index run starts from an empty memory (services/indexer/index_job.py)."""
+        """Marks a tenant whose funes memory must be rebuilt (funes is append-only): a snapshot
+        rewrote lines it had stored, or a conversation was forgotten with a funes that has no
+        `forget`. Its next funes index run starts from an empty memory (services/indexer/index_job.py)."""
         return self.root / ".funes-rebuild"
 
     def transcript(self, conversation_id: str) -> Path:

@@ -34,12 +34,11 @@ from shared.engine.embedder import Embedder
 from shared.error_site import exception_site, loggable_failure, new_incident
 from shared.logging_setup import get_logger
 from shared.metrics_http import metrics_endpoint
-from shared.redis_client import async_redis, retry_options
+from shared.redis_client import READY_CHECK_S, async_redis, retry_options
 from shared.stream_schema import decode_fields, ensure_group, ensure_group_async
 from shared.unexpected_http import UnexpectedHTTPErrors, route_of
 
 log = get_logger("recall.indexer")
-READY_REDIS_TIMEOUT_S = 1.0  # /readyz's ping
 
 
 def build_broker(settings: IndexerSettings, consumer: StreamConsumer) -> RedisBroker:
@@ -112,8 +111,7 @@ def _http_app(client: aioredis.Redis, storage: StorageProbe) -> Starlette:
 
     async def readyz(request: Request) -> JSONResponse:
         try:
-            # Within the probe's timeout (3 s): the client waits up to 10 s for a Redis that hangs.
-            await asyncio.wait_for(client.ping(), READY_REDIS_TIMEOUT_S)
+            await asyncio.wait_for(client.ping(), READY_CHECK_S)
         except Exception:
             return JSONResponse({"status": "redis unreachable"}, status_code=503)
         if storage.reason is not None:

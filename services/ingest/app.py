@@ -44,7 +44,7 @@ from shared.logging_setup import get_logger
 from shared.metrics_http import metrics_endpoint
 from shared.raw_url import NOT_UTF8, not_utf8_parameters, query_pairs
 from shared.recall_answer_format import looks_like_recall_answer
-from shared.redis_client import async_redis
+from shared.redis_client import READY_CHECK_S, async_redis
 from shared.stream_schema import (
     RETENTION_OVERRIDES,
     STORAGE_UNWRITABLE,
@@ -82,7 +82,6 @@ class StorageState(NamedTuple):
 # An error body lists at most this many fields: a 2 MB body of 200,000 unknown keys (or a URL of
 # thousands of unknown query parameters) must not earn a reply several times its own size.
 MAX_LISTED_FIELDS = 20
-READY_REDIS_TIMEOUT_S = 1.0  # /readyz's question to Redis (IngestAPI.readyz)
 REDIS_TIMEOUT_S = 2.0  # any other command's answer
 
 
@@ -458,9 +457,7 @@ class IngestAPI:
         shared by every replica), all replicas would leave the Service at once and callers would
         get connection errors, not the 503 they can retry on."""
         try:
-            # Within the probe's own timeout (3 s in the manifests): a Redis that accepts and never
-            # answers would otherwise fail the probe after the client's 5 s socket timeout.
-            unwritable = await asyncio.wait_for(self.redis.get(STORAGE_UNWRITABLE), READY_REDIS_TIMEOUT_S)
+            unwritable = await asyncio.wait_for(self.redis.get(STORAGE_UNWRITABLE), READY_CHECK_S)
         except Exception:
             return JSONResponse({"status": "ready; turns and forgets refused (503): redis unreachable"})
         if unwritable is not None:  # forgets are still accepted
