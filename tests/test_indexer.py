@@ -96,6 +96,36 @@ async def test_out_of_order_snapshots_never_regress_a_conversation(tmp_path, red
     await client.aclose()
 
 
+async def test_an_edited_snapshot_redelivered_after_a_crash_still_rebuilds_the_funes_memory(tmp_path, redis_url, r):
+    """The worker died after writing the edited text and before the rest of its handling: the
+    redelivery finds the file as sent (an append to what is there), so only a mark made before
+    the write tells funes mode that stored lines changed."""
+    from services.indexer.snapshot_writer import WriteResult, write_snapshot
+    from services.indexer.stream_consumer import store_snapshot
+
+    settings = IndexerSettings(data_dir=tmp_path / "data", redis_url=redis_url, engine="funes")
+    uh = user_hash("dora")
+    paths = TenantPaths.for_hash(settings.data_dir, uh)
+
+    def event(answer: str) -> TurnsEvent:
+        return TurnsEvent(user_hash=uh, conversation_id="budget", received_at=time.time(),
+                          turns=[StreamTurn(id="q", role="user", text="KESTREL budget?", ts="2026-10-08T10:00:00Z"),
+                                 StreamTurn(id="a", role="assistant", text=answer, ts="2026-10-08T10:00:05Z")])
+
+    assert write_snapshot(paths, event("48k"), "1000-0", tell_rewrites=True) is WriteResult.WRITTEN
+    assert not paths.funes_rebuild.exists()
+    assert write_snapshot(paths, event("52k"), "2000-0", tell_rewrites=True) is WriteResult.REWRITTEN  # then killed
+    import redis.asyncio as aioredis
+
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        assert await store_snapshot(client, settings, event("52k"), "2000-0", wait_s=5) is WriteResult.WRITTEN
+    finally:
+        await client.aclose()
+    assert "52k" in paths.transcript("budget").read_text()
+    assert paths.funes_rebuild.exists(), "the edit would stay unseen: funes keeps the line it stored first"
+
+
 async def test_a_forget_leaves_no_user_words_cached_in_the_indexer_process(tmp_path, redis_url, r):
     from shared.engine.text_analysis import stem
 

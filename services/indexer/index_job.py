@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
+from services.indexer.snapshot_writer import mark_rebuild
 from shared.engine.memory_lock import CONTENTION_MESSAGE, MemoryBusy
 from shared.funes_env import funes_tmp, start_funes
 from shared.redis_lock import RedisLock
@@ -109,7 +110,7 @@ class FunesIndexJob:
 
     async def remove_deleted(self, paths: TenantPaths, lock: RedisLock | None = None) -> None:
         # funes is append-only: a deletion is a rebuild of the memory from the remaining files.
-        await asyncio.to_thread(paths.funes_rebuild.touch)
+        await asyncio.to_thread(mark_rebuild, paths)
         await self.run(paths, lock=lock)
 
     def rebuild_timeout(self, paths: TenantPaths) -> float:

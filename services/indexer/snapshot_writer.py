@@ -76,6 +76,12 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def mark_rebuild(paths: TenantPaths) -> None:
+    """Mark the tenant's funes memory for a rebuild (TenantPaths.funes_rebuild), durably."""
+    paths.funes_rebuild.touch()
+    _fsync_dir(paths.root)
+
+
 def version_file(paths: TenantPaths, conversation_id: str) -> Path:
     return paths.src / f".{conversation_id}.version"
 
@@ -119,6 +125,10 @@ def write_snapshot(paths: TenantPaths, event: TurnsEvent, entry_id: str, tell_re
         appended = not tell_rewrites or body.startswith(target.read_text(encoding="utf-8"))
     except FileNotFoundError:
         appended = True
+    if not appended:
+        # Marked before the text changes: a worker killed after the write left a redelivery
+        # that finds the file already as sent (an append, so no mark) and funes kept the first text.
+        mark_rebuild(paths)
     _atomic_write(target, body)
     _atomic_write(vfile, entry_id)
     _fsync_dir(paths.src)
