@@ -86,11 +86,13 @@ async def test_a_retention_forget_keeps_a_conversation_resumed_before_it_was_car
     [(forget_id, forget_fields)] = [(i, f) for i, f in r.xrange(settings.stream) if f["kind"] == "forget_conversation"]
     if written_first == "forget":
         await consumer.handle(forget_id, forget_fields, 1)
+        await consumer.forgets.join()
         assert r.xrange(settings.stream, min=resumed_id, max=resumed_id), "the resumed snapshot is not purged"
         await consumer.handle(resumed_id, resumed.fields(), 1)
     else:
         await consumer.handle(resumed_id, resumed.fields(), 1)
         await consumer.handle(forget_id, forget_fields, 1)
+        await consumer.forgets.join()
     assert "picked up again today" in tenant.transcript("c").read_text(), "the resumed conversation stays"
     receipt = DeletionReceipt.model_validate_json(r.hget(deletion_key(parse_event(forget_fields).receipt), "record"))
     assert receipt.status == "done"

@@ -265,6 +265,54 @@ def test_a_long_forget_is_not_reclaimed_and_run_twice(services, service_env, tmp
     assert worker.output().count('"forget.done"') == 1
 
 
+def test_forgets_waiting_for_one_users_lock_do_not_hold_back_other_users_turns_nor_a_stop(services, service_env, r):
+    """Each forget waits for its user's index lock; in the message slots, six of one user took all
+    four of a worker's slots and nobody else's turns were stored until that lock came free. Held
+    beside the slots, they stay pending: a stopping worker leaves them to the next one."""
+    from services.indexer import redis_keys as keys
+
+    services("ingest")
+    worker = services("indexer")
+    for i in range(6):
+        post_conversation(service_env, "alice", f"a{i}", [f"Alice note {i} about KESTREL."])
+    assert wait_until(lambda: indexed_chunks(service_env, "alice") == 6, 30)
+    lock = keys.index_lock(user_hash("alice"))
+    r.set(lock, "a long rebuild elsewhere", px=120_000)  # as another worker's rebuild holds it
+    receipts = [delete(service_env, f"/conversations/a{i}", user="alice")["receipt"] for i in range(6)]
+    def metrics() -> str:  # the indexer's port may move when it is started again
+        return httpx.get(f"http://127.0.0.1:{service_env['RECALL_INDEXER_PORT']}/metrics", timeout=10).text
+
+    assert wait_until(lambda: "recall_indexer_forgets_held 6.0" in metrics(), 20)
+    post_conversation(service_env, "bob", "b1", ["Bob's turn, posted behind alice's forgets."])
+    assert wait_until(lambda: indexed_chunks(service_env, "bob") == 1, 20), "bob's turn waited for alice's lock"
+    assert r.xpending("recall:turns", "indexers")["pending"] == 6, "the forgets stay pending until done"
+    assert all(receipt_done(service_env, receipt) is None for receipt in receipts)
+    started = time.monotonic()
+    assert worker.terminate(timeout=30) == 0
+    assert time.monotonic() - started < 15, "a stop waited for forgets that had not begun"
+    services("indexer")
+    r.delete(lock)
+    assert wait_until(lambda: all(receipt_done(service_env, receipt) for receipt in receipts), 60)
+    assert indexed_chunks(service_env, "alice") == 0
+    assert wait_until(lambda: r.xpending("recall:turns", "indexers")["pending"] == 0, 10)
+    assert wait_until(lambda: "recall_indexer_forgets_held 0.0" in metrics(), 10)
+
+
+def test_a_worker_whose_held_forgets_are_full_still_stops_within_seconds(services, service_env, r):
+    """Past RECALL_FORGETS_HELD the message handlers wait for room; the stop must not wait on them."""
+    from services.indexer import redis_keys as keys
+
+    services("ingest")
+    worker = services("indexer", RECALL_FORGETS_HELD="1")
+    r.set(keys.index_lock(user_hash("alice")), "a long rebuild elsewhere", px=120_000)
+    for i in range(3):
+        delete(service_env, f"/conversations/a{i}", user="alice")
+    assert wait_until(lambda: r.xpending("recall:turns", "indexers")["pending"] == 3, 20)
+    started = time.monotonic()
+    assert worker.terminate(timeout=30) == 0
+    assert time.monotonic() - started < 15
+
+
 def test_a_forget_does_not_wait_for_a_long_index_run_of_the_user(services, service_env, funes_with_a_long_first_import):
     slow, started = funes_with_a_long_first_import
     services("ingest")

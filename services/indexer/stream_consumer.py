@@ -17,6 +17,7 @@ import redis.asyncio as aioredis
 from pydantic import ValidationError
 
 from services.indexer import redis_keys as keys
+from services.indexer.forget_queue import ForgetQueue
 from services.indexer.forgetting import Forgetter
 from services.indexer.index_scheduler import mark_dirty
 from services.indexer.metrics import DEAD_LETTERS, RETRIES, SNAPSHOTS
@@ -70,7 +71,8 @@ class StreamConsumer:
     def __init__(self, client: aioredis.Redis, settings: IndexerSettings, forgetter: Forgetter) -> None:
         self.client = client
         self.s = settings
-        self.forgetter = forgetter
+        self.forgets = ForgetQueue(forgetter, self.ack, self._heartbeat, settings.forget_concurrency,
+                                   settings.forgets_held)
 
     async def handle(self, entry_id: str, fields: dict, deliveries: int) -> None:
         if deliveries > 1:
@@ -83,10 +85,9 @@ class StreamConsumer:
         try:
             event = self._parse(fields)
             if isinstance(event, ForgetEvent):
-                async with self._heartbeat(entry_id):  # a forget may rebuild a whole memory
-                    await self.forgetter.forget(entry_id, event)
-            else:
-                await self._store(entry_id, event)
+                await self.forgets.submit(entry_id, event)  # acked there once carried out
+                return
+            await self._store(entry_id, event)
         except Poison as exc:
             await self.dead_letter(entry_id, fields, deliveries, str(exc))
             return
@@ -100,11 +101,14 @@ class StreamConsumer:
         async def beat() -> None:
             while True:
                 await asyncio.sleep(self.s.reclaim_idle_ms / 3000)
-                pending = await self.client.xpending_range(self.s.stream, self.s.group, entry_id, entry_id, 1)
-                if not pending:
-                    return
-                await self.client.xclaim(self.s.stream, self.s.group, pending[0]["consumer"], min_idle_time=0,
-                                         message_ids=[entry_id], justid=True)
+                try:
+                    pending = await self.client.xpending_range(self.s.stream, self.s.group, entry_id, entry_id, 1)
+                    if not pending:
+                        return
+                    await self.client.xclaim(self.s.stream, self.s.group, pending[0]["consumer"], min_idle_time=0,
+                                             message_ids=[entry_id], justid=True)
+                except aioredis.RedisError:
+                    pass  # Redis away for a moment: the next beat tries again (a dead task would let it be reclaimed)
 
         task = asyncio.create_task(beat())
         try:

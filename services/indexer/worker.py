@@ -23,7 +23,7 @@ from services.indexer import redis_keys
 from services.indexer.consumer_reaper import reap_forever
 from services.indexer.forgetting import Forgetter
 from services.indexer.index_job import EmbeddedIndexJob, make_index_job
-from services.indexer.index_scheduler import IndexScheduler
+from services.indexer.index_scheduler import FINISH_ON_STOP_S, IndexScheduler
 from services.indexer.metrics import INDEX_DUE, REEMBED_PENDING, STREAM_LENGTH, STREAM_PENDING, UNEXPECTED_ERRORS
 from services.indexer.reembed_job import schedule_stale_tenants
 from services.indexer.retention import RetentionSweeper
@@ -141,7 +141,8 @@ async def run_worker(settings: IndexerSettings) -> None:
     job = make_index_job(settings.engine, settings.funes_bin, settings.index_timeout_s)
     scheduler = IndexScheduler(client, job, settings.data_dir, settings.index_debounce_s, settings.index_lock_ttl_s,
                                settings.index_concurrency)
-    broker = build_broker(settings, StreamConsumer(client, settings, Forgetter(client, settings, job)))
+    consumer = StreamConsumer(client, settings, Forgetter(client, settings, job))
+    broker = build_broker(settings, consumer)
     storage = StorageProbe(client, settings.data_dir, settings.consumer)
     await storage.check()
     http = uvicorn.Server(uvicorn.Config(_http_app(client, storage), host=settings.indexer_host, port=settings.indexer_port,
@@ -169,8 +170,11 @@ async def run_worker(settings: IndexerSettings) -> None:
     log.info("indexer.stopping")
     watchdog.cancel()  # before the broker stops: its stopped subscribers are no fault then
     await asyncio.gather(watchdog, return_exceptions=True)
-    await broker.stop()  # waits for in-flight handlers
-    await scheduler.stop()  # a running index job gets a few seconds, then stops at its next checkpoint
+    # The broker waits for in-flight handlers, and a handler may wait for room among the held
+    # forgets, so those stop alongside: a running one gets a few seconds, then is cancelled (it
+    # stays pending and another worker is redelivered it), as a running index job does next.
+    await asyncio.gather(broker.stop(), consumer.forgets.stop(FINISH_ON_STOP_S))
+    await scheduler.stop()
     http.should_exit = True
     for t in tasks[:-1]:
         t.cancel()

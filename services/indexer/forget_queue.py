@@ -1,0 +1,91 @@
+"""Forget events carried out beside the stream's message slots, not in them.
+
+A forget waits for its user's index lock (up to the index timeout) and, in funes mode, may
+rebuild the whole memory. Handled in a message slot, a few forgets of one user held every slot
+of a worker while the first one ran, and every other user's turns waited behind them (~105 s
+in a fault trial). So the message handler hands a forget here and returns; its entry stays
+pending, kept from looking idle (so no other worker reclaims it), until the forget is done and
+acked, or failed (then the reclaimer redelivers it, as before).
+
+One user's forgets run one at a time, in the order they came; forgets of different users run
+`running` at once; past `held` forgets in this process the handler waits for room (the stream
+keeps the rest)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import AsyncContextManager
+
+from services.indexer.forgetting import Forgetter
+from services.indexer.metrics import FORGETS_HELD
+from shared.error_site import loggable_failure
+from shared.logging_setup import get_logger
+from shared.stream_schema import ForgetEvent
+
+log = get_logger("recall.indexer.forget")
+
+
+class ForgetQueue:
+    def __init__(self, forgetter: Forgetter, ack: Callable[[str], Awaitable[None]],
+                 keep_pending: Callable[[str], AsyncContextManager[None]], running: int, held: int) -> None:
+        self._forgetter, self._ack, self._keep_pending = forgetter, ack, keep_pending
+        self._running = asyncio.Semaphore(running)
+        self._room = asyncio.Semaphore(held)
+        self._tasks: dict[str, asyncio.Task] = {}  # entry id → its forget
+        self._users: dict[str, tuple[asyncio.Lock, int]] = {}  # user hash → (its turn, forgets held)
+        self._stopping = False
+
+    async def submit(self, entry_id: str, event: ForgetEvent) -> None:
+        """Take a forget; returns once it is held here (waiting only while the queue is full)."""
+        if entry_id in self._tasks:
+            return  # redelivered while held here (a stalled heartbeat): the one held acks it
+        await self._room.acquire()
+        if self._stopping:
+            self._room.release()
+            return  # stays pending: another worker reclaims it
+        turn, count = self._users.get(event.user_hash, (asyncio.Lock(), 0))
+        self._users[event.user_hash] = (turn, count + 1)
+        self._tasks[entry_id] = asyncio.create_task(self._carry_out(entry_id, event, turn))
+        FORGETS_HELD.set(len(self._tasks))
+
+    async def _carry_out(self, entry_id: str, event: ForgetEvent, turn: asyncio.Lock) -> None:
+        try:
+            async with self._keep_pending(entry_id), turn, self._running:
+                if self._stopping:
+                    return  # not begun: left pending for another worker
+                await self._forgetter.forget(entry_id, event)
+                await self._ack(entry_id)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.warning("message.failed", entry_id=entry_id, **loggable_failure(exc))  # the reclaimer redelivers it
+        finally:
+            self._release(entry_id, event.user_hash)
+
+    def _release(self, entry_id: str, uhash: str) -> None:
+        del self._tasks[entry_id]
+        turn, count = self._users[uhash]
+        if count == 1:
+            del self._users[uhash]
+        else:
+            self._users[uhash] = (turn, count - 1)
+        self._room.release()
+        FORGETS_HELD.set(len(self._tasks))
+
+    async def join(self) -> None:
+        """Until every forget held now is done, failed or cancelled."""
+        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+
+    async def stop(self, grace_s: float) -> None:
+        """Forgets not begun stay pending (another worker reclaims them); running ones get
+        `grace_s`, then are cancelled (a cancelled funes child is killed; the redelivery goes on)."""
+        self._stopping = True
+        tasks = list(self._tasks.values())
+        if not tasks:
+            return
+        _, late = await asyncio.wait(tasks, timeout=grace_s)
+        for task in late:
+            task.cancel()
+        await asyncio.gather(*late, return_exceptions=True)
+
