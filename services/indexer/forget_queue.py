@@ -8,8 +8,8 @@ pending, kept from looking idle (so no other worker reclaims it), until the forg
 acked, or failed (then the reclaimer redelivers it, as before).
 
 One user's forgets run one at a time, in the order they came; forgets of different users run
-`running` at once; past `held` forgets in this process the handler waits for room (the stream
-keeps the rest)."""
+`running` at once, counted from when each holds its user's index lock; past `held` forgets in
+this process the handler waits for room (the stream keeps the rest)."""
 
 from __future__ import annotations
 
@@ -32,35 +32,53 @@ class ForgetQueue:
         self._forgetter, self._ack, self._keep_pending = forgetter, ack, keep_pending
         self._running = asyncio.Semaphore(running)
         self._room = asyncio.Semaphore(held)
-        self._tasks: dict[str, asyncio.Task] = {}  # entry id → its forget
+        self._tasks: dict[str, asyncio.Task] = {}  # entry id → its forget (admitted or waiting for room)
         self._users: dict[str, tuple[asyncio.Lock, int]] = {}  # user hash → (its turn, forgets held)
         self._stopping = False
 
+    def holds(self, entry_id: str) -> bool:
+        """Whether this entry is held here: a redelivery of it (a late heartbeat) is not a new
+        forget, nor a failed one to dead-letter."""
+        return entry_id in self._tasks
+
     async def submit(self, entry_id: str, event: ForgetEvent) -> None:
-        """Take a forget; returns once it is held here (waiting only while the queue is full)."""
-        if entry_id in self._tasks:
-            return  # redelivered while held here (a stalled heartbeat): the one held acks it
-        await self._room.acquire()
-        if self._stopping:
-            self._room.release()
-            return  # stays pending: another worker reclaims it
+        """Take a forget; returns once it is admitted (waiting only while `held` forgets are)."""
+        if self._stopping or entry_id in self._tasks:
+            return  # stays pending for another worker; or already held here, which acks it
         turn, count = self._users.get(event.user_hash, (asyncio.Lock(), 0))
         self._users[event.user_hash] = (turn, count + 1)
-        self._tasks[entry_id] = asyncio.create_task(self._carry_out(entry_id, event, turn))
+        admitted = asyncio.Event()
+        task = asyncio.create_task(self._carry_out(entry_id, event, turn, admitted))
+        self._tasks[entry_id] = task
         FORGETS_HELD.set(len(self._tasks))
-
-    async def _carry_out(self, entry_id: str, event: ForgetEvent, turn: asyncio.Lock) -> None:
+        waiting = asyncio.create_task(admitted.wait())
         try:
-            async with self._keep_pending(entry_id), turn, self._running:
-                if self._stopping:
-                    return  # not begun: left pending for another worker
-                await self._forgetter.forget(entry_id, event)
-                await self._ack(entry_id)
+            await asyncio.wait([waiting, task], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiting.cancel()
+
+    async def _carry_out(self, entry_id: str, event: ForgetEvent, turn: asyncio.Lock, admitted: asyncio.Event) -> None:
+        roomed = False
+        try:
+            # Kept from looking idle from the start: one waiting for room was reclaimed and held twice.
+            async with self._keep_pending(entry_id):
+                await self._room.acquire()
+                roomed = True
+                admitted.set()
+                async with turn:
+                    if self._stopping:
+                        return  # not begun: left pending for another worker
+                    # The forget slot is taken once the user's index lock is held: a forget waiting
+                    # for a lock another worker holds (its rebuild) takes no slot from other users.
+                    await self._forgetter.forget(entry_id, event, slot=self._running)
+                    await self._ack(entry_id)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             log.warning("message.failed", entry_id=entry_id, **loggable_failure(exc))  # the reclaimer redelivers it
         finally:
+            if roomed:
+                self._room.release()
             self._release(entry_id, event.user_hash)
 
     def _release(self, entry_id: str, uhash: str) -> None:
@@ -70,7 +88,6 @@ class ForgetQueue:
             del self._users[uhash]
         else:
             self._users[uhash] = (turn, count - 1)
-        self._room.release()
         FORGETS_HELD.set(len(self._tasks))
 
     async def join(self) -> None:
@@ -88,4 +105,3 @@ class ForgetQueue:
         for task in late:
             task.cancel()
         await asyncio.gather(*late, return_exceptions=True)
-

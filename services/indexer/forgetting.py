@@ -139,10 +139,13 @@ class Forgetter:
         self.rows = make_forget_rows(settings.engine, settings.funes_bin, job, settings.index_timeout_s)
         self.compaction = DurableCompaction(client, [settings.stream, dead_letter_stream(settings.stream)])
 
-    async def forget(self, entry_id: str, event: ForgetEvent) -> None:
+    async def forget(self, entry_id: str, event: ForgetEvent,
+                     slot: contextlib.AbstractAsyncContextManager = contextlib.nullcontext()) -> None:
+        """Carry the forget out; `slot` is entered once the user's index lock is held (a worker's
+        limit on forgets at work, so one waiting for a lock takes none)."""
         paths = TenantPaths.for_hash(self.s.data_dir, event.user_hash)
         lock = RedisLock(self.client, keys.index_lock(event.user_hash), self.s.index_lock_ttl_s)
-        async with self._index_run_yielded(event.user_hash), lock.held(wait_s=self.s.index_timeout_s, renew=True):
+        async with self._index_run_yielded(event.user_hash), lock.held(wait_s=self.s.index_timeout_s, renew=True), slot:
             if event.kind == "forget_conversation":
                 await self._forget_conversation(paths, event, entry_id, lock)
             else:

@@ -18,8 +18,8 @@ STREAM_PENDING = Gauge("recall_stream_pending", "Entries delivered to a worker a
 INDEX_DUE = Gauge("recall_index_due_users", "Users whose memory waits for an index run.")
 INDEX_RUNNING = Gauge("recall_index_jobs_running", "Index jobs running in this worker.")
 FORGETS_HELD = Gauge("recall_indexer_forgets_held",
-                     "Forget events this worker holds beside its message slots: running, or waiting for their "
-                     "user's earlier forget or a free forget slot (their stream entries stay pending until done).")
+                     "Forget events this worker holds beside its message slots: running, or waiting for room, their "
+                     "user's earlier forget, its index lock or a free forget slot (their stream entries stay pending until done).")
 
 # Series exist from the start (at 0), so dashboards and alerts see them before the first event.
 for _reason in ("invalid event", "max deliveries exceeded"):

@@ -77,6 +77,8 @@ class StreamConsumer:
     async def handle(self, entry_id: str, fields: dict, deliveries: int) -> None:
         if deliveries > 1:
             RETRIES.inc()
+        if self.forgets.holds(entry_id):
+            return  # a forget at work here, reclaimed all the same (a late heartbeat): not failed, not new
         if deliveries > self.s.max_deliveries:
             await self.dead_letter(entry_id, fields, deliveries, "max deliveries exceeded")
             return

@@ -1,0 +1,108 @@
+"""Forgets held beside the stream's message slots (services/indexer/forget_queue.py): each is
+carried out once, stays pending until then, and is never dead-lettered while at work."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import redis.asyncio as aioredis
+from prometheus_client import REGISTRY
+
+from services.indexer import redis_keys as keys
+from services.indexer.forgetting import Forgetter
+from services.indexer.index_job import EmbeddedIndexJob
+from services.indexer.settings import IndexerSettings
+from services.indexer.stream_consumer import StreamConsumer
+from services.indexer.worker import build_broker
+from shared.stream_schema import ForgetEvent, ensure_group_async
+
+
+def forgotten_users() -> float:
+    return REGISTRY.get_sample_value("recall_forgotten_total", {"kind": "forget_user", "reason": "request"})
+
+
+def user_forget(user_hash: str) -> ForgetEvent:
+    return ForgetEvent(kind="forget_user", user_hash=user_hash, receipt=f"r-{user_hash[:4]}", received_at=time.time())
+
+
+@pytest.fixture
+async def client(redis_url, r):
+    r.flushdb()
+    client = aioredis.Redis.from_url(redis_url)
+    yield client
+    await client.aclose()
+
+
+async def test_forgets_waiting_for_room_stay_pending_and_each_is_carried_out_once(client, redis_url, tmp_path):
+    """With room for one forget, the others' handlers wait; their entries were left without a
+    heartbeat, so the reclaimer took them meanwhile and each was held, and carried out, twice."""
+    settings = IndexerSettings(data_dir=tmp_path, redis_url=redis_url, consumer="w1", forgets_held=1,
+                               reclaim_idle_ms=400, retry_backoff_s=0.05)
+    await ensure_group_async(client, settings.stream, settings.group)
+    consumer = StreamConsumer(client, settings, Forgetter(client, settings, EmbeddedIndexJob(settings.index_timeout_s)))
+    users = [c * 24 for c in "abc"]
+    await client.set(keys.index_lock(users[0]), "an index run elsewhere", px=2500)  # the first forget waits for it
+    before = forgotten_users()
+    broker = build_broker(settings, consumer)
+    await broker.start()
+    try:
+        for user in users:
+            await client.xadd(settings.stream, user_forget(user).fields())
+        deadline = time.monotonic() + 30
+        while (await client.xpending(settings.stream, settings.group))["pending"] or forgotten_users() - before < 3:
+            assert time.monotonic() < deadline, await client.xpending(settings.stream, settings.group)
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(1.0)  # time for a duplicate to show
+    finally:
+        await broker.stop()
+    assert forgotten_users() - before == 3
+    assert await client.xlen(f"{settings.stream}:dead") == 0
+    assert REGISTRY.get_sample_value("recall_indexer_forgets_held") == 0
+    # Its room is whole: a held twice gave back one place too few, and with none left every
+    # later forget's handler waited for good.
+    event = user_forget("e" * 24)
+    await client.set(keys.index_lock(event.user_hash), "an index run elsewhere", px=60_000)
+    await asyncio.wait_for(consumer.handle("9999999999999-0", event.fields(), 1), 5)
+    assert consumer.forgets.holds("9999999999999-0")
+    await consumer.forgets.stop(0.1)
+
+
+async def test_a_held_forget_redelivered_past_max_deliveries_is_not_dead_lettered(client, redis_url, tmp_path):
+    settings = IndexerSettings(data_dir=tmp_path, redis_url=redis_url, consumer="w1", max_deliveries=5)
+    await ensure_group_async(client, settings.stream, settings.group)
+    consumer = StreamConsumer(client, settings, Forgetter(client, settings, EmbeddedIndexJob(settings.index_timeout_s)))
+    event = user_forget("d" * 24)
+    await client.set(keys.index_lock(event.user_hash), "an index run elsewhere", px=60_000)
+    entry_id = (await client.xadd(settings.stream, event.fields())).decode()
+    await client.xreadgroup(settings.group, "w1", {settings.stream: ">"})
+    before = forgotten_users()
+    await consumer.handle(entry_id, event.fields(), 5)  # held: it waits for the user's lock
+    await consumer.handle(entry_id, event.fields(), 6)  # reclaimed all the same (a late heartbeat)
+    assert await client.xlen(f"{settings.stream}:dead") == 0, "a forget at work was dead-lettered"
+    await client.delete(keys.index_lock(event.user_hash))
+    await consumer.forgets.join()
+    assert forgotten_users() - before == 1
+    assert (await client.xpending(settings.stream, settings.group))["pending"] == 0
+
+
+async def test_a_forget_waiting_for_a_lock_held_elsewhere_takes_no_slot_from_other_users(client, redis_url, tmp_path):
+    """One forget slot: a forget whose user's lock another worker holds (a long rebuild) took it
+    while it waited, and every other user's forget on this worker waited too."""
+    settings = IndexerSettings(data_dir=tmp_path, redis_url=redis_url, consumer="w1", forget_concurrency=1)
+    await ensure_group_async(client, settings.stream, settings.group)
+    consumer = StreamConsumer(client, settings, Forgetter(client, settings, EmbeddedIndexJob(settings.index_timeout_s)))
+    blocked, free = user_forget("f" * 24), user_forget("0" * 24)
+    await client.set(keys.index_lock(blocked.user_hash), "a rebuild on another worker", px=60_000)
+    before = forgotten_users()
+    for event in (blocked, free):
+        entry_id = (await client.xadd(settings.stream, event.fields())).decode()
+        await consumer.handle(entry_id, event.fields(), 1)
+    deadline = time.monotonic() + 10
+    while forgotten_users() - before < 1:
+        assert time.monotonic() < deadline, "the free user's forget waited for another user's lock"
+        await asyncio.sleep(0.05)
+    await client.delete(keys.index_lock(blocked.user_hash))
+    await consumer.forgets.join()
+    assert forgotten_users() - before == 2
