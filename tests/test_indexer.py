@@ -96,11 +96,16 @@ async def test_out_of_order_snapshots_never_regress_a_conversation(tmp_path, red
     await client.aclose()
 
 
-async def test_an_edited_snapshot_redelivered_after_a_crash_still_rebuilds_the_funes_memory(tmp_path, redis_url, r):
-    """The worker died after writing the edited text and before the rest of its handling: the
-    redelivery finds the file as sent (an append to what is there), so only a mark made before
-    the write tells funes mode that stored lines changed."""
-    from services.indexer.snapshot_writer import WriteResult, write_snapshot
+async def test_an_edited_snapshot_redelivered_after_a_crash_still_rebuilds_the_funes_memory(tmp_path, redis_url, r,
+                                                                                        monkeypatch):
+    """The user's index run took the rebuild mark made before the edited text was written (and
+    indexed the old text); the worker was killed after the write, before marking again. The
+    redelivery found the file as sent (an append to what is there) and marked nothing: funes
+    kept the first text for good."""
+    import redis.asyncio as aioredis
+
+    from services.indexer import snapshot_writer
+    from services.indexer.snapshot_writer import WriteResult
     from services.indexer.stream_consumer import store_snapshot
 
     settings = IndexerSettings(data_dir=tmp_path / "data", redis_url=redis_url, engine="funes")
@@ -112,18 +117,31 @@ async def test_an_edited_snapshot_redelivered_after_a_crash_still_rebuilds_the_f
                           turns=[StreamTurn(id="q", role="user", text="KESTREL budget?", ts="2026-10-08T10:00:00Z"),
                                  StreamTurn(id="a", role="assistant", text=answer, ts="2026-10-08T10:00:05Z")])
 
-    assert write_snapshot(paths, event("48k"), "1000-0", tell_rewrites=True) is WriteResult.WRITTEN
-    assert not paths.funes_rebuild.exists()
-    assert write_snapshot(paths, event("52k"), "2000-0", tell_rewrites=True) is WriteResult.REWRITTEN  # then killed
-    import redis.asyncio as aioredis
+    class Killed(BaseException):
+        pass
+
+    real_mark, marks = snapshot_writer.mark_rebuild, []
+
+    def mark_taken_by_an_index_run_then_killed(tenant: TenantPaths) -> None:
+        marks.append(tenant)
+        if len(marks) > 1:
+            raise Killed()
+        real_mark(tenant)
+        tenant.funes_rebuild.unlink()  # the run empties the memory, drops the mark, indexes the old text
 
     client = aioredis.Redis.from_url(redis_url)
     try:
-        assert await store_snapshot(client, settings, event("52k"), "2000-0", wait_s=5) is WriteResult.WRITTEN
+        assert await store_snapshot(client, settings, event("48k"), "1000-0", wait_s=5) is WriteResult.WRITTEN
+        monkeypatch.setattr(snapshot_writer, "mark_rebuild", mark_taken_by_an_index_run_then_killed)
+        with pytest.raises(Killed):
+            await store_snapshot(client, settings, event("52k"), "2000-0", wait_s=5)
+        monkeypatch.setattr(snapshot_writer, "mark_rebuild", real_mark)
+        assert "52k" in paths.transcript("budget").read_text() and not paths.funes_rebuild.exists()
+        await store_snapshot(client, settings, event("52k"), "2000-0", wait_s=5)  # the redelivery
     finally:
         await client.aclose()
-    assert "52k" in paths.transcript("budget").read_text()
     assert paths.funes_rebuild.exists(), "the edit would stay unseen: funes keeps the line it stored first"
+    assert [p.name for p in paths.src.iterdir() if p.name.endswith(".rewriting")] == []
 
 
 async def test_a_forget_leaves_no_user_words_cached_in_the_indexer_process(tmp_path, redis_url, r):

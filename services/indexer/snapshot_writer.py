@@ -86,6 +86,11 @@ def version_file(paths: TenantPaths, conversation_id: str) -> Path:
     return paths.src / f".{conversation_id}.version"
 
 
+def rewrite_file(paths: TenantPaths, conversation_id: str) -> Path:
+    """The stream id of a snapshot being written over stored lines (funes mode), while it is."""
+    return paths.src / f".{conversation_id}.rewriting"
+
+
 def user_tombstone(data_dir: Path, uhash: str) -> Path:
     """Written when a user is forgotten (the tenant directory itself is removed): snapshots
     accepted before the deletion must not bring the user back. It holds no user data."""
@@ -125,12 +130,23 @@ def write_snapshot(paths: TenantPaths, event: TurnsEvent, entry_id: str, tell_re
         appended = not tell_rewrites or body.startswith(target.read_text(encoding="utf-8"))
     except FileNotFoundError:
         appended = True
+    # funes mode, stored lines changed: the tenant's rebuild is marked before the text changes and
+    # again after it (an index run may take the first mark while the old text is still there),
+    # and the rewrite is recorded until both are made: a worker killed between the write and the
+    # second mark left a redelivery that found the file as sent (an append) and marked nothing,
+    # and funes kept the first text.
+    rewriting = rewrite_file(paths, event.conversation_id)
+    if tell_rewrites and appended and _read_version(rewriting) == mine:
+        appended = False  # this very snapshot was being written as a rewrite when its worker died
     if not appended:
-        # Marked before the text changes: a worker killed after the write left a redelivery
-        # that finds the file already as sent (an append, so no mark) and funes kept the first text.
+        _atomic_write(rewriting, entry_id)
         mark_rebuild(paths)
     _atomic_write(target, body)
+    if not appended:
+        mark_rebuild(paths)
     _atomic_write(vfile, entry_id)
+    if not appended:
+        rewriting.unlink(missing_ok=True)
     _fsync_dir(paths.src)
     # A user deletion does not take conversation locks; if one landed while we wrote, undo
     # (in the tree the deletion set aside, or in a new one this write made: then leave none).
@@ -162,6 +178,7 @@ def tombstone_conversation(paths: TenantPaths, conversation_id: str, version: st
     if current is not None and current > deletion:
         return 0
     removed = _remove_leftover_temps(target)
+    rewrite_file(paths, conversation_id).unlink(missing_ok=True)  # the rebuild it marked forgets the rest
     if target.exists():
         target.unlink()
         removed += 1

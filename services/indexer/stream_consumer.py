@@ -22,7 +22,7 @@ from services.indexer.forgetting import Forgetter
 from services.indexer.index_scheduler import mark_dirty
 from services.indexer.metrics import DEAD_LETTERS, RETRIES, SNAPSHOTS
 from services.indexer.settings import IndexerSettings
-from services.indexer.snapshot_writer import WriteResult, mark_rebuild, write_snapshot
+from services.indexer.snapshot_writer import WriteResult, write_snapshot
 from shared.logging_setup import get_logger
 from shared.redis_lock import RedisLock
 from shared.stream_schema import ForgetEvent, StreamEvent, TurnsEvent, dead_letter_stream, parse_event
@@ -57,11 +57,6 @@ async def store_snapshot(client: aioredis.Redis, s: IndexerSettings, event: Turn
     lock = RedisLock(client, keys.conversation_lock(event.user_hash, event.conversation_id), 30)
     async with lock.held(wait_s=wait_s):
         result = await asyncio.to_thread(write_snapshot, paths, event, entry_id, s.engine == "funes")
-    if result is WriteResult.REWRITTEN:
-        # funes keeps every line it stored and skips a changed one: the tenant is rebuilt. Marked
-        # again after the write (write_snapshot marked it before): an index run that took the
-        # first mark while the old text was still on disk leaves this one for the next run.
-        await asyncio.to_thread(mark_rebuild, paths)
     if result is not WriteResult.STALE:
         await mark_dirty(client, event.user_hash, event.received_at, s.index_debounce_s)
     return result
