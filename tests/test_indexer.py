@@ -403,6 +403,30 @@ async def test_a_funes_job_is_killed_when_its_lock_is_lost(tmp_path, redis_url, 
         await client.aclose()
 
 
+async def test_a_funes_rebuild_cancelled_while_it_empties_the_memory_ends_only_once_it_is_empty(tmp_path):
+    """A run that yields or loses its lock gives the lock up as its cancellation ends. The
+    deletion used to go on in its thread after that, inside a memory the lock's next holder
+    (a forget's rebuild) was already writing."""
+    from services.indexer.index_job import FunesIndexJob
+    from services.indexer.snapshot_writer import mark_rebuild
+
+    paths = _tenant_with_conversations(tmp_path / "data", "lena", 1)
+    for d in range(40):
+        shard = paths.memory / "chunks.lance" / f"data-{d}"
+        shard.mkdir(parents=True)
+        for f in range(500):
+            (shard / f"{f}.lance").write_bytes(b"x")
+    mark_rebuild(paths)
+    lance = paths.memory / "chunks.lance"
+    run = asyncio.create_task(FunesIndexJob("/bin/true", timeout_s=60).run(paths))
+    while lance.exists() and sum(1 for _ in lance.glob("data-*")) == 40:
+        await asyncio.sleep(0.001)  # until the deletion is under way
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    assert not paths.memory.exists(), "the deletion went on after its run had ended"
+
+
 def test_a_funes_index_run_dies_with_an_indexer_killed_with_9(tmp_path):
     import os
     import signal

@@ -139,7 +139,7 @@ class FunesIndexJob:
         except FileNotFoundError:
             marked = None
         if marked is not None:
-            await asyncio.to_thread(_empty_memory, paths.memory)
+            await _to_the_end_in_thread(_empty_memory, paths.memory)
             with contextlib.suppress(FileNotFoundError):
                 if paths.funes_rebuild.stat().st_mtime_ns == marked:
                     paths.funes_rebuild.unlink()
@@ -165,9 +165,30 @@ class FunesIndexJob:
 
 
 def _empty_memory(memory: Path) -> None:
-    """The memory goes whole, or the rebuild fails: a row left behind could be a forgotten one."""
-    with contextlib.suppress(FileNotFoundError):
-        shutil.rmtree(memory)
+    """The memory goes whole, or the rebuild fails: a row left behind could be a forgotten one.
+    A file already gone is no failure; one the deletion could not remove, or one made meanwhile, is."""
+    def gone_already(function, path, exc_info) -> None:
+        if not issubclass(exc_info[0], FileNotFoundError):
+            raise exc_info[1]
+
+    shutil.rmtree(memory, onerror=gone_already)
+    if memory.exists():
+        raise OSError(f"{memory.name} still holds files after it was emptied")
+
+
+async def _to_the_end_in_thread(function: Callable[..., None], *args) -> None:
+    """Run `function` in a thread; a cancellation (a lost or yielded lock) waits for it to end
+    before it goes on: the caller's lock is released next, and a deletion still at work in the
+    memory would delete what the lock's next holder writes there."""
+    work = asyncio.ensure_future(asyncio.to_thread(function, *args))
+    cancelled = False
+    while not work.done():
+        try:
+            await asyncio.shield(work)  # raises the function's own failure
+        except asyncio.CancelledError:
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError()
 
 
 async def _kill_group(proc: asyncio.subprocess.Process) -> None:
