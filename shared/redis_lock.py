@@ -44,6 +44,17 @@ return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 """
 YIELD_POLL_S = 0.5  # how soon a yielding lock notices the request
 _RELEASE = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) else return 0 end"
+# SET NX that a retry cannot misreport: the services' connections send a command again when its
+# connection failed (shared/redis_client.py), also after Redis ran it and only the reply was lost.
+# A plain SET NX then answered "taken" for the lock its first send had taken, and its holder
+# waited for its own lock to expire.
+_ACQUIRE = """
+local held = redis.call('GET', KEYS[1])
+if held == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+if held then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 1
+"""
 
 
 class RedisLock:
@@ -60,7 +71,7 @@ class RedisLock:
         self._lost_event = asyncio.Event()
 
     async def acquire(self) -> bool:
-        return bool(await self.client.set(self.key, self.token, nx=True, px=self.ttl_ms))
+        return bool(await self.client.eval(_ACQUIRE, 1, self.key, self.token, self.ttl_ms))
 
     async def acquire_wait(self, timeout_s: float, poll_s: float = 0.02) -> bool:
         loop = asyncio.get_running_loop()
