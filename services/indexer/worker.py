@@ -172,7 +172,7 @@ async def run_worker(settings: IndexerSettings) -> None:
     await asyncio.gather(watchdog, return_exceptions=True)
     # The broker waits for in-flight handlers, and a handler may wait for room among the held
     # forgets, so those stop alongside: a running one gets a few seconds, then is cancelled (it
-    # stays pending and another worker is redelivered it), as a running index job does next.
+    # stays pending and is redelivered to another worker), as a running index job does next.
     await asyncio.gather(broker.stop(), consumer.forgets.stop(FINISH_ON_STOP_S))
     await scheduler.stop()
     http.should_exit = True
