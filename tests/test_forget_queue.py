@@ -106,3 +106,39 @@ async def test_a_forget_waiting_for_a_lock_held_elsewhere_takes_no_slot_from_oth
     await client.delete(keys.index_lock(blocked.user_hash))
     await consumer.forgets.join()
     assert forgotten_users() - before == 2
+
+
+async def test_held_forgets_wait_out_a_redis_outage_instead_of_failing_in_turn(tmp_path):
+    """Redis down for a few seconds while one user's forgets wait for its lock: each failed in
+    turn and went back to the reclaimer with a delivery counted (five outages dead-lettered
+    forgets that had never begun). They now wait, still held, and are carried out once."""
+    from shared.redis_client import async_redis
+    from shared.redis_server import EmbeddedRedis
+
+    own = EmbeddedRedis(tmp_path / "redis")
+    own.start()
+    client = async_redis(own.url, socket_timeout=5)
+    settings = IndexerSettings(data_dir=tmp_path / "data", redis_url=own.url, consumer="w1", reclaim_idle_ms=60_000)
+    try:
+        await ensure_group_async(client, settings.stream, settings.group)
+        consumer = StreamConsumer(client, settings, Forgetter(client, settings, EmbeddedIndexJob(settings.index_timeout_s)))
+        user = "9" * 24
+        await client.set(keys.index_lock(user), "an index run elsewhere", px=60_000)
+        before = forgotten_users()
+        for i in range(3):
+            event = ForgetEvent(kind="forget_user", user_hash=user, receipt=f"r-{i}", received_at=time.time())
+            await client.xadd(settings.stream, event.fields())
+        for _, entries in await client.xreadgroup(settings.group, "w1", {settings.stream: ">"}):
+            for entry_id, fields in entries:
+                await consumer.handle(entry_id.decode(), {k.decode(): v.decode() for k, v in fields.items()}, 1)
+        own.stop()
+        await asyncio.sleep(3)  # past the connection's own retries
+        own.start()
+        await client.delete(keys.index_lock(user))
+        await asyncio.wait_for(consumer.forgets.join(), 60)
+        assert forgotten_users() - before == 3
+        assert (await client.xpending(settings.stream, settings.group))["pending"] == 0
+        await consumer.forgets.stop(0.1)
+    finally:
+        await client.aclose()
+        own.stop()

@@ -5,17 +5,20 @@ rebuild the whole memory. Handled in a message slot, a few forgets of one user h
 of a worker while the first one ran, and every other user's turns waited behind them (~105 s
 in a fault trial). So the message handler hands a forget here and returns; its entry stays
 pending, kept from looking idle (so no other worker reclaims it), until the forget is done and
-acked, or failed (then the reclaimer redelivers it, as before).
+acked, or failed (then the reclaimer redelivers it, as before; Redis unreachable is tried
+again here).
 
-One user's forgets run one at a time, in the order they came; forgets of different users run
+One user's forgets run one at a time, in the order they reach the queue; forgets of different users run
 `running` at once, counted from when each holds its user's index lock; past `held` forgets in
 this process the handler waits for room (the stream keeps the rest)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
-from typing import AsyncContextManager
+
+import redis.asyncio as aioredis
 
 from services.indexer.forgetting import Forgetter
 from services.indexer.metrics import FORGETS_HELD
@@ -25,15 +28,20 @@ from shared.stream_schema import ForgetEvent
 
 log = get_logger("recall.indexer.forget")
 
+KEEP_BATCH = 500  # entries one XCLAIM keeps pending
+REDIS_RETRY_MAX_S = 30.0
+
 
 class ForgetQueue:
     def __init__(self, forgetter: Forgetter, ack: Callable[[str], Awaitable[None]],
-                 keep_pending: Callable[[str], AsyncContextManager[None]], running: int, held: int) -> None:
-        self._forgetter, self._ack, self._keep_pending = forgetter, ack, keep_pending
+                 keep_pending: Callable[[list[str]], Awaitable[None]], keep_every_s: float, running: int,
+                 held: int) -> None:
+        self._forgetter, self._ack, self._keep_pending, self._keep_every_s = forgetter, ack, keep_pending, keep_every_s
         self._running = asyncio.Semaphore(running)
         self._room = asyncio.Semaphore(held)
         self._tasks: dict[str, asyncio.Task] = {}  # entry id → its forget (admitted or waiting for room)
         self._users: dict[str, tuple[asyncio.Lock, int]] = {}  # user hash → (its turn, forgets held)
+        self._keeper: asyncio.Task | None = None
         self._stopping = False
 
     def holds(self, entry_id: str) -> bool:
@@ -45,6 +53,8 @@ class ForgetQueue:
         """Take a forget; returns once it is admitted (waiting only while `held` forgets are)."""
         if self._stopping or entry_id in self._tasks:
             return  # stays pending for another worker; or already held here, which acks it
+        if self._keeper is None:
+            self._keeper = asyncio.create_task(self._keep_all_pending())
         turn, count = self._users.get(event.user_hash, (asyncio.Lock(), 0))
         self._users[event.user_hash] = (turn, count + 1)
         admitted = asyncio.Event()
@@ -57,21 +67,26 @@ class ForgetQueue:
         finally:
             waiting.cancel()
 
+    async def _keep_all_pending(self) -> None:
+        """Every entry held here (admitted or waiting for room: one left to wait without this was
+        reclaimed and held twice) is kept from looking idle, a few XCLAIMs per period."""
+        while True:
+            await asyncio.sleep(self._keep_every_s)
+            held = list(self._tasks)
+            for start in range(0, len(held), KEEP_BATCH):
+                with contextlib.suppress(aioredis.RedisError):  # Redis away for a moment: the next period tries again
+                    await self._keep_pending(held[start:start + KEEP_BATCH])
+
     async def _carry_out(self, entry_id: str, event: ForgetEvent, turn: asyncio.Lock, admitted: asyncio.Event) -> None:
         roomed = False
         try:
-            # Kept from looking idle from the start: one waiting for room was reclaimed and held twice.
-            async with self._keep_pending(entry_id):
-                await self._room.acquire()
-                roomed = True
-                admitted.set()
-                async with turn:
-                    if self._stopping:
-                        return  # not begun: left pending for another worker
-                    # The forget slot is taken once the user's index lock is held: a forget waiting
-                    # for a lock another worker holds (its rebuild) takes no slot from other users.
-                    await self._forgetter.forget(entry_id, event, slot=self._running)
-                    await self._ack(entry_id)
+            await self._room.acquire()
+            roomed = True
+            admitted.set()
+            async with turn:
+                if self._stopping:
+                    return  # not begun: left pending for another worker
+                await self._until_redis_answers(entry_id, event)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -80,6 +95,25 @@ class ForgetQueue:
             if roomed:
                 self._room.release()
             self._release(entry_id, event.user_hash)
+
+    async def _until_redis_answers(self, entry_id: str, event: ForgetEvent) -> None:
+        """The forget, and its ack. Redis unreachable is tried again here, the entry still held:
+        given back to the reclaimer, every held forget of the user failed in turn at each outage,
+        each delivery counted, and five outages dead-lettered forgets that had never begun."""
+        pause = 0.5
+        while True:
+            try:
+                # The forget slot is taken once the user's index lock is held: a forget waiting
+                # for a lock another worker holds (its rebuild) takes no slot from other users.
+                await self._forgetter.forget(entry_id, event, slot=self._running)
+                await self._ack(entry_id)
+                return
+            except (aioredis.ConnectionError, aioredis.TimeoutError) as exc:
+                if self._stopping:
+                    raise
+                log.warning("forget.redis_unreachable", entry_id=entry_id, retry_in_s=pause, error=type(exc).__name__)
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, REDIS_RETRY_MAX_S)
 
     def _release(self, entry_id: str, uhash: str) -> None:
         del self._tasks[entry_id]
@@ -99,9 +133,11 @@ class ForgetQueue:
         `grace_s`, then are cancelled (a cancelled funes child is killed; the redelivery goes on)."""
         self._stopping = True
         tasks = list(self._tasks.values())
-        if not tasks:
-            return
-        _, late = await asyncio.wait(tasks, timeout=grace_s)
-        for task in late:
-            task.cancel()
-        await asyncio.gather(*late, return_exceptions=True)
+        if tasks:
+            _, late = await asyncio.wait(tasks, timeout=grace_s)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
+        if self._keeper is not None:
+            self._keeper.cancel()
+            await asyncio.gather(self._keeper, return_exceptions=True)

@@ -21,7 +21,7 @@ class IndexerSettings(CommonSettings):
     index_debounce_s: float = Field(1.0, ge=0, description="Wait after a user's first new write before indexing.")
     index_concurrency: int = Field(2, ge=1, description="Index jobs one worker runs at once, for different users (onnxruntime, SQLite and tantivy release the GIL).")
     forget_concurrency: int = Field(2, ge=1, description="Forgets one worker carries out at once, for different users (one user's run one at a time), counted from when each holds its user's index lock; they wait beside the stream's message slots, so turns keep flowing.")
-    forgets_held: int = Field(256, ge=1, description="Forgets one worker holds (running or waiting) before it takes no more messages until one is done.")
+    forgets_held: int = Field(10_000, ge=1, description="Forgets one worker holds (running or waiting; each costs a task and a share of one XCLAIM per period) before it takes no more messages until one is done: a bound on memory, set far above one user's mass deletion, since at the bound every message waits.")
     index_lock_ttl_s: float = Field(30.0, gt=0, description="Expiry of a user's index lock; renewed while the job runs.")
     index_timeout_s: float = Field(900.0, gt=0, description="An index job is stopped after this long (funes: the child is killed; embedded: it stops at its next checkpoint; what it committed before, every 2,048 new chunks, stays and the next run goes on from there).")
     max_deliveries: int = Field(5, ge=1, description="Deliveries before a message goes to the dead-letter stream.")

@@ -9,9 +9,7 @@ backoff first; after `max_deliveries` it goes to the dead-letter stream with the
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-from collections.abc import AsyncIterator
 
 import redis.asyncio as aioredis
 from pydantic import ValidationError
@@ -66,8 +64,8 @@ class StreamConsumer:
     def __init__(self, client: aioredis.Redis, settings: IndexerSettings, forgetter: Forgetter) -> None:
         self.client = client
         self.s = settings
-        self.forgets = ForgetQueue(forgetter, self.ack, self._heartbeat, settings.forget_concurrency,
-                                   settings.forgets_held)
+        self.forgets = ForgetQueue(forgetter, self.ack, self.keep_pending, settings.reclaim_idle_ms / 3000,
+                                   settings.forget_concurrency, settings.forgets_held)
 
     async def handle(self, entry_id: str, fields: dict, deliveries: int) -> None:
         if deliveries > 1:
@@ -90,28 +88,11 @@ class StreamConsumer:
             return
         await self.ack(entry_id)
 
-    @contextlib.asynccontextmanager
-    async def _heartbeat(self, entry_id: str) -> AsyncIterator[None]:
-        """Keep a long-running message from looking idle, so no other worker reclaims it
-        mid-work: XCLAIM … JUSTID by its owner resets the idle time, not the delivery count."""
-
-        async def beat() -> None:
-            while True:
-                await asyncio.sleep(self.s.reclaim_idle_ms / 3000)
-                try:
-                    pending = await self.client.xpending_range(self.s.stream, self.s.group, entry_id, entry_id, 1)
-                    if not pending:
-                        return
-                    await self.client.xclaim(self.s.stream, self.s.group, pending[0]["consumer"], min_idle_time=0,
-                                             message_ids=[entry_id], justid=True)
-                except aioredis.RedisError:
-                    pass  # Redis away for a moment: the next beat tries again (a dead task would let it be reclaimed)
-
-        task = asyncio.create_task(beat())
-        try:
-            yield
-        finally:
-            task.cancel()
+    async def keep_pending(self, entry_ids: list[str]) -> None:
+        """Keep entries at work here from looking idle, so no worker reclaims them: XCLAIM …
+        JUSTID resets their idle time, not their delivery count (one command for many)."""
+        await self.client.xclaim(self.s.stream, self.s.group, self.s.consumer, min_idle_time=0,
+                                 message_ids=entry_ids, justid=True)
 
     @staticmethod
     def _parse(fields: dict) -> StreamEvent:
