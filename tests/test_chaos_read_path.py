@@ -118,7 +118,8 @@ async def test_more_tenants_than_the_open_file_limit_holds_readers_for_never_get
         assert not errors, f"MCP/HTTP errors: {errors[:3]!r}\n{output[-2000:]}"
         false = [a for a in answers if a in (UNAVAILABLE, NO_MEMORY)]
         assert not false, f"{len(false)} of {len(answers)} calls answered a false {false[0]!r}\n{output[-2000:]}"
-        assert all("MT-4402" in a for a in answers)
+        missed = [a for a in answers if "MT-4402" not in a]
+        assert not missed, f"{len(missed)} of {len(answers)} calls missed the fact, e.g. {missed[0][:300]!r}"
         assert ("recall.reader_cache_capped" in output) == (hard < 1024), "a cap is logged exactly when the limit forces one"
     finally:
         stop(proc)
