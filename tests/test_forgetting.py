@@ -288,7 +288,7 @@ def test_forgets_waiting_for_one_users_lock_do_not_hold_back_other_users_turns_n
     assert r.xpending("recall:turns", "indexers")["pending"] == 6, "the forgets stay pending until done"
     assert all(receipt_done(service_env, receipt) is None for receipt in receipts)
     started = time.monotonic()
-    assert worker.terminate(timeout=30) == 0
+    assert worker.terminate(timeout=30) == 0, worker.output()[-6000:]
     assert time.monotonic() - started < 15, "a stop waited for forgets that had not begun"
     services("indexer")
     r.delete(lock)
