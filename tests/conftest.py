@@ -7,6 +7,7 @@ fixed one; tests that run services flush their worker's Redis and use their own 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import shutil
@@ -14,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -159,6 +160,54 @@ def r(redis_url: str):
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     yield client
     client.close()
+
+
+class ReplyLosingRedis:
+    """A proxy to Redis that, the first time a command containing `match` is answered, closes the
+    connection instead of passing the reply on: Redis ran the command, and the services'
+    connections (shared/redis_client.py) send it again. `lost` records the command."""
+
+    def __init__(self, redis_url: str) -> None:
+        from urllib.parse import urlsplit
+
+        self.upstream = urlsplit(redis_url)
+        self.lost: list[bytes] = []
+        self.servers: list[asyncio.Server] = []
+
+    async def url(self, match: bytes) -> str:
+        async def proxy(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+            server_r, server_w = await asyncio.open_connection(self.upstream.hostname, self.upstream.port)
+            last_sent = [b""]
+
+            async def up() -> None:
+                while data := await client_r.read(65536):
+                    last_sent[0] = data
+                    server_w.write(data)
+                    await server_w.drain()
+
+            async def down() -> None:
+                while data := await server_r.read(65536):
+                    if match in last_sent[0] and not self.lost:
+                        self.lost.append(last_sent[0])
+                        client_w.close()
+                        server_w.close()
+                        return
+                    client_w.write(data)
+                    await client_w.drain()
+
+            await asyncio.gather(up(), down(), return_exceptions=True)
+
+        server = await asyncio.start_server(proxy, "127.0.0.1", 0)
+        self.servers.append(server)
+        return f"redis://127.0.0.1:{server.sockets[0].getsockname()[1]}{self.upstream.path}"
+
+
+@pytest.fixture
+async def reply_losing_redis(redis_url: str) -> AsyncIterator[ReplyLosingRedis]:
+    proxy = ReplyLosingRedis(redis_url)
+    yield proxy
+    for server in proxy.servers:
+        server.close()
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@ carried out once, stays pending until then, and is never dead-lettered while at 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 import pytest
@@ -11,6 +12,7 @@ import redis.asyncio as aioredis
 from prometheus_client import REGISTRY
 
 from services.indexer import redis_keys as keys
+from services.indexer.forget_queue import ForgetQueue
 from services.indexer.forgetting import Forgetter
 from services.indexer.index_job import EmbeddedIndexJob
 from services.indexer.settings import IndexerSettings
@@ -142,3 +144,34 @@ async def test_held_forgets_wait_out_a_redis_outage_instead_of_failing_in_turn(t
     finally:
         await client.aclose()
         own.stop()
+
+
+class ForgetterThatLosesACancellation(Forgetter):
+    """Waits for its user's lock as a forget does, and drops its first cancellation as Python
+    3.11's asyncio.wait_for does (redis-py's socket writes use it) when its inner call finished in
+    the same loop iteration."""
+
+    async def forget(self, entry_id, event, slot=contextlib.nullcontext()) -> None:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            pass
+        while True:
+            await asyncio.sleep(0.02)
+
+
+async def test_a_stop_ends_a_forget_that_lost_its_cancellation(client, redis_url, tmp_path):
+    """The stop cancelled each running forget once and waited for it: one that lost the
+    cancellation kept polling for its lock, and the indexer outlived SIGTERM's 30 s grace."""
+    settings = IndexerSettings(data_dir=tmp_path, redis_url=redis_url)
+
+    async def nothing(*_) -> None:
+        return None
+
+    queue = ForgetQueue(ForgetterThatLosesACancellation(client, settings, EmbeddedIndexJob(settings.index_timeout_s)),
+                        ack=nothing, keep_pending=nothing, keep_every_s=60, running=2, held=10)
+    await queue.submit("1-0", user_forget("a" * 24))
+    started = time.monotonic()
+    await asyncio.wait_for(queue.stop(0.1), 10)
+    assert time.monotonic() - started < 3
+    assert not queue.holds("1-0")

@@ -347,6 +347,43 @@ async def test_the_yield_request_stays_until_the_last_waiting_forget_of_the_user
     await client.aclose()
 
 
+async def test_a_yield_request_whose_reply_was_lost_is_still_withdrawn(tmp_path, reply_losing_redis, r):
+    """The services' connections send a command again when the connection failed after Redis
+    ran it. The request was a count: joined twice and left once, it stayed, and the user's
+    index runs gave up their lock to no forget until it expired (one lock TTL)."""
+    from services.indexer import redis_keys as keys
+    from services.indexer.forgetting import Forgetter
+    from services.indexer.index_job import FunesIndexJob
+    from shared.redis_client import async_redis
+
+    waiting = keys.forget_waiting(user_hash("zoe"))
+    client = async_redis(await reply_losing_redis.url(waiting.encode()), socket_timeout=5)
+    forgetter = Forgetter(client, IndexerSettings(data_dir=tmp_path, redis_url="redis://unused"), FunesIndexJob("/bin/false", 5))
+    async with forgetter._index_run_yielded(user_hash("zoe")):
+        assert r.exists(waiting)
+    assert reply_losing_redis.lost, "the request's first reply was lost"
+    assert not r.exists(waiting), "no forget waits: the user's index runs go on"
+    await client.aclose()
+
+
+async def test_a_receipt_tally_whose_reply_was_lost_is_counted_once(tmp_path, reply_losing_redis, r):
+    from services.indexer.forgetting import Forgetter
+    from services.indexer.index_job import EmbeddedIndexJob
+    from shared.redis_client import async_redis
+    from shared.stream_schema import ForgetEvent, deletion_key
+
+    event = ForgetEvent(kind="forget_conversation", user_hash=user_hash("zoe"), conversation_id="c1", receipt="t" * 24,
+                        received_at=time.time())
+    r.delete(deletion_key(event.receipt))
+    client = async_redis(await reply_losing_redis.url(deletion_key(event.receipt).encode()), socket_timeout=5)
+    forgetter = Forgetter(client, IndexerSettings(data_dir=tmp_path, redis_url="redis://unused"), EmbeddedIndexJob(5))
+    await forgetter._tally(event, files=1, chunks=7)
+    await forgetter._tally(event, stream_entries=2)
+    assert reply_losing_redis.lost, "the tally's first reply was lost"
+    assert r.hmget(deletion_key(event.receipt), ["removed:files", "removed:chunks", "removed:stream_entries"]) == ["1", "7", "2"]
+    await client.aclose()
+
+
 async def test_a_user_forget_moves_the_tenant_aside_and_a_crashed_attempts_leftovers_go_too(tmp_path, redis_url, r):
     import redis.asyncio as aioredis
 

@@ -645,50 +645,19 @@ async def test_the_services_redis_client_outlives_a_redis_restart(tmp_path):
         own.stop()
 
 
-async def test_a_lock_whose_first_reply_was_lost_is_its_holders_after_the_retry(redis_url, r):
+async def test_a_lock_whose_first_reply_was_lost_is_its_holders_after_the_retry(reply_losing_redis, r):
     """The services' connections send a command again when its connection fails, also after
-    Redis ran it and only the reply was lost (here: a proxy that closes the connection instead
-    of passing the first reply on). A plain SET NX then said "taken" of the lock its first send
-    took, and its holder waited for its own lock to expire."""
-    from urllib.parse import urlsplit
-
+    Redis ran it and only the reply was lost. A plain SET NX then said "taken" of the lock its
+    first send took, and its holder waited for its own lock to expire."""
     from shared.redis_client import async_redis
     from shared.redis_lock import RedisLock
 
-    upstream = urlsplit(redis_url)
-    replies_lost = []
-
-    async def reply_losing_proxy(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
-        server_r, server_w = await asyncio.open_connection(upstream.hostname, upstream.port)
-        last_sent = [b""]
-
-        async def up() -> None:
-            while data := await client_r.read(65536):
-                last_sent[0] = data
-                server_w.write(data)
-                await server_w.drain()
-
-        async def down() -> None:
-            while data := await server_r.read(65536):
-                if b"recall:lock:test" in last_sent[0] and not replies_lost:
-                    replies_lost.append(last_sent[0])
-                    client_w.close()
-                    server_w.close()
-                    return
-                client_w.write(data)
-                await client_w.drain()
-
-        await asyncio.gather(up(), down(), return_exceptions=True)
-
-    proxy = await asyncio.start_server(reply_losing_proxy, "127.0.0.1", 0)
-    port = proxy.sockets[0].getsockname()[1]
-    client = async_redis(f"redis://127.0.0.1:{port}{upstream.path}", socket_timeout=5)
+    client = async_redis(await reply_losing_redis.url(b"recall:lock:test"), socket_timeout=5)
     try:
         r.delete("recall:lock:test")
         lock = RedisLock(client, "recall:lock:test", ttl_s=30)
         assert await lock.acquire(), "its own lock, taken by the send whose reply was lost"
-        assert replies_lost and r.get("recall:lock:test") == lock.token
+        assert reply_losing_redis.lost and r.get("recall:lock:test") == lock.token
         assert not await RedisLock(client, "recall:lock:test", ttl_s=30).acquire(), "and nobody else's"
     finally:
         await client.aclose()
-        proxy.close()

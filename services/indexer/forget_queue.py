@@ -25,6 +25,7 @@ from services.indexer.metrics import FORGETS_HELD
 from shared.error_site import loggable_failure
 from shared.logging_setup import get_logger
 from shared.stream_schema import ForgetEvent
+from shared.task_cancel import cancel_and_wait
 
 log = get_logger("recall.indexer.forget")
 
@@ -135,9 +136,7 @@ class ForgetQueue:
         tasks = list(self._tasks.values())
         if tasks:
             _, late = await asyncio.wait(tasks, timeout=grace_s)
-            for task in late:
-                task.cancel()
-            await asyncio.gather(*late, return_exceptions=True)
+            if left := await cancel_and_wait(late):
+                log.warning("forget.not_stopped", forgets=len(left))  # they stay pending for another worker
         if self._keeper is not None:
-            self._keeper.cancel()
-            await asyncio.gather(self._keeper, return_exceptions=True)
+            await cancel_and_wait([self._keeper])

@@ -58,9 +58,18 @@ log = get_logger("recall.indexer.forget")
 
 REMOVED_KINDS = ("files", "chunks", "stream_entries", "dead_letters")  # a receipt's `removed`
 LATE_RECEIPT_TTL_S = 7 * 86400  # a receipt made again after it expired is kept this long
-# The forget-waiting request of a user: a count of its waiting forgets, with an expiry.
-_JOIN_WAITING = "redis.call('INCR', KEYS[1]) return redis.call('PEXPIRE', KEYS[1], ARGV[1])"
-_LEAVE_WAITING = "if redis.call('DECR', KEYS[1]) <= 0 then redis.call('DEL', KEYS[1]) end return 1"
+# The forget-waiting request of a user: the set of its waiting forgets' tokens, with an expiry.
+# A set, not a count: the services' connections send a command again when the connection failed
+# after Redis ran it (shared/redis_client.py), and a count joined twice was never left, so the
+# user's index runs yielded to nobody until it expired.
+_JOIN_WAITING = "redis.call('SADD', KEYS[1], ARGV[1]) return redis.call('PEXPIRE', KEYS[1], ARGV[2])"
+_LEAVE_WAITING = "redis.call('SREM', KEYS[1], ARGV[1]) return 1"
+# What a step removed, added to the receipt once per token, so that the same resend adds nothing.
+_TALLY = """
+if redis.call('HSETNX', KEYS[1], 'tallied:' .. ARGV[1], 1) == 0 then return 0 end
+for i = 2, #ARGV, 2 do redis.call('HINCRBY', KEYS[1], 'removed:' .. ARGV[i], ARGV[i + 1]) end
+return 1
+"""
 
 
 def set_tenant_aside(root: Path) -> Path | None:
@@ -167,8 +176,8 @@ class Forgetter:
         at its next checkpoint (and runs again later) instead of finishing first. The request
         counts the user's waiting forgets (the last one out removes it) and expires with them:
         a worker killed mid-forget blocks the user's indexing for one lock TTL at most."""
-        waiting, ttl_ms = keys.forget_waiting(uhash), int(self.s.index_lock_ttl_s * 1000)
-        await self.client.eval(_JOIN_WAITING, 1, waiting, ttl_ms)
+        waiting, ttl_ms, token = keys.forget_waiting(uhash), int(self.s.index_lock_ttl_s * 1000), secrets.token_hex(8)
+        await self.client.eval(_JOIN_WAITING, 1, waiting, token, ttl_ms)
 
         async def keep_asking() -> None:
             while True:
@@ -182,7 +191,7 @@ class Forgetter:
         finally:
             asking.cancel()
             with contextlib.suppress(aioredis.RedisError):  # it expires by itself
-                await self.client.eval(_LEAVE_WAITING, 1, waiting)
+                await self.client.eval(_LEAVE_WAITING, 1, waiting, token)
 
     async def _forget_conversation(self, paths: TenantPaths, event: ForgetEvent, entry_id: str,
                                    lock: RedisLock) -> None:
@@ -248,20 +257,16 @@ class Forgetter:
         """Add a set-aside tree's transcripts and chunks to the receipt, once. Counted before it
         is deleted (deleting a large tenant takes seconds): a forget killed meanwhile is
         redelivered to a tree partly gone, whose remains would count for less. The tree carries
-        a token, recorded with the tally in one transaction, so the redelivery knows it was
-        counted (and a tree whose tally never reached Redis is still whole: counted again)."""
-        key, token_file = deletion_key(event.receipt), tree.root / TALLY_TOKEN
-        token, tallied = await asyncio.to_thread(_read_token, token_file), await self.client.hget(key, "tallied_tree")
-        if token is not None and tallied in (token, token.encode()):  # whether the client decodes or not
+        the token its tally was made with, so the redelivery knows it was counted (and a tree
+        whose tally never reached Redis is still whole: counted again)."""
+        token_file = tree.root / TALLY_TOKEN
+        token = await asyncio.to_thread(_read_token, token_file)
+        if token is not None and await self.client.hexists(deletion_key(event.receipt), f"tallied:{token}"):
             return
         chunks = await self.rows.count(tree)
         token = secrets.token_hex(12)
         await asyncio.to_thread(token_file.write_text, token)
-        pipe = self.client.pipeline(transaction=True)
-        pipe.hincrby(key, "removed:files", files)
-        pipe.hincrby(key, "removed:chunks", chunks)
-        pipe.hset(key, "tallied_tree", token)
-        await pipe.execute()
+        await self._tally(event, token=token, files=files, chunks=chunks)
 
     async def _writers_in_flight(self, uhash: str) -> dict[str, bytes]:
         """The user's conversation locks held now, with their owners' tokens."""
@@ -324,14 +329,12 @@ class Forgetter:
             ms, seq = parse_version(last.decode() if isinstance(last, bytes) else last)
             start = f"{ms}-{seq + 1}"
 
-    async def _tally(self, event: ForgetEvent, **removed: int) -> None:
+    async def _tally(self, event: ForgetEvent, token: str | None = None, **removed: int) -> None:
         """What a step removed, added to the receipt as soon as it is done: a forget redelivered
         after a crash finds those things already gone (and removes 0), so counting per attempt
-        would report less than was removed."""
-        pipe = self.client.pipeline(transaction=True)
-        for what, n in removed.items():
-            pipe.hincrby(deletion_key(event.receipt), f"removed:{what}", n)
-        await pipe.execute()
+        would report less than was removed. Added once for its `token` (a new one by default)."""
+        counts = [part for what, n in removed.items() for part in (what, n)]
+        await self.client.eval(_TALLY, 1, deletion_key(event.receipt), token or secrets.token_hex(8), *counts)
 
     async def _complete_receipt(self, event: ForgetEvent) -> dict[str, int]:
         key = deletion_key(event.receipt)

@@ -23,8 +23,9 @@ def index_lock(uhash: str) -> str:
 
 
 def forget_waiting(uhash: str) -> str:
-    """Set while a forget of the user waits for its index lock: a running index run yields it."""
-    return f"recall:forget-waiting:{uhash}"
+    """Exists while a forget of the user waits for its index lock (a set of the waiting forgets'
+    tokens; before, a count under another name): a running index run yields it."""
+    return f"recall:forget-waiters:{uhash}"
 
 
 def conversation_lock(uhash: str, conversation_id: str) -> str:

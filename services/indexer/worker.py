@@ -36,6 +36,7 @@ from shared.logging_setup import get_logger
 from shared.metrics_http import metrics_endpoint
 from shared.redis_client import READY_CHECK_S, async_redis, retry_options
 from shared.stream_schema import decode_fields, ensure_group, ensure_group_async
+from shared.task_cancel import cancel_and_wait
 from shared.unexpected_http import UnexpectedHTTPErrors, route_of
 
 log = get_logger("recall.indexer")
@@ -176,8 +177,11 @@ async def run_worker(settings: IndexerSettings) -> None:
     await asyncio.gather(broker.stop(), consumer.forgets.stop(FINISH_ON_STOP_S))
     await scheduler.stop()
     http.should_exit = True
-    for t in tasks[:-1]:
-        t.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    await cancel_and_wait(tasks[:-1])
+    await asyncio.gather(tasks[-1], return_exceptions=True)
+    # Whatever else still runs (the broker's readers, lock renewals) is cancelled here, not by
+    # asyncio.run's single cancellation, which a lost one (shared/task_cancel.py) makes wait for good.
+    if left := await cancel_and_wait(asyncio.all_tasks() - {asyncio.current_task()}):
+        log.warning("indexer.tasks_not_stopped", tasks=len(left))
     await client.aclose()
     log.info("indexer.stopped")
