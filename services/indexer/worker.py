@@ -169,8 +169,7 @@ async def run_worker(settings: IndexerSettings) -> None:
     log.info("indexer.started", consumer=settings.consumer, engine=settings.engine, stream=settings.stream)
     await stop.wait()
     log.info("indexer.stopping")
-    watchdog.cancel()  # before the broker stops: its stopped subscribers are no fault then
-    await asyncio.gather(watchdog, return_exceptions=True)
+    await cancel_and_wait([watchdog])  # before the broker stops: its stopped subscribers are no fault then
     # The broker waits for in-flight handlers, and a handler may wait for room among the held
     # forgets, so those stop alongside: a running one gets a few seconds, then is cancelled (it
     # stays pending and is redelivered to another worker), as a running index job does next.
