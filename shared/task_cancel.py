@@ -13,8 +13,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable
 
-# Long enough for a cancelled task's own clean-up (a Redis call or two in a `finally`), which a
-# second cancellation would cut short.
+# A cancelled task's own clean-up (a Redis call or two in a `finally`) takes milliseconds; one
+# that takes longer (a slow Redis) is cut short by the second cancellation, and what it would have
+# released (a lock, a forget's request to yield) expires by itself within a lock TTL.
 RECANCEL_EVERY_S = 1.0
 CANCEL_WAIT_S = 5.0  # how long a stop waits for the tasks it cancelled
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 
 import pytest
@@ -18,7 +19,7 @@ from services.indexer.index_job import EmbeddedIndexJob
 from services.indexer.settings import IndexerSettings
 from services.indexer.stream_consumer import StreamConsumer
 from services.indexer.worker import build_broker
-from shared.stream_schema import ForgetEvent, ensure_group_async
+from shared.stream_schema import ForgetEvent, deletion_key, ensure_group_async
 
 
 def forgotten_users() -> float:
@@ -175,3 +176,50 @@ async def test_a_stop_ends_a_forget_that_lost_its_cancellation(client, redis_url
     await asyncio.wait_for(queue.stop(0.1), 10)
     assert time.monotonic() - started < 3
     assert not queue.holds("1-0")
+
+
+async def test_one_users_waiting_conversation_forgets_share_one_rebuild_of_an_append_only_funes(
+        client, redis_url, tmp_path, fake_funes):
+    """funes without `forget` removes a conversation's rows by rebuilding the whole memory: five
+    deletions of one user (a retention sweep's, a user clearing history) were five rebuilds, one
+    after the other. The forgets waiting their turn now share the running one's rebuild."""
+    from services.indexer.index_job import FunesIndexJob
+    from shared.tenant_paths import TenantPaths, user_hash
+    from tests.conftest import funes_status_chunks, write_conversation
+
+    rebuilds = tmp_path / "index-runs"
+    append_only = tmp_path / "funes-1.2"  # no `forget` (clap exits 2); each `index` is written down
+    append_only.write_text(f'#!/bin/sh\n[ "$1" = forget ] && exit 2\n[ "$1" = index ] && echo run >> "{rebuilds}"\n'
+                           f'exec "{fake_funes}" "$@"\n')
+    append_only.chmod(0o755)
+    settings = IndexerSettings(data_dir=tmp_path / "data", redis_url=redis_url, engine="funes", funes_bin=str(append_only))
+    paths = TenantPaths.for_user(settings.data_dir, "alice")
+    for i in range(6):
+        write_conversation(paths.src, f"c{i}", [f"Conversation {i} about KESTREL-{i}.", "ok"])
+    job = FunesIndexJob(str(append_only), 60)
+    await job.run(paths)
+    assert funes_status_chunks(fake_funes, paths.memory) == 12
+    rebuilds.unlink()
+    forgetter = Forgetter(client, settings, job)
+    acked: list[str] = []
+
+    async def ack(entry_id: str) -> None:
+        acked.append(entry_id)
+
+    async def nothing(*_) -> None:
+        return None
+
+    queue = ForgetQueue(forgetter, ack=ack, keep_pending=nothing, keep_every_s=60, running=2, held=100)
+    await client.set(keys.index_lock(user_hash("alice")), "an index run elsewhere", px=60_000)
+    for i in range(5):
+        await queue.submit(f"{1000 + i}-0", ForgetEvent(kind="forget_conversation", user_hash=user_hash("alice"),
+                                                       conversation_id=f"c{i}", receipt=f"r{i}" * 12, received_at=time.time()))
+    await client.delete(keys.index_lock(user_hash("alice")))
+    await asyncio.wait_for(queue.join(), 120)
+    assert sorted(acked) == [f"{1000 + i}-0" for i in range(5)]
+    assert funes_status_chunks(fake_funes, paths.memory) == 2, "only c5 is left"
+    assert len(rebuilds.read_text().splitlines()) == 1, "the first forget's rebuild removed all five"
+    removed = [json.loads(await client.hget(deletion_key(f"r{i}" * 12), "record"))["removed"] for i in range(5)]
+    assert [r["files"] for r in removed] == [1] * 5
+    assert [r["chunks"] for r in removed] == [10, 0, 0, 0, 0], "the rebuild's receipt counts what it removed"
+    assert [p.name for p in paths.src.glob("*.funes.jsonl")] == ["c5.funes.jsonl"]

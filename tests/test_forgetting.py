@@ -357,13 +357,16 @@ async def test_a_yield_request_whose_reply_was_lost_is_still_withdrawn(tmp_path,
     from shared.redis_client import async_redis
 
     waiting = keys.forget_waiting(user_hash("zoe"))
+    r.delete(waiting)
     client = async_redis(await reply_losing_redis.url(waiting.encode()), socket_timeout=5)
     forgetter = Forgetter(client, IndexerSettings(data_dir=tmp_path, redis_url="redis://unused"), FunesIndexJob("/bin/false", 5))
-    async with forgetter._index_run_yielded(user_hash("zoe")):
-        assert r.exists(waiting)
-    assert reply_losing_redis.lost, "the request's first reply was lost"
-    assert not r.exists(waiting), "no forget waits: the user's index runs go on"
-    await client.aclose()
+    try:
+        async with forgetter._index_run_yielded(user_hash("zoe")):
+            assert r.exists(waiting)
+        assert reply_losing_redis.lost, "the request's first reply was lost"
+        assert not r.exists(waiting), "no forget waits: the user's index runs go on"
+    finally:
+        await client.aclose()
 
 
 async def test_a_receipt_tally_whose_reply_was_lost_is_counted_once(tmp_path, reply_losing_redis, r):
@@ -377,11 +380,13 @@ async def test_a_receipt_tally_whose_reply_was_lost_is_counted_once(tmp_path, re
     r.delete(deletion_key(event.receipt))
     client = async_redis(await reply_losing_redis.url(deletion_key(event.receipt).encode()), socket_timeout=5)
     forgetter = Forgetter(client, IndexerSettings(data_dir=tmp_path, redis_url="redis://unused"), EmbeddedIndexJob(5))
-    await forgetter._tally(event, files=1, chunks=7)
-    await forgetter._tally(event, stream_entries=2)
-    assert reply_losing_redis.lost, "the tally's first reply was lost"
-    assert r.hmget(deletion_key(event.receipt), ["removed:files", "removed:chunks", "removed:stream_entries"]) == ["1", "7", "2"]
-    await client.aclose()
+    try:
+        await forgetter._tally(event, files=1, chunks=7)
+        await forgetter._tally(event, stream_entries=2)
+        assert reply_losing_redis.lost, "the tally's first reply was lost"
+        assert r.hmget(deletion_key(event.receipt), ["removed:files", "removed:chunks", "removed:stream_entries"]) == ["1", "7", "2"]
+    finally:
+        await client.aclose()
 
 
 async def test_a_user_forget_moves_the_tenant_aside_and_a_crashed_attempts_leftovers_go_too(tmp_path, redis_url, r):

@@ -203,10 +203,13 @@ async def test_a_saturated_replica_answers_busy_softly_and_counts_it(services, s
     assert "MT-4471" in await call_recall(service_env, token, "MT-4471")
     [child] = engine_children(server)
     child.send_signal(signal.SIGSTOP)  # a hung engine holds the only slot
+    def gauge(name: str) -> float:
+        return metric_value(httpx.get(f"{recall_url(service_env)}/metrics").text, name)
+
     hung = asyncio.create_task(call_recall(service_env, token, "MT-4471"))
-    await asyncio.sleep(0.5)
+    assert await asyncio.to_thread(wait_until, lambda: gauge("recall_in_flight") == 1, 10)
     queued = asyncio.create_task(call_recall(service_env, token, "K-2"))  # waits its 3 s for the slot
-    await asyncio.sleep(0.3)
+    assert await asyncio.to_thread(wait_until, lambda: gauge("recall_queued") == 1, 3)
     started = asyncio.get_running_loop().time()
     assert await call_recall(service_env, token, "N-11") == BUSY, "the queue is full: busy at once"
     # Less than a queue wait of its own; with a 1 s wait, a busy machine's call took that long without one.

@@ -10,13 +10,17 @@ again here).
 
 One user's forgets run one at a time, in the order they reach the queue; forgets of different users run
 `running` at once, counted from when each holds its user's index lock; past `held` forgets in
-this process the handler waits for room (the stream keeps the rest)."""
+this process the handler waits for room (the stream keeps the rest). Where a forget rebuilds the
+user's whole memory (funes without `forget`), the user's conversation forgets waiting their turn
+share the rebuild of the one running (Forgetter.forget's `alongside`): a burst of N deletions, a
+retention sweep's among them, was N rebuilds one after the other."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
 
@@ -33,6 +37,13 @@ KEEP_BATCH = 500  # entries one XCLAIM keeps pending
 REDIS_RETRY_MAX_S = 30.0
 
 
+@dataclass
+class _UserForgets:
+    turn: asyncio.Lock = field(default_factory=asyncio.Lock)  # one forget of the user at a time
+    held: int = 0
+    not_begun: dict[str, ForgetEvent] = field(default_factory=dict)  # entry id → a forget waiting its turn
+
+
 class ForgetQueue:
     def __init__(self, forgetter: Forgetter, ack: Callable[[str], Awaitable[None]],
                  keep_pending: Callable[[list[str]], Awaitable[None]], keep_every_s: float, running: int,
@@ -41,7 +52,8 @@ class ForgetQueue:
         self._running = asyncio.Semaphore(running)
         self._room = asyncio.Semaphore(held)
         self._tasks: dict[str, asyncio.Task] = {}  # entry id → its forget (admitted or waiting for room)
-        self._users: dict[str, tuple[asyncio.Lock, int]] = {}  # user hash → (its turn, forgets held)
+        self._users: dict[str, _UserForgets] = {}
+        self._rows_gone: set[str] = set()  # held forgets whose rows another forget's rebuild removed
         self._keeper: asyncio.Task | None = None
         self._stopping = False
 
@@ -56,10 +68,11 @@ class ForgetQueue:
             return  # stays pending for another worker; or already held here, which acks it
         if self._keeper is None:
             self._keeper = asyncio.create_task(self._keep_all_pending())
-        turn, count = self._users.get(event.user_hash, (asyncio.Lock(), 0))
-        self._users[event.user_hash] = (turn, count + 1)
+        user = self._users.setdefault(event.user_hash, _UserForgets())
+        user.held += 1
+        user.not_begun[entry_id] = event
         admitted = asyncio.Event()
-        task = asyncio.create_task(self._carry_out(entry_id, event, turn, admitted))
+        task = asyncio.create_task(self._carry_out(entry_id, event, user, admitted))
         self._tasks[entry_id] = task
         FORGETS_HELD.set(len(self._tasks))
         waiting = asyncio.create_task(admitted.wait())
@@ -78,16 +91,17 @@ class ForgetQueue:
                 with contextlib.suppress(aioredis.RedisError):  # Redis away for a moment: the next period tries again
                     await self._keep_pending(held[start:start + KEEP_BATCH])
 
-    async def _carry_out(self, entry_id: str, event: ForgetEvent, turn: asyncio.Lock, admitted: asyncio.Event) -> None:
+    async def _carry_out(self, entry_id: str, event: ForgetEvent, user: _UserForgets, admitted: asyncio.Event) -> None:
         roomed = False
         try:
             await self._room.acquire()
             roomed = True
             admitted.set()
-            async with turn:
+            async with user.turn:
                 if self._stopping:
                     return  # not begun: left pending for another worker
-                await self._until_redis_answers(entry_id, event)
+                del user.not_begun[entry_id]
+                await self._until_redis_answers(entry_id, event, user)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -97,7 +111,7 @@ class ForgetQueue:
                 self._room.release()
             self._release(entry_id, event.user_hash)
 
-    async def _until_redis_answers(self, entry_id: str, event: ForgetEvent) -> None:
+    async def _until_redis_answers(self, entry_id: str, event: ForgetEvent, user: _UserForgets) -> None:
         """The forget, and its ack. Redis unreachable is tried again here, the entry still held:
         given back to the reclaimer, every held forget of the user failed in turn at each outage,
         each delivery counted, and five outages dead-lettered forgets that had never begun."""
@@ -106,7 +120,11 @@ class ForgetQueue:
             try:
                 # The forget slot is taken once the user's index lock is held: a forget waiting
                 # for a lock another worker holds (its rebuild) takes no slot from other users.
-                await self._forgetter.forget(entry_id, event, slot=self._running)
+                def alongside() -> dict[str, ForgetEvent]:
+                    return {other_id: other for other_id, other in user.not_begun.items() if other.kind == "forget_conversation"}
+
+                self._rows_gone.update(await self._forgetter.forget(
+                    entry_id, event, slot=self._running, alongside=alongside, rows_gone=entry_id in self._rows_gone))
                 await self._ack(entry_id)
                 return
             except (aioredis.ConnectionError, aioredis.TimeoutError) as exc:
@@ -118,11 +136,12 @@ class ForgetQueue:
 
     def _release(self, entry_id: str, uhash: str) -> None:
         del self._tasks[entry_id]
-        turn, count = self._users[uhash]
-        if count == 1:
+        self._rows_gone.discard(entry_id)
+        user = self._users[uhash]
+        user.not_begun.pop(entry_id, None)
+        user.held -= 1
+        if not user.held:
             del self._users[uhash]
-        else:
-            self._users[uhash] = (turn, count - 1)
         FORGETS_HELD.set(len(self._tasks))
 
     async def join(self) -> None:

@@ -40,6 +40,11 @@ class ForgetRows(Protocol):
         """After the source file is gone: remove the conversation's rows; the number removed."""
         ...
 
+    def removal_rebuilds(self) -> bool | None:
+        """Whether removing a conversation's rows rebuilds the whole memory from the remaining
+        files (so it removes the rows of every source deleted before it too); None until known."""
+        ...
+
 
 class EmbeddedRows:
     def __init__(self, job: IndexJob) -> None:
@@ -71,12 +76,19 @@ class EmbeddedRows:
         # were re-read, not removed.
         return max(0, before - await asyncio.to_thread(chunk_count, paths.memory, conversation_id))
 
+    def removal_rebuilds(self) -> bool:
+        return False  # it counts and removes one conversation's rows
+
 
 class FunesRows:
     def __init__(self, binary: str, job: IndexJob, timeout_s: float) -> None:
         self.binary = binary
         self.job = job
         self.timeout_s = timeout_s
+        self._has_forget: bool | None = None  # learnt from the first forget's exit code
+
+    def removal_rebuilds(self) -> bool | None:
+        return None if self._has_forget is None else not self._has_forget
 
     async def count(self, paths: TenantPaths) -> int:
         code, out, err = await self._run(paths, "status", str(paths.memory.resolve()))
@@ -90,10 +102,13 @@ class FunesRows:
     async def remove_conversation(self, paths: TenantPaths, conversation_id: str, lock: RedisLock | None = None) -> int:
         code, out, err = await self._run(paths, "forget", conversation_id, "--memory", str(paths.memory.resolve()))
         if code == 0 and (found := _FORGOT.search(out)):
+            self._has_forget = True
             return int(found[1])
         if code == 1 and "no index" in err:
             return 0
-        if code != USAGE_ERROR:
+        if code == USAGE_ERROR:
+            self._has_forget = False
+        else:
             log.warning("forget.funes_forget_failed", user_hash=paths.uhash, code=code, error=(err or out)[-200:])
         # funes' own deletion path (the only one of an append-only funes): rebuild the memory from
         # the remaining files, and count the difference.

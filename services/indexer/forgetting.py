@@ -28,7 +28,7 @@ import os
 import secrets
 import shutil
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 
 import redis.asyncio as aioredis
@@ -149,14 +149,22 @@ class Forgetter:
         self.compaction = DurableCompaction(client, [settings.stream, dead_letter_stream(settings.stream)])
 
     async def forget(self, entry_id: str, event: ForgetEvent,
-                     slot: contextlib.AbstractAsyncContextManager = contextlib.nullcontext()) -> None:
+                     slot: contextlib.AbstractAsyncContextManager = contextlib.nullcontext(),
+                     alongside: Callable[[], Mapping[str, ForgetEvent]] = dict, rows_gone: bool = False) -> list[str]:
         """Carry the forget out; `slot` is entered once the user's index lock is held (a worker's
-        limit on forgets at work, so one waiting for a lock takes none)."""
+        limit on forgets at work, so one waiting for a lock takes none).
+
+        Where removing a conversation's rows rebuilds the whole memory (funes without `forget`),
+        the sources of `alongside()` (the user's other conversation forgets waiting their turn,
+        asked once the lock is held) go before the rebuild, and their entry ids are returned: their
+        rows went with it, and each is then carried out with `rows_gone` (one rebuild for a burst,
+        not one each)."""
         paths = TenantPaths.for_hash(self.s.data_dir, event.user_hash)
         lock = RedisLock(self.client, keys.index_lock(event.user_hash), self.s.index_lock_ttl_s)
+        covered: list[str] = []
         async with self._index_run_yielded(event.user_hash), lock.held(wait_s=self.s.index_timeout_s, renew=True), slot:
             if event.kind == "forget_conversation":
-                await self._forget_conversation(paths, event, entry_id, lock)
+                covered = await self._forget_conversation(paths, event, entry_id, lock, alongside, rows_gone)
             else:
                 await self._forget_user(paths, entry_id, event)
                 await self._tally(event, stream_entries=await self._purge_stream(event, entry_id))
@@ -168,13 +176,14 @@ class Forgetter:
         removed = await self._complete_receipt(event)
         FORGOTTEN.labels(event.kind, event.reason).inc()
         log.info("forget.done", kind=event.kind, reason=event.reason, user_hash=event.user_hash,
-                 conversation_id=event.conversation_id, **removed)
+                 conversation_id=event.conversation_id, rebuilt_for=len(covered), **removed)
+        return covered
 
     @contextlib.asynccontextmanager
     async def _index_run_yielded(self, uhash: str) -> AsyncIterator[None]:
         """While this forget waits for the user's index lock, a running index run gives it up
         at its next checkpoint (and runs again later) instead of finishing first. The request
-        counts the user's waiting forgets (the last one out removes it) and expires with them:
+        holds a token per waiting forget of the user (the last one out removes it) and expires with them:
         a worker killed mid-forget blocks the user's indexing for one lock TTL at most."""
         waiting, ttl_ms, token = keys.forget_waiting(uhash), int(self.s.index_lock_ttl_s * 1000), secrets.token_hex(8)
         await self.client.eval(_JOIN_WAITING, 1, waiting, token, ttl_ms)
@@ -193,8 +202,24 @@ class Forgetter:
             with contextlib.suppress(aioredis.RedisError):  # it expires by itself
                 await self.client.eval(_LEAVE_WAITING, 1, waiting, token)
 
-    async def _forget_conversation(self, paths: TenantPaths, event: ForgetEvent, entry_id: str,
-                                   lock: RedisLock) -> None:
+    async def _forget_conversation(self, paths: TenantPaths, event: ForgetEvent, entry_id: str, lock: RedisLock,
+                                   alongside: Callable[[], Mapping[str, ForgetEvent]], rows_gone: bool) -> list[str]:
+        """The conversation's source and rows; returns the `alongside` forgets whose rows went too."""
+        await self._remove_source(paths, event, entry_id)
+        if rows_gone or not paths.src.is_dir():
+            return []  # a rebuild of another forget of the user removed them (it counted their chunks)
+        ahead = dict(alongside()) if self.rows.removal_rebuilds() is not False else {}
+        for other_id, other in ahead.items():
+            await self._remove_source(paths, other, other_id)
+        try:
+            await self._tally(event, chunks=await self.rows.remove_conversation(paths, event.conversation_id, lock))
+        except RebuildContinues as unfinished:
+            await self._tally(event, chunks=unfinished.chunks)
+            await mark_dirty(self.client, event.user_hash, None, self.s.index_debounce_s)
+        return list(ahead) if self.rows.removal_rebuilds() else []
+
+    async def _remove_source(self, paths: TenantPaths, event: ForgetEvent, entry_id: str) -> None:
+        """Tombstone the conversation and delete its source file and its older stream entries."""
         assert event.conversation_id is not None
         conv_lock = RedisLock(self.client, keys.conversation_lock(event.user_hash, event.conversation_id), 30)
         # A retention forget deletes the snapshot it found expired, not what was accepted since
@@ -203,12 +228,6 @@ class Forgetter:
         async with conv_lock.held(wait_s=30):
             await self._tally(event, files=await asyncio.to_thread(tombstone_conversation, paths, event.conversation_id, deletion))
             await self._tally(event, stream_entries=await self._purge_stream(event, deletion))
-        if paths.src.is_dir():
-            try:
-                await self._tally(event, chunks=await self.rows.remove_conversation(paths, event.conversation_id, lock))
-            except RebuildContinues as unfinished:
-                await self._tally(event, chunks=unfinished.chunks)
-                await mark_dirty(self.client, event.user_hash, None, self.s.index_debounce_s)
 
     async def _forget_user(self, paths: TenantPaths, entry_id: str, event: ForgetEvent) -> None:
         await asyncio.to_thread(tombstone_user, self.s.data_dir, paths.uhash, entry_id)

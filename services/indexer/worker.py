@@ -5,7 +5,9 @@ in-flight handlers finish, stop the running index job (index_scheduler.IndexSche
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
+import sys
 from pathlib import Path
 
 import redis.asyncio as aioredis
@@ -180,7 +182,12 @@ async def run_worker(settings: IndexerSettings) -> None:
     await asyncio.gather(tasks[-1], return_exceptions=True)
     # Whatever else still runs (the broker's readers, lock renewals) is cancelled here, not by
     # asyncio.run's single cancellation, which a lost one (shared/task_cancel.py) makes wait for good.
-    if left := await cancel_and_wait(asyncio.all_tasks() - {asyncio.current_task()}):
-        log.warning("indexer.tasks_not_stopped", tasks=len(left))
+    left = await cancel_and_wait(asyncio.all_tasks() - {asyncio.current_task()})
     await client.aclose()
+    if left:
+        # asyncio.run would cancel them once more and wait for good: the process ends here
+        # (what they held stays pending in the stream, or expires).
+        log.warning("indexer.tasks_not_stopped", tasks=len(left))
+        sys.stdout.flush()
+        os._exit(0)
     log.info("indexer.stopped")
