@@ -115,14 +115,14 @@ class ForgetQueue:
         """The forget, and its ack. Redis unreachable is tried again here, the entry still held:
         given back to the reclaimer, every held forget of the user failed in turn at each outage,
         each delivery counted, and five outages dead-lettered forgets that had never begun."""
+        def alongside() -> dict[str, ForgetEvent]:
+            return {other_id: other for other_id, other in user.not_begun.items() if other.kind == "forget_conversation"}
+
         pause = 0.5
         while True:
             try:
                 # The forget slot is taken once the user's index lock is held: a forget waiting
                 # for a lock another worker holds (its rebuild) takes no slot from other users.
-                def alongside() -> dict[str, ForgetEvent]:
-                    return {other_id: other for other_id, other in user.not_begun.items() if other.kind == "forget_conversation"}
-
                 self._rows_gone.update(await self._forgetter.forget(
                     entry_id, event, slot=self._running, alongside=alongside, rows_gone=entry_id in self._rows_gone))
                 await self._ack(entry_id)
