@@ -227,13 +227,14 @@ JWT_SECRET = "test-jwt-secret-0123456789abcdef0123"
 
 
 class ServiceProcess:
-    """One `recall <command>` child with its own env; stopped (or killed) by the test."""
+    """One `recall <command>` child with its own env; stopped (or killed) by the test. Its output
+    goes to a file in the test's own directory, which pytest prunes (not /tmp, where it stayed)."""
 
-    def __init__(self, command: str, env: dict[str, str], health_url: str | None) -> None:
+    def __init__(self, command: str, env: dict[str, str], health_url: str | None, log_dir: Path) -> None:
         self.command = command
         self.env = env
         self.health_url = health_url
-        self.log = tempfile.NamedTemporaryFile(prefix=f"recall-{command}-", suffix=".log", delete=False)
+        self.log = tempfile.NamedTemporaryFile(prefix=f"recall-{command}-", suffix=".log", dir=log_dir, delete=False)
         self.proc = subprocess.Popen([str(BIN / "recall"), command], env=env, stdout=self.log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL)
 
@@ -280,7 +281,7 @@ def service_env(tmp_path: Path, redis_url: str) -> dict[str, str]:
 
 
 @pytest.fixture
-def services(service_env):
+def services(service_env, tmp_path):
     """Start services by name; every one started is stopped at teardown."""
     started: list[ServiceProcess] = []
 
@@ -291,7 +292,7 @@ def services(service_env):
         for _ in range(3):
             env = {**service_env, **overrides}
             port = int(env[port_var])
-            proc = ServiceProcess(command, env, f"http://127.0.0.1:{port}/healthz")
+            proc = ServiceProcess(command, env, f"http://127.0.0.1:{port}/healthz", tmp_path)
             started.append(proc)
             try:
                 # Healthy only when our child holds the port: between free_port() and the bind,

@@ -92,7 +92,7 @@ async def test_tenants_racing_a_small_reader_cache_and_forget_drops_never_get_a_
 
 @pytest.mark.parametrize("soft, hard", [(200, 4096), (300, 300)], ids=["soft-limit-below-hard", "low-hard-limit"])
 async def test_more_tenants_than_the_open_file_limit_holds_readers_for_never_get_a_false_unavailable(
-        template_home, service_env, soft, hard):
+        template_home, service_env, tmp_path, soft, hard):
     """Each open memory holds 4 file descriptors; the default cache (256) outgrows a 1024 limit.
     Past the limit the next memory could not be opened ("unavailable") and connections were
     refused. The service raises its soft limit to the hard one and keeps the cache within it."""
@@ -100,7 +100,7 @@ async def test_more_tenants_than_the_open_file_limit_holds_readers_for_never_get
     users = [f"many-{i:02d}" for i in range(80)]  # 80 readers need 320 descriptors
     for user in users:
         shutil.copytree(template_home / "memory", TenantPaths.for_user(data, user).memory)
-    log = tempfile.NamedTemporaryFile(prefix="recall-serve-", suffix=".log", delete=False)
+    log = tempfile.NamedTemporaryFile(prefix="recall-serve-", suffix=".log", dir=tmp_path, delete=False)
     proc = subprocess.Popen([str(BIN / "recall"), "serve"], env={**service_env, "RECALL_ENGINE": "embedded"},
                             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard)))
