@@ -473,6 +473,55 @@ async def test_a_user_forget_killed_while_it_deletes_still_reports_everything_it
     await client.aclose()
 
 
+@pytest.mark.parametrize("engine", ["embedded", "funes-without-forget"])
+async def test_a_conversation_forget_killed_after_its_rows_went_still_counts_them_once(tmp_path, redis_url, r, monkeypatch,
+                                                                                      fake_funes, engine):
+    """kill -9 of the indexer after a conversation's rows were removed (or, in funes mode, after
+    the rebuild without it) and before they were counted: the redelivery found them gone and
+    its receipt said 0 chunks. It now counts from the first attempt's count, and only once."""
+    from services.indexer.index_job import FunesIndexJob
+    from shared.stream_schema import ForgetEvent, deletion_key
+    from tests.conftest import write_conversation
+
+    class Killed(BaseException):
+        pass
+
+    r.flushdb()
+    paths = TenantPaths.for_user(tmp_path / "data", "pia")
+    for i in range(3):
+        write_conversation(paths.src, f"c{i}", [f"pump P-{i} overheats", "swap the bearing"])
+    if engine == "embedded":
+        settings = IndexerSettings(data_dir=tmp_path / "data", redis_url=redis_url)
+        job = EmbeddedIndexJob(settings.index_timeout_s)
+    else:
+        append_only = tmp_path / "funes-1.2"  # no `forget` (clap exits 2): a conversation goes by a rebuild
+        append_only.write_text(f'#!/bin/sh\n[ "$1" = forget ] && exit 2\nexec "{fake_funes}" "$@"\n')
+        append_only.chmod(0o755)
+        settings = IndexerSettings(data_dir=tmp_path / "data", redis_url=redis_url, engine="funes", funes_bin=str(append_only))
+        job = FunesIndexJob(str(append_only), 60)
+    await job.run(paths)
+    client = aioredis.Redis.from_url(redis_url)
+    event = ForgetEvent(kind="forget_conversation", user_hash=paths.uhash, conversation_id="c1", receipt="k" * 24,
+                        received_at=time.time())
+    real_remove = job.remove_deleted
+
+    async def killed_once_removed(*args, **kwargs):
+        await real_remove(*args, **kwargs)
+        raise Killed
+
+    monkeypatch.setattr(job, "remove_deleted", killed_once_removed)
+    with pytest.raises(Killed):
+        await Forgetter(client, settings, job).forget("2000-0", event)
+    monkeypatch.setattr(job, "remove_deleted", real_remove)
+    await Forgetter(client, settings, job).forget("2000-0", event)  # the redelivery
+    await Forgetter(client, settings, job).forget("2000-0", event)  # and one more: nothing is counted twice
+
+    record = json.loads(r.hget(deletion_key(event.receipt), "record"))
+    assert record["removed"] == {"files": 1, "chunks": 2, "stream_entries": 0, "dead_letters": 0}
+    assert sorted(p.name for p in paths.src.glob("*.funes.jsonl")) == ["c0.funes.jsonl", "c2.funes.jsonl"]
+    await client.aclose()
+
+
 async def test_a_user_whose_memory_is_unreadable_is_forgotten_all_the_same(tmp_path, redis_url, r):
     """Counting the chunks for the receipt must not stop the deletion (it raised MemoryUnusable)."""
     from shared.stream_schema import ForgetEvent, deletion_key

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from services.indexer.index_job import IndexJob, IndexJobFailed
@@ -19,6 +20,15 @@ log = get_logger("recall.indexer.forget")
 USAGE_ERROR = 2  # funes (clap) exits 2 for an unknown subcommand: funes <= 1.2 has no `forget`
 _FORGOT = re.compile(r"^forgot session .+: (\d+) chunks removed$", re.M)
 _CHUNKS = re.compile(r"^chunks: (\d+)$", re.M)
+
+# The count a removal starts from, as the forget's first attempt took it (forgetting.py keeps it
+# in the receipt): an attempt after a crash finds the rows gone, or a memory half rebuilt, and
+# counted from there its receipt said 0 chunks.
+FirstCount = Callable[[int], Awaitable[int]]
+
+
+async def as_counted(chunks: int) -> int:
+    return chunks
 
 
 class RebuildContinues(Exception):
@@ -36,8 +46,10 @@ class ForgetRows(Protocol):
         """Chunks the tenant's memory holds (what forgetting the whole user removes)."""
         ...
 
-    async def remove_conversation(self, paths: TenantPaths, conversation_id: str, lock: RedisLock | None = None) -> int:
-        """After the source file is gone: remove the conversation's rows; the number removed."""
+    async def remove_conversation(self, paths: TenantPaths, conversation_id: str, lock: RedisLock | None = None,
+                                  first_count: FirstCount = as_counted) -> int:
+        """After the source file is gone: remove the conversation's rows; the number removed,
+        counted from `first_count` of the count taken before removing."""
         ...
 
     def removal_rebuilds(self) -> bool | None:
@@ -61,7 +73,8 @@ class EmbeddedRows:
             log.warning("forget.memory_unreadable", user_hash=paths.uhash, error=type(exc).__name__)
             return 0
 
-    async def remove_conversation(self, paths: TenantPaths, conversation_id: str, lock: RedisLock | None = None) -> int:
+    async def remove_conversation(self, paths: TenantPaths, conversation_id: str, lock: RedisLock | None = None,
+                                  first_count: FirstCount = as_counted) -> int:
         from shared.engine.api import chunk_count
         from shared.engine.store import MemoryDamaged
 
@@ -71,6 +84,7 @@ class EmbeddedRows:
             # Unreadable, so uncounted; the run below deletes it and rebuilds it without the conversation.
             log.warning("forget.memory_damaged", user_hash=paths.uhash)
             before = 0
+        before = await first_count(before)
         await self.job.remove_deleted(paths, lock=lock)
         # Not 0 after only when a snapshot newer than the forget stays (forgetting.py): its rows
         # were re-read, not removed.
@@ -99,7 +113,8 @@ class FunesRows:
         found = _CHUNKS.search(out)
         return int(found[1]) if found else 0  # "no index yet": nothing to count
 
-    async def remove_conversation(self, paths: TenantPaths, conversation_id: str, lock: RedisLock | None = None) -> int:
+    async def remove_conversation(self, paths: TenantPaths, conversation_id: str, lock: RedisLock | None = None,
+                                  first_count: FirstCount = as_counted) -> int:
         code, out, err = await self._run(paths, "forget", conversation_id, "--memory", str(paths.memory.resolve()))
         if code == 0 and (found := _FORGOT.search(out)):
             self._has_forget = True
@@ -112,7 +127,7 @@ class FunesRows:
             log.warning("forget.funes_forget_failed", user_hash=paths.uhash, code=code, error=(err or out)[-200:])
         # funes' own deletion path (the only one of an append-only funes): rebuild the memory from
         # the remaining files, and count the difference.
-        before = await self.count(paths)
+        before = await first_count(await self.count(paths))
         try:
             await self.job.remove_deleted(paths, lock=lock)
         except IndexJobFailed as exc:

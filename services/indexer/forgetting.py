@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import secrets
@@ -69,6 +70,12 @@ _TALLY = """
 if redis.call('HSETNX', KEYS[1], 'tallied:' .. ARGV[1], 1) == 0 then return 0 end
 for i = 2, #ARGV, 2 do redis.call('HINCRBY', KEYS[1], 'removed:' .. ARGV[i], ARGV[i + 1]) end
 return 1
+"""
+# A conversation forget counts its rows once per receipt, whichever attempt gets to count them.
+_ROWS_TOKEN = "rows"
+_FIRST_COUNT = """
+redis.call('HSETNX', KEYS[1], 'before:' .. ARGV[1], ARGV[2])
+return redis.call('HGET', KEYS[1], 'before:' .. ARGV[1])
 """
 
 
@@ -211,10 +218,12 @@ class Forgetter:
         ahead = dict(alongside()) if self.rows.removal_rebuilds() is not False else {}
         for other_id, other in ahead.items():
             await self._remove_source(paths, other, other_id)
+        first_count = functools.partial(self._first_count, event)
         try:
-            await self._tally(event, chunks=await self.rows.remove_conversation(paths, event.conversation_id, lock))
+            await self._tally(event, token=_ROWS_TOKEN,
+                              chunks=await self.rows.remove_conversation(paths, event.conversation_id, lock, first_count))
         except RebuildContinues as unfinished:
-            await self._tally(event, chunks=unfinished.chunks)
+            await self._tally(event, token=_ROWS_TOKEN, chunks=unfinished.chunks)
             await mark_dirty(self.client, event.user_hash, None, self.s.index_debounce_s)
         return list(ahead) if self.rows.removal_rebuilds() else []
 
@@ -354,6 +363,11 @@ class Forgetter:
         would report less than was removed. Added once for its `token` (a new one by default)."""
         counts = [part for what, n in removed.items() for part in (what, n)]
         await self.client.eval(_TALLY, 1, deletion_key(event.receipt), token or secrets.token_hex(8), *counts)
+
+    async def _first_count(self, event: ForgetEvent, chunks: int) -> int:
+        """The chunks counted before the forget's first attempt removed any (kept in its receipt):
+        a redelivery after a crash counts from there, not from the rows that attempt left."""
+        return int(await self.client.eval(_FIRST_COUNT, 1, deletion_key(event.receipt), "chunks", chunks))
 
     async def _complete_receipt(self, event: ForgetEvent) -> dict[str, int]:
         key = deletion_key(event.receipt)
