@@ -110,7 +110,10 @@ class RedisLock:
 
     def give_up(self) -> None:
         """Its holder is stopping (SIGTERM): the work stops as if the lock were lost, `guard()`
-        cancels it and `fence()` refuses the next commit; the caller still releases the lock."""
+        cancels it and `fence()` refuses the next commit; the caller still releases the lock. A lock
+        already lost (or yielded to a forget) stays as it was: that is why its work stopped."""
+        if self.lost:
+            return
         self.given_up = self.yielded = True
         self._mark_lost()
 

@@ -331,6 +331,115 @@ def test_sigterm_during_a_long_index_run_stops_it_within_seconds_and_the_user_st
     assert r.get(keys.index_lock(user_hash("olga"))) is None, "its lock was released, not left to expire"
 
 
+async def test_a_stopping_scheduler_starts_no_run_even_for_the_user_whose_lock_it_was_taking(tmp_path, redis_url, r,
+                                                                                             monkeypatch):
+    """An SRE trial's SIGTERM landed while the scheduler took a due user's lock; the scheduler was
+    told to stop only after the forgets had, so it started that run, which was given up 5 s later."""
+    import redis.asyncio as aioredis
+
+    from services.indexer import redis_keys as keys
+    from services.indexer.index_scheduler import IndexScheduler
+    from shared.redis_lock import RedisLock
+
+    class NeverRun:
+        runs = 0
+
+        async def run(self, paths, lock=None) -> None:
+            NeverRun.runs += 1
+
+    r.flushdb()
+    client = aioredis.Redis.from_url(redis_url)
+    scheduler = IndexScheduler(client, NeverRun(), tmp_path, 0.05, 30, 2)
+    uh = user_hash("sam")
+    r.zadd(keys.DUE, {uh: time.time() - 1})
+    real_acquire = RedisLock.acquire
+
+    async def acquire_as_the_stop_begins(lock: RedisLock) -> bool:
+        taken = await real_acquire(lock)
+        asyncio.get_running_loop().create_task(scheduler.stop())  # SIGTERM lands during the await
+        await asyncio.sleep(0)
+        return taken
+
+    monkeypatch.setattr(RedisLock, "acquire", acquire_as_the_stop_begins)
+    try:
+        await asyncio.wait_for(scheduler.run_forever(), 10)
+        assert NeverRun.runs == 0 and not scheduler.running
+        assert r.get(keys.index_lock(uh)) is None, "the lock it had just taken was released"
+        assert r.zscore(keys.DUE, uh) is not None, "the user stays due for the next worker"
+    finally:
+        await client.aclose()
+
+
+async def test_a_run_that_yielded_to_a_forget_and_is_then_stopped_still_says_it_yielded(redis_url, r):
+    import redis.asyncio as aioredis
+
+    from shared.redis_lock import RedisLock
+
+    client = aioredis.Redis.from_url(redis_url)
+    lock = RedisLock(client, "recall:lock:index:test-yield", 30, yields_to="recall:forget-waiters:test-yield")
+    try:
+        assert await lock.acquire()
+        r.sadd("recall:forget-waiters:test-yield", "a-forget")
+        lock.keep_alive()
+        assert await asyncio.wait_for(lock._lost_event.wait(), 10) is True
+        lock.give_up()  # the stop arrives while the run is still winding down
+        assert lock.yielded and not lock.given_up, "its index.run outcome said 'stopped'"
+        await lock.release()
+    finally:
+        r.delete("recall:forget-waiters:test-yield")
+        await client.aclose()
+
+
+async def test_a_forget_waits_for_a_yielding_runs_memory_lock_past_five_seconds(tmp_path):
+    """A run that yields its Redis lock lets the memory's writer lock go only at its next
+    checkpoint, one embedding batch, which took up to 23 s on a loaded host: the forget waited
+    5 s, failed with MemoryBusy and was redelivered, counting a delivery."""
+    import threading
+
+    from shared.engine.memory_lock import memory_lock
+
+    paths = _tenant_with_conversations(tmp_path, "noa", 2)
+    job = EmbeddedIndexJob(900)
+    await job.run(paths)
+    (paths.src / "c0.funes.jsonl").unlink()
+    held, release = threading.Event(), threading.Event()
+
+    def a_run_winding_down() -> None:
+        with memory_lock(paths.root):
+            held.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=a_run_winding_down)
+    holder.start()
+    assert held.wait(10)
+    threading.Timer(6.5, release.set).start()
+    try:
+        await job.remove_deleted(paths)
+    finally:
+        release.set()
+        holder.join()
+    assert len(memory_rows_at(paths)) == 1
+
+
+def test_a_memory_lock_wait_ends_when_its_run_is_stopped(tmp_path):
+    from shared.engine.memory_lock import memory_lock
+
+    class Stopped(Exception):
+        pass
+
+    started = time.monotonic()
+
+    def stop_after_a_moment() -> None:
+        if time.monotonic() - started > 0.3:
+            raise Stopped
+
+    with memory_lock(tmp_path):
+        with pytest.raises(Stopped):
+            with memory_lock(tmp_path, wait_s=60, waiting=stop_after_a_moment):
+                pass
+    assert time.monotonic() - started < 5
+
+
 # ---- a lost lock aborts the job; embedded jobs have a timeout ----------------------------------
 def _tenant_with_conversations(data: Path, user: str, n: int) -> TenantPaths:
     from tests.conftest import write_conversation

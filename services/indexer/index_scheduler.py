@@ -78,7 +78,7 @@ class IndexScheduler:
 
     async def _tick(self) -> None:
         now = time.time()
-        if len(self.running) >= self.concurrency:
+        if len(self.running) >= self.concurrency or self._stopping.is_set():
             return
         for raw in await self.client.zrangebyscore(keys.DUE, "-inf", now, start=0, num=32):
             uhash = raw.decode() if isinstance(raw, bytes) else raw
@@ -89,6 +89,9 @@ class IndexScheduler:
             lock = RedisLock(self.client, keys.index_lock(uhash), self.lock_ttl_s, yields_to=keys.forget_waiting(uhash))
             if not await lock.acquire():
                 continue  # another replica runs this user now; it stays due
+            if self._stopping.is_set():  # the stop began while the lock was taken: the user stays due
+                await lock.release()
+                return
             self.running[uhash] = (asyncio.create_task(self._run(uhash, lock)), lock)
             INDEX_RUNNING.set(len(self.running))
             if len(self.running) >= self.concurrency:

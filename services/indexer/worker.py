@@ -174,9 +174,10 @@ async def run_worker(settings: IndexerSettings) -> None:
     await cancel_and_wait([watchdog])  # before the broker stops: its stopped subscribers are no fault then
     # The broker waits for in-flight handlers, and a handler may wait for room among the held
     # forgets, so those stop alongside: a running one gets a few seconds, then is cancelled (it
-    # stays pending and is redelivered to another worker), as a running index job does next.
-    await asyncio.gather(broker.stop(), consumer.forgets.stop(FINISH_ON_STOP_S))
-    await scheduler.stop()
+    # stays pending and is redelivered to another worker). The index runs stop alongside too, at
+    # once taking no new user: stopped after the forgets, the scheduler went on starting runs
+    # for up to their few seconds, each then given up in turn.
+    await asyncio.gather(broker.stop(), consumer.forgets.stop(FINISH_ON_STOP_S), scheduler.stop())
     http.should_exit = True
     await cancel_and_wait(tasks[:-1])
     await asyncio.gather(tasks[-1], return_exceptions=True)

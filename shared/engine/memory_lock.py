@@ -10,7 +10,7 @@ import contextlib
 import fcntl
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 CONTENTION_MESSAGE = "another funes memory operation is in progress; retry in a moment"
@@ -21,9 +21,14 @@ class MemoryBusy(Exception):
         super().__init__(CONTENTION_MESSAGE)
 
 
+def _keep_waiting() -> None:
+    pass
+
+
 @contextlib.contextmanager
-def memory_lock(home: Path, wait_s: float = 0.0) -> Iterator[None]:
-    """Hold the writer lock; wait up to `wait_s` seconds for it, then raise MemoryBusy."""
+def memory_lock(home: Path, wait_s: float = 0.0, waiting: Callable[[], None] = _keep_waiting) -> Iterator[None]:
+    """Hold the writer lock; wait up to `wait_s` seconds for it, then raise MemoryBusy. `waiting()`
+    is called between tries: what it raises ends the wait (the caller's own run was stopped)."""
     home.mkdir(parents=True, exist_ok=True)
     fd = os.open(home / "store.lock", os.O_RDWR | os.O_CREAT, 0o600)
     try:
@@ -35,6 +40,7 @@ def memory_lock(home: Path, wait_s: float = 0.0) -> Iterator[None]:
             except BlockingIOError:
                 if time.monotonic() >= deadline:
                     raise MemoryBusy() from None
+                waiting()
                 time.sleep(0.05)
         yield
     finally:

@@ -127,6 +127,13 @@ def reembed_memory(home: Path, src: Path, embedder: Embedder, progress: Progress
     return chunk_count(memory_dir(home))
 
 
+# A forget holds the user's index lock, so the memory's writer lock is held only by a run that gave
+# that lock up (it lets go at its next checkpoint, one embedding batch, longer on a loaded host)
+# or by an operator's command. After 5 s it failed with MemoryBusy and was redelivered, counting
+# a delivery; the wait ends early when the forget's own run is stopped (its checkpoint).
+REMOVAL_LOCK_WAIT_S = 60.0
+
+
 def remove_deleted_sources(home: Path, src: Path, embedder: Embedder, checkpoint: Checkpoint | None = None) -> None:
     """After sources were deleted (a forget): scrub every row whose text `src` no longer holds
     from the live memory and from a re-embed's staging memory, embedding nothing. A forget waits
@@ -140,10 +147,10 @@ def remove_deleted_sources(home: Path, src: Path, embedder: Embedder, checkpoint
         if own_model is None:
             reembed_memory(home, src, embedder, **kwargs)
             own_model = embedder
-        index_tree(home, src, own_model, lock_wait_s=5.0, purge=True, only_removals=True, **kwargs)
+        index_tree(home, src, own_model, lock_wait_s=REMOVAL_LOCK_WAIT_S, purge=True, only_removals=True, **kwargs)
     staging = _keep_staging_of(home, embedder)
     if MemoryStore.exists(memory_dir(staging)):
-        index_tree(staging, src, embedder, lock_wait_s=5.0, purge=True, only_removals=True, **kwargs)
+        index_tree(staging, src, embedder, lock_wait_s=REMOVAL_LOCK_WAIT_S, purge=True, only_removals=True, **kwargs)
 
 
 _RENAME_EXCHANGE = 2
