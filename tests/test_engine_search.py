@@ -146,6 +146,37 @@ def test_gibberish_and_off_topic_queries_say_no_results(tmp_path, embedder):
     assert "vibration alarm" in engine.recall(memory, "compressor vibration alarm", RecallParams(k=1, floor=True))
 
 
+def test_a_codename_said_once_in_a_long_turn_is_found_though_its_cosine_is_under_the_floor(tmp_path, embedder):
+    """An SRE trial asked for a made-up word posted in one turn of several sentences: BM25 had the
+    turn first, but its cosine to the bare word was under the floor, and the answer was
+    "nothing relevant". A turn that holds every word of the query clears the floor."""
+    from shared.engine.relevance_floor import floor_for
+
+    turn = ("About the office move next month, we postponed the honest tools and the codeword gelavukov came up. The "
+            "rough risks were estimated again because the weather looked detailed after 33 days of deadline. The "
+            "surprising options were estimated again because the schedule looked rough after 40 days of notes. The "
+            "tedious notes were considered again because the weather looked expensive after 65 days of costs. The "
+            "tedious materials were compared again because the neighbours looked expensive after 35 days of costs.")
+    memory = _one_memory(tmp_path, embedder, {
+        "office": [turn, "The pump seal on line two was replaced on Monday after the pressure test failed twice in a "
+                         "row, and the spare parts came from the north depot."],
+        "budget": ["About the budget review, we moved the careful slides and the plan came up. The quiet costs were "
+                   "compared again because the schedule looked late after 12 days of notes.",
+                   "About the plant walk, we checked the noisy pumps and the spare parts came up. The rough readings "
+                   "were logged again because the weather looked cold after 20 days of work."],
+    })
+    engine = Engine(embedder=embedder)
+    with engine.lease(memory) as reader, reader.fresh():
+        for query in ["gelavukov", "what is gelavukov?"]:
+            best = reader.nearest_scored(embedder.embed_query(query), 1, reader.filter_mask(None, None))[0][1]
+            assert best < floor_for(embedder.spec.model_id).with_words, f"{query}: the cosine alone would refuse it"
+    for query in ["gelavukov", "what is gelavukov?"]:
+        assert "the codeword gelavukov came up" in engine.recall(memory, query, RecallParams(k=1, floor=True)), query
+    # Every word must be in one turn: a word never said, or one said beside one never said, is still refused.
+    for never_said in ["tomirasek", "gelavukov tomirasek"]:
+        assert engine.recall(memory, never_said, RecallParams(floor=True)) == NO_RESULTS, never_said
+
+
 def test_a_russian_question_over_english_chats_clears_the_floor_and_cyrillic_gibberish_does_not(tmp_path, embedder):
     src = tmp_path / "src"
     write_conversation(src, "en", ["status check please", "The pump seal was replaced on Monday.", "thanks"])

@@ -90,6 +90,9 @@ RERANK_POOL_FACTOR = 4
 # and in any answer cut to its top passages. 1 = no preview moves out of the window.
 NEIGHBOUR_REACH = 2
 NEIGHBOUR_PREVIEW_CHARS = 160  # funes shows neighbours as previews of this many code points
+# BM25's best turns asked whether one holds every word of the query (`_one_turn_holds_every_word`):
+# a turn holding them all ranks near the top of the leg.
+BM25_TURNS_FOR_WORDS = 10
 
 
 class DeadlineExceeded(Exception):
@@ -358,7 +361,7 @@ def recall(
         patterns = [IdentifierPattern(i) for i in idents]
         boost = {rid: IDENTIFIER_BOOST * count_identifiers(rows[rid].text, patterns) / len(patterns)
                  for rid in rows} if patterns else {}
-        if params.floor and not any(boost.values()) and not _clears_floor(embedder, query, legs, rows, c):
+        if params.floor and not any(boost.values()) and not _clears_floor(reader, embedder, query, legs, rows, c, mask):
             return []  # nothing close enough, or a query without a single word
         pool = sorted(rows, key=lambda rid: fused[rid] + boost.get(rid, 0.0), reverse=True)[:c]
 
@@ -393,12 +396,31 @@ def _embed(embedder: Embedder, query: str, deadline: float | None) -> np.ndarray
     return qvec
 
 
-def _clears_floor(embedder: Embedder, query: str, legs: Legs, rows: dict[int, Row], c: int) -> bool:
-    """The relevance floor of the embedder's model; a query without a single word never clears it."""
+def _clears_floor(reader: MemoryReader, embedder: Embedder, query: str, legs: Legs, rows: dict[int, Row], c: int,
+                  mask: Mask) -> bool:
+    """The relevance floor of the embedder's model, unless one turn holds every word of the query;
+    a query without a single word never clears it."""
     def nearest() -> list[str]:  # read only for a query that shares no word with the memory
         return [rows[rid].text for rid, _ in legs.dense[:c] if rid in rows]
 
-    return bool(query_terms(query)) and floor_for(embedder.spec.model_id).admits(query, legs, nearest, embedder.text_log_prob)
+    if not query_terms(query):
+        return False
+    return floor_for(embedder.spec.model_id).admits(query, legs, nearest, embedder.text_log_prob) or \
+        _one_turn_holds_every_word(reader, query, legs, rows, mask)
+
+
+def _one_turn_holds_every_word(reader: MemoryReader, query: str, legs: Legs, rows: dict[int, Row], mask: Mask) -> bool:
+    """Whether one of BM25's best turns holds every clause of the query as BM25 reads them (its
+    stems; every part of a joined word with a number): the user asks about words that were said.
+    A codename said once ("gelavukov") sits in a turn of several sentences whose
+    cosine to the bare word stays under the floor, so such a question was answered "nothing
+    relevant" with the turn in BM25's first place. Stop words alone never count."""
+    clauses = [frozenset(c.split()) for c in query_clauses(query)]
+    if not clauses or not legs.bm25:
+        return False
+    stems = frozenset().union(*clauses)
+    best = {rid: rows[rid] for rid, _ in legs.bm25[:BM25_TURNS_FOR_WORDS] if rid in rows}
+    return any(all(c <= held for c in clauses) for held in reader.held_stems(best, stems, mask).values())
 
 
 def _attach_neighbours(reader: MemoryReader, hits: list[Hit], window: int) -> None:

@@ -6,7 +6,8 @@ on the embedding model, so the floor is keyed by the model id a memory is stampe
 none of whose words occurs in the memory (gibberish, a topic never discussed) must clear a
 higher bar than one that shares words with some turn, and must read as language to the
 model's tokenizer; a question in another script than the memory's passages shares no word by
-necessity and faces the lower bar.
+necessity and faces the lower bar. The search skips the floor when one turn holds every word of
+the query (hybrid_search._one_turn_holds_every_word): the words were said.
 
 Calibration (bench/locomo_bench.py, LoCoMo-dev): each sample's questions asked of another
 sample's memory must get "no results" at least 60 % of the time, while answerable questions
