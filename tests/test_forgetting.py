@@ -425,6 +425,25 @@ async def test_a_user_forget_moves_the_tenant_aside_and_a_crashed_attempts_lefto
     await client.aclose()
 
 
+class Killed(BaseException):
+    """kill -9 in the middle of a forget: nothing after it runs."""
+
+
+async def _forget_killed_then_redelivered(client, settings, job, event, monkeypatch, obj, name: str, killed) -> dict:
+    """The forget with `obj.<name>` replaced by `killed` (which raises Killed) dies; its redelivery
+    and one more carry it out. Returns the receipt's record."""
+    from shared.stream_schema import deletion_key
+
+    real = getattr(obj, name)
+    monkeypatch.setattr(obj, name, killed)
+    with pytest.raises(Killed):
+        await Forgetter(client, settings, job).forget("2000-0", event)
+    monkeypatch.setattr(obj, name, real)
+    await Forgetter(client, settings, job).forget("2000-0", event)  # the redelivery
+    await Forgetter(client, settings, job).forget("2000-0", event)  # and one more: nothing is counted twice
+    return json.loads(await client.hget(deletion_key(event.receipt), "record"))
+
+
 @pytest.mark.parametrize("deleted_first", ["memory", "src"])
 async def test_a_user_forget_killed_while_it_deletes_still_reports_everything_it_removed(tmp_path, redis_url, r, monkeypatch,
                                                                                          deleted_first):
@@ -435,11 +454,8 @@ async def test_a_user_forget_killed_while_it_deletes_still_reports_everything_it
     from services.indexer.snapshot_writer import version_file
     from shared.engine.api import chunk_count
     from shared.engine.index_run import index_tree
-    from shared.stream_schema import ForgetEvent, deletion_key
+    from shared.stream_schema import ForgetEvent
     from tests.conftest import write_conversation
-
-    class Killed(BaseException):
-        pass
 
     r.flushdb()
     settings = IndexerSettings(data_dir=tmp_path, redis_url=redis_url)
@@ -459,14 +475,7 @@ async def test_a_user_forget_killed_while_it_deletes_still_reports_everything_it
         real_rmtree(tmp_path / f"{paths.uhash}.forgotten" / deleted_first, ignore_errors=True)
         raise Killed
 
-    monkeypatch.setattr(shutil, "rmtree", killed_midway)
-    with pytest.raises(Killed):
-        await Forgetter(client, settings, job).forget("2000-0", event)
-    monkeypatch.setattr(shutil, "rmtree", real_rmtree)
-    await Forgetter(client, settings, job).forget("2000-0", event)  # the redelivery
-    await Forgetter(client, settings, job).forget("2000-0", event)  # and one more: nothing is counted twice
-
-    record = json.loads(r.hget(deletion_key(event.receipt), "record"))
+    record = await _forget_killed_then_redelivered(client, settings, job, event, monkeypatch, shutil, "rmtree", killed_midway)
     assert record["status"] == "done"
     assert record["removed"] == {"files": 3, "chunks": 6, "stream_entries": 0, "dead_letters": 0}
     assert sorted(p.name for p in tmp_path.iterdir()) == [".tombstones"]
@@ -480,11 +489,8 @@ async def test_a_conversation_forget_killed_after_its_rows_went_still_counts_the
     the rebuild without it) and before they were counted: the redelivery found them gone and
     its receipt said 0 chunks. It now counts from the first attempt's count, and only once."""
     from services.indexer.index_job import FunesIndexJob
-    from shared.stream_schema import ForgetEvent, deletion_key
+    from shared.stream_schema import ForgetEvent
     from tests.conftest import write_conversation
-
-    class Killed(BaseException):
-        pass
 
     r.flushdb()
     paths = TenantPaths.for_user(tmp_path / "data", "pia")
@@ -509,14 +515,8 @@ async def test_a_conversation_forget_killed_after_its_rows_went_still_counts_the
         await real_remove(*args, **kwargs)
         raise Killed
 
-    monkeypatch.setattr(job, "remove_deleted", killed_once_removed)
-    with pytest.raises(Killed):
-        await Forgetter(client, settings, job).forget("2000-0", event)
-    monkeypatch.setattr(job, "remove_deleted", real_remove)
-    await Forgetter(client, settings, job).forget("2000-0", event)  # the redelivery
-    await Forgetter(client, settings, job).forget("2000-0", event)  # and one more: nothing is counted twice
-
-    record = json.loads(r.hget(deletion_key(event.receipt), "record"))
+    record = await _forget_killed_then_redelivered(client, settings, job, event, monkeypatch, job, "remove_deleted",
+                                                   killed_once_removed)
     assert record["removed"] == {"files": 1, "chunks": 2, "stream_entries": 0, "dead_letters": 0}
     assert sorted(p.name for p in paths.src.glob("*.funes.jsonl")) == ["c0.funes.jsonl", "c2.funes.jsonl"]
     await client.aclose()
