@@ -412,9 +412,9 @@ def _clears_floor(reader: MemoryReader, embedder: Embedder, query: str, legs: Le
 def _one_turn_holds_every_word(reader: MemoryReader, query: str, legs: Legs, rows: dict[int, Row], mask: Mask) -> bool:
     """Whether one of BM25's best turns holds every clause of the query as BM25 reads them (its
     stems; every part of a joined word with a number): the user asks about words that were said.
-    A codename said once ("gelavukov") sits in a turn of several sentences whose
-    cosine to the bare word stays under the floor, so such a question was answered "nothing
-    relevant" with the turn in BM25's first place. Stop words alone never count."""
+    A codename said once ("gelavukov") sits in a turn of several sentences whose cosine to the
+    bare word stays under the floor, so such a question was answered "nothing relevant" with the
+    turn in BM25's first place. Stop words alone never count."""
     clauses = [frozenset(c.split()) for c in query_clauses(query)]
     if not clauses or not legs.bm25:
         return False
