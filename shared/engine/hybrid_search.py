@@ -398,23 +398,20 @@ def _embed(embedder: Embedder, query: str, deadline: float | None) -> np.ndarray
 
 def _clears_floor(reader: MemoryReader, embedder: Embedder, query: str, legs: Legs, rows: dict[int, Row], c: int,
                   mask: Mask) -> bool:
-    """The relevance floor of the embedder's model, unless one turn holds every word of the query;
-    a query without a single word never clears it."""
+    """The relevance floor of the embedder's model; a query without a single word never clears it."""
     def nearest() -> list[str]:  # read only for a query that shares no word with the memory
         return [rows[rid].text for rid, _ in legs.dense[:c] if rid in rows]
 
-    if not query_terms(query):
-        return False
-    return floor_for(embedder.spec.model_id).admits(query, legs, nearest, embedder.text_log_prob) or \
-        _one_turn_holds_every_word(reader, query, legs, rows, mask)
+    def said() -> bool:
+        return _one_turn_holds_every_word(reader, query, legs, rows, mask)
+
+    floor = floor_for(embedder.spec.model_id)
+    return bool(query_terms(query)) and floor.admits(query, legs, nearest, embedder.text_log_prob, said)
 
 
 def _one_turn_holds_every_word(reader: MemoryReader, query: str, legs: Legs, rows: dict[int, Row], mask: Mask) -> bool:
     """Whether one of BM25's best turns holds every clause of the query as BM25 reads them (its
-    stems; every part of a joined word with a number): the user asks about words that were said.
-    A codename said once ("gelavukov") sits in a turn of several sentences whose cosine to the
-    bare word stays under the floor, so such a question was answered "nothing relevant" with the
-    turn in BM25's first place. Stop words alone never count."""
+    stems; every part of a joined word with a number). Stop words alone never count."""
     clauses = [frozenset(c.split()) for c in query_clauses(query)]
     if not clauses or not legs.bm25:
         return False

@@ -6,8 +6,9 @@ on the embedding model, so the floor is keyed by the model id a memory is stampe
 none of whose words occurs in the memory (gibberish, a topic never discussed) must clear a
 higher bar than one that shares words with some turn, and must read as language to the
 model's tokenizer; a question in another script than the memory's passages shares no word by
-necessity and faces the lower bar. The search skips the floor when one turn holds every word of
-the query (hybrid_search._one_turn_holds_every_word): the words were said.
+necessity and faces the lower bar. A query whose every word one turn holds is answered whatever
+the cosine: the words were said (a codename said once in a turn of several sentences sits under
+the bar by cosine).
 
 Calibration (bench/locomo_bench.py, LoCoMo-dev): each sample's questions asked of another
 sample's memory must get "no results" at least 60 % of the time, while answerable questions
@@ -46,12 +47,13 @@ class RelevanceFloor:
     refuse_runs: bool = True
 
     def admits(self, query: str, legs: "Legs", nearest: Callable[[], list[str]],
-               log_prob: Callable[[str], float | None]) -> bool:
+               log_prob: Callable[[str], float | None], said: Callable[[], bool]) -> bool:
         """Whether the best passage is close enough to answer `query`; `nearest` gives the texts of
-        the dense leg's best passages, `log_prob` the query's log-probability per character."""
+        the dense leg's best passages, `log_prob` the query's log-probability per character, `said`
+        whether one turn holds every word of the query (asked only when the cosine falls short)."""
         best = legs.dense[0][1] if legs.dense else -1.0
         if legs.bm25:
-            return best >= self.with_words
+            return best >= self.with_words or said()
         if self.refuse_runs and _only_character_runs(query):
             return False
         asked = scripts(query) - {"other"}  # digits alone are no script to be asked across
