@@ -109,9 +109,10 @@ class RedisLock:
         return bool(held)
 
     def give_up(self) -> None:
-        """Its holder is stopping (SIGTERM): the work stops as if the lock were lost, `guard()`
-        cancels it and `fence()` refuses the next commit; the caller still releases the lock. A lock
-        already lost (or yielded to a forget) stays as it was: that is why its work stopped."""
+        """Its holder is stopping (SIGTERM): the work stops as if the lock were lost and `guard()`
+        cancels it, but the lock is still held, so `fence()` lets a last commit of what was done
+        through while Redis confirms it; the caller still releases the lock. A lock already lost
+        (or yielded to a forget) stays as it was: that is why its work stopped."""
         if self.lost:
             return
         self.given_up = self.yielded = True
@@ -150,7 +151,7 @@ class RedisLock:
         loop = asyncio.get_running_loop()
 
         def confirm() -> None:
-            if self.lost:
+            if self.lost and not self.given_up:  # given up (a stop): still ours if Redis says so
                 raise LockLost(self.key)
             try:
                 held = asyncio.run_coroutine_threadsafe(self._renew(), loop).result(FENCE_TIMEOUT_S)

@@ -285,6 +285,38 @@ def test_a_long_run_stopped_after_a_slice_keeps_it_and_the_next_run_goes_on(tmp_
     assert {r[0] for r in rows_of(home)} == set(CONVS)
 
 
+def test_a_run_winding_down_commits_the_whole_conversations_it_embedded_and_the_next_run_goes_on(tmp_path, embedder,
+                                                                                               monkeypatch):
+    import shared.engine.index_run as index_run
+    from shared.engine.index_run import WindDown
+
+    monkeypatch.setattr(index_run, "EMBED_BATCH", 1)  # a checkpoint after every chunk
+    src, home = index_all_conversations(tmp_path, embedder)
+    (src / "budget.funes.jsonl").unlink()
+    for cid in ("plant", "pump"):
+        write_conversation(src, f"{cid}-2", CONVS[cid])
+    embedded: list[str] = []
+
+    class Stopped(Exception):
+        pass
+
+    def stop_after_three_chunks(point: str) -> None:
+        if point == "mid_embedding":
+            embedded.append(point)
+            if len(embedded) == 3:
+                raise WindDown(Stopped())
+
+    with pytest.raises(Stopped):
+        index_tree(home, src, embedder, checkpoint=stop_after_three_chunks)
+    kept = {r[0] for r in rows_of(home)}
+    assert kept == {"plant", "pump", "plant-2"}, "the first new conversation whole, not half the second"
+    assert len(rows_of(home)) == 6, "and the deleted conversation's rows went with it"
+
+    report = index_tree(home, src, embedder)
+    assert (report.sessions, report.chunks) == (1, 2), "only the conversation left is embedded"
+    assert {r[0] for r in rows_of(home)} == {"plant", "pump", "plant-2", "pump-2"}
+
+
 def test_the_listing_walks_sorted_and_keeps_only_regular_transcripts_inside_the_tree(tmp_path):
     """One scandir pass replaced os.walk + two stats per file; what counts as a source must not move."""
     import os

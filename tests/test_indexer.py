@@ -19,6 +19,7 @@ from services.indexer.index_job import EmbeddedIndexJob
 from services.indexer.settings import IndexerSettings
 from services.indexer.snapshot_writer import version_file
 from services.indexer.stream_consumer import StreamConsumer
+from shared.redis_lock import RedisLock
 from shared.redis_server import EmbeddedRedis
 from shared.stream_schema import ForgetEvent, StreamTurn, TurnsEvent, ensure_group
 from shared.tenant_paths import TenantPaths, user_hash
@@ -469,6 +470,75 @@ async def test_an_embedded_job_whose_lock_was_taken_over_commits_nothing(tmp_pat
         await lock.release()
     finally:
         await client.aclose()
+
+
+class StoppedAtTheThirdBatch:
+    """The job's model, and a SIGTERM (`stop`, run on the event loop) arriving while it embeds
+    its third batch."""
+
+    def __init__(self, model, stop, lock) -> None:
+        self.model, self.stop, self.lock, self.batches = model, stop, lock, 0
+        self.loop = asyncio.get_running_loop()
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    def embed(self, texts, batch_size=32):
+        self.batches += 1
+        if self.batches == 3:
+            self.loop.call_soon_threadsafe(self.stop)
+            assert wait_until(lambda: self.lock.lost, 5)
+        return self.model.embed(texts, batch_size)
+
+
+async def _run_stopped_at_the_third_conversation(paths: TenantPaths, redis_url: str, stop_with) -> tuple[RedisLock, str]:
+    """An embedded run over `paths`, one conversation per embedding batch, stopped by
+    `stop_with(lock)` at the third: LockLost. Returns the lock and its token as the run ended."""
+    import redis.asyncio as aioredis
+
+    from shared.redis_lock import LockLost
+
+    client = aioredis.Redis.from_url(redis_url)
+    lock = RedisLock(client, f"recall:lock:index:{paths.uhash}", ttl_s=30)
+    job = EmbeddedIndexJob(900)
+    job.embedder = StoppedAtTheThirdBatch(job.embedder, lambda: stop_with(lock), lock)
+    try:
+        assert await lock.acquire()
+        lock.keep_alive()
+        with pytest.raises(LockLost):
+            await job.run(paths, lock=lock)
+        held = await client.get(lock.key)
+        await lock.release()
+        return lock, held.decode() if held else ""
+    finally:
+        await client.aclose()
+
+
+async def test_an_embedded_run_stopped_mid_import_keeps_the_conversations_it_embedded(tmp_path, redis_url, monkeypatch):
+    import shared.engine.index_run as index_run
+
+    monkeypatch.setattr(index_run, "EMBED_BATCH", 1)  # a checkpoint after each conversation's one chunk
+    paths = _tenant_with_conversations(tmp_path, "vera", 6)
+    lock, held = await _run_stopped_at_the_third_conversation(paths, redis_url, RedisLock.give_up)
+    assert sorted(memory_rows_at(paths)) == [(1,), (2,), (3,)], "the three it embedded were committed, the rest not"
+    assert lock.given_up and held == lock.token, "it committed while it still held the lock"
+    await EmbeddedIndexJob(900).run(paths)
+    assert len(memory_rows_at(paths)) == 6, "the next run embeds the other three"
+
+
+async def test_a_stopped_run_whose_lock_another_worker_took_commits_nothing(tmp_path, redis_url, r, monkeypatch):
+    import shared.engine.index_run as index_run
+
+    monkeypatch.setattr(index_run, "EMBED_BATCH", 1)
+    paths = _tenant_with_conversations(tmp_path, "wera", 6)
+
+    def taken_over_then_stopped(lock: RedisLock) -> None:
+        r.set(lock.key, "another-worker")  # it expired during a pause and another worker took it
+        lock.give_up()
+
+    _, held = await _run_stopped_at_the_third_conversation(paths, redis_url, taken_over_then_stopped)
+    assert held == "another-worker"
+    assert not (paths.memory / "chunks.sqlite3").exists() or not memory_rows_at(paths), "the fence asked Redis"
 
 
 def memory_rows_at(paths: TenantPaths) -> list:

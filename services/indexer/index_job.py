@@ -15,7 +15,7 @@ from typing import Protocol
 from services.indexer.snapshot_writer import mark_rebuild
 from shared.engine.memory_lock import CONTENTION_MESSAGE, MemoryBusy
 from shared.funes_env import funes_tmp, start_funes
-from shared.redis_lock import RedisLock
+from shared.redis_lock import LockLost, RedisLock
 from shared.tenant_paths import TenantPaths
 
 
@@ -75,13 +75,24 @@ class EmbeddedIndexJob:
                                     self._checkpoint(lock, time.monotonic() + self.timeout_s))
 
     def _checkpoint(self, lock: RedisLock | None, deadline: float | None) -> Callable[[str], None]:
-        """Stops a run at its next checkpoint once `deadline` passed or the lock was lost, and
-        re-confirms the lock in Redis right before each commit (a fence)."""
+        """Stops a run at its next checkpoint once `deadline` passed, the lock was given up (a
+        stop) or lost, and re-confirms the lock in Redis right before each commit (a fence). A
+        run past its deadline or stopped still owns the memory: between embedding batches it
+        winds down, committing the whole conversations it embedded (the fence still decides)."""
+        from shared.engine.index_run import WindDown
+
         fence = lock.fence() if lock is not None else None
 
         def checkpoint(point: str) -> None:
+            ending: Exception | None = None
             if deadline is not None and time.monotonic() > deadline:
-                raise IndexJobFailed(f"index timed out after {self.timeout_s:.0f}s")
+                ending = IndexJobFailed(f"index timed out after {self.timeout_s:.0f}s")
+            elif lock is not None and lock.given_up:
+                ending = LockLost(lock.key)
+            if ending is not None and point == "mid_embedding":
+                raise WindDown(ending)
+            if ending is not None and point != "before_commit":
+                raise ending
             if fence is not None and (point == "before_commit" or lock.lost):
                 fence()
 

@@ -149,7 +149,7 @@ class IndexScheduler:
     async def stop(self) -> None:
         """Start no new run (SIGTERM); give the running ones FINISH_ON_STOP_S to end, then have them
         give up their lock: they stop at their next checkpoint (an embedding batch; a funes child is
-        killed), keeping what they committed (every 2,048 chunks), and their users stay due.
+        killed), committing the whole conversations they embedded first, and their users stay due.
         Waiting for a long import to end held Ctrl-C until `recall up` killed the indexer."""
         self._stopping.set()
         if self.running:

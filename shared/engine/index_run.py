@@ -87,6 +87,18 @@ def _no_checkpoint(point: str) -> None:
     pass
 
 
+class WindDown(Exception):
+    """Raised by a checkpoint between embedding batches ("mid_embedding") to end the run once it
+    has committed the whole sources it already embedded: a stop or a timeout, while the run still
+    owns the memory. `reason` is raised then (the checkpoint is asked "before_commit" first, and
+    may still refuse). Without it a stopped run lost up to COMMIT_SLICE chunks of embedding, and
+    while a rolling update kept stopping runs few of them ever committed."""
+
+    def __init__(self, reason: Exception) -> None:
+        super().__init__(str(reason))
+        self.reason = reason
+
+
 def index_tree(home: Path, src: Path, embedder: Embedder, lock_wait_s: float = 0.0, purge: bool = False,
                checkpoint: Checkpoint = _no_checkpoint, only_removals: bool = False) -> IndexReport:
     """Index `src` into `$home/memory` under the memory lock (MemoryBusy if it is held).
@@ -95,8 +107,8 @@ def index_tree(home: Path, src: Path, embedder: Embedder, lock_wait_s: float = 0
     always, since an earlier attempt that was stopped may have committed the removal).
     The run commits every COMMIT_SLICE new chunks, whole sources at a time. `checkpoint(point)`
     is called between phases and embedding batches, and just before each commit; an exception
-    it raises aborts the run, keeping only the slices committed before it (a timeout, a lost
-    lock): the next run goes on from there. Sources may be deleted or replaced while the run reads them (snapshot undo,
+    it raises aborts the run, keeping only the slices committed before it (a lost lock): the next
+    run goes on from there. WindDown (a stop, a timeout) first commits what was embedded. Sources may be deleted or replaced while the run reads them (snapshot undo,
     retention, forget): a vanished file counts as deleted, and a replaced one is re-read next run."""
     if not src.exists():
         raise FileNotFoundError(f"no such path: {src}")
@@ -122,6 +134,15 @@ def _checkpoint(checkpoint: Checkpoint, point: str) -> None:
     checkpoint(point)
 
 
+@dataclass(frozen=True)
+class _Mark:
+    """How long each of a slice's lists was once a source was wholly read into it."""
+    added: int
+    dead: int
+    sources: int
+    gone: int
+
+
 class _Slice:
     """Sources parsed since the last commit: what they add and remove, committed together."""
 
@@ -130,6 +151,7 @@ class _Slice:
         self.dead: list[int] = []
         self.sources: dict[str, str] = {}
         self.gone: list[str] = []
+        self._marks: list[_Mark] = []
 
     def __bool__(self) -> bool:
         return bool(self.to_add or self.dead or self.sources or self.gone)
@@ -138,6 +160,27 @@ class _Slice:
         """A source that is gone: all its rows go."""
         self.gone.append(key)
         self.dead += [row_id for row_id, _ in store.rows_of_source(key).values()]
+        self._mark()
+
+    def read_source(self, key: str, signature: str, new_chunks: list[Chunk], dead: list[int]) -> None:
+        self.to_add += [(chunk, key) for chunk in new_chunks]
+        self.dead += dead
+        self.sources[key] = signature
+        self._mark()
+
+    def _mark(self) -> None:
+        self._marks.append(_Mark(len(self.to_add), len(self.dead), len(self.sources), len(self.gone)))
+
+    def embedded_part(self, embedded: int) -> _Slice:
+        """The sources whose every new chunk is among the first `embedded`, with the removals
+        read before them: a prefix, since sources are read in order (never half a conversation)."""
+        part = _Slice()
+        whole = [mark for mark in self._marks if mark.added <= embedded]
+        if whole:
+            last = whole[-1]
+            part.to_add, part.dead = self.to_add[:last.added], self.dead[:last.dead]
+            part.sources, part.gone = dict(list(self.sources.items())[:last.sources]), self.gone[:last.gone]
+        return part
 
 
 def _outdated(stored: dict[str, tuple[int, str]], wanted: dict[str, str]) -> list[int]:
@@ -170,12 +213,8 @@ def _sync(store: MemoryStore, known: dict[str, str], signatures: dict[str, str],
         malformed += parsed.malformed_lines
         wanted = {c.chunk_key: c for turn in parsed.turns for c in chunk_turn(turn)}
         stored = store.rows_of_source(key)
-        for ck, chunk in wanted.items():
-            old = stored.get(ck)
-            if old is None or old[1] != chunk.text_hash:
-                current.to_add.append((chunk, key))
-        current.dead += _outdated(stored, {ck: c.text_hash for ck, c in wanted.items()})
-        current.sources[key] = signatures[key]
+        new_chunks = [chunk for ck, chunk in wanted.items() if stored.get(ck, (0, None))[1] != chunk.text_hash]
+        current.read_source(key, signatures[key], new_chunks, _outdated(stored, {ck: c.text_hash for ck, c in wanted.items()}))
         if len(current.to_add) >= COMMIT_SLICE:
             generation = _commit(store, current, embedder, checkpoint)
             between_commits()
@@ -215,9 +254,21 @@ def _removals(store: MemoryStore, known: dict[str, str], signatures: dict[str, s
 def _commit(store: MemoryStore, work: _Slice, embedder: Embedder, checkpoint: Checkpoint) -> int:
     """Embed one slice's new chunks and commit it with its sources' signatures (atomically)."""
     vectors = []
-    for start in range(0, len(work.to_add), EMBED_BATCH):
-        vectors += list(embedder.embed([c.text for c, _ in work.to_add[start:start + EMBED_BATCH]]))
-        _checkpoint(checkpoint, "mid_embedding")
+    try:
+        for start in range(0, len(work.to_add), EMBED_BATCH):
+            vectors += list(embedder.embed([c.text for c, _ in work.to_add[start:start + EMBED_BATCH]]))
+            _checkpoint(checkpoint, "mid_embedding")
+    except WindDown as ending:
+        part = work.embedded_part(len(vectors))
+        if part:
+            _write(store, part, vectors, checkpoint)
+            _log.info("index run ending: committed %d of the %d chunks it embedded", len(part.to_add), len(vectors))
+        raise ending.reason from None
+    return _write(store, work, vectors, checkpoint)
+
+
+def _write(store: MemoryStore, work: _Slice, vectors: list, checkpoint: Checkpoint) -> int:
+    """Commit a slice whose new chunks are embedded (`vectors` may hold more: they are not its)."""
     added = [NewRow(chunk=c, source_path=key, vector=v) for (c, key), v in zip(work.to_add, vectors)]
     _checkpoint(checkpoint, "before_commit")
     generation = store.commit_changes(added, work.dead, work.sources, work.gone)
