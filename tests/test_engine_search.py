@@ -8,6 +8,7 @@ from shared.engine.hybrid_search import RecallParams, bm25_leg, bm25_query_text
 from shared.engine.identifiers import IdentifierPattern, query_identifiers
 from shared.engine.index_run import index_tree, memory_dir
 from shared.engine.memory_reader import MemoryReader
+from shared.engine.relevance_floor import floor_for
 from shared.engine.store import MemoryStore
 from shared.engine.text_analysis import ANALYZER, query_clauses, query_terms, scripts, words
 from tests.conftest import write_conversation
@@ -150,8 +151,6 @@ def test_a_codename_said_once_in_a_long_turn_is_found_though_its_cosine_is_under
     """An SRE trial asked for a made-up word posted in one turn of several sentences: BM25 had the
     turn first, but its cosine to the bare word was under the floor, and the answer was
     "nothing relevant". A turn that holds every word of the query clears the floor."""
-    from shared.engine.relevance_floor import floor_for
-
     turn = ("About the office move next month, we postponed the honest tools and the codeword gelavukov came up. The "
             "rough risks were estimated again because the weather looked detailed after 33 days of deadline. The "
             "surprising options were estimated again because the schedule looked rough after 40 days of notes. The "
@@ -175,6 +174,26 @@ def test_a_codename_said_once_in_a_long_turn_is_found_though_its_cosine_is_under
     # Every word must be in one turn: a word never said, or one said beside one never said, is still refused.
     for never_said in ["tomirasek", "gelavukov tomirasek"]:
         assert engine.recall(memory, never_said, RecallParams(floor=True)) == NO_RESULTS, never_said
+
+
+def test_a_word_said_once_brings_back_the_turn_that_holds_it_not_k_unrelated_ones(tmp_path, embedder):
+    """A newcomer asked for a codename said once: the turn came first, then two passages that
+    shared no word with it and were under the floor's bar, there only to fill k places."""
+    memory = _one_memory(tmp_path, embedder, {
+        "vault": ["The vault migration got the codename tarnowick, and the budget is 48k.", "noted"],
+        "pump": ["The pump seal on line two was replaced on Monday after the pressure test failed twice.",
+                 "The spare parts came from the north depot."],
+        "trip": ["We booked the train to Vienna for the conference in May.", "The hotel is near the station."],
+    })
+    engine = Engine(embedder=embedder)
+    hits = engine.search(memory, "tarnowick", RecallParams(k=3, floor=True))
+    assert [h.row.text for h in hits] == ["The vault migration got the codename tarnowick, and the budget is 48k."]
+    assert len(engine.search(memory, "tarnowick", RecallParams(k=3))) == 3, "without the floor it fills k"
+    # Passages as close as the bar stay, whether or not they share a word.
+    pump = engine.search(memory, "pump seal replaced", RecallParams(k=3, floor=True, explain=True))
+    assert "pump seal" in pump[0].row.text
+    floor = floor_for(embedder.spec.model_id)
+    assert all(h.explain.bm25_rank is not None or h.explain.dense_score >= floor.with_words for h in pump)
 
 
 def test_a_russian_question_over_english_chats_clears_the_floor_and_cyrillic_gibberish_does_not(tmp_path, embedder):

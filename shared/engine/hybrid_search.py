@@ -24,7 +24,7 @@ from shared.engine.memory_reader import Mask, MemoryReader
 from shared.engine.relevance_floor import floor_for
 from shared.engine.reranker import Reranker
 from shared.engine.store import Row
-from shared.engine.text_analysis import ANALYZER, STEMMED_ANALYZERS, phrase, query_clauses, query_terms
+from shared.engine.text_analysis import ANALYZER, STEMMED_ANALYZERS, phrase, query_clauses, query_terms, scripts
 
 RRF_K = 60  # only the benchmarks' plain-RRF baseline uses it
 # Share of the dense leg in the fused score, per embedding model (docs/benchmarks.md, "Engine v2
@@ -373,6 +373,9 @@ def recall(
         recency = {rid: _recency(reader.epoch_of(rid), now, params.half_life_days) for rid in pool}
         scored = {rid: base[rid] * recency[rid] for rid in pool}
         ranked = sorted(pool, key=scored.__getitem__, reverse=True)
+        if params.floor:
+            lexical = {rid for leg in (legs.bm25, legs.bm25_deep, ident_leg) for rid, _ in leg}
+            ranked = _shown(embedder, query, legs, rows, ranked, lexical)
         hits = [Hit(rows[rid], scored[rid]) for rid in _select_hits(ranked, rows, params.k)]
         if params.explain:
             dense_rank = {rid: (i, s) for i, (rid, s) in enumerate(legs.dense)}
@@ -407,6 +410,17 @@ def _clears_floor(reader: MemoryReader, embedder: Embedder, query: str, legs: Le
 
     floor = floor_for(embedder.spec.model_id)
     return bool(query_terms(query)) and floor.admits(query, legs, nearest, embedder.text_log_prob, said)
+
+
+def _shown(embedder: Embedder, query: str, legs: Legs, rows: dict[int, Row], ranked: list[int],
+           lexical: set[int]) -> list[int]:
+    """The ranked passages the floor lets an answer show (RelevanceFloor.shows); `lexical`: the
+    passages a BM25 or identifier leg found, which hold a query word."""
+    floor = floor_for(embedder.spec.model_id)
+    cosine = dict(legs.dense)
+    asked = scripts(query) - {"other"}
+    return [rid for rid in ranked
+            if floor.shows(cosine.get(rid), rid in lexical, asked, lambda rid=rid: rows[rid].text)]
 
 
 def _one_turn_holds_every_word(reader: MemoryReader, query: str, legs: Legs, rows: dict[int, Row], mask: Mask) -> bool:

@@ -68,6 +68,17 @@ class RelevanceFloor:
         return best >= (self.with_words if across else self.without_words)
 
 
+    def shows(self, cosine: float | None, holds_a_word: bool, query_scripts: set[str], text: Callable[[], str]) -> bool:
+        """Whether a passage found for an answered query is shown: it holds a query word (a
+        lexical leg found it), or is as close as the bar for a query that shares words, or is
+        written in none of the query's scripts (it could not share a word: a Russian question
+        over English turns). Otherwise it was found only because k places were there to fill: a
+        codename said once came back with two passages that had nothing to do with it."""
+        if holds_a_word or (cosine if cosine is not None else -1.0) >= self.with_words:
+            return True
+        return bool(query_scripts) and not query_scripts & scripts(text())
+
+
 _RUN = re.compile(r"(.{1,3}?)\1+")  # a unit of one to three characters, repeated
 
 
