@@ -13,7 +13,7 @@ from shared.engine.hybrid_search import RecallParams
 from shared.engine.index_run import forget_session, index_tree, memory_dir
 from shared.engine.memory_reader import MemoryReader
 from shared.engine.store import MemoryStore
-from shared.engine.text_analysis import distinct_stems, fts_text, held_stems, index_text, stem, turn_stems
+from shared.engine.text_analysis import _query_clauses, distinct_stems, fts_text, held_stems, index_text, stem, turn_stems
 from tests.conftest import write_conversation
 
 # The right conversation names the machine and the site in its request and the person in its
@@ -278,6 +278,7 @@ def test_a_forget_leaves_no_turn_text_in_the_search_caches(memory, embedder):
     engine.forget(memory)
     assert distinct_stems.cache_info().currsize == 0 and engine.open_readers == 0
     assert stem.cache_info().currsize == 0  # nor the turns' words
+    assert _query_clauses.cache_info().currsize == 0  # nor the question
 
 
 def _three_conversations(tmp_path, embedder):

@@ -115,9 +115,10 @@ def distinct_stems(text: str) -> frozenset[str]:
 
 def forget_cached_texts() -> None:
     """Empty the caches keyed by what users wrote (turn texts of every tenant this process
-    searched, and their words): called on a forget, so it leaves no copy here."""
+    searched, their words, the last queries): called on a forget, so it leaves no copy here."""
     distinct_stems.cache_clear()
     stem.cache_clear()
+    _query_clauses.cache_clear()
 
 
 def held_stems(text: str, ts: str, stems: frozenset[str]) -> frozenset[str]:
@@ -165,6 +166,13 @@ def query_clauses(query: str) -> list[str]:
     stays one phrase of its stems (`p 003`): as free terms its parts match every unit of the
     same series. Words are joined by hyphens, dots and the like, not by the separators of a
     list (`N-11,MT-4471`, `P-101/P-102`: two identifiers, not one four-word phrase)."""
+    return list(_query_clauses(query))
+
+
+@lru_cache(maxsize=64)
+def _query_clauses(query: str) -> tuple[str, ...]:
+    """Kept for the last queries: a recall asks for its query's clauses in its BM25 leg, its
+    conversation evidence and its relevance floor (~30 us each)."""
     clauses: list[str] = []
     for token in _CLAUSE_SEPARATORS.split(query):
         ws = words(token)
@@ -175,7 +183,7 @@ def query_clauses(query: str) -> list[str]:
         else:
             clauses.extend(stem(w) for w in ws if w not in STOP_WORDS)
         clauses.extend(pairs)
-    return list(dict.fromkeys(clauses)) or query_terms(query)
+    return tuple(dict.fromkeys(clauses)) or tuple(query_terms(query))
 
 
 _ISO_DATE = re.compile(r"(\d{4})-(\d{2})-(\d{2})")
