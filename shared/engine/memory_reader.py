@@ -385,8 +385,12 @@ class MemoryReader:
             # The stems of every row in turn: row j's run starts at starts[j].
             every = np.arange(int(ends[-1])) + np.repeat(starts - (ends - counts), counts)
             ids = base.stem_ids[every]
-            hit = np.isin(ids, np.fromiter(asked, np.int64, len(asked)))
-            for j, stem_id in zip(np.repeat(np.arange(len(pos)), counts)[hit].tolist(), ids[hit].tolist()):
+            # A query holds a few stems: one comparison each costs less than `np.isin`'s set-up.
+            hit = np.zeros(len(ids), bool)
+            for stem_id in asked:
+                hit |= ids == stem_id
+            at = np.flatnonzero(hit)  # each one's row: the first whose run ends after it
+            for j, stem_id in zip(np.searchsorted(ends, at, side="right").tolist(), ids[at].tolist()):
                 held[j].add(asked[stem_id])
         return dict(zip(wanted[mapped].tolist(), map(frozenset, held)))
 
