@@ -228,3 +228,28 @@ def test_cache_is_bounded_by_bytes_and_flat_under_tenant_churn(template_home, tm
     # come and go by up to ~10 threads between samples on a loaded machine.
     assert fds5 <= fds1 + 2 and threads5 <= max(t for _, _, t in samples[:2]) + 20, (samples, "fds and threads stay flat")
     assert rss5 - rss1 < 24 * 2**20, (samples, "RSS stays flat over 4 more passes of 60 tenants")
+
+
+def test_a_path_that_now_leads_to_another_memory_gets_that_memorys_reader(template_home, tmp_path, embedder):
+    """A warm search skips resolving the caller's path only while it still leads to the cached
+    reader's database: a link pointed elsewhere, or a memory rebuilt in place, is resolved again."""
+    first, second = tenants(template_home, tmp_path, 2)
+    link = tmp_path / "tenant-link"
+    link.symlink_to(first)
+    engine = Engine(embedder=embedder, max_readers=2)
+    with engine.lease(link) as reader:
+        assert reader.path == first.resolve()
+    with engine.lease(first) as same:
+        assert same is reader, "two spellings of one memory share its reader"
+    link.unlink()
+    link.symlink_to(second)
+    with engine.lease(link) as other:
+        assert other.path == second.resolve() and other is not reader
+    shutil.copytree(first, tmp_path / "rebuilt")  # made while the old files exist: other inodes
+    shutil.rmtree(second)
+    os.rename(tmp_path / "rebuilt", second)  # rebuilt under the same path: another database file
+    with engine.lease(link) as rebuilt:
+        assert rebuilt is not other and "MT-4402" in engine.recall(link, "MT-4402", PARAMS)
+    for memory in tenants(template_home, tmp_path / "churn", 6):
+        engine.recall(memory, "MT-4402", PARAMS)
+    assert len(engine._spellings) <= 2 * engine.max_readers, "the paths callers named stay bounded"
