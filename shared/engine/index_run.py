@@ -108,8 +108,9 @@ def index_tree(home: Path, src: Path, embedder: Embedder, lock_wait_s: float = 0
     The run commits every COMMIT_SLICE new chunks, whole sources at a time. `checkpoint(point)`
     is called between phases and embedding batches, and just before each commit; an exception
     it raises aborts the run, keeping only the slices committed before it (a lost lock): the next
-    run goes on from there. WindDown (a stop, a timeout) first commits what was embedded. Sources may be deleted or replaced while the run reads them (snapshot undo,
-    retention, forget): a vanished file counts as deleted, and a replaced one is re-read next run."""
+    run goes on from there. WindDown (a stop, a timeout) first commits what was embedded. Sources
+    may be deleted or replaced while the run reads them (snapshot undo, retention, forget): a
+    vanished file counts as deleted, and a replaced one is re-read next run."""
     if not src.exists():
         raise FileNotFoundError(f"no such path: {src}")
     with memory_lock(home, lock_wait_s, waiting=lambda: checkpoint("lock_wait")):
@@ -214,7 +215,8 @@ def _sync(store: MemoryStore, known: dict[str, str], signatures: dict[str, str],
         wanted = {c.chunk_key: c for turn in parsed.turns for c in chunk_turn(turn)}
         stored = store.rows_of_source(key)
         new_chunks = [chunk for ck, chunk in wanted.items() if stored.get(ck, (0, None))[1] != chunk.text_hash]
-        current.read_source(key, signatures[key], new_chunks, _outdated(stored, {ck: c.text_hash for ck, c in wanted.items()}))
+        dead = _outdated(stored, {ck: c.text_hash for ck, c in wanted.items()})
+        current.read_source(key, signatures[key], new_chunks, dead)
         if len(current.to_add) >= COMMIT_SLICE:
             generation = _commit(store, current, embedder, checkpoint)
             between_commits()

@@ -67,7 +67,6 @@ class RelevanceFloor:
         across = bool(asked) and not asked & set().union(*map(scripts, nearest()))
         return best >= (self.with_words if across else self.without_words)
 
-
     def shows(self, cosine: float | None, holds_a_word: bool, query_scripts: set[str], text: Callable[[], str]) -> bool:
         """Whether a passage found for an answered query is shown: it holds a query word (a
         lexical leg found it), or is as close as the bar for a query that shares words, or is
