@@ -123,6 +123,33 @@ async def test_a_memory_with_nothing_indexed_yet_is_unavailable_not_nothing_rele
     assert await service.recall_for("alice", "zebra crossing in the rain") == NOTHING
 
 
+async def test_a_codename_comes_back_alone_but_a_question_naming_a_time_gets_that_times_passages(tmp_path, embedder):
+    """Only passages that hold a word of the question (or are as close as the floor's bar) are
+    shown; a question naming a time wants that time's passages for their date, so they still
+    fill its places."""
+    from datetime import datetime, timedelta, timezone
+
+    from services.recall.embedded_backend import EmbeddedBackend
+    from services.recall.server import RecallService
+    from services.recall.settings import RecallSettings
+    from shared.engine.index_run import index_tree
+    from shared.tenant_paths import TenantPaths
+    from tests.conftest import JWT_SECRET, write_conversation
+
+    recent = (datetime.now(timezone.utc) - timedelta(days=2)).strftime("%Y-%m-%d")
+    paths = TenantPaths.for_user(tmp_path, "alice")
+    write_conversation(paths.src, "vault", ["The vault migration got the codename tarnowick, budget 48k."], day=recent)
+    write_conversation(paths.src, "pump", ["The pump seal on line two was replaced after the pressure test."], day=recent)
+    write_conversation(paths.src, "trip", ["We booked the train to Vienna for the conference."], day="2025-05-02")
+    index_tree(paths.root, paths.src, embedder)
+    settings = RecallSettings(data_dir=tmp_path, jwt_secret=JWT_SECRET)
+    service = RecallService(settings, EmbeddedBackend(reader_cache=4, timeout_s=settings.timeout_s))
+    alone = await service.recall_for("alice", "tarnowick")
+    assert "codename tarnowick" in alone and "pump seal" not in alone and "Vienna" not in alone
+    dated = await service.recall_for("alice", "tarnowick in the last 7 days")
+    assert "codename tarnowick" in dated and "pump seal" in dated, dated
+
+
 @pytest.mark.parametrize("stack", ["embedded"], indirect=True)
 async def test_awkward_queries(stack):
     env, _, _ = stack

@@ -23,8 +23,10 @@ class BackendOverloaded(Exception):
 
 
 class RecallBackend(Protocol):
-    async def recall(self, paths: TenantPaths, query: str, k: int, candidates: int) -> list[AgentHit]:
-        """The best passages of this tenant's memory, best first (typed, whichever engine)."""
+    async def recall(self, paths: TenantPaths, query: str, k: int, candidates: int,
+                     fill: bool = False) -> list[AgentHit]:
+        """The best passages of this tenant's memory, best first (typed, whichever engine); `fill`:
+        up to k even when some hold no word of the query (RecallParams.fill; funes always fills)."""
         ...
 
     async def memory_state(self, paths: TenantPaths) -> MemoryState:

@@ -31,8 +31,9 @@ class EmbeddedBackend:
         self.idle_s = idle_s
         self._sweeper: asyncio.Task | None = None
 
-    async def recall(self, paths: TenantPaths, query: str, k: int, candidates: int) -> list[AgentHit]:
-        params = RecallParams(k=k, candidates=candidates, floor=True)
+    async def recall(self, paths: TenantPaths, query: str, k: int, candidates: int,
+                     fill: bool = False) -> list[AgentHit]:
+        params = RecallParams(k=k, candidates=candidates, floor=True, fill=fill)
         evictions = self.engine.evictions
         deadline = time.monotonic() + self.timeout_s
         try:

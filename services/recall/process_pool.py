@@ -80,8 +80,9 @@ class ProcessPool:
             os.path.isfile(os.path.join(p, self.binary)) for p in os.environ.get("PATH", "").split(os.pathsep))
 
     # ---- calls -----------------------------------------------------------------------------------
-    async def recall(self, paths: TenantPaths, query: str, k: int, candidates: int) -> list[AgentHit]:
-        # funes' MCP recall fixes candidates at 30; only k is a tool argument.
+    async def recall(self, paths: TenantPaths, query: str, k: int, candidates: int,
+                     fill: bool = False) -> list[AgentHit]:
+        # funes' MCP recall fixes candidates at 30 and always returns k; only k is a tool argument.
         text = await self._call_once_more_if_gone(paths, "recall", {"query": query, "k": k})
         # Only an error names a missing index: hits are the user's own text, which may quote it.
         if text.startswith("recall error:") and _says_no_index(text):  # e.g. rebuilt after a deletion

@@ -110,7 +110,8 @@ class RecallService:
             RECALL_BUSY.labels(busy.reason).inc()
             log.warning("recall.busy", user_hash=paths.uhash, reason=busy.reason)
             return "busy", BUSY
-        search = asyncio.ensure_future(self._search(paths, search_query, k))
+        # The window's passages are wanted for their date: they may fill k whatever their words.
+        search = asyncio.ensure_future(self._search(paths, search_query, k, fill=window is not None))
         search.add_done_callback(_consume_outcome)
         try:
             raw = await asyncio.wait_for(asyncio.shield(search), self.caller_wait_s)
@@ -145,14 +146,14 @@ class RecallService:
         if self.index_requests is not None:
             await self.index_requests.ask(paths.uhash)
 
-    async def _search(self, paths: TenantPaths, query: str, k: int) -> list[AgentHit] | None:
+    async def _search(self, paths: TenantPaths, query: str, k: int, fill: bool) -> list[AgentHit] | None:
         """Runs holding an admission slot and gives it back when the work ends, whether or not
         its caller still waits; None when the tenant has no memory (asked of the backend)."""
         RECALL_IN_FLIGHT.inc()
         try:
             if await self.backend.memory_state(paths) is MemoryState.ABSENT:
                 return None
-            return await self.backend.recall(paths, query, k, max(self.s.candidates, 2 * k))
+            return await self.backend.recall(paths, query, k, max(self.s.candidates, 2 * k), fill)
         finally:
             RECALL_IN_FLIGHT.dec()
             self.admission.release()

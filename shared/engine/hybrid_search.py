@@ -117,6 +117,10 @@ class RecallParams:
     # Say "no results" when nothing passes the embedder's relevance floor. The agent-facing
     # entry points (CLI, stdio MCP, the recall service's embedded backend) turn it on.
     floor: bool = False
+    # With the floor on, an answer shows only passages that hold a query word, clear its bar or
+    # are in another script (RelevanceFloor.shows); `fill` also lets the others fill k places: a
+    # question naming a time wants that time's passages for their date, whatever their words.
+    fill: bool = False
     explain: bool = False  # attach how each hit was scored (Hit.explain)
 
 
@@ -372,7 +376,7 @@ def recall(
         recency = {rid: _recency(reader.epoch_of(rid), now, params.half_life_days) for rid in pool}
         scored = {rid: base[rid] * recency[rid] for rid in pool}
         ranked = sorted(pool, key=scored.__getitem__, reverse=True)
-        if params.floor:
+        if params.floor and not params.fill:
             lexical = {rid for leg in (legs.bm25, legs.bm25_deep, ident_leg) for rid, _ in leg}
             ranked = _shown(embedder, query, legs, rows, ranked, lexical)
         hits = [Hit(rows[rid], scored[rid]) for rid in _select_hits(ranked, rows, params.k)]
