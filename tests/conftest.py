@@ -111,6 +111,20 @@ def embedder():
     return shared_embedder()
 
 
+def files_on_disk(root: Path) -> dict[Path, bytes]:
+    """Every file under `root` and its bytes, read while services may still write there: a file
+    gone between the listing and the read (SQLite's -wal after a checkpoint, a snapshot's temp
+    file) held nothing that is not in what replaced it."""
+    found: dict[Path, bytes] = {}
+    for path in root.rglob("*"):
+        try:
+            if path.is_file():
+                found[path] = path.read_bytes()
+        except FileNotFoundError:
+            continue
+    return found
+
+
 def wait_until(predicate: Callable[[], bool], timeout: float = 30.0, interval: float = 0.05) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

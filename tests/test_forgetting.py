@@ -20,7 +20,8 @@ from services.ingest.redaction import Redactor
 from shared.engine.text_analysis import stem
 from shared.recall_answer_format import NO_MEMORY, looks_like_recall_answer
 from shared.tenant_paths import TenantPaths, user_hash
-from tests.conftest import INGEST_KEY, call_recall, engine_cli, indexed_chunks, ingest_url, mint, post_conversation, wait_until
+from tests.conftest import (INGEST_KEY, call_recall, engine_cli, files_on_disk, indexed_chunks, ingest_url, mint,
+                            post_conversation, wait_until)
 from tests.data.secret_corpus import LOOK_ALIKES, PII, PII_LOOK_ALIKES, SECRETS
 
 SECRET_PLAN = ["What did we decide for the Q-731 vault migration?", "Vault migration Q-731: codename BLUEHERON, budget 48k.", "ok"]
@@ -70,7 +71,7 @@ async def test_forget_a_conversation(stack, r):
     tenant = Path(env["RECALL_DATA_DIR"]) / user_hash("alice")
     # The text, and its words as BM25 stems (lower case: chunk_stems, the snapshot's vocabulary).
     needles = (b"BLUEHERON", stem("blueheron").encode())
-    stored = {n for p in tenant.rglob("*") if p.is_file() for n in needles if n in p.read_bytes()}
+    stored = {n for data in files_on_disk(tenant).values() for n in needles if n in data}
     assert stored == set(needles), "the grep below looks for what is stored"
     receipt = delete(env, "/conversations/secret-plan", user="alice")
     assert receipt["status"] == "pending" and receipt["kind"] == "forget_conversation"
@@ -82,7 +83,7 @@ async def test_forget_a_conversation(stack, r):
     src = TenantPaths.for_user(Path(env["RECALL_DATA_DIR"]), "alice").src
     assert not (src / "secret-plan.funes.jsonl").exists() and (src / "keep.funes.jsonl").exists()
     assert "BLUEHERON" not in stream_text(r)
-    leftovers = [(p, n) for p in tenant.rglob("*") if p.is_file() for n in needles if n in p.read_bytes()]
+    leftovers = [(p, n) for p, data in files_on_disk(tenant).items() for n in needles if n in data]
     assert not leftovers, f"deleted text still on disk in {leftovers}"
 
 
@@ -188,7 +189,7 @@ def test_secrets_never_reach_redis_or_disk(services, service_env, r):
     post_conversation(service_env, "frank", "leaky", texts)
     assert wait_until(lambda: indexed_chunks(service_env, "frank") >= len(texts), 30)
     tenant = Path(service_env["RECALL_DATA_DIR"]) / user_hash("frank")
-    on_disk = b"".join(p.read_bytes() for p in tenant.rglob("*") if p.is_file())
+    on_disk = b"".join(files_on_disk(tenant).values())
     for kind, _, secret in SECRETS:
         assert secret.encode() not in on_disk, kind
     assert b"[REDACTED:private_key]" in on_disk and b"[REDACTED:aws_access_key]" in on_disk
@@ -600,7 +601,7 @@ async def test_the_retention_loop_survives_any_error_and_counts_it(tmp_path, red
 
 # ---- a done receipt means gone from every copy: Redis's files and the dead-letter stream too ----
 def _files_holding(root: Path, marker: bytes) -> list[Path]:
-    return [p for p in root.rglob("*") if p.is_file() and marker in p.read_bytes()]
+    return [p for p, data in files_on_disk(root).items() if marker in data]
 
 
 @pytest.mark.parametrize("kind", ["conversation", "user"])
