@@ -123,7 +123,8 @@ async def test_a_memory_with_nothing_indexed_yet_is_unavailable_not_nothing_rele
     assert await service.recall_for("alice", "zebra crossing in the rain") == NOTHING
 
 
-async def test_a_codename_comes_back_alone_but_a_question_naming_a_time_gets_that_times_passages(tmp_path, embedder):
+async def test_a_codename_comes_back_alone_but_a_question_naming_a_time_gets_that_times_conversations(tmp_path,
+                                                                                                       embedder):
     """Only passages that hold a word of the question (or are as close as the floor's bar) are
     shown; a question naming a time wants that time's passages for their date, so they still
     fill its places."""
@@ -148,6 +149,14 @@ async def test_a_codename_comes_back_alone_but_a_question_naming_a_time_gets_tha
     assert "codename tarnowick" in alone and "pump seal" not in alone and "Vienna" not in alone
     dated = await service.recall_for("alice", "tarnowick in the last 7 days")
     assert "codename tarnowick" in dated and "pump seal" in dated, dated
+    # A question naming only a time shares no word with the memory: the floor refused it, and
+    # what it asks for is the conversations of that time.
+    for question, then, not_then in [("what did we discuss in the last 7 days", "pump seal", "Vienna"),
+                                     ("last 7 days", "codename tarnowick", "Vienna"),
+                                     ("what happened in May 2025", "Vienna", "pump seal")]:
+        answer = await service.recall_for("alice", question)
+        assert then in answer and not_then not in answer, (question, answer)
+    assert await service.recall_for("alice", "banana bread in the last 7 days") == NOTHING
 
 
 @pytest.mark.parametrize("stack", ["embedded"], indirect=True)

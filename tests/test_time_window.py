@@ -6,7 +6,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from services.recall.time_window import find_time_window
+from services.recall.time_window import find_time_window, names_only_a_time
 from services.recall.tool_output import hits_from_funes_text, render_for_agent
 from shared.recall_answer_format import NOTHING
 
@@ -34,6 +34,15 @@ def test_time_words_name_a_window(query, rest, start, end):
                                    "since 2026-02-30", "changes since 2026-11-31"])
 def test_no_window_without_a_real_date(query):
     assert find_time_window(query, NOW) == (query, None)
+
+
+@pytest.mark.parametrize("searched, only", [
+    ("what did we discuss", True), ("yesterday", True), ("last 7 days", True), ("о чём мы говорили", True),
+    ("what happened on 2026-10-08", True), ("MT-4471", False), ("pump on 2026-10-08", False),
+    ("what did I say about the pump", False), ("banana bread", False),
+])
+def test_a_question_of_time_words_and_words_about_conversations_names_only_a_time(searched, only):
+    assert names_only_a_time(searched) is only
 
 
 def test_a_window_reorders_and_never_drops():

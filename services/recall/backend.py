@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Protocol
 
 from services.recall.tool_output import AgentHit
@@ -27,6 +28,11 @@ class RecallBackend(Protocol):
                      fill: bool = False) -> list[AgentHit]:
         """The best passages of this tenant's memory, best first (typed, whichever engine); `fill`:
         up to k even when some hold no word of the query (RecallParams.fill; funes always fills)."""
+        ...
+
+    async def dated(self, paths: TenantPaths, start: datetime, end: datetime, k: int) -> list[AgentHit] | None:
+        """The conversations of a time, most recent first, each by its first turn then (a question
+        that names only a time); None when the engine cannot list turns by date (funes)."""
         ...
 
     async def memory_state(self, paths: TenantPaths) -> MemoryState:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 
 from services.recall.backend import BackendOverloaded, BackendUnavailable, MemoryNeedsRebuild
@@ -34,13 +36,21 @@ class EmbeddedBackend:
     async def recall(self, paths: TenantPaths, query: str, k: int, candidates: int,
                      fill: bool = False) -> list[AgentHit]:
         params = RecallParams(k=k, candidates=candidates, floor=True, fill=fill)
-        evictions = self.engine.evictions
         deadline = time.monotonic() + self.timeout_s
+        # A thread cannot be cancelled, so the search itself stops at its next stage once the
+        # deadline passes; awaiting it to the end keeps its admission slot taken meanwhile.
+        return await self._in_thread(lambda: self._search(paths.memory, query, params, deadline))
+
+    async def dated(self, paths: TenantPaths, start: datetime, end: datetime, k: int) -> list[AgentHit] | None:
+        params = RecallParams(k=k)
+        return await self._in_thread(
+            lambda: self.engine.dated(paths.memory, start.timestamp(), end.timestamp(), params))
+
+    async def _in_thread(self, work: Callable[[], list[Hit]]) -> list[AgentHit]:
+        """The engine's hits from `work` run in a thread, its failures as the backend's errors."""
+        evictions = self.engine.evictions
         try:
-            # A thread cannot be cancelled, so the search itself stops at its next stage once
-            # the deadline passes; awaiting it to the end keeps its admission slot taken meanwhile.
-            hits = await asyncio.to_thread(self._search, paths.memory, query, params, deadline)
-            return hits_from_engine(hits)
+            return hits_from_engine(await asyncio.to_thread(work))
         except DeadlineExceeded:
             raise BackendOverloaded("recall timed out") from None
         except NoIndex:

@@ -19,6 +19,7 @@ import os
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from services.recall.backend import BackendOverloaded, BackendUnavailable
 from services.recall.metrics import POOL_CRASH_RESTARTS, POOL_EVICTIONS, POOL_SIZE, POOL_SPAWNS
@@ -80,6 +81,9 @@ class ProcessPool:
             os.path.isfile(os.path.join(p, self.binary)) for p in os.environ.get("PATH", "").split(os.pathsep))
 
     # ---- calls -----------------------------------------------------------------------------------
+    async def dated(self, paths: TenantPaths, start: datetime, end: datetime, k: int) -> list[AgentHit] | None:
+        return None  # funes lists no turns by date; its recall always returns k, which the window reorders
+
     async def recall(self, paths: TenantPaths, query: str, k: int, candidates: int,
                      fill: bool = False) -> list[AgentHit]:
         # funes' MCP recall fixes candidates at 30 and always returns k; only k is a tool argument.

@@ -33,7 +33,7 @@ from services.recall.fd_budget import raise_open_file_limit, readers_within
 from services.recall.metrics import RECALL_BUSY, RECALL_CONCURRENCY_LIMIT, RECALL_IN_FLIGHT, RECALL_LATENCY
 from services.recall.process_pool import ProcessPool
 from services.recall.settings import RecallSettings
-from services.recall.time_window import find_time_window
+from services.recall.time_window import TimeWindow, find_time_window, names_only_a_time
 from services.recall.tokens import build_verifier
 from services.recall.tool_output import RECALL_TOOL, TOOL_DESCRIPTION, AgentHit, render_for_agent
 from services.recall.unexpected_errors import UnexpectedToolErrors, record_http_failure
@@ -111,7 +111,8 @@ class RecallService:
             log.warning("recall.busy", user_hash=paths.uhash, reason=busy.reason)
             return "busy", BUSY
         # The window's passages are wanted for their date: they may fill k whatever their words.
-        search = asyncio.ensure_future(self._search(paths, search_query, k, fill=window is not None))
+        dated = window if window is not None and names_only_a_time(search_query) else None
+        search = asyncio.ensure_future(self._search(paths, search_query, k, fill=window is not None, dated=dated))
         search.add_done_callback(_consume_outcome)
         try:
             raw = await asyncio.wait_for(asyncio.shield(search), self.caller_wait_s)
@@ -146,13 +147,18 @@ class RecallService:
         if self.index_requests is not None:
             await self.index_requests.ask(paths.uhash)
 
-    async def _search(self, paths: TenantPaths, query: str, k: int, fill: bool) -> list[AgentHit] | None:
+    async def _search(self, paths: TenantPaths, query: str, k: int, fill: bool,
+                      dated: TimeWindow | None = None) -> list[AgentHit] | None:
         """Runs holding an admission slot and gives it back when the work ends, whether or not
-        its caller still waits; None when the tenant has no memory (asked of the backend)."""
+        its caller still waits; None when the tenant has no memory (asked of the backend).
+        `dated`: the question names only this time, so its conversations answer it, when the
+        engine can list them and the time holds any (else the search as for any question)."""
         RECALL_IN_FLIGHT.inc()
         try:
             if await self.backend.memory_state(paths) is MemoryState.ABSENT:
                 return None
+            if dated is not None and (hits := await self.backend.dated(paths, dated.start, dated.end, self.s.k)):
+                return hits
             return await self.backend.recall(paths, query, k, max(self.s.candidates, 2 * k), fill)
         finally:
             RECALL_IN_FLIGHT.dec()

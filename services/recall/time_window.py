@@ -11,6 +11,8 @@ import re
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta, timezone
 
+from shared.engine.text_analysis import STOP_WORDS, stem, words
+
 MONTHS = {name.lower(): i for i, name in enumerate(calendar.month_name) if name}
 MONTHS.update({name.lower(): i for i, name in enumerate(calendar.month_abbr) if name})
 _UNITS = {"day": 1, "days": 1, "week": 7, "weeks": 7, "month": 30, "months": 30}
@@ -24,6 +26,33 @@ class TimeWindow:
     def contains(self, when: datetime) -> bool:
         return self.start <= when < self.end
 
+
+
+# Words that ask about the conversations themselves, not about a topic in them: "what did we
+# discuss last week" names a time and nothing else (English and Russian, stemmed below).
+_CONVERSATION_WORDS = (
+    "discuss discussed discussion talk talked say said tell told chat chatted mention mentioned happen happened "
+    "do did done decide decided cover covered conversation conversations topic topics ask asked work worked "
+    "обсуждали обсуждать обсуждение говорили говорить сказали сказал разговаривали разговор разговоры "
+    "было делали решили тема темы спрашивал спрашивала"
+)
+
+
+# What is left of a question made of time words alone ("yesterday", "last 7 days": it is searched
+# as given) or naming an ISO date, which stays in the searched text.
+_TIME_WORDS = ("yesterday today tonight last past this week weeks day days month months year years ago since "
+               + " ".join(calendar.month_name[1:]).lower())
+
+
+def names_only_a_time(searched: str) -> bool:
+    """Whether a question, its time words removed (`find_time_window`'s searched text), asks about
+    nothing but the conversations of that time: the floor would refuse it (it shares no word
+    with them), and what it wants is what was said then."""
+    asked = {stem(w) for w in words(searched) if w not in STOP_WORDS and not w.isdigit()}
+    return not asked - _CONVERSATION_STEMS
+
+
+_CONVERSATION_STEMS = frozenset(stem(w) for w in f"{_CONVERSATION_WORDS} {_TIME_WORDS}".split())
 
 def _day(d: date) -> datetime:
     return datetime(d.year, d.month, d.day, tzinfo=timezone.utc)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from shared.engine import agent_format
 from shared.engine.embedder import Embedder, embedder_for_stamp, shared_embedder
-from shared.engine.hybrid_search import Hit, RecallParams, check_deadline, recall, turn_window
+from shared.engine.hybrid_search import Hit, RecallParams, check_deadline, dated, recall, turn_window
 from shared.engine.memory_reader import MemoryReader
 from shared.engine.reranker import Reranker, configured_reranker, reranker_status
 from shared.engine.store import DB_NAME, MemoryStore
@@ -252,6 +252,11 @@ class Engine:
         check_deadline(deadline)
         with self.lease(memory) as reader:
             return recall(reader, self.embedder_of(reader), query, params, self.reranker, deadline=deadline)
+
+    def dated(self, memory: Path, start: float, end: float, params: RecallParams) -> list[Hit]:
+        """The conversations of a time (hybrid_search.dated): a question that names only a time."""
+        with self.lease(memory) as reader:
+            return dated(reader, start, end, params)
 
     def holds_rows(self, memory: Path) -> bool:
         """Whether the memory holds a row: one made by a first index run that has not committed

@@ -405,6 +405,30 @@ def _identifier_boost(rows: dict[int, Row], idents: list[str]) -> dict[int, floa
     return {rid: IDENTIFIER_BOOST * n / len(patterns) for rid, n in held.items()}
 
 
+def dated(reader: MemoryReader, start: float, end: float, params: RecallParams) -> list[Hit]:
+    """The conversations with turns from `start` to `end` (epoch seconds, end excluded), most
+    recent first, each by its first turn in that time, k of them, with neighbours: what a
+    question naming only a time ("what did we discuss last week") asks for."""
+    with reader.fresh():
+        mask = reader.filter_mask(params.block_type, params.harness)
+        view = mask.view
+        with np.errstate(invalid="ignore"):  # a turn without a date (NaN) is in no window
+            positions = np.flatnonzero(mask.bits & (view.epoch >= start) & (view.epoch < end))
+        positions = positions[np.argsort(view.epoch[positions], kind="stable")]
+        ids = view.ids[positions].tolist()
+        opener: dict[int, int] = {}  # conversation code -> its first turn in the window
+        latest: dict[int, float] = {}
+        for rid, code, when in zip(ids, reader.sessions_of(ids, mask).tolist(), view.epoch[positions].tolist()):
+            opener.setdefault(code, rid)
+            latest[code] = when
+        chosen = [opener[code] for code in sorted(latest, key=latest.__getitem__, reverse=True)[:params.k]]
+        rows = reader.store.rows(chosen)
+        hits = [Hit(rows[rid], 1.0) for rid in chosen if rid in rows]
+        if params.neighbors > 0:
+            _attach_neighbours(reader, hits, params.neighbors)
+        return hits
+
+
 def _embed(embedder: Embedder, query: str, deadline: float | None) -> np.ndarray:
     qvec = embedder.embed_query(query)
     check_deadline(deadline)
