@@ -414,14 +414,14 @@ def dated(reader: MemoryReader, start: float, end: float, params: RecallParams) 
         view = mask.view
         with np.errstate(invalid="ignore"):  # a turn without a date (NaN) is in no window
             positions = np.flatnonzero(mask.bits & (view.epoch >= start) & (view.epoch < end))
-        positions = positions[np.argsort(view.epoch[positions], kind="stable")]
-        ids = view.ids[positions].tolist()
-        opener: dict[int, int] = {}  # conversation code -> its first turn in the window
-        latest: dict[int, float] = {}
-        for rid, code, when in zip(ids, reader.sessions_of(ids, mask).tolist(), view.epoch[positions].tolist()):
-            opener.setdefault(code, rid)
-            latest[code] = when
-        chosen = [opener[code] for code in sorted(latest, key=latest.__getitem__, reverse=True)[:params.k]]
+        positions = positions[np.argsort(view.epoch[positions], kind="stable")]  # oldest first
+        ids = view.ids[positions]
+        codes = reader.sessions_of(ids.tolist(), mask)
+        # Array operations, not a loop per turn: "since January" may hold every turn of a tenant.
+        newest_first = codes[::-1]
+        _, at = np.unique(newest_first, return_index=True)  # each conversation's latest turn
+        recent = newest_first[np.sort(at)][:params.k]
+        chosen = [int(ids[np.argmax(codes == code)]) for code in recent.tolist()]  # its first turn then
         rows = reader.store.rows(chosen)
         hits = [Hit(rows[rid], 1.0) for rid in chosen if rid in rows]
         if params.neighbors > 0:
