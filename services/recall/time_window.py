@@ -36,12 +36,10 @@ _CONVERSATION_WORDS = (
     "обсуждали обсуждать обсуждение говорили говорить сказали сказал разговаривали разговор разговоры "
     "было делали решили тема темы спрашивал спрашивала"
 )
-
-
 # What is left of a question made of time words alone ("yesterday", "last 7 days": it is searched
 # as given) or naming an ISO date, which stays in the searched text.
-_TIME_WORDS = ("yesterday today tonight last past this week weeks day days month months year years ago since "
-               + " ".join(calendar.month_name[1:]).lower())
+_TIME_WORDS = ["yesterday", "today", "tonight", "last", "past", "this", "year", "years", "ago", "since", *_UNITS, *MONTHS]
+_CONVERSATION_STEMS = frozenset(stem(w) for w in [*_CONVERSATION_WORDS.split(), *_TIME_WORDS])
 
 
 def names_only_a_time(searched: str) -> bool:
@@ -51,8 +49,6 @@ def names_only_a_time(searched: str) -> bool:
     asked = {stem(w) for w in words(searched) if w not in STOP_WORDS and not w.isdigit()}
     return not asked - _CONVERSATION_STEMS
 
-
-_CONVERSATION_STEMS = frozenset(stem(w) for w in f"{_CONVERSATION_WORDS} {_TIME_WORDS}".split())
 
 def _day(d: date) -> datetime:
     return datetime(d.year, d.month, d.day, tzinfo=timezone.utc)
