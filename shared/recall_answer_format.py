@@ -20,6 +20,7 @@ NEIGHBOUR_PREFIX = "  ~ "
 # The passage's conversation and turn, so an agent can cite it (AgentMemory provenance).
 CITE_LINE = "  cite: session_id={} turn_uuid={}"
 _NOTE_LINE = re.compile(r"^\(None of these passages is from \d{4}-\d{2}-\d{2} to \d{4}-\d{2}-\d{2}, the time the query names; they are the closest matches from other dates\.\)$")
+_NOTHING_THEN = re.compile(r"^No earlier conversation is from \d{4}-\d{2}-\d{2} to \d{4}-\d{2}-\d{2}, the time the query names\.$")
 
 
 def date_header(dt: datetime) -> str:
@@ -39,13 +40,19 @@ def outside_window_note(first: datetime, last: datetime) -> str:
             "closest matches from other dates.)")
 
 
+def nothing_then(first: datetime, last: datetime) -> str:
+    """The answer to a question that names only a time ("what did we discuss last week") when
+    no stored conversation is from it: what was said at other times is not what it asks."""
+    return f"No earlier conversation is from {_day(first)} to {_day(last)}, the time the query names."
+
+
 def looks_like_recall_answer(text: str) -> bool:
     """True for a fixed answer, or text that is a sequence of recall passages (it starts with a
     date header, after the outside-the-window note if any, every later header follows a `---`,
     and it ends with one; a passage may hold `---` lines of its own). Prose that merely quotes
     one is kept."""
     body = text.strip()
-    if body in FIXED_ANSWERS:
+    if body in FIXED_ANSWERS or _NOTHING_THEN.match(body):
         return True
     lines = body.splitlines()
     if lines and _NOTE_LINE.match(lines[0]):

@@ -371,6 +371,40 @@ def test_a_question_naming_a_day_or_month_finds_the_turns_of_that_date(tmp_path,
         assert hits and expected in hits[0].text, (query, [h.text for h in hits])
 
 
+def test_a_bare_number_in_a_question_matches_no_turn_by_its_date(tmp_path, embedder):
+    src = tmp_path / "src"
+    # Turns of the 3rd and the 10th that share no word with the questions but their day's number.
+    for i in range(4):
+        write_conversation(src, f"oct3-{i}", [f"Plan the garden beds, part {'abcd'[i]}.", "Tomatoes first."], day="2026-10-03")
+        write_conversation(src, f"oct10-{i}", [f"Pick a paint colour, room {'abcd'[i]}.", "Sage green."], day="2026-10-10")
+    write_conversation(src, "config", ["Which setting broke the build?", "Line 3 of the YAML had a tab."], day="2026-09-20")
+    write_conversation(src, "bugs", ["Rank the open issues.", "Here is the top 10 list of crashes."], day="2026-09-21")
+    write_conversation(src, "invoice", ["When do we pay?", "The invoice is due 7 Oct."], day="2026-09-22")
+    index_tree(tmp_path / "home", src, embedder)
+    reader = MemoryReader(memory_dir(tmp_path / "home"))
+    try:
+        reader.refresh()
+        mask = reader.filter_mask(None, None)
+
+        def lexical_hits(query: str) -> list[str]:
+            legs = bm25_leg(reader, bm25_query_text(query, reader.fts_analyzer), 20, mask)
+            rows = reader.store.rows([rid for rid, _ in legs])
+            return list(dict.fromkeys(rows[rid].session_id for rid, _ in legs))
+
+        for query, expected in [("what was on line 3", ["config"]), ("show me the top 10", ["bugs"])]:
+            assert lexical_hits(query) == expected, query
+        # The month's name still matches the whole month; the day puts its own turns first.
+        for query, day in [("what did we do on 3 October", "oct3-"), ("October 10th", "oct10-"), ("2026-10-10", "oct10-"),
+                           ("что было 3 октября", "oct3-"), ("Oct. 3", "oct3-")]:
+            found = lexical_hits(query)
+            assert all(s.startswith(day) for s in found[:4]), (query, found)
+        # A date a turn writes in its text is the same term as the question's.
+        assert lexical_hits("which bill is due on 2026-10-07")[0] == "invoice"
+        assert lexical_hits("what is due October 7th")[0] == "invoice"
+    finally:
+        reader.close()
+
+
 def test_a_memory_of_the_previous_stemming_analyzer_is_still_queried_with_stems():
     assert bm25_query_text("Tickets opened", "snowball-en-ru-1") == bm25_query_text("Tickets opened") == '"ticket" "open"'
 

@@ -135,6 +135,7 @@ async def test_a_codename_comes_back_alone_but_a_question_naming_a_time_gets_tha
     from services.recall.settings import RecallSettings
     from shared.engine.index_run import index_tree
     from shared.tenant_paths import TenantPaths
+    from shared.recall_answer_format import looks_like_recall_answer
     from tests.conftest import JWT_SECRET, write_conversation
 
     recent = (datetime.now(timezone.utc) - timedelta(days=2)).strftime("%Y-%m-%d")
@@ -157,6 +158,10 @@ async def test_a_codename_comes_back_alone_but_a_question_naming_a_time_gets_tha
         answer = await service.recall_for("alice", question)
         assert then in answer and not_then not in answer, (question, answer)
     assert await service.recall_for("alice", "banana bread in the last 7 days") == NOTHING
+    # No conversation is from the time named: other times' passages are not what it asks.
+    then = datetime.now(timezone.utc) - timedelta(days=40)
+    empty = await service.recall_for("alice", f"what did we discuss in {then:%B %Y}")
+    assert empty.startswith("No earlier conversation is from ") and looks_like_recall_answer(empty), empty
 
 
 @pytest.mark.parametrize("stack", ["embedded"], indirect=True)

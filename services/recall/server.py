@@ -11,7 +11,7 @@ import json
 import time
 import unicodedata
 from contextlib import asynccontextmanager
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Annotated
 
 import redis.asyncio as aioredis
@@ -42,7 +42,7 @@ from shared.http_serving import serve_http
 from shared.index_requests import IndexRequests
 from shared.logging_setup import configure_logging, get_logger
 from shared.metrics_http import metrics_endpoint
-from shared.recall_answer_format import BUSY, EMPTY_QUERY, NO_MEMORY, NOTHING, UNAVAILABLE
+from shared.recall_answer_format import BUSY, EMPTY_QUERY, NO_MEMORY, NOTHING, UNAVAILABLE, nothing_then
 from shared.stream_schema import FORGET_CHANNEL
 from shared.tenant_paths import TenantPaths, user_hash
 from shared.unexpected_http import UnexpectedHTTPErrors
@@ -123,6 +123,8 @@ class RecallService:
             return "busy", BUSY
         except NoIndex:
             return await self._no_memory(paths)
+        except NothingThen:
+            return "empty", nothing_then(dated.start, dated.end - timedelta(microseconds=1))
         except BackendUnavailable as exc:
             log.warning("recall.unavailable", user_hash=paths.uhash, error=str(exc)[:200])
             if isinstance(exc, MemoryNeedsRebuild):
@@ -152,17 +154,23 @@ class RecallService:
         """Runs holding an admission slot and gives it back when the work ends, whether or not
         its caller still waits; None when the tenant has no memory (asked of the backend).
         `dated`: the question names only this time, so its conversations answer it, when the
-        engine can list them and the time holds any (else the search as for any question)."""
+        engine can list them (else the search as for any question); NothingThen if it holds none."""
         RECALL_IN_FLIGHT.inc()
         try:
             if await self.backend.memory_state(paths) is MemoryState.ABSENT:
                 return None
-            if dated is not None and (hits := await self.backend.dated(paths, dated.start, dated.end, self.s.k)):
+            if dated is not None and (hits := await self.backend.dated(paths, dated.start, dated.end, self.s.k)) is not None:
+                if not hits:
+                    raise NothingThen
                 return hits
             return await self.backend.recall(paths, query, k, max(self.s.candidates, 2 * k), fill)
         finally:
             RECALL_IN_FLIGHT.dec()
             self.admission.release()
+
+
+class NothingThen(Exception):
+    """A question naming only a time, and no stored conversation is from that time."""
 
 
 def _consume_outcome(search: asyncio.Future) -> None:

@@ -30,10 +30,10 @@ from functools import lru_cache
 
 import Stemmer
 
-ANALYZER = "snowball-en-ru-cjk2-3"
+ANALYZER = "snowball-en-ru-cjk2-dates-4"
 # Analyzers whose queries are built the same way (stems, stop words dropped): a memory indexed
 # by one of them is queried with stems until its next write re-analyses it (store.py).
-STEMMED_ANALYZERS = frozenset({"snowball-en-ru-1", "snowball-en-ru-2", ANALYZER})
+STEMMED_ANALYZERS = frozenset({"snowball-en-ru-1", "snowball-en-ru-2", "snowball-en-ru-cjk2-3", ANALYZER})
 
 # Hiragana, Katakana, CJK ideographs (and extension A, compatibility), Hangul syllables.
 _CJK_CHARS = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af"
@@ -108,6 +108,7 @@ def distinct_stems(text: str) -> frozenset[str]:
     """The distinct stems of `index_text(text)`; a text without CJK characters skips `words`'
     per-word split. Conversation evidence stems ~70 turns per recall, and the turns that match a
     memory's common words come back query after query: kept per text (8,192 texts, ~8 MB)."""
+    text = dates_as_terms(text)
     if _CJK_RUN.search(text):
         return frozenset(map(stem, words(text)))
     return frozenset(map(stem, set(_raw_words(text))))
@@ -146,14 +147,15 @@ def turn_stems(fts: str) -> str:
 
 
 def index_text(text: str) -> str:
-    """The text as BM25 indexes it: stems separated by spaces, every word kept (phrases work)."""
-    return " ".join(stem(w) for w in words(text))
+    """The text as BM25 indexes it: stems separated by spaces, every word kept (phrases work),
+    its dates as the terms a question's dates become (`dates_as_terms`)."""
+    return " ".join(stem(w) for w in words(dates_as_terms(text)))
 
 
 def query_terms(query: str) -> list[str]:
     """The query's distinct stems without stop words; all of its words if nothing else is left
     ("what is it" still searches something)."""
-    ws = words(query)
+    ws = words(dates_as_terms(query))
     content = [w for w in ws if w not in STOP_WORDS] or ws
     return list(dict.fromkeys(stem(w) for w in content))
 
@@ -174,7 +176,7 @@ def _query_clauses(query: str) -> tuple[str, ...]:
     """Kept for the last queries: a recall asks for its query's clauses in its BM25 leg, its
     conversation evidence and its relevance floor (~30 us each)."""
     clauses: list[str] = []
-    for token in _CLAUSE_SEPARATORS.split(query):
+    for token in _CLAUSE_SEPARATORS.split(dates_as_terms(query)):
         ws = words(token)
         pairs = [w for w in ws if _CJK_RUN.match(w)]  # `MT-4471の件`: the code, then its CJK pairs
         ws = [w for w in ws if not _CJK_RUN.match(w)]
@@ -192,16 +194,57 @@ MONTHS_EN = "january february march april may june july august september october
 MONTHS_RU = "января февраля марта апреля мая июня июля августа сентября октября ноября декабря".split()
 
 
+def _day_term(month: int, day: int) -> str:
+    """A day of the year as one term (`m11d9`): no word a person writes, so a bare number in a
+    question ("line 9", "top 10") never matches every turn dated the 9th or the 10th."""
+    return f"m{month}d{day}"
+
+
 def date_words(ts: str) -> str:
-    """A chunk's date as BM25 sees it: the ISO date, the month's name in English and Russian and
-    the day without its zero (`2022-11-09 november ноября 9`), so "on 9 November, 2022" or «в
-    ноябре» match the turns of that day or month. Measured on LoCoMo (issue 10): R@3 +1.4, R@8
-    +0.6 points over the ISO date alone. An unparseable stamp stays as it is."""
+    """A chunk's date as BM25 sees it: the month's name in English and Russian, the day of the
+    year and the full date each as one term (`november ноября m11d9 2022m11d9`), so "on 9
+    November, 2022", "2022-11-09" or «в ноябре» match the turns of that day or month and a
+    bare number matches none. Measured on LoCoMo (issue 10): R@3 +1.4, R@8 +0.6 points over the
+    ISO date alone; the day as one term instead of the ISO pieces and the bare day moved
+    LoCoMo-dev by −1 / −2 / −1 of 759 questions at R@3 / R@5 / R@8, 11 questions changing both
+    ways (docs/benchmarks.md, round 28). An unparseable stamp stays as it is."""
     m = _ISO_DATE.match(ts)
     if not m or not 1 <= int(m[2]) <= 12:
         return ts[:10]
-    month = int(m[2]) - 1
-    return f"{m[0]} {MONTHS_EN[month]} {MONTHS_RU[month]} {int(m[3])}"
+    month, day = int(m[2]), int(m[3])
+    return f"{MONTHS_EN[month - 1]} {MONTHS_RU[month - 1]} {_day_term(month, day)} {m[1]}{_day_term(month, day)}"
+
+
+# English names and their abbreviations ("Nov 9", "sept"); the Russian genitive («9 ноября»).
+_MONTH_NUMBERS = {name: i + 1 for i, name in enumerate(MONTHS_EN)}
+_MONTH_NUMBERS |= {name[:3]: i for name, i in _MONTH_NUMBERS.items()} | {"sept": 9}
+_MONTH_NUMBERS |= {name: i + 1 for i, name in enumerate(MONTHS_RU)}
+_MONTH = "|".join(sorted(_MONTH_NUMBERS, key=len, reverse=True))
+_ORDINAL = r"(?:st|nd|rd|th|-?го|-?е)?"
+_DATES = re.compile(
+    rf"\b(\d{{4}})-(\d{{1,2}})-(\d{{1,2}})\b"                                   # 2022-11-09
+    rf"|\b(\d{{1,2}}){_ORDINAL}(?:\s+of)?\s+({_MONTH})\b\.?"                  # 9th of November, 9 ноября
+    rf"|\b({_MONTH})\.?\s+(?:the\s+)?(\d{{1,2}}){_ORDINAL}(?![\d:])\b",          # November 9th, Nov. 9
+    re.IGNORECASE)
+
+
+def _date_term(m: re.Match) -> str:
+    if m[1]:
+        month, day, year = int(m[2]), int(m[3]), m[1]
+        return f"{_day_term(month, day)} {year}{_day_term(month, day)}" if 1 <= month <= 12 and 1 <= day <= 31 else m[0]
+    number, name = (m[4], m[5]) if m[4] else (m[7], m[6])
+    day, month = int(number), _MONTH_NUMBERS[name.lower()]
+    name = name if name.lower() in MONTHS_RU else MONTHS_EN[month - 1]  # "Nov" as indexed: november
+    return f"{name} {_day_term(month, day)}" if 1 <= day <= 31 else m[0]
+
+
+def dates_as_terms(text: str) -> str:
+    """A text's dates as the terms `date_words` indexes a turn's own date under: a day beside a
+    month's name ("9 November", "Nov 9th", «9 ноября») becomes that day of the year (any year)
+    beside the month's name, an ISO date that day and that day exactly. Applied alike to questions and to
+    what turns say, so "due on Nov 9" matches "November 9th"; any other number stays a number,
+    which no date matches."""
+    return _DATES.sub(_date_term, text) if any(c.isdigit() for c in text) else text
 
 
 def phrase(text: str) -> str:
