@@ -138,7 +138,8 @@ async def test_a_codename_comes_back_alone_but_a_question_naming_a_time_gets_tha
     from shared.recall_answer_format import looks_like_recall_answer
     from tests.conftest import JWT_SECRET, write_conversation
 
-    recent = (datetime.now(timezone.utc) - timedelta(days=2)).strftime("%Y-%m-%d")
+    recent_day = datetime.now(timezone.utc) - timedelta(days=2)
+    recent = recent_day.strftime("%Y-%m-%d")
     paths = TenantPaths.for_user(tmp_path, "alice")
     write_conversation(paths.src, "vault", ["The vault migration got the codename tarnowick, budget 48k."], day=recent)
     write_conversation(paths.src, "pump", ["The pump seal on line two was replaced after the pressure test."], day=recent)
@@ -154,7 +155,10 @@ async def test_a_codename_comes_back_alone_but_a_question_naming_a_time_gets_tha
     # what it asks for is the conversations of that time.
     for question, then, not_then in [("what did we discuss in the last 7 days", "pump seal", "Vienna"),
                                      ("last 7 days", "codename tarnowick", "Vienna"),
-                                     ("what happened in May 2025", "Vienna", "pump seal")]:
+                                     ("what happened in May 2025", "Vienna", "pump seal"),
+                                     ("о чём мы говорили за последние 7 дней", "pump seal", "Vienna"),
+                                     (f"what did we discuss on {recent_day:%B} {recent_day.day}", "pump seal", "Vienna"),
+                                     ("что обсуждали 2 мая 2025 года", "Vienna", "pump seal")]:
         answer = await service.recall_for("alice", question)
         assert then in answer and not_then not in answer, (question, answer)
     assert await service.recall_for("alice", "banana bread in the last 7 days") == NOTHING

@@ -6,8 +6,9 @@ from datetime import datetime, timezone
 
 import pytest
 
-from services.recall.time_window import find_time_window, names_only_a_time
+from services.recall.time_window import MONTHS_RU_IN, find_time_window, names_only_a_time
 from services.recall.tool_output import hits_from_funes_text, render_for_agent
+from shared.engine.text_analysis import MONTHS_RU
 from shared.recall_answer_format import NOTHING
 
 NOW = datetime(2026, 11, 29, 12, tzinfo=timezone.utc)  # a Sunday
@@ -23,6 +24,20 @@ NOW = datetime(2026, 11, 29, 12, tzinfo=timezone.utc)  # a Sunday
     ("past 10 days MT-4471", "MT-4471", "2026-11-19", "2026-11-30"),
     ("yesterday", "yesterday", "2026-11-28", "2026-11-29"),
     ("last month budget", "budget", "2026-10-01", "2026-11-01"),
+    # A day beside a month's name stays in the searched text: BM25 matches it as the day's term.
+    ("what dish did we try on 9 November", "what dish did we try on 9 November", "2026-11-09", "2026-11-10"),
+    ("N-11 on Dec 25th, 2024", "N-11 on Dec 25th, 2024", "2024-12-25", "2024-12-26"),
+    ("the report of December 5", "the report of December 5", "2025-12-05", "2025-12-06"),  # not yet come this year
+    ("N-11 October 2025", "N-11", "2025-10-01", "2025-11-01"),  # N-11 is no day
+    # Russian.
+    ("о чём мы говорили вчера", "о чём мы говорили", "2026-11-28", "2026-11-29"),
+    ("что решили на прошлой неделе по N-11", "что решили по N-11", "2026-11-16", "2026-11-23"),
+    ("бюджет в прошлом месяце", "бюджет", "2026-10-01", "2026-11-01"),
+    ("насос за последние 10 дней", "насос", "2026-11-19", "2026-11-30"),
+    ("насос 2 недели назад", "насос", "2026-11-13", "2026-11-18"),
+    ("что решили в октябре", "что решили", "2026-10-01", "2026-11-01"),
+    ("бюджет в мае 2025 года", "бюджет", "2025-05-01", "2025-06-01"),
+    ("какое блюдо мы пробовали 21 ноября", "какое блюдо мы пробовали 21 ноября", "2026-11-21", "2026-11-22"),
 ])
 def test_time_words_name_a_window(query, rest, start, end):
     searched, window = find_time_window(query, NOW)
@@ -31,7 +46,8 @@ def test_time_words_name_a_window(query, rest, start, end):
 
 
 @pytest.mark.parametrize("query", ["may we proceed with K-2", "MT-4471 status", "the October report", "2026-02-30",
-                                   "since 2026-02-30", "changes since 2026-11-31"])
+                                   "since 2026-02-30", "changes since 2026-11-31", "30 February", "K-2 March status",
+                                   "за 30 февраля", "v1.3 May"])
 def test_no_window_without_a_real_date(query):
     assert find_time_window(query, NOW) == (query, None)
 
@@ -40,6 +56,8 @@ def test_no_window_without_a_real_date(query):
     ("what did we discuss", True), ("yesterday", True), ("last 7 days", True), ("о чём мы говорили", True),
     ("what happened on 2026-10-08", True), ("MT-4471", False), ("pump on 2026-10-08", False),
     ("what did I say about the pump", False), ("banana bread", False),
+    ("what did we discuss on 9th November", True), ("что было 9-го ноября", True), ("за последние 3 дня", True),
+    ("о чём мы говорили на этой неделе", True), ("что решили по насосу", False),
 ])
 def test_a_question_of_time_words_and_words_about_conversations_names_only_a_time(searched, only):
     assert names_only_a_time(searched) is only
@@ -85,7 +103,11 @@ def _random_queries(seed: int, count: int) -> list[str]:
                 f"since {rnd.choice(month_words)} {y:04d}", f"meeting in {rnd.choice(month_words)} {y:04d}",
                 f"{rnd.choice(month_words)} {y:04d} notes", f"{n} {rnd.choice(['days', 'weeks', 'months'])} ago",
                 f"in the last {n} {rnd.choice(['days', 'weeks', 'months'])}", "today", "yesterday",
-                f"{rnd.choice(['this', 'last', 'past'])} {rnd.choice(['week', 'month'])}"]
+                f"{rnd.choice(['this', 'last', 'past'])} {rnd.choice(['week', 'month'])}",
+                f"on {d} {rnd.choice(month_words)}", f"{rnd.choice(month_words)} {d}th, {y:04d}",
+                f"{d} {rnd.choice(MONTHS_RU)} {y:04d}", f"в {rnd.choice(list(MONTHS_RU_IN))} {y:04d} года",
+                f"за последние {n} {rnd.choice(['дней', 'недель', 'месяцев'])}", f"{n} {rnd.choice(['дня', 'недели'])} назад",
+                "вчера", "позавчера", f"на {rnd.choice(['этой', 'прошлой'])} неделе"]
     return out
 
 

@@ -1,4 +1,5 @@
-"""Time words in a query ("last week", "in October", "2026-10-08", "3 days ago") become a soft
+"""Time words in a query ("last week", "in October", "on 9 November", "2026-10-08", "3 days ago";
+in Russian «на прошлой неделе», «в октябре», «9 ноября», «3 дня назад») become a soft
 preference for passages from that window. Semantic search is poor at temporal questions, and a
 hard filter loses answers when the user's memory of the date is off, so in-window passages are
 moved first and the rest still fill the remaining places. Resolved in UTC.
@@ -11,11 +12,18 @@ import re
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta, timezone
 
-from shared.engine.text_analysis import STOP_WORDS, stem, words
+from shared.engine.text_analysis import MONTHS_RU, STOP_WORDS, stem, words
 
 MONTHS = {name.lower(): i for i, name in enumerate(calendar.month_name) if name}
 MONTHS.update({name.lower(): i for i, name in enumerate(calendar.month_abbr) if name})
+# Russian month names as a date is said: «9 ноября» (genitive), «в ноябре» (prepositional).
+MONTHS_RU_OF = {name: i + 1 for i, name in enumerate(MONTHS_RU)}
+MONTHS_RU_IN = {name: i + 1 for i, name in enumerate(
+    "январе феврале марте апреле мае июне июле августе сентябре октябре ноябре декабре".split())}
 _UNITS = {"day": 1, "days": 1, "week": 7, "weeks": 7, "month": 30, "months": 30}
+# Every form a count takes: «1 день», «2 дня», «5 дней», «неделю», «недели», «недель», «месяц»…
+_UNITS_RU = {"день": 1, "дня": 1, "дней": 1, "неделю": 7, "недели": 7, "недель": 7, "неделя": 7,
+             "месяц": 30, "месяца": 30, "месяцев": 30}
 
 
 @dataclass(frozen=True)
@@ -38,15 +46,19 @@ _CONVERSATION_WORDS = (
 )
 # What is left of a question made of time words alone ("yesterday", "last 7 days": it is searched
 # as given) or naming an ISO date, which stays in the searched text.
-_TIME_WORDS = ["yesterday", "today", "tonight", "last", "past", "this", "year", "years", "ago", "since", *_UNITS, *MONTHS]
+_TIME_WORDS = ["yesterday", "today", "tonight", "last", "past", "this", "year", "years", "ago", "since", *_UNITS, *MONTHS,
+               "вчера", "сегодня", "позавчера", "назад", "последние", "прошлой", "прошлом", "этой", "этом", "неделе",
+               "месяце", "году", "го", *_UNITS_RU, *MONTHS_RU_OF, *MONTHS_RU_IN]
 _CONVERSATION_STEMS = frozenset(stem(w) for w in [*_CONVERSATION_WORDS.split(), *_TIME_WORDS])
+_A_DAYS_NUMBER = re.compile(r"\d{1,2}(?:st|nd|rd|th)")  # "9th": the day of a date kept in the searched text
 
 
 def names_only_a_time(searched: str) -> bool:
     """Whether a question, its time words removed (`find_time_window`'s searched text), asks about
     nothing but the conversations of that time: the floor would refuse it (it shares no word
     with them), and what it wants is what was said then."""
-    asked = {stem(w) for w in words(searched) if w not in STOP_WORDS and not w.isdigit()}
+    asked = {stem(w) for w in words(searched)
+             if w not in STOP_WORDS and not w.isdigit() and not _A_DAYS_NUMBER.fullmatch(w)}
     return not asked - _CONVERSATION_STEMS
 
 
@@ -81,46 +93,115 @@ def _iso(m: re.Match, today: date) -> TimeWindow | None:
     return TimeWindow(_day(d), _day(d) + timedelta(days=1))
 
 
-@_rule(r"\b(?:on\s+)?today\b")
+def _days_back(today: date, days: int) -> TimeWindow:
+    """The day `days` before today, alone."""
+    return TimeWindow(_day(today) - timedelta(days=days), _day(today) - timedelta(days=days - 1))
+
+
+def _up_to_today(today: date, days: int) -> TimeWindow:
+    """The last `days` days and today ("past 7 days", «за последние 7 дней»)."""
+    return TimeWindow(_day(today) - timedelta(days=days), _day(today) + timedelta(days=1))
+
+
+def _calendar(today: date, unit: str, this: bool) -> TimeWindow:
+    """This or the previous calendar week (from Monday) or month; this one runs to today."""
+    if unit == "week":
+        monday = _day(today) - timedelta(days=today.weekday())
+        return TimeWindow(monday, _day(today) + timedelta(days=1)) if this else TimeWindow(monday - timedelta(days=7), monday)
+    if this:
+        return _month(today.year, today.month)
+    year, month = (today.year - 1, 12) if today.month == 1 else (today.year, today.month - 1)
+    return _month(year, month)
+
+
+def _around(today: date, days: int) -> TimeWindow:
+    """About `days` ago ("3 weeks ago" is approximate)."""
+    center = _day(today) - timedelta(days=days)
+    slack = timedelta(days=max(1, days // 7))
+    return TimeWindow(center - slack, center + slack + timedelta(days=1))
+
+
+@_rule(r"\b(?:on\s+)?today\b|\bсегодня\b")
 def _today(m: re.Match, today: date) -> TimeWindow:
-    return TimeWindow(_day(today), _day(today) + timedelta(days=1))
+    return _days_back(today, 0)
 
 
-@_rule(r"\b(?:on\s+)?yesterday\b")
+@_rule(r"\b(?:on\s+)?yesterday\b|\bвчера\b")
 def _yesterday(m: re.Match, today: date) -> TimeWindow:
-    return TimeWindow(_day(today) - timedelta(days=1), _day(today))
+    return _days_back(today, 1)
+
+
+@_rule(r"\bпозавчера\b")
+def _day_before_yesterday(m: re.Match, today: date) -> TimeWindow:
+    return _days_back(today, 2)
 
 
 @_rule(r"\b(this|last|past|previous)\s+(week|month)\b")
 def _this_last(m: re.Match, today: date) -> TimeWindow:
     which, unit = m[1].lower(), m[2].lower()
     if which == "past":  # the days up to today, as "past 7 days" ("last week" is the calendar one)
-        return TimeWindow(_day(today) - timedelta(days=_UNITS[unit]), _day(today) + timedelta(days=1))
-    if unit == "week":
-        monday = _day(today) - timedelta(days=today.weekday())
-        return TimeWindow(monday, _day(today) + timedelta(days=1)) if which == "this" else \
-            TimeWindow(monday - timedelta(days=7), monday)
-    if which == "this":
-        return _month(today.year, today.month)
-    year, month = (today.year - 1, 12) if today.month == 1 else (today.year, today.month - 1)
-    return _month(year, month)
+        return _up_to_today(today, _UNITS[unit])
+    return _calendar(today, unit, this=which == "this")
+
+
+@_rule(r"\b(?:на|в)\s+(этой|прошлой)\s+неделе\b|\b(?:в)\s+(этом|прошлом)\s+месяце\b")
+def _this_last_ru(m: re.Match, today: date) -> TimeWindow:
+    which = (m[1] or m[2]).lower()
+    return _calendar(today, "week" if m[1] else "month", this=which in ("этой", "этом"))
 
 
 @_rule(r"\b(?:in\s+the\s+)?(?:last|past)\s+(\d{1,3})\s+(days?|weeks?|months?)\b")
 def _last_n(m: re.Match, today: date) -> TimeWindow:
-    days = int(m[1]) * _UNITS[m[2].lower()]
-    return TimeWindow(_day(today) - timedelta(days=days), _day(today) + timedelta(days=1))
+    return _up_to_today(today, int(m[1]) * _UNITS[m[2].lower()])
+
+
+_UNIT_NAMES_RU = "|".join(sorted(_UNITS_RU, key=len, reverse=True))
+
+
+# «за последние 7 дней», «за последнюю неделю», «за последний месяц», «за неделю»
+@_rule(r"\bза\s+(?:последн(?:ие|юю|ий)\s+)?(?:(\d{1,3})\s+)?(" + _UNIT_NAMES_RU + r")\b")
+def _last_n_ru(m: re.Match, today: date) -> TimeWindow:
+    return _up_to_today(today, int(m[1] or 1) * _UNITS_RU[m[2].lower()])
 
 
 @_rule(r"\b(\d{1,3})\s+(days?|weeks?|months?)\s+ago\b")
 def _ago(m: re.Match, today: date) -> TimeWindow:
-    days = int(m[1]) * _UNITS[m[2].lower()]
-    center = _day(today) - timedelta(days=days)
-    slack = timedelta(days=max(1, days // 7))  # "3 weeks ago" is approximate
-    return TimeWindow(center - slack, center + slack + timedelta(days=1))
+    return _around(today, int(m[1]) * _UNITS[m[2].lower()])
+
+
+@_rule(r"\b(?:(\d{1,3})\s+)?(" + _UNIT_NAMES_RU + r")\s+назад\b")  # «3 дня назад», «неделю назад»
+def _ago_ru(m: re.Match, today: date) -> TimeWindow:
+    return _around(today, int(m[1] or 1) * _UNITS_RU[m[2].lower()])
 
 
 _MONTH_NAMES = "|".join(sorted(MONTHS, key=len, reverse=True))
+_DAY_MONTHS = {**MONTHS, **MONTHS_RU_OF}
+_DAY_MONTH_NAMES = "|".join(sorted(_DAY_MONTHS, key=len, reverse=True))
+_ORDINAL = r"(?:st|nd|rd|th|-?го)?"
+
+
+def _last_named(month: int, today: date) -> int:
+    """The year of the most recent such month: one not yet come this year means last year's."""
+    return today.year if month <= today.month else today.year - 1
+
+
+# "on 9 November", "the 9th of Nov", "November 9th, 2022", «9 ноября»: that day (kept in the
+# searched text, where BM25 matches it as the day's term); without a year, its last one.
+@_rule(r"(?<![\w.-])(\d{1,2})" + _ORDINAL + r"(?:\s+of)?\s+(" + _DAY_MONTH_NAMES + r")\b\.?(?:,?\s+(\d{4})\b)?"
+       r"|\b(" + _MONTH_NAMES + r")\.?\s+(?:the\s+)?(\d{1,2})" + _ORDINAL + r"(?![\d:])\b(?:,?\s+(\d{4})\b)?",
+       strip=False)
+def _day_of_month(m: re.Match, today: date) -> TimeWindow | None:
+    day, name, year_text = (m[1], m[2], m[3]) if m[1] else (m[5], m[4], m[6])
+    month = _DAY_MONTHS[name.lower()]
+    if year_text:
+        year = int(year_text)
+    else:
+        year = today.year if (month, int(day)) <= (today.month, today.day) else today.year - 1
+    try:
+        d = date(year, month, int(day))
+    except ValueError:  # "30 February"
+        return None
+    return TimeWindow(_day(d), _day(d) + timedelta(days=1))
 
 
 # "in October", "during May", "since May" (to today), or "October 2026": a bare month word ("may we…") is no date.
@@ -128,8 +209,16 @@ _MONTH_NAMES = "|".join(sorted(MONTHS, key=len, reverse=True))
 def _named_month(m: re.Match, today: date) -> TimeWindow:
     name, year_text = (m[1], m[2]) if m[1] else (m[3], m[4])
     month = MONTHS[name.lower()]
-    year = int(year_text) if year_text else (today.year if month <= today.month else today.year - 1)
-    return _month(year, month)
+    return _month(int(year_text) if year_text else _last_named(month, today), month)
+
+
+_MONTH_NAMES_RU = "|".join(sorted(MONTHS_RU_IN, key=len, reverse=True))
+
+
+@_rule(r"\bв\s+(" + _MONTH_NAMES_RU + r")(?:\s+(\d{4})(?:\s+(?:года|г\.?))?)?(?!\w)")  # «в ноябре», «в мае 2025 года»
+def _named_month_ru(m: re.Match, today: date) -> TimeWindow:
+    month = MONTHS_RU_IN[m[1].lower()]
+    return _month(int(m[2]) if m[2] else _last_named(month, today), month)
 
 
 _SINCE = re.compile(r"\bsince\s+$", re.IGNORECASE)

@@ -222,8 +222,8 @@ _MONTH_NUMBERS |= {name: i + 1 for i, name in enumerate(MONTHS_RU)}
 _MONTH = "|".join(sorted(_MONTH_NUMBERS, key=len, reverse=True))
 _ORDINAL = r"(?:st|nd|rd|th|-?го|-?е)?"
 _DATES = re.compile(
-    rf"\b(\d{{4}})-(\d{{1,2}})-(\d{{1,2}})\b"                                   # 2022-11-09
-    rf"|\b(\d{{1,2}}){_ORDINAL}(?:\s+of)?\s+({_MONTH})\b\.?"                  # 9th of November, 9 ноября
+    rf"(?<![\w.-])(\d{{4}})-(\d{{1,2}})-(\d{{1,2}})\b"                              # 2022-11-09
+    rf"|(?<![\w.-])(\d{{1,2}}){_ORDINAL}(?:\s+of)?\s+({_MONTH})\b\.?"         # 9th of November, 9 ноября (not N-11 May)
     rf"|\b({_MONTH})\.?\s+(?:the\s+)?(\d{{1,2}}){_ORDINAL}(?![\d:])\b",          # November 9th, Nov. 9
     re.IGNORECASE)
 
