@@ -19,8 +19,9 @@ SEPARATOR = "---"
 NEIGHBOUR_PREFIX = "  ~ "
 # The passage's conversation and turn, so an agent can cite it (AgentMemory provenance).
 CITE_LINE = "  cite: session_id={} turn_uuid={}"
-_NOTE_LINE = re.compile(r"^\(None of these passages is from \d{4}-\d{2}-\d{2} to \d{4}-\d{2}-\d{2}, the time the query names; they are the closest matches from other dates\.\)$")
-_NOTHING_THEN = re.compile(r"^No earlier conversation is from \d{4}-\d{2}-\d{2} to \d{4}-\d{2}-\d{2}, the time the query names\.$")
+_SPAN = r"\d{4}-\d{2}-\d{2}(?: to \d{4}-\d{2}-\d{2})?"
+_NOTE_LINE = re.compile(rf"^\(None of these passages is from {_SPAN}, the time the query names; they are the closest matches from other dates\.\)$")
+_NOTHING_THEN = re.compile(rf"^No earlier conversation is from {_SPAN}, the time the query names\.$")
 
 
 def date_header(dt: datetime) -> str:
@@ -36,14 +37,19 @@ def _day(dt: datetime) -> str:
 def outside_window_note(first: datetime, last: datetime) -> str:
     """Above the passages when the query named a time and none of them is from it, so the agent
     does not present an older passage as what was said then."""
-    return (f"(None of these passages is from {_day(first)} to {_day(last)}, the time the query names; they are the "
+    return (f"(None of these passages is from {_span(first, last)}, the time the query names; they are the "
             "closest matches from other dates.)")
+
+
+def _span(first: datetime, last: datetime) -> str:
+    """A window's days: one day alone, or from its first to its last."""
+    return _day(first) if _day(first) == _day(last) else f"{_day(first)} to {_day(last)}"
 
 
 def nothing_then(first: datetime, last: datetime) -> str:
     """The answer to a question that names only a time ("what did we discuss last week") when
     no stored conversation is from it: what was said at other times is not what it asks."""
-    return f"No earlier conversation is from {_day(first)} to {_day(last)}, the time the query names."
+    return f"No earlier conversation is from {_span(first, last)}, the time the query names."
 
 
 def looks_like_recall_answer(text: str) -> bool:

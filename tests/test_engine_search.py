@@ -450,3 +450,21 @@ def test_an_identifier_matches_as_its_full_expression_would_and_compiles_only_fo
             assert fast.search(text) == (slow.search(text) is not None), (ident, text)
     unseen = IdentifierPattern("QZ-9182")
     assert not any(unseen.search(t) for t in texts) and unseen._regex is None, "no text held 9182: nothing compiled"
+
+
+def test_a_time_with_one_conversation_shows_it_through_not_only_its_opening(tmp_path, embedder):
+    from datetime import datetime, timezone
+
+    src = tmp_path / "src"
+    write_conversation(src, "long", [f"Step {w} of the migration plan." for w in "abcdefgh"], day="2026-10-08")
+    write_conversation(src, "short", ["A short chat about lunch.", "Sounds good."], day="2026-10-07")
+    index_tree(tmp_path / "home", src, embedder)
+    engine, memory = Engine(embedder=embedder), memory_dir(tmp_path / "home")
+    day = datetime(2026, 10, 8, tzinfo=timezone.utc).timestamp()
+    # One conversation that day: its passages start past the previous one's neighbours.
+    hits = engine.dated(memory, day, day + 86400, RecallParams(k=3, neighbors=1))
+    assert [(h.row.session_id, h.row.seq) for h in hits] == [("long", 0), ("long", 3), ("long", 6)]
+    assert [n.seq for n in hits[1].neighbours] == [2, 4]
+    # Every conversation of the time first, most recent first; then the later turns of each.
+    hits = engine.dated(memory, day - 86400, day + 86400, RecallParams(k=3, neighbors=1))
+    assert [(h.row.session_id, h.row.seq) for h in hits] == [("long", 0), ("long", 3), ("short", 0)]

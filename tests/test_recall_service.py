@@ -166,6 +166,9 @@ async def test_a_codename_comes_back_alone_but_a_question_naming_a_time_gets_tha
     then = datetime.now(timezone.utc) - timedelta(days=40)
     empty = await service.recall_for("alice", f"what did we discuss in {then:%B %Y}")
     assert empty.startswith("No earlier conversation is from ") and looks_like_recall_answer(empty), empty
+    long_ago = datetime.now(timezone.utc) - timedelta(days=100)
+    empty = await service.recall_for("alice", f"what did we discuss on {long_ago:%B} {long_ago.day}")
+    assert empty == f"No earlier conversation is from {long_ago:%Y-%m-%d}, the time the query names.", empty
 
 
 @pytest.mark.parametrize("stack", ["embedded"], indirect=True)

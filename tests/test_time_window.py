@@ -140,6 +140,10 @@ def test_an_answer_with_no_passage_from_the_named_time_says_so_and_is_still_a_re
     assert looks_like_recall_answer(out)
     assert out.count("passage") == 3  # the note's own "passages" plus the two passages
 
+    _, yesterday = find_time_window("what did I say yesterday", NOW)
+    one_day = render_for_agent(hits_from_funes_text(older), 4000, k=3, window=yesterday)
+    assert one_day.startswith("(None of these passages is from 2026-11-28, the time") and looks_like_recall_answer(one_day)
+
     one_inside = older + "[2026-11-20T10:00:00Z] copilot c9 text  score=0.1\n  → get c9 t --memory m\npassage 9\n---\n"
     assert not render_for_agent(hits_from_funes_text(one_inside), 4000, k=3, window=window).startswith("(None")
     assert not render_for_agent(hits_from_funes_text(older), 4000, k=3).startswith("(None")

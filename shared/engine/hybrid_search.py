@@ -407,8 +407,10 @@ def _identifier_boost(rows: dict[int, Row], idents: list[str]) -> dict[int, floa
 
 def dated(reader: MemoryReader, start: float, end: float, params: RecallParams) -> list[Hit]:
     """The conversations with turns from `start` to `end` (epoch seconds, end excluded), most
-    recent first, each by its first turn in that time, k of them, with neighbours: what a
-    question naming only a time ("what did we discuss last week") asks for."""
+    recent first, each by its first turn in that time, k passages with neighbours: what a
+    question naming only a time ("what did we discuss last week") asks for. Fewer than k such
+    conversations leave places that their later turns then fill, each past the previous
+    passage's neighbours, so one conversation of the day is shown through, not by its opening."""
     with reader.fresh():
         mask = reader.filter_mask(params.block_type, params.harness)
         view = mask.view
@@ -421,7 +423,11 @@ def dated(reader: MemoryReader, start: float, end: float, params: RecallParams) 
         newest_first = codes[::-1]
         _, at = np.unique(newest_first, return_index=True)  # each conversation's latest turn
         recent = newest_first[np.sort(at)][:params.k]
-        chosen = [int(ids[np.argmax(codes == code)]) for code in recent.tolist()]  # its first turn then
+        step = 2 * params.neighbors + 1  # a passage's next one starts past its neighbours
+        turns = [ids[codes == code][::step] for code in recent.tolist()]  # each one's turns then, oldest first
+        # One passage per conversation on each pass until k: (pass, conversation), then shown by conversation.
+        passes = sorted((i, c) for c, t in enumerate(turns) for i in range(min(len(t), params.k)))[:params.k]
+        chosen = [int(turns[c][i]) for i, c in sorted(passes, key=lambda p: (p[1], p[0]))]
         rows = reader.store.rows(chosen)
         hits = [Hit(rows[rid], 1.0) for rid in chosen if rid in rows]
         if params.neighbors > 0:
