@@ -405,6 +405,21 @@ def test_a_bare_number_in_a_question_matches_no_turn_by_its_date(tmp_path, embed
         reader.close()
 
 
+def test_a_question_and_a_turn_name_a_date_alike_and_nothing_else_becomes_one():
+    from shared.engine.text_analysis import _date_stems, dates_as_terms, distinct_stems, fts_text, turn_stems
+
+    for question, written in [("on 9 November", "November 9th"), ("Nov. 9", "the 9th of November"),
+                              ("2022-11-09", "2022-11-09T10:00"), ("9-го ноября", "9 ноября")]:
+        assert "m11d9" in query_clauses(question) and "m11d9" in distinct_stems(written), (question, written)
+    for text in ["in May 3 people joined", "which of the 10 may conflict", "Python May 3.11", "N-11 October",
+                 "meeting at 9:30 November", "+7 912 345 12 May", "due 9 ſeptember", "step 2\nNovember was cold"]:
+        assert dates_as_terms(text) == text, text
+    # A turn's stored stems are its text's and its date's, each analysed alone.
+    for text, ts in [("the answer is step 2", "2022-11-09T10:00:00Z"), ("Room 9", "2022-11-09T10:00:00Z"),
+                     ("due Nov 9th", "2022-11-09T10:00:00Z"), ("ok", "9 Nov 2022")]:
+        assert set(turn_stems(fts_text(text, ts)).split()) == distinct_stems(text) | _date_stems(ts[:10]), (text, ts)
+
+
 def test_a_memory_of_the_previous_stemming_analyzer_is_still_queried_with_stems():
     assert bm25_query_text("Tickets opened", "snowball-en-ru-1") == bm25_query_text("Tickets opened") == '"ticket" "open"'
 

@@ -38,6 +38,9 @@ NOW = datetime(2026, 11, 29, 12, tzinfo=timezone.utc)  # a Sunday
     ("что решили в октябре", "что решили", "2026-10-01", "2026-11-01"),
     ("бюджет в мае 2025 года", "бюджет", "2025-05-01", "2025-06-01"),
     ("какое блюдо мы пробовали 21 ноября", "какое блюдо мы пробовали 21 ноября", "2026-11-21", "2026-11-22"),
+    ("о чём мы говорили в ноябре прошлого года", "о чём мы говорили", "2025-11-01", "2025-12-01"),
+    ("N-11 in November last year", "N-11", "2025-11-01", "2025-12-01"),
+    ("in May 3 people joined", "3 people joined", "2026-05-01", "2026-06-01"),  # a month, then a count
 ])
 def test_time_words_name_a_window(query, rest, start, end):
     searched, window = find_time_window(query, NOW)
@@ -47,7 +50,13 @@ def test_time_words_name_a_window(query, rest, start, end):
 
 @pytest.mark.parametrize("query", ["may we proceed with K-2", "MT-4471 status", "the October report", "2026-02-30",
                                    "since 2026-02-30", "changes since 2026-11-31", "30 February", "K-2 March status",
-                                   "за 30 февраля", "v1.3 May"])
+                                   "за 30 февраля", "v1.3 May",
+                                   # counts, prices and versions beside month words name no day
+                                   "which of the 10 may conflict", "we march 3 miles", "ask Jan 2 questions",
+                                   "Python May 3.11", "meeting at 9:30 November", "+7 912 345 12 May",
+                                   "цена за 5 дней аренды", "зарплата за месяц", "о чём мы говорили три дня назад",
+                                   # letters IGNORECASE folds into a month's or a unit's: no window, no error
+                                   "in ſeptember", "9 ſeptember", "last 3 dayſ", "9 APRİL"])
 def test_no_window_without_a_real_date(query):
     assert find_time_window(query, NOW) == (query, None)
 

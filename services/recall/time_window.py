@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import calendar
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta, timezone
+from typing import NamedTuple
 
-from shared.engine.text_analysis import MONTHS_RU, STOP_WORDS, stem, words
+from shared.engine.text_analysis import MONTHS_RU, STOP_WORDS, DateMention, date_mentions, stem, words
 
 MONTHS = {name.lower(): i for i, name in enumerate(calendar.month_name) if name}
 MONTHS.update({name.lower(): i for i, name in enumerate(calendar.month_abbr) if name})
@@ -48,7 +50,7 @@ _CONVERSATION_WORDS = (
 # as given) or naming an ISO date, which stays in the searched text.
 _TIME_WORDS = ["yesterday", "today", "tonight", "last", "past", "this", "year", "years", "ago", "since", *_UNITS, *MONTHS,
                "вчера", "сегодня", "позавчера", "назад", "последние", "прошлой", "прошлом", "этой", "этом", "неделе",
-               "месяце", "году", "го", *_UNITS_RU, *MONTHS_RU_OF, *MONTHS_RU_IN]
+               "месяце", "году", "года", "прошлого", "го", "е", "sept", *_UNITS_RU, *MONTHS_RU_OF, *MONTHS_RU_IN]
 _CONVERSATION_STEMS = frozenset(stem(w) for w in [*_CONVERSATION_WORDS.split(), *_TIME_WORDS])
 _A_DAYS_NUMBER = re.compile(r"\d{1,2}(?:st|nd|rd|th)")  # "9th": the day of a date kept in the searched text
 
@@ -72,25 +74,51 @@ def _month(year: int, month: int) -> TimeWindow:
     return TimeWindow(start, end)
 
 
-_PATTERNS: list[tuple[re.Pattern[str], object, bool]] = []
+class _Found(NamedTuple):
+    """Where a rule found its time words, and what its resolver reads."""
+
+    start: int
+    end: int
+    what: re.Match | DateMention
+
+
+_PATTERNS: list[tuple[Callable[[str], _Found | None], Callable, bool]] = []
 
 
 def _rule(pattern: str, strip: bool = True):
-    """Register a resolver; `strip` drops the matched words from the searched query (an ISO
-    date stays: the BM25 index carries each turn's date)."""
+    """Register a resolver; `strip` drops the matched words from the searched query."""
+    compiled = re.compile(pattern, re.IGNORECASE)
+
+    def find(query: str) -> _Found | None:
+        m = compiled.search(query)
+        return _Found(m.start(), m.end(), m) if m else None
+
     def register(fn):
-        _PATTERNS.append((re.compile(pattern, re.IGNORECASE), fn, strip))
+        _PATTERNS.append((find, fn, strip))
         return fn
     return register
 
 
-@_rule(r"\b(\d{4})-(\d{2})-(\d{2})\b", strip=False)
-def _iso(m: re.Match, today: date) -> TimeWindow | None:
+def _first_date(query: str) -> _Found | None:
+    """An ISO date or a day beside a month's name, read by the engine's own date grammar
+    (text_analysis.date_mentions): kept in the searched text, where BM25 matches it as the day."""
+    mentions = date_mentions(query)
+    return _Found(mentions[0].start, mentions[0].end, mentions[0]) if mentions else None
+
+
+def _named_day(mention: DateMention, today: date) -> TimeWindow | None:
+    """That day; without a year, its last one (not yet come this year means last year's)."""
+    year = mention.year
+    if year is None:
+        year = today.year if (mention.month, mention.day) <= (today.month, today.day) else today.year - 1
     try:
-        d = date(int(m[1]), int(m[2]), int(m[3]))
-    except ValueError:
+        d = date(year, mention.month, mention.day)
+    except ValueError:  # "30 February", year 0
         return None
     return TimeWindow(_day(d), _day(d) + timedelta(days=1))
+
+
+_PATTERNS.append((_first_date, _named_day, False))
 
 
 def _days_back(today: date, days: int) -> TimeWindow:
@@ -158,10 +186,11 @@ def _last_n(m: re.Match, today: date) -> TimeWindow:
 _UNIT_NAMES_RU = "|".join(sorted(_UNITS_RU, key=len, reverse=True))
 
 
-# «за последние 7 дней», «за последнюю неделю», «за последний месяц», «за неделю»
-@_rule(r"\bза\s+(?:последн(?:ие|юю|ий)\s+)?(?:(\d{1,3})\s+)?(" + _UNIT_NAMES_RU + r")\b")
+# «за последние 7 дней», «за последнюю неделю», «за последний месяц» («цена за 5 дней аренды»,
+# «отчёт за неделю» name no time); a count in words («за последние три дня») is not read.
+@_rule(r"\bза\s+последн(?:ие\s+(\d{1,3})\s+(" + _UNIT_NAMES_RU + r")|(?:юю|ий)\s+(неделю|месяц|день))\b")
 def _last_n_ru(m: re.Match, today: date) -> TimeWindow:
-    return _up_to_today(today, int(m[1] or 1) * _UNITS_RU[m[2].lower()])
+    return _up_to_today(today, int(m[1]) * _UNITS_RU[m[2].lower()] if m[1] else _UNITS_RU[m[3].lower()])
 
 
 @_rule(r"\b(\d{1,3})\s+(days?|weeks?|months?)\s+ago\b")
@@ -169,15 +198,13 @@ def _ago(m: re.Match, today: date) -> TimeWindow:
     return _around(today, int(m[1]) * _UNITS[m[2].lower()])
 
 
-@_rule(r"\b(?:(\d{1,3})\s+)?(" + _UNIT_NAMES_RU + r")\s+назад\b")  # «3 дня назад», «неделю назад»
+# «3 дня назад», «неделю назад»; «три дня назад» (a count in words) is not read as one day.
+@_rule(r"\b(?:(\d{1,3})\s+(" + _UNIT_NAMES_RU + r")|(день|неделю|месяц))\s+назад\b")
 def _ago_ru(m: re.Match, today: date) -> TimeWindow:
-    return _around(today, int(m[1] or 1) * _UNITS_RU[m[2].lower()])
+    return _around(today, int(m[1]) * _UNITS_RU[m[2].lower()] if m[1] else _UNITS_RU[m[3].lower()])
 
 
 _MONTH_NAMES = "|".join(sorted(MONTHS, key=len, reverse=True))
-_DAY_MONTHS = {**MONTHS, **MONTHS_RU_OF}
-_DAY_MONTH_NAMES = "|".join(sorted(_DAY_MONTHS, key=len, reverse=True))
-_ORDINAL = r"(?:st|nd|rd|th|-?го)?"
 
 
 def _last_named(month: int, today: date) -> int:
@@ -185,39 +212,26 @@ def _last_named(month: int, today: date) -> int:
     return today.year if month <= today.month else today.year - 1
 
 
-# "on 9 November", "the 9th of Nov", "November 9th, 2022", «9 ноября»: that day (kept in the
-# searched text, where BM25 matches it as the day's term); without a year, its last one.
-@_rule(r"(?<![\w.-])(\d{1,2})" + _ORDINAL + r"(?:\s+of)?\s+(" + _DAY_MONTH_NAMES + r")\b\.?(?:,?\s+(\d{4})\b)?"
-       r"|\b(" + _MONTH_NAMES + r")\.?\s+(?:the\s+)?(\d{1,2})" + _ORDINAL + r"(?![\d:])\b(?:,?\s+(\d{4})\b)?",
-       strip=False)
-def _day_of_month(m: re.Match, today: date) -> TimeWindow | None:
-    day, name, year_text = (m[1], m[2], m[3]) if m[1] else (m[5], m[4], m[6])
-    month = _DAY_MONTHS[name.lower()]
-    if year_text:
-        year = int(year_text)
-    else:
-        year = today.year if (month, int(day)) <= (today.month, today.day) else today.year - 1
-    try:
-        d = date(year, month, int(day))
-    except ValueError:  # "30 February"
-        return None
-    return TimeWindow(_day(d), _day(d) + timedelta(days=1))
-
-
 # "in October", "during May", "since May" (to today), or "October 2026": a bare month word ("may we…") is no date.
-@_rule(r"\b(?:(?:in|during|since)\s+(" + _MONTH_NAMES + r")(?:\s+(\d{4}))?|(" + _MONTH_NAMES + r")\s+(\d{4}))\b")
+@_rule(r"\b(?:(?:in|during|since)\s+(" + _MONTH_NAMES + r")(?:\s+(\d{4})|\s+(last|this)\s+year)?|(" + _MONTH_NAMES
+       + r")\s+(\d{4}))\b")
 def _named_month(m: re.Match, today: date) -> TimeWindow:
-    name, year_text = (m[1], m[2]) if m[1] else (m[3], m[4])
+    name, year_text = (m[1], m[2]) if m[1] else (m[4], m[5])
     month = MONTHS[name.lower()]
+    if m[3]:  # "in November last year", "in May this year"
+        return _month(today.year - (m[3].lower() == "last"), month)
     return _month(int(year_text) if year_text else _last_named(month, today), month)
 
 
 _MONTH_NAMES_RU = "|".join(sorted(MONTHS_RU_IN, key=len, reverse=True))
 
 
-@_rule(r"\bв\s+(" + _MONTH_NAMES_RU + r")(?:\s+(\d{4})(?:\s+(?:года|г\.?))?)?(?!\w)")  # «в ноябре», «в мае 2025 года»
+# «в ноябре», «в мае 2025 года», «в ноябре прошлого года»
+@_rule(r"\bв\s+(" + _MONTH_NAMES_RU + r")(?:\s+(\d{4})(?:\s+(?:года|г\.?))?|\s+(прошлого|этого)\s+года)?(?!\w)")
 def _named_month_ru(m: re.Match, today: date) -> TimeWindow:
     month = MONTHS_RU_IN[m[1].lower()]
+    if m[3]:
+        return _month(today.year - (m[3].lower() == "прошлого"), month)
     return _month(int(m[2]) if m[2] else _last_named(month, today), month)
 
 
@@ -232,20 +246,21 @@ def _since(window: TimeWindow, today: date) -> TimeWindow:
 def find_time_window(query: str, now: datetime) -> tuple[str, TimeWindow | None]:
     """The query without its time words, and the window they name (the first one found)."""
     today = now.astimezone(timezone.utc).date()
-    for pattern, resolve, strip in _PATTERNS:
-        m = pattern.search(query)
-        if m:
-            since = _SINCE.search(query, 0, m.start())
-            begin = since.start() if since else m.start()
+    for find, resolve, strip in _PATTERNS:
+        found = find(query)
+        if found:
+            since = _SINCE.search(query, 0, found.start)
+            begin = since.start() if since else found.start
             try:
-                window = resolve(m, today)  # None for a date no calendar has ("2026-02-30")
-                if window is not None and (since or m[0].lower().startswith("since")):
+                window = resolve(found.what, today)  # None for a date no calendar has ("2026-02-30")
+                if window is not None and (since or query[found.start:found.end].lower().startswith("since")):
                     window = _since(window, today)
-            except (OverflowError, ValueError):
+            except (OverflowError, ValueError, KeyError):
                 # A date at the calendar's edge ("9999-12-31", "March 0000") has no window
-                # datetime can hold; the words are still searched as text, never an error.
+                # datetime can hold, and a letter IGNORECASE folds ("in ſeptember") names no
+                # month of the table: the words are still searched as text, never an error.
                 window = None
             if window is not None:
-                rest = " ".join((query[:begin] + " " + query[m.end():]).split()) if strip else query
+                rest = " ".join((query[:begin] + " " + query[found.end:]).split()) if strip else query
                 return rest or query, window  # nothing left: search with the words as given
     return query, None

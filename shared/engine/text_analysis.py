@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import re
 from functools import lru_cache
+from typing import NamedTuple
 
 import Stemmer
 
@@ -130,13 +131,14 @@ def held_stems(text: str, ts: str, stems: frozenset[str]) -> frozenset[str]:
 
 @lru_cache(maxsize=4096)
 def _date_stems(day: str) -> frozenset[str]:
-    return frozenset(map(stem, words(date_words(day)))) if day else frozenset()
+    return frozenset(index_text(date_words(day)).split()) if day else frozenset()
 
 
 def fts_text(chunk_text: str, ts: str) -> str:
     """What BM25 indexes for a turn: its text's stems plus its date in words, since many
-    questions match only the date."""
-    return index_text(f"{chunk_text}\n{date_words(ts)}" if ts else chunk_text)
+    questions match only the date. Each analysed alone: "step 2" ending the text is no
+    "2 November" with the date's month."""
+    return f"{index_text(chunk_text)} {index_text(date_words(ts))}" if ts else index_text(chunk_text)
 
 
 def turn_stems(fts: str) -> str:
@@ -220,31 +222,88 @@ _MONTH_NUMBERS = {name: i + 1 for i, name in enumerate(MONTHS_EN)}
 _MONTH_NUMBERS |= {name[:3]: i for name, i in _MONTH_NUMBERS.items()} | {"sept": 9}
 _MONTH_NUMBERS |= {name: i + 1 for i, name in enumerate(MONTHS_RU)}
 _MONTH = "|".join(sorted(_MONTH_NUMBERS, key=len, reverse=True))
-_ORDINAL = r"(?:st|nd|rd|th|-?го|-?е)?"
-_DATES = re.compile(
-    rf"(?<![\w.-])(\d{{4}})-(\d{{1,2}})-(\d{{1,2}})\b"                              # 2022-11-09
-    rf"|(?<![\w.-])(\d{{1,2}}){_ORDINAL}(?:\s+of)?\s+({_MONTH})\b\.?"         # 9th of November, 9 ноября (not N-11 May)
-    rf"|\b({_MONTH})\.?\s+(?:the\s+)?(\d{{1,2}}){_ORDINAL}(?![\d:])\b",          # November 9th, Nov. 9
+# Month words that are common words too ("10 may fail", "we march 3 miles", "ask Jan 2 questions"):
+# a date only with an ordinal, a year, a preposition before it, or nothing after it.
+_AMBIGUOUS_MONTHS = frozenset({"may", "march", "mar", "jan"})
+_DATE_PREPOSITIONS = frozenset({"on", "of", "since", "from", "until", "till", "by", "before", "after"})
+_SP = r"[^\S\n]+"  # spaces within a line: a number ending one line is no day of the next line's month
+_NOT_A_PART = r"(?<![\w.,:/+-])(?<!\d )"  # not a piece of N-11, 3.11, 9:30, 1/12 or +7 912 345 12
+_YEAR_AFTER = rf"(?=,?{_SP}(\d{{4}})\b)?"
+_DATE = re.compile(
+    rf"{_NOT_A_PART}(\d{{4}})-(\d{{2}})-(\d{{2}})(?=T\d|\b)"                                       # 2022-11-09
+    rf"|{_NOT_A_PART}(\d{{1,2}})(st|nd|rd|th|-?го|-?е)?(?:{_SP}of)?{_SP}({_MONTH})\b\.?{_YEAR_AFTER}"  # 9th of Nov, 9 ноября
+    rf"|\b({_MONTH})\.?{_SP}(?:the{_SP})?(\d{{1,2}})(st|nd|rd|th)?(?![\d:]|[.,/]\d)\b{_YEAR_AFTER}",  # Nov. 9th, 2022
     re.IGNORECASE)
+_WORD_BEFORE = re.compile(r"(\w+)[^\S\n]*$")
+_NOTHING_AFTER = re.compile(r"[^\S\n]*(?:$|[^\w\s])")
 
 
-def _date_term(m: re.Match) -> str:
-    if m[1]:
-        month, day, year = int(m[2]), int(m[3]), m[1]
-        return f"{_day_term(month, day)} {year}{_day_term(month, day)}" if 1 <= month <= 12 and 1 <= day <= 31 else m[0]
-    number, name = (m[4], m[5]) if m[4] else (m[7], m[6])
-    day, month = int(number), _MONTH_NUMBERS[name.lower()]
-    name = name if name.lower() in MONTHS_RU else MONTHS_EN[month - 1]  # "Nov" as indexed: november
-    return f"{name} {_day_term(month, day)}" if 1 <= day <= 31 else m[0]
+class DateMention(NamedTuple):
+    """A date a text names: an ISO date (`exact`: that day) or a day beside a month's name,
+    with the year written after it, if any."""
+
+    start: int
+    end: int
+    month: int
+    day: int
+    year: int | None
+    exact: bool
+    name: str  # the month's word as written ("" for an ISO date)
+
+
+def date_mentions(text: str) -> list[DateMention]:
+    """The dates a text names, as BM25 (`dates_as_terms`) and the recall service's time windows
+    both read them: one grammar, so a question's date and a turn's are the same term."""
+    if not any(c.isdigit() for c in text):
+        return []
+    found = []
+    for m in _DATE.finditer(text):
+        if m[1]:
+            found.append(DateMention(m.start(), m.end(), int(m[2]), int(m[3]), int(m[1]), True, ""))
+            continue
+        day_first = m[4] is not None
+        number, ordinal, name, year = (m[4], m[5], m[6], m[7]) if day_first else (m[9], m[10], m[8], m[11])
+        month = _MONTH_NUMBERS.get(name.lower())  # None for a letter IGNORECASE folds ("ſeptember")
+        if month is None or not 1 <= int(number) <= 31 or not _reads_as_a_date(text, m, name, day_first, ordinal, year):
+            continue
+        found.append(DateMention(m.start(), m.end(), month, int(number), int(year) if year else None, False, name))
+    return found
+
+
+def _reads_as_a_date(text: str, m: re.Match, name: str, day_first: bool, ordinal: str | None, year: str | None) -> bool:
+    """"in May 3 people joined", "in October 2 weeks before launch": a month, then a count. An
+    ambiguous month word needs an ordinal, a year, a preposition or nothing after it."""
+    before = _WORD_BEFORE.search(text, 0, m.start())
+    word_before = before[1].lower() if before else ""
+    if ordinal or year:
+        return True
+    if not day_first and word_before in ("in", "during"):
+        return False
+    if name.lower() not in _AMBIGUOUS_MONTHS:
+        return True
+    return word_before in _DATE_PREPOSITIONS or bool(_NOTHING_AFTER.match(text, m.end()))
+
+
+def _date_term(mention: DateMention) -> str:
+    if mention.exact:
+        return f"{_day_term(mention.month, mention.day)} {mention.year}{_day_term(mention.month, mention.day)}"
+    # "Nov" as indexed: november; a Russian name stays as written (its stem is the index's).
+    name = mention.name if mention.name.lower() in MONTHS_RU else MONTHS_EN[mention.month - 1]
+    return f"{name} {_day_term(mention.month, mention.day)}"
 
 
 def dates_as_terms(text: str) -> str:
     """A text's dates as the terms `date_words` indexes a turn's own date under: a day beside a
     month's name ("9 November", "Nov 9th", «9 ноября») becomes that day of the year (any year)
-    beside the month's name, an ISO date that day and that day exactly. Applied alike to questions and to
-    what turns say, so "due on Nov 9" matches "November 9th"; any other number stays a number,
-    which no date matches."""
-    return _DATES.sub(_date_term, text) if any(c.isdigit() for c in text) else text
+    beside the month's name, an ISO date that day and that day exactly. Applied alike to
+    questions and to what turns say, so "due on Nov 9" matches "November 9th"; any other number
+    stays a number, which no turn's date matches."""
+    out, at = [], 0
+    for mention in date_mentions(text):
+        glued = text[mention.end:mention.end + 1].isalnum()  # 2022-11-09T10:00: the time stays a word of its own
+        out += [text[at:mention.start], _date_term(mention) + " " * glued]
+        at = mention.end
+    return "".join(out) + text[at:] if out else text
 
 
 def phrase(text: str) -> str:
