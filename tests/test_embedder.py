@@ -412,3 +412,19 @@ def test_a_model_files_digest_is_remembered_in_the_cache_so_a_new_process_does_n
     source.write_bytes(b"other weights" * 1000)  # a reinstalled package: hashed again, built anew
     model_cache._file_digest.cache_clear()
     assert model_cache.cached_model(source, tmp_path / "cache", "x", "r1", build) != first and source in hashed
+
+
+def test_onnxruntime_keeps_no_device_id_and_sends_no_telemetry(tmp_path):
+    """onnxruntime's Linux telemetry writes ~/.cache/Microsoft/DeveloperTools/.onnxruntime/deviceid
+    (and would upload events) unless ORT_DISABLE_TELEMETRY is set before its first session."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "ORT_DISABLE_TELEMETRY"}
+    env |= {"HOME": str(tmp_path), "XDG_CACHE_HOME": str(tmp_path / ".cache")}
+    code = "from shared.engine.embedder import shared_embedder; shared_embedder().embed_query('hello')"
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, cwd=Path(__file__).resolve().parents[1], timeout=300)
+    assert (tmp_path / ".cache" / "recall").is_dir()  # the model cache went there: the home was used
+    assert not (tmp_path / ".cache" / "Microsoft").exists()
+

@@ -9,3 +9,10 @@ Layers inside this package (see docs/architecture.md):
 - agent_format.py: funes' byte-stable output contract;
 - cli.py / mcp_stdio.py: the two front doors.
 """
+
+import os
+
+# onnxruntime 1.2x+ on Linux collects telemetry by default: it writes a device id under
+# ~/.cache/Microsoft and may upload events. A memory service sends nothing anywhere; set before
+# any onnxruntime session exists (an operator's own setting wins).
+os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
