@@ -409,8 +409,13 @@ def test_a_question_and_a_turn_name_a_date_alike_and_nothing_else_becomes_one():
     from shared.engine.text_analysis import _date_stems, dates_as_terms, distinct_stems, fts_text, turn_stems
 
     for question, written in [("on 9 November", "November 9th"), ("Nov. 9", "the 9th of November"),
-                              ("2022-11-09", "2022-11-09T10:00"), ("9-го ноября", "9 ноября")]:
-        assert "m11d9" in query_clauses(question) and "m11d9" in distinct_stems(written), (question, written)
+                              ("2022-11-09", "2022-11-09T10:00"), ("9-го ноября", "9 ноября"),
+                              ("due May 9", "moved to May 9th at noon")]:
+        day = "m5d9" if "May" in question else "2022m11d9" if "2022" in question else "m11d9"
+        assert day in query_clauses(question) and day in distinct_stems(written), (question, written)
+    # With its year written, a date is that day exactly, as an ISO date is, and one term either way.
+    assert {"novemb", "2022m11d9", "2022"} == set(query_clauses("what did we do on 9 November, 2022"))
+    assert "2022m11d9" in distinct_stems("2022-11-09 x") and "2022m11d9" in _date_stems("2022-11-09")
     for text in ["in May 3 people joined", "which of the 10 may conflict", "Python May 3.11", "N-11 October",
                  "meeting at 9:30 November", "+7 912 345 12 May", "due 9 ſeptember", "step 2\nNovember was cold"]:
         assert dates_as_terms(text) == text, text

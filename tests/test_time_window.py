@@ -41,6 +41,8 @@ NOW = datetime(2026, 11, 29, 12, tzinfo=timezone.utc)  # a Sunday
     ("о чём мы говорили в ноябре прошлого года", "о чём мы говорили", "2025-11-01", "2025-12-01"),
     ("N-11 in November last year", "N-11", "2025-11-01", "2025-12-01"),
     ("in May 3 people joined", "3 people joined", "2026-05-01", "2026-06-01"),  # a month, then a count
+    ("notes from the May 3 standup", "notes from the May 3 standup", "2026-05-03", "2026-05-04"),  # May, capitalised
+    ("N-11 in Sept", "N-11", "2026-09-01", "2026-10-01"),
 ])
 def test_time_words_name_a_window(query, rest, start, end):
     searched, window = find_time_window(query, NOW)
@@ -66,7 +68,7 @@ def test_no_window_without_a_real_date(query):
     ("what happened on 2026-10-08", True), ("MT-4471", False), ("pump on 2026-10-08", False),
     ("what did I say about the pump", False), ("banana bread", False),
     ("what did we discuss on 9th November", True), ("что было 9-го ноября", True), ("за последние 3 дня", True),
-    ("о чём мы говорили на этой неделе", True), ("что решили по насосу", False),
+    ("о чём мы говорили на этой неделе", True), ("что решили по насосу", False), ("о чём мы говорили 9го ноября", True),
 ])
 def test_a_question_of_time_words_and_words_about_conversations_names_only_a_time(searched, only):
     assert names_only_a_time(searched) is only

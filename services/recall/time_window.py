@@ -17,7 +17,7 @@ from typing import NamedTuple
 from shared.engine.text_analysis import MONTHS_RU, STOP_WORDS, DateMention, date_mentions, stem, words
 
 MONTHS = {name.lower(): i for i, name in enumerate(calendar.month_name) if name}
-MONTHS.update({name.lower(): i for i, name in enumerate(calendar.month_abbr) if name})
+MONTHS.update({name.lower(): i for i, name in enumerate(calendar.month_abbr) if name}, sept=9)
 # Russian month names as a date is said: «9 ноября» (genitive), «в ноябре» (prepositional).
 MONTHS_RU_OF = {name: i + 1 for i, name in enumerate(MONTHS_RU)}
 MONTHS_RU_IN = {name: i + 1 for i, name in enumerate(
@@ -52,7 +52,7 @@ _TIME_WORDS = ["yesterday", "today", "tonight", "last", "past", "this", "year", 
                "вчера", "сегодня", "позавчера", "назад", "последние", "прошлой", "прошлом", "этой", "этом", "неделе",
                "месяце", "году", "года", "прошлого", "го", "е", "sept", *_UNITS_RU, *MONTHS_RU_OF, *MONTHS_RU_IN]
 _CONVERSATION_STEMS = frozenset(stem(w) for w in [*_CONVERSATION_WORDS.split(), *_TIME_WORDS])
-_A_DAYS_NUMBER = re.compile(r"\d{1,2}(?:st|nd|rd|th)")  # "9th": the day of a date kept in the searched text
+_A_DAYS_NUMBER = re.compile(r"\d{1,2}(?:st|nd|rd|th|го|е)")  # "9th": the day of a date kept in the searched text
 
 
 def names_only_a_time(searched: str) -> bool:

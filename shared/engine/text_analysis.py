@@ -223,9 +223,11 @@ _MONTH_NUMBERS |= {name[:3]: i for name, i in _MONTH_NUMBERS.items()} | {"sept":
 _MONTH_NUMBERS |= {name: i + 1 for i, name in enumerate(MONTHS_RU)}
 _MONTH = "|".join(sorted(_MONTH_NUMBERS, key=len, reverse=True))
 # Month words that are common words too ("10 may fail", "we march 3 miles", "ask Jan 2 questions"):
-# a date only with an ordinal, a year, a preposition before it, or nothing after it.
+# a date only when capitalised (May, March; Jan is a name as well), or with an ordinal, a year, a
+# preposition before it, or nothing after it.
 _AMBIGUOUS_MONTHS = frozenset({"may", "march", "mar", "jan"})
-_DATE_PREPOSITIONS = frozenset({"on", "of", "since", "from", "until", "till", "by", "before", "after"})
+_NAMES_TOO = frozenset({"jan"})
+_DATE_PREPOSITIONS = frozenset({"on", "of", "since", "from", "to", "until", "till", "through", "by", "before", "after"})
 _SP = r"[^\S\n]+"  # spaces within a line: a number ending one line is no day of the next line's month
 _NOT_A_PART = r"(?<![\w.,:/+-])(?<!\d )"  # not a piece of N-11, 3.11, 9:30, 1/12 or +7 912 345 12
 _YEAR_AFTER = rf"(?=,?{_SP}(\d{{4}})\b)?"
@@ -279,23 +281,28 @@ def _reads_as_a_date(text: str, m: re.Match, name: str, day_first: bool, ordinal
         return True
     if not day_first and word_before in ("in", "during"):
         return False
-    if name.lower() not in _AMBIGUOUS_MONTHS:
+    if name.lower() not in _AMBIGUOUS_MONTHS or (name[0].isupper() and name.lower() not in _NAMES_TOO):
         return True
     return word_before in _DATE_PREPOSITIONS or bool(_NOTHING_AFTER.match(text, m.end()))
 
 
 def _date_term(mention: DateMention) -> str:
+    # One term per date, so a date weighs in BM25 as one word does: that day exactly when its
+    # year is written (2022-11-09, "9 November, 2022"), else that day of any year.
+    day = _day_term(mention.month, mention.day)
+    term = f"{mention.year}{day}" if mention.year is not None else day
     if mention.exact:
-        return f"{_day_term(mention.month, mention.day)} {mention.year}{_day_term(mention.month, mention.day)}"
+        return term
     # "Nov" as indexed: november; a Russian name stays as written (its stem is the index's).
     name = mention.name if mention.name.lower() in MONTHS_RU else MONTHS_EN[mention.month - 1]
-    return f"{name} {_day_term(mention.month, mention.day)}"
+    return f"{name} {term}"
 
 
 def dates_as_terms(text: str) -> str:
     """A text's dates as the terms `date_words` indexes a turn's own date under: a day beside a
     month's name ("9 November", "Nov 9th", «9 ноября») becomes that day of the year (any year)
-    beside the month's name, an ISO date that day and that day exactly. Applied alike to
+    beside the month's name, or that day exactly when a year follows ("9 November, 2022"; the
+    year stays as written); an ISO date that day exactly. Applied alike to
     questions and to what turns say, so "due on Nov 9" matches "November 9th"; any other number
     stays a number, which no turn's date matches."""
     out, at = [], 0
