@@ -208,7 +208,7 @@ def date_words(ts: str) -> str:
     November, 2022", "2022-11-09" or «в ноябре» match the turns of that day or month and a
     bare number matches none. Measured on LoCoMo (issue 10): R@3 +1.4, R@8 +0.6 points over the
     ISO date alone; the day as one term instead of the ISO pieces and the bare day moved
-    LoCoMo-dev by −1 / −2 / −1 of 759 questions at R@3 / R@5 / R@8, 11 questions changing both
+    LoCoMo-dev by −1 / −2 / 0 of 759 questions at R@3 / R@5 / R@8, 11 questions changing both
     ways (docs/benchmarks.md, round 28). An unparseable stamp stays as it is."""
     m = _ISO_DATE.match(ts)
     if not m or not 1 <= int(m[2]) <= 12:
@@ -274,7 +274,8 @@ def date_mentions(text: str) -> list[DateMention]:
 
 def _reads_as_a_date(text: str, m: re.Match, name: str, day_first: bool, ordinal: str | None, year: str | None) -> bool:
     """"in May 3 people joined", "in October 2 weeks before launch": a month, then a count. An
-    ambiguous month word needs an ordinal, a year, a preposition or nothing after it."""
+    ambiguous month word needs a capital (but Jan), an ordinal, a year, a preposition before it
+    or nothing after it ("10 may fail", "we march 3 miles" are no dates)."""
     before = _WORD_BEFORE.search(text, 0, m.start())
     word_before = before[1].lower() if before else ""
     if ordinal or year:
