@@ -419,7 +419,11 @@ def test_missing_forged_expired_and_wrong_audience_tokens_get_401_and_the_logs_n
                 f"Bearer {mint('alice@example.com', aud='someone-else')}",
                 f"Bearer {mint('alice@example.com', aud='recall-mcp', iss='evil')}"):
         headers = {"Authorization": bad} if bad else {}
-        assert _initialize(service_env, headers).status_code == 401, bad
+        refused = _initialize(service_env, headers)
+        assert refused.status_code == 401, bad
+        if bad and bad != "Bearer":  # a token that fails verification: what is wrong and what to do
+            assert refused.json()["error"] == "invalid_token" and "recall token" in refused.json()["error_description"]
+            assert "re-register" not in refused.text and "recall token" in refused.headers["www-authenticate"]
     lines = [line for line in proc.output().splitlines() if line.strip()]
     assert "alice@example.com" not in proc.output()
     events = [json.loads(line) for line in lines]  # every line is one JSON object

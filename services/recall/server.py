@@ -34,6 +34,7 @@ from services.recall.metrics import RECALL_BUSY, RECALL_CONCURRENCY_LIMIT, RECAL
 from services.recall.process_pool import ProcessPool
 from services.recall.settings import RecallSettings
 from services.recall.time_window import TimeWindow, find_time_window, names_only_a_time
+from services.recall.token_errors import RejectedTokenText
 from services.recall.tokens import build_verifier
 from services.recall.tool_output import RECALL_TOOL, TOOL_DESCRIPTION, AgentHit, render_for_agent
 from services.recall.unexpected_errors import UnexpectedToolErrors, record_http_failure
@@ -269,6 +270,7 @@ def build_app(settings: RecallSettings | None = None):
     app = mcp.http_app(path="/mcp", stateless_http=True, json_response=True)
     # Outermost: an exception while a bearer token is verified (an identity provider's JWKS
     # that breaks the verifier) is counted too, not Starlette's plain 500.
+    app.add_middleware(RejectedTokenText)
     app.add_middleware(UnexpectedHTTPErrors, record=record_http_failure)
     inner_lifespan = app.router.lifespan_context
 
