@@ -477,7 +477,7 @@ def test_a_time_with_one_conversation_shows_it_through_not_only_its_opening(tmp_
 
     src = tmp_path / "src"
     write_conversation(src, "long", [f"Step {w} of the migration plan." for w in "abcdefgh"], day="2026-10-08")
-    write_conversation(src, "short", ["A short chat about lunch.", "Sounds good."], day="2026-10-07")
+    write_conversation(src, "short", ["A short chat about lunch.", "Sounds good.", "See you at noon."], day="2026-10-07")
     index_tree(tmp_path / "home", src, embedder)
     engine, memory = Engine(embedder=embedder), memory_dir(tmp_path / "home")
     day = datetime(2026, 10, 8, tzinfo=timezone.utc).timestamp()
@@ -488,3 +488,6 @@ def test_a_time_with_one_conversation_shows_it_through_not_only_its_opening(tmp_
     # Every conversation of the time first, most recent first; then the later turns of each.
     hits = engine.dated(memory, day - 86400, day + 86400, RecallParams(k=3, neighbors=1))
     assert [(h.row.session_id, h.row.seq) for h in hits] == [("long", 0), ("long", 3), ("short", 0)]
+    # Three turns, one neighbour each side: the first and the last cover them all.
+    hits = engine.dated(memory, day - 86400, day, RecallParams(k=3, neighbors=1))
+    assert [(h.row.session_id, h.row.seq) for h in hits] == [("short", 0), ("short", 2)]

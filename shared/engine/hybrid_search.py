@@ -423,8 +423,7 @@ def dated(reader: MemoryReader, start: float, end: float, params: RecallParams) 
         newest_first = codes[::-1]
         _, at = np.unique(newest_first, return_index=True)  # each conversation's latest turn
         recent = newest_first[np.sort(at)][:params.k]
-        step = 2 * params.neighbors + 1  # a passage's next one starts past its neighbours
-        turns = [ids[codes == code][::step] for code in recent.tolist()]  # each one's turns then, oldest first
+        turns = [_spread(ids[codes == code], params.neighbors) for code in recent.tolist()]  # each one's, oldest first
         # One passage per conversation on each pass until k: (pass, conversation), then shown by conversation.
         passes = sorted((i, c) for c, t in enumerate(turns) for i in range(min(len(t), params.k)))[:params.k]
         chosen = [int(turns[c][i]) for i, c in sorted(passes, key=lambda p: (p[1], p[0]))]
@@ -433,6 +432,17 @@ def dated(reader: MemoryReader, start: float, end: float, params: RecallParams) 
         if params.neighbors > 0:
             _attach_neighbours(reader, hits, params.neighbors)
         return hits
+
+
+def _spread(turns: np.ndarray, neighbors: int) -> np.ndarray:
+    """Turns of one conversation to show as passages, in order, so that with their neighbours
+    they cover it: each past the previous one's neighbours, and its last turn if the last of
+    those stops short of it (three turns, one neighbour: the 1st and the 3rd)."""
+    step = 2 * neighbors + 1
+    picks = turns[::step]
+    if len(turns) - 1 > (len(turns) - 1) // step * step + neighbors:
+        picks = np.append(picks, turns[-1])
+    return picks
 
 
 def _embed(embedder: Embedder, query: str, deadline: float | None) -> np.ndarray:
