@@ -282,10 +282,10 @@ def test_hits_carry_neighbouring_turns_and_dates(tmp_path, embedder):
     assert [(role, seq) for role, seq, _ in hit.neighbours] == [("user", 0), ("user", 2)]
 
 
-def test_neighbour_previews_never_repeat_a_turn_read_above(tmp_path, embedder):
-    """Two adjacent turns both hit: funes' seq window would preview the better hit again beside
-    the lower one. Read top down, the lower hit previews only unread turns, its freed preview goes
-    one turn further out, and the answer holds no more previews than the window would (4)."""
+def test_neighbour_previews_never_repeat_a_turn_the_answer_shows(tmp_path, embedder):
+    """Two adjacent turns both hit: funes' seq window would preview each beside the other, so
+    each opening is read twice. Neither is a preview now (each is shown whole), a freed preview
+    goes one turn further out, and the answer holds no more previews than the window would (4)."""
     src = tmp_path / "src"
     write_conversation(src, "c", ["morning all", "Feed F-204 had a gap in the night run.",
                                   "The F-204 export job runs upstream.", "Priya will rerun it by Friday.",
@@ -294,8 +294,8 @@ def test_neighbour_previews_never_repeat_a_turn_read_above(tmp_path, embedder):
     hits = parse_recall(Engine(embedder=embedder).recall(memory_dir(tmp_path / "home"), "F-204 gap", RecallParams(k=2)))
     assert [h.text for h in hits] == ["Feed F-204 had a gap in the night run.", "The F-204 export job runs upstream."]
     previews = [[seq for _, seq, _ in h.neighbours] for h in hits]
-    # the better hit shows the lower one beside it (read here first); the lower one shows 3 and 4, not 1
-    assert previews == [[0, 2], [3, 4]], previews
+    # the better hit previews 0, not the lower hit 2; the lower one previews 3 and 4, not the better hit 1
+    assert previews == [[0], [3, 4]], previews
 
 
 def test_filters_by_block_type_and_harness(tmp_path, embedder):

@@ -488,9 +488,10 @@ def _one_turn_holds_every_word(reader: MemoryReader, query: str, legs: Legs, row
 
 def _attach_neighbours(reader: MemoryReader, hits: list[Hit], window: int) -> None:
     """Neighbour previews, read top down: as many as the seq windows of the hits hold, none of a
-    turn read above, the rest spent nearest first, best hit first, up to NEIGHBOUR_REACH windows out."""
+    turn shown in the answer (a hit, above or below: it is shown whole) or previewed above, the
+    rest spent nearest first, best hit first, up to NEIGHBOUR_REACH windows out."""
     reach = window * NEIGHBOUR_REACH
-    own = [(h.row.session_id, h.row.turn_uuid) for h in hits]
+    own = {(h.row.session_id, h.row.turn_uuid) for h in hits}
     previewed: set[tuple[str, str]] = set()
     around: list[dict[str, list[Row]]] = []  # per hit: its session's turns within reach, in seq order
     budget = 0
@@ -505,11 +506,11 @@ def _attach_neighbours(reader: MemoryReader, hits: list[Hit], window: int) -> No
         budget += sum(1 for chunks in turns.values() if abs(chunks[0].seq - r.seq) <= window)
     chosen: list[set[str]] = [set() for _ in hits]
     for distance in range(1, reach + 1):
-        for rank, (hit, turns, mine) in enumerate(zip(hits, around, chosen)):
-            above = own[:rank]  # a hit further down may be previewed here: it is read here first
+        for hit, turns, mine in zip(hits, around, chosen):
             for turn, chunks in turns.items():
                 key = (hit.row.session_id, turn)
-                if budget and abs(chunks[0].seq - hit.row.seq) == distance and key not in previewed and key not in above:
+                # A hit is never a preview: its opening would be read twice, spending the answer's characters.
+                if budget and abs(chunks[0].seq - hit.row.seq) == distance and key not in previewed and key not in own:
                     mine.add(turn)
                     previewed.add(key)
                     budget -= 1

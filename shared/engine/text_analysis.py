@@ -207,9 +207,9 @@ def date_words(ts: str) -> str:
     year and the full date each as one term (`november ноября m11d9 2022m11d9`), so "on 9
     November, 2022", "2022-11-09" or «в ноябре» match the turns of that day or month and a
     bare number matches none. Measured on LoCoMo (issue 10): R@3 +1.4, R@8 +0.6 points over the
-    ISO date alone; the day as one term instead of the ISO pieces and the bare day moved
-    LoCoMo-dev by −1 / −2 / 0 of 759 questions at R@3 / R@5 / R@8, 11 questions changing both
-    ways (docs/benchmarks.md, round 28). An unparseable stamp stays as it is."""
+    ISO date alone; the day as one term instead of the ISO pieces and the bare day cost
+    LoCoMo-dev one question of 759 at R@3 and one at R@8, 11 questions moving both ways
+    (docs/benchmarks.md, round 28). An unparseable stamp stays as it is."""
     m = _ISO_DATE.match(ts)
     if not m or not 1 <= int(m[2]) <= 12:
         return ts[:10]
