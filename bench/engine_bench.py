@@ -93,14 +93,14 @@ def quality(engine: Engine, memory: Path, questions: list[Question]) -> list[lis
             if text is None:
                 continue
             asked[form] += 1
-            out = engine.recall(memory, text, RecallParams(k=8))
-            passages = {"recall-engine": passages_from_output(out)}
+            # hit@3 from its own k=3 answer: the first 3 of a k=8 answer miss what a k=3 answer
+            # previews (a hit 4-8 is never a preview in the k=8 one, since it is shown whole there).
+            own = {k: passages_from_output(engine.recall(memory, text, RecallParams(k=k))) for k in (3, 8)}
             reader = engine.reader(memory)
-            for name, ids in baseline_rankings(engine, memory, text, 8).items():
-                passages[name] = passages_from_rows(reader, ids)
+            passages = {name: passages_from_rows(reader, ids) for name, ids in baseline_rankings(engine, memory, text, 8).items()}
             for s in systems:
                 for k in (3, 8):
-                    hits[(s, form, k)] += is_hit(passages[s][:k], q)
+                    hits[(s, form, k)] += is_hit(own[k] if s == "recall-engine" else passages[s][:k], q)
     return [[s, form, asked[form], f"{hits[(s, form, 3)] / asked[form]:.3f}", f"{hits[(s, form, 8)] / asked[form]:.3f}"]
             for s in systems for form in FORMS if asked[form]]
 
