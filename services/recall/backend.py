@@ -31,8 +31,9 @@ class RecallBackend(Protocol):
         ...
 
     async def dated(self, paths: TenantPaths, start: datetime, end: datetime, k: int) -> list[AgentHit] | None:
-        """The conversations of a time, most recent first, each by its first turn then (a question
-        that names only a time); None when the engine cannot list turns by date (funes)."""
+        """The conversations of a time, most recent first, from their first turn then (a question
+        that names only a time; hybrid_search.dated); None when the engine cannot list turns by
+        date (funes)."""
         ...
 
     async def memory_state(self, paths: TenantPaths) -> MemoryState:

@@ -18,8 +18,7 @@ from shared.engine.text_analysis import MONTHS_RU, STOP_WORDS, DateMention, date
 
 MONTHS = {name.lower(): i for i, name in enumerate(calendar.month_name) if name}
 MONTHS.update({name.lower(): i for i, name in enumerate(calendar.month_abbr) if name}, sept=9)
-# Russian month names as a date is said: «9 ноября» (genitive), «в ноябре» (prepositional).
-MONTHS_RU_OF = {name: i + 1 for i, name in enumerate(MONTHS_RU)}
+# Russian month names «в ноябре» (prepositional); the genitive of «9 ноября» is MONTHS_RU.
 MONTHS_RU_IN = {name: i + 1 for i, name in enumerate(
     "январе феврале марте апреле мае июне июле августе сентябре октябре ноябре декабре".split())}
 _UNITS = {"day": 1, "days": 1, "week": 7, "weeks": 7, "month": 30, "months": 30}
@@ -50,7 +49,7 @@ _CONVERSATION_WORDS = (
 # as given) or naming an ISO date, which stays in the searched text.
 _TIME_WORDS = ["yesterday", "today", "tonight", "last", "past", "this", "year", "years", "ago", "since", *_UNITS, *MONTHS,
                "вчера", "сегодня", "позавчера", "назад", "последние", "прошлой", "прошлом", "этой", "этом", "неделе",
-               "месяце", "году", "года", "прошлого", "го", "е", "sept", *_UNITS_RU, *MONTHS_RU_OF, *MONTHS_RU_IN]
+               "месяце", "году", "года", "прошлого", "го", "е", "sept", *_UNITS_RU, *MONTHS_RU, *MONTHS_RU_IN]
 _CONVERSATION_STEMS = frozenset(stem(w) for w in [*_CONVERSATION_WORDS.split(), *_TIME_WORDS])
 _A_DAYS_NUMBER = re.compile(r"\d{1,2}(?:st|nd|rd|th|го|е)")  # "9th": the day of a date kept in the searched text
 
@@ -108,9 +107,7 @@ def _first_date(query: str) -> _Found | None:
 
 def _named_day(mention: DateMention, today: date) -> TimeWindow | None:
     """That day; without a year, its last one (not yet come this year means last year's)."""
-    year = mention.year
-    if year is None:
-        year = today.year if (mention.month, mention.day) <= (today.month, today.day) else today.year - 1
+    year = mention.year if mention.year is not None else _last_year_of(mention.month, today, mention.day)
     try:
         d = date(year, mention.month, mention.day)
     except ValueError:  # "30 February", year 0
@@ -119,6 +116,11 @@ def _named_day(mention: DateMention, today: date) -> TimeWindow | None:
 
 
 _PATTERNS.append((_first_date, _named_day, False))
+
+
+def _last_year_of(month: int, today: date, day: int = 1) -> int:
+    """The year of the most recent such month (or day of it): one not yet come this year means last year's."""
+    return today.year if (month, day) <= (today.month, today.day) else today.year - 1
 
 
 def _days_back(today: date, days: int) -> TimeWindow:
@@ -207,11 +209,6 @@ def _ago_ru(m: re.Match, today: date) -> TimeWindow:
 _MONTH_NAMES = "|".join(sorted(MONTHS, key=len, reverse=True))
 
 
-def _last_named(month: int, today: date) -> int:
-    """The year of the most recent such month: one not yet come this year means last year's."""
-    return today.year if month <= today.month else today.year - 1
-
-
 # "in October", "during May", "since May" (to today), or "October 2026": a bare month word ("may we…") is no date.
 @_rule(r"\b(?:(?:in|during|since)\s+(" + _MONTH_NAMES + r")(?:\s+(\d{4})|\s+(last|this)\s+year)?|(" + _MONTH_NAMES
        + r")\s+(\d{4}))\b")
@@ -220,7 +217,7 @@ def _named_month(m: re.Match, today: date) -> TimeWindow:
     month = MONTHS[name.lower()]
     if m[3]:  # "in November last year", "in May this year"
         return _month(today.year - (m[3].lower() == "last"), month)
-    return _month(int(year_text) if year_text else _last_named(month, today), month)
+    return _month(int(year_text) if year_text else _last_year_of(month, today), month)
 
 
 _MONTH_NAMES_RU = "|".join(sorted(MONTHS_RU_IN, key=len, reverse=True))
@@ -232,7 +229,7 @@ def _named_month_ru(m: re.Match, today: date) -> TimeWindow:
     month = MONTHS_RU_IN[m[1].lower()]
     if m[3]:
         return _month(today.year - (m[3].lower() == "прошлого"), month)
-    return _month(int(m[2]) if m[2] else _last_named(month, today), month)
+    return _month(int(m[2]) if m[2] else _last_year_of(month, today), month)
 
 
 _SINCE = re.compile(r"\bsince\s+$", re.IGNORECASE)

@@ -276,10 +276,10 @@ def _reads_as_a_date(text: str, m: re.Match, name: str, day_first: bool, ordinal
     """"in May 3 people joined", "in October 2 weeks before launch": a month, then a count. An
     ambiguous month word needs a capital (but Jan), an ordinal, a year, a preposition before it
     or nothing after it ("10 may fail", "we march 3 miles" are no dates)."""
-    before = _WORD_BEFORE.search(text, 0, m.start())
-    word_before = before[1].lower() if before else ""
     if ordinal or year:
         return True
+    before = _WORD_BEFORE.search(text[max(0, m.start() - 40):m.start()])  # the word just before, not a scan from 0
+    word_before = before[1].lower() if before else ""
     if not day_first and word_before in ("in", "during"):
         return False
     if name.lower() not in _AMBIGUOUS_MONTHS or (name[0].isupper() and name.lower() not in _NAMES_TOO):
