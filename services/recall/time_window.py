@@ -78,7 +78,7 @@ class _Found(NamedTuple):
 
     start: int
     end: int
-    what: re.Match | DateMention
+    what: re.Match | tuple[DateMention, int | None]
 
 
 _PATTERNS: list[tuple[Callable[[str], _Found | None], Callable, bool]] = []
@@ -98,16 +98,29 @@ def _rule(pattern: str, strip: bool = True):
     return register
 
 
+# After a day without its year: "9 November last year", «9 ноября прошлого года».
+_YEAR_WORDS = re.compile(r",?\s+(?:(last|this)\s+year|(прошлого|этого)\s+года)(?!\w)", re.IGNORECASE)
+
+
 def _first_date(query: str) -> _Found | None:
     """An ISO date or a day beside a month's name, read by the engine's own date grammar
-    (text_analysis.date_mentions): kept in the searched text, where BM25 matches it as the day."""
+    (text_analysis.date_mentions): kept in the searched text, where BM25 matches it as the day.
+    What it reads is the mention and, for words naming its year, how many years back (0 or 1)."""
     mentions = date_mentions(query)
-    return _Found(mentions[0].start, mentions[0].end, mentions[0]) if mentions else None
+    if not mentions:
+        return None
+    first = mentions[0]
+    named = _YEAR_WORDS.match(query, first.end) if first.year is None else None
+    back = None if named is None else int((named[1] or named[2]).lower() in ("last", "прошлого"))
+    return _Found(first.start, named.end() if named else first.end, (first, back))
 
 
-def _named_day(mention: DateMention, today: date) -> TimeWindow | None:
-    """That day; without a year, its last one (not yet come this year means last year's)."""
-    year = mention.year if mention.year is not None else _last_year_of(mention.month, today, mention.day)
+def _named_day(found: tuple[DateMention, int | None], today: date) -> TimeWindow | None:
+    """That day; without a year, last year's or this year's as words after it say, else its last
+    one (not yet come this year means last year's)."""
+    mention, back = found
+    year = (mention.year if mention.year is not None else today.year - back if back is not None
+            else _last_year_of(mention.month, today, mention.day))
     try:
         d = date(year, mention.month, mention.day)
     except ValueError:  # "30 February", year 0
