@@ -14,13 +14,18 @@ EMPTY_QUERY = "The query is empty: describe what to look for, e.g. an identifier
 BUSY = "Conversation memory is busy right now; try again in a moment, or continue without it."
 FIXED_ANSWERS = frozenset({NO_MEMORY, NOTHING, UNAVAILABLE, EMPTY_QUERY, BUSY})
 
-_HEADER_LINE = re.compile(r"^\[\d{4}-\d{2}-\d{2} \d{2}:\d{2} UTC\]$")
+# A passage's header: its date, then who said it when the engine knows (funes' recall does not).
+_HEADER_LINE = re.compile(r"^\[\d{4}-\d{2}-\d{2} \d{2}:\d{2} UTC\](?: (?:user|assistant|system|tool))?$")
 SEPARATOR = "---"
 NEIGHBOUR_PREFIX = "  ~ "
 # The passage's conversation and turn, so an agent can cite it (AgentMemory provenance).
 CITE_LINE = "  cite: session_id={} turn_uuid={}"
 _SPAN = r"\d{4}-\d{2}-\d{2}(?: to \d{4}-\d{2}-\d{2})?"
 _NOTE_LINE = re.compile(rf"^\(None of these passages is from {_SPAN}, the time the query names; they are the closest matches from other dates\.\)$")
+_UNNAMED_LINE = re.compile(r"^\(None of these passages mentions [^\n]+, which the query names; they match the rest "
+                           r"of it\.\)$")
+_MORE_THEN_LINE = re.compile(rf"^\(These are \d+ of the \d+ conversations from {_SPAN}, the most recent first; "
+                             r"a question with a topic searches them all\.\)$")
 _NOTHING_THEN = re.compile(rf"^No earlier conversation is from {_SPAN}, the time the query names\.$")
 
 
@@ -41,6 +46,19 @@ def outside_window_note(first: datetime, last: datetime) -> str:
             "closest matches from other dates.)")
 
 
+def unnamed_note(identifiers: list[str]) -> str:
+    """Above passages none of which holds an identifier the query names ("N-11 upgrade" over
+    chats that never said N-11), so the agent does not take another upgrade for N-11's."""
+    return f"(None of these passages mentions {' or '.join(identifiers)}, which the query names; they match the rest of it.)"
+
+
+def more_then_note(shown: int, total: int, first: datetime, last: datetime) -> str:
+    """Above the conversations of a question naming only a time when the answer shows fewer than
+    the time holds, so the agent does not take them for all that was discussed then."""
+    return (f"(These are {shown} of the {total} conversations from {_span(first, last)}, the most recent first; "
+            "a question with a topic searches them all.)")
+
+
 def _span(first: datetime, last: datetime) -> str:
     """A window's days: one day alone, or from its first to its last."""
     return _day(first) if _day(first) == _day(last) else f"{_day(first)} to {_day(last)}"
@@ -52,17 +70,23 @@ def nothing_then(first: datetime, last: datetime) -> str:
     return f"No earlier conversation is from {_span(first, last)}, the time the query names."
 
 
+def without_notes(answer: str) -> str:
+    """The passages of an answer: its note lines (which repeat what the query named) taken off."""
+    lines = answer.split("\n")
+    while lines and any(note.match(lines[0]) for note in (_NOTE_LINE, _MORE_THEN_LINE, _UNNAMED_LINE)):
+        lines = lines[1:]
+    return "\n".join(lines)
+
+
 def looks_like_recall_answer(text: str) -> bool:
     """True for a fixed answer, or text that is a sequence of recall passages (it starts with a
-    date header, after the outside-the-window note if any, every later header follows a `---`,
+    date header, after its note lines if any, every later header follows a `---`,
     and it ends with one; a passage may hold `---` lines of its own). Prose that merely quotes
     one is kept."""
     body = text.strip()
     if body in FIXED_ANSWERS or _NOTHING_THEN.match(body):
         return True
-    lines = body.splitlines()
-    if lines and _NOTE_LINE.match(lines[0]):
-        lines = lines[1:]
+    lines = without_notes(body).splitlines()
     if not lines or not _HEADER_LINE.match(lines[0]) or lines[-1] != SEPARATOR:
         return False
     return all(lines[i - 1] == SEPARATOR for i in range(1, len(lines)) if _HEADER_LINE.match(lines[i]))

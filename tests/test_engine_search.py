@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from shared.engine.agent_format import NO_RESULTS, parse_recall
 from shared.engine.api import Engine
-from shared.engine.hybrid_search import RecallParams, bm25_leg, bm25_query_text
+from shared.engine.hybrid_search import Legs, RecallParams, bm25_leg, bm25_query_text, fuse
 from shared.engine.identifiers import IdentifierPattern, query_identifiers
 from shared.engine.index_run import index_tree, memory_dir
 from shared.engine.memory_reader import MemoryReader
@@ -80,6 +80,57 @@ def test_among_turns_holding_the_identifier_the_rest_of_the_query_decides(tmp_pa
     })
     hits = parse_recall(Engine(embedder=embedder).recall(memory, "what was the decision to move V-878", RecallParams(k=3)))
     assert hits[0].text.startswith("Decision on V-878"), [h.text for h in hits]
+
+
+def test_the_weakest_bm25_match_counts_as_a_match_when_the_leg_holds_every_turn_with_the_word():
+    """Min-max over a BM25 leg that returned every matching turn put its last one at 0, as if it
+    did not hold the word (a ticket's opening turn, longer than the mentions after it); scores
+    now run from the best score the leg left out."""
+    exhausted = Legs(dense=[(1, 0.9), (2, 0.9), (3, 0.9)], bm25=[(1, 2.0), (2, 1.0)], bm25_floor=0.0)
+    fused = fuse(exhausted, dense_weight=0.0)
+    assert fused[2] == 0.5 and fused[3] == 0.0
+    cut = Legs(dense=[(1, 0.9), (2, 0.9)], bm25=[(1, 2.0), (2, 1.0)], bm25_floor=0.5)
+    assert fuse(cut, dense_weight=0.0)[2] == 1 / 3
+
+
+def _ticket_memory(tmp_path, embedder, chatter: int = 0):
+    """MT-4471 opened (with its owner) in the oldest conversation, then only mentioned, in
+    shorter turns of conversations that repeat it; `chatter` more one-line mentions after those."""
+    src = tmp_path / "src"
+    write_conversation(src, "opened", [
+        "The conveyor on line 3 keeps drifting to the left and the belt edge is fraying.",
+        "That sounds like belt misalignment; check the tail pulley tracking.",
+        "I opened maintenance ticket MT-4471 for it. Priya owns it and wants the tracking checked before Friday.",
+        "Good. Note the belt tension too when you check it."], day="2026-11-20")
+    write_conversation(src, "update", ["Any update on MT-4471?", "MT-4471 is waiting for parts.", "ok thanks"], day="2026-11-25")
+    write_conversation(src, "closing", ["Can we close MT-4471?", "Not yet, MT-4471 needs a sign-off.", "fine"], day="2026-11-27")
+    for i in range(chatter):
+        write_conversation(src, f"chatter{i}", [f"Ping {i} about MT-4471.", "ok"], day="2026-11-28")
+    index_tree(tmp_path / "home", src, embedder)
+    return memory_dir(tmp_path / "home")
+
+
+OPENED = "I opened maintenance ticket MT-4471"
+
+
+def test_a_bare_identifier_query_shows_first_the_turn_that_first_mentioned_it(tmp_path, embedder):
+    memory = _ticket_memory(tmp_path, embedder)
+    engine = Engine(embedder=embedder)
+    for query in ["MT-4471", "what is MT-4471 about", "status of MT-4471"]:
+        hits = parse_recall(engine.recall(memory, query, RecallParams(k=3, floor=True)))
+        assert len(hits) == 3 and hits[0].text.startswith(OPENED), (query, [h.text for h in hits])
+
+
+def test_the_first_mention_is_found_below_the_identifier_legs_best_turns(tmp_path, embedder):
+    memory = _ticket_memory(tmp_path, embedder, chatter=40)  # 40 shorter mentions rank above it
+    hits = parse_recall(Engine(embedder=embedder).recall(memory, "MT-4471", RecallParams(k=3, floor=True)))
+    assert hits[0].text.startswith(OPENED), [h.text for h in hits]
+
+
+def test_a_query_word_held_beside_the_identifier_decides_over_the_first_mention(tmp_path, embedder):
+    memory = _ticket_memory(tmp_path, embedder)
+    hits = parse_recall(Engine(embedder=embedder).recall(memory, "when can we close MT-4471", RecallParams(k=3, floor=True)))
+    assert hits[0].text == "Can we close MT-4471?", [h.text for h in hits]
 
 
 def test_a_size_word_is_not_sorted_on_as_an_identifier(tmp_path, embedder):
@@ -194,6 +245,23 @@ def test_a_word_said_once_brings_back_the_turn_that_holds_it_not_k_unrelated_one
     assert "pump seal" in pump[0].row.text
     floor = floor_for(embedder.spec.model_id)
     assert all(h.explain.bm25_rank is not None or h.explain.dense_score >= floor.with_words for h in pump)
+
+
+def test_a_one_word_number_or_code_brings_back_only_the_turns_that_hold_it(tmp_path, embedder):
+    """A newcomer asked for `1069.5` and `billing-stg-02`: the turn holding each came first, then
+    passages sharing nothing with it whose cosines (0.82) cleared the floor's bar."""
+    memory = _one_memory(tmp_path, embedder, {
+        "forecast": ["Which forecast scenario do we use as the base case?",
+                     "Base case: hyperbolic decline, q0 1500 units/day, Di 0.25/yr, b 0.6 - 1069.5 units/day at 18 months."],
+        "upgrade": ["Let's settle the N-11 upgrade. Expected load is about 2185 of 2400 units/day.",
+                    "That is 91%: acceptable but tight. Decision: proceed with the N-11 upgrade."],
+        "staging": ["Where do we test the pg migration?", "Staging clone is billing-stg-02, refreshed nightly.",
+                    "Run the pg migration there first."],
+    })
+    engine = Engine(embedder=embedder)
+    for query, holder in [("1069.5", "Base case:"), ("billing-stg-02", "Staging clone")]:
+        hits = engine.search(memory, query, RecallParams(k=3, floor=True))
+        assert [h.row.text[:len(holder)] for h in hits] == [holder], (query, [h.row.text for h in hits])
 
 
 def test_a_russian_question_over_english_chats_clears_the_floor_and_cyrillic_gibberish_does_not(tmp_path, embedder):
@@ -482,12 +550,15 @@ def test_a_time_with_one_conversation_shows_it_through_not_only_its_opening(tmp_
     engine, memory = Engine(embedder=embedder), memory_dir(tmp_path / "home")
     day = datetime(2026, 10, 8, tzinfo=timezone.utc).timestamp()
     # One conversation that day: its passages start past the previous one's neighbours.
-    hits = engine.dated(memory, day, day + 86400, RecallParams(k=3, neighbors=1))
-    assert [(h.row.session_id, h.row.seq) for h in hits] == [("long", 0), ("long", 3), ("long", 6)]
+    hits, conversations = engine.dated(memory, day, day + 86400, RecallParams(k=3, neighbors=1))
+    assert [(h.row.session_id, h.row.seq) for h in hits] == [("long", 0), ("long", 3), ("long", 6)] and conversations == 1
     assert [n.seq for n in hits[1].neighbours] == [2, 4]
     # Every conversation of the time first, most recent first; then the later turns of each.
-    hits = engine.dated(memory, day - 86400, day + 86400, RecallParams(k=3, neighbors=1))
-    assert [(h.row.session_id, h.row.seq) for h in hits] == [("long", 0), ("long", 3), ("short", 0)]
+    hits, conversations = engine.dated(memory, day - 86400, day + 86400, RecallParams(k=3, neighbors=1))
+    assert [(h.row.session_id, h.row.seq) for h in hits] == [("long", 0), ("long", 3), ("short", 0)] and conversations == 2
     # Three turns, one neighbour each side: the first and the last cover them all.
-    hits = engine.dated(memory, day - 86400, day, RecallParams(k=3, neighbors=1))
+    hits = engine.dated(memory, day - 86400, day, RecallParams(k=3, neighbors=1)).hits
     assert [(h.row.session_id, h.row.seq) for h in hits] == [("short", 0), ("short", 2)]
+    # More conversations than places: counted, so the answer can say some are not shown.
+    hits, conversations = engine.dated(memory, day - 86400, day + 86400, RecallParams(k=1, neighbors=1))
+    assert [h.row.session_id for h in hits] == ["long"] and conversations == 2

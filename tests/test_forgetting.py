@@ -18,7 +18,7 @@ from services.indexer.retention import RetentionSweeper
 from services.indexer.settings import IndexerSettings
 from services.ingest.redaction import Redactor
 from shared.engine.text_analysis import stem
-from shared.recall_answer_format import NO_MEMORY, looks_like_recall_answer
+from shared.recall_answer_format import NO_MEMORY, looks_like_recall_answer, without_notes
 from shared.tenant_paths import TenantPaths, user_hash
 from tests.conftest import (INGEST_KEY, call_recall, engine_cli, files_on_disk, indexed_chunks, ingest_url, mint,
                             post_conversation, wait_until)
@@ -60,7 +60,7 @@ async def assert_forgotten(env, user: str) -> None:
     """By exact identifier, by codename, by paraphrase: nothing of the secret plan comes back."""
     token = mint(user)
     for query in ("Q-731", "BLUEHERON", "vault migration codename and budget", "48k budget"):
-        out = await call_recall(env, token, query)
+        out = without_notes(await call_recall(env, token, query))  # a note may repeat the query's Q-731
         assert "BLUEHERON" not in out and "Q-731" not in out, (query, out)
 
 

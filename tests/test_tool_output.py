@@ -1,9 +1,9 @@
-"""Both backends give the agent the same bytes: the embedded engine's typed hits and funes'
-agent-format text parsed back are one hit model."""
+"""Both backends give the agent the same passages: the embedded engine's typed hits and funes'
+agent-format text parsed back are one hit model (funes' text does not say who said a passage)."""
 
 from __future__ import annotations
 
-from services.recall.tool_output import AgentHit, hits_from_engine, hits_from_funes_text, render_for_agent
+from services.recall.tool_output import AgentHit, Neighbour, hits_from_engine, hits_from_funes_text, render_for_agent
 from shared.engine.api import Engine
 from shared.engine.hybrid_search import RecallParams
 from shared.engine.index_run import index_tree, memory_dir
@@ -28,8 +28,9 @@ def test_typed_hits_equal_the_parsed_agent_format_and_render_the_same(tmp_path, 
         params = RecallParams(k=3, candidates=8)
         typed = hits_from_engine(engine.search(memory, query, params))
         parsed = hits_from_funes_text(engine.recall(memory, query, params))
-        assert typed == parsed, query
-        assert render_for_agent(typed, 4000, 3) == render_for_agent(parsed, 4000, 3)
+        assert [h.model_copy(update={"role": ""}) for h in typed] == parsed, query
+        assert render_for_agent(typed, 4000, 3) == render_for_agent(parsed, 4000, 3).replace(
+            " UTC]\n", " UTC] {}\n").format(*[h.role for h in typed])
     assert any("\r\n" in h.text for h in typed + hits_from_engine(engine.search(memory, "N-12 plan", params)))
 
 
@@ -49,3 +50,43 @@ def test_a_passage_from_year_one_has_a_four_digit_year_and_its_echo_is_recognise
     noted = render_for_agent([hit], 4000, 3, window)
     assert noted.startswith("(None of these passages is from 0999-03-01 to 0999-03-31,"), noted
     assert looks_like_recall_answer(noted)
+
+
+def test_the_header_says_who_said_the_passage_and_the_answer_is_still_recognised_as_an_echo(tmp_path, embedder):
+    """A newcomer could not tell the assistant's suggestion ("set the keepalive to 75s") from what
+    the user did ("raised the keepalive to 75s"): previews named their role, the passage did not."""
+    from shared.recall_answer_format import looks_like_recall_answer
+
+    src = tmp_path / "src"
+    write_conversation(src, "c1", ["The 502s come from the load balancer closing idle connections.",
+                                   "Set the app keepalive above the balancer's idle timeout, e.g. 75s.",
+                                   "Raised the app keepalive to 75s; the 502s stopped."])
+    index_tree(tmp_path / "home", src, embedder)
+    hits = hits_from_engine(Engine(embedder=embedder).search(memory_dir(tmp_path / "home"), "keepalive 75s",
+                                                              RecallParams(k=2, candidates=8)))
+    answer = render_for_agent(hits, 4000, 2)
+    assert "UTC] user\n  cite: session_id=c1 turn_uuid=c1-2\nRaised the app keepalive" in answer, answer
+    assert "UTC] assistant\n  cite: session_id=c1 turn_uuid=c1-1\nSet the app keepalive" in answer, answer
+    assert looks_like_recall_answer(answer)
+    assert not looks_like_recall_answer(answer.replace("UTC] user", "UTC] the user"))
+
+
+def test_an_identifier_no_passage_holds_is_named_in_a_note_above_them():
+    """A newcomer asked `N-11 upgrade` of a user who never said N-11: three other upgrades came
+    back with nothing to say that N-11 was in none of them."""
+    from datetime import datetime, timezone
+
+    from services.recall.time_window import TimeWindow
+    from shared.recall_answer_format import looks_like_recall_answer
+
+    pg = AgentHit(ts="2026-10-08T10:00:00Z", session_id="s", turn_uuid="t", text="The pg upgrade runs on Friday.",
+                  neighbours=(Neighbour(role="user", preview="and K-047 after it"),))
+    answer = render_for_agent([pg], 4000, 3, identifiers=["N-11", "K-047", "MT-4471"])
+    assert answer.splitlines()[0] == ("(None of these passages mentions N-11 or MT-4471, which the query names; they match "
+                                      "the rest of it.)"), answer
+    assert looks_like_recall_answer(answer)
+    assert render_for_agent([pg], 4000, 3, identifiers=["K-047"]).startswith("[2026-10-08 10:00 UTC]\n")
+    window = TimeWindow(datetime(2026, 11, 1, tzinfo=timezone.utc), datetime(2026, 12, 1, tzinfo=timezone.utc))
+    both = render_for_agent([pg], 4000, 3, window, identifiers=["N-11"])
+    assert both.splitlines()[1].startswith("(None of these passages is from 2026-11-01 to 2026-11-30") and \
+        looks_like_recall_answer(both), both

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Protocol
 
-from services.recall.tool_output import AgentHit
+from services.recall.tool_output import AgentHit, DatedAnswer
 from shared.engine.api import MemoryState
 from shared.tenant_paths import TenantPaths
 
@@ -30,10 +30,10 @@ class RecallBackend(Protocol):
         up to k even when some hold no word of the query (RecallParams.fill; funes always fills)."""
         ...
 
-    async def dated(self, paths: TenantPaths, start: datetime, end: datetime, k: int) -> list[AgentHit] | None:
-        """The conversations of a time, most recent first, from their first turn then (a question
-        that names only a time; hybrid_search.dated); None when the engine cannot list turns by
-        date (funes)."""
+    async def dated(self, paths: TenantPaths, start: datetime, end: datetime, k: int) -> DatedAnswer | None:
+        """The conversations of a time, most recent first, from their first turn then, and how
+        many there are (a question that names only a time; hybrid_search.dated); None when the
+        engine cannot list turns by date (funes)."""
         ...
 
     async def memory_state(self, paths: TenantPaths) -> MemoryState:

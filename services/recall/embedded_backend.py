@@ -15,14 +15,17 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
+from typing import TypeVar
 
 from services.recall.backend import BackendOverloaded, BackendUnavailable, MemoryNeedsRebuild
 from services.recall.metrics import POOL_EVICTIONS, POOL_SIZE, READER_CACHE_BYTES
-from services.recall.tool_output import AgentHit, hits_from_engine
+from services.recall.tool_output import AgentHit, DatedAnswer, hits_from_engine
 from shared.engine.api import Engine, MemoryState, NoIndex, memory_state
 from shared.engine.hybrid_search import DeadlineExceeded, Hit, RecallParams
 from shared.engine.store import MemoryDamaged
 from shared.tenant_paths import TenantPaths
+
+_Found = TypeVar("_Found")
 
 
 class EmbeddedBackend:
@@ -39,18 +42,19 @@ class EmbeddedBackend:
         deadline = time.monotonic() + self.timeout_s
         # A thread cannot be cancelled, so the search itself stops at its next stage once the
         # deadline passes; awaiting it to the end keeps its admission slot taken meanwhile.
-        return await self._in_thread(lambda: self._search(paths.memory, query, params, deadline))
+        return hits_from_engine(await self._in_thread(lambda: self._search(paths.memory, query, params, deadline)))
 
-    async def dated(self, paths: TenantPaths, start: datetime, end: datetime, k: int) -> list[AgentHit] | None:
+    async def dated(self, paths: TenantPaths, start: datetime, end: datetime, k: int) -> DatedAnswer:
         params = RecallParams(k=k)
-        return await self._in_thread(
+        found = await self._in_thread(
             lambda: self.engine.dated(paths.memory, start.timestamp(), end.timestamp(), params))
+        return DatedAnswer(hits=hits_from_engine(found.hits), conversations=found.conversations)
 
-    async def _in_thread(self, work: Callable[[], list[Hit]]) -> list[AgentHit]:
-        """The engine's hits from `work` run in a thread, its failures as the backend's errors."""
+    async def _in_thread(self, work: Callable[[], _Found]) -> _Found:
+        """`work`'s result, run in a thread, its failures as the backend's errors."""
         evictions = self.engine.evictions
         try:
-            return hits_from_engine(await asyncio.to_thread(work))
+            return await asyncio.to_thread(work)
         except DeadlineExceeded:
             raise BackendOverloaded("recall timed out") from None
         except NoIndex:

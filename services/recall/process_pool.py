@@ -23,7 +23,7 @@ from datetime import datetime
 
 from services.recall.backend import BackendOverloaded, BackendUnavailable
 from services.recall.metrics import POOL_CRASH_RESTARTS, POOL_EVICTIONS, POOL_SIZE, POOL_SPAWNS
-from services.recall.tool_output import AgentHit, hits_from_funes_text
+from services.recall.tool_output import AgentHit, DatedAnswer, hits_from_funes_text
 from shared.engine.api import MemoryState, NoIndex
 from shared.funes_env import funes_environment
 from shared.logging_setup import get_logger
@@ -81,7 +81,7 @@ class ProcessPool:
             os.path.isfile(os.path.join(p, self.binary)) for p in os.environ.get("PATH", "").split(os.pathsep))
 
     # ---- calls -----------------------------------------------------------------------------------
-    async def dated(self, paths: TenantPaths, start: datetime, end: datetime, k: int) -> list[AgentHit] | None:
+    async def dated(self, paths: TenantPaths, start: datetime, end: datetime, k: int) -> DatedAnswer | None:
         return None  # funes lists no turns by date; its recall always returns k, which the window reorders
 
     async def recall(self, paths: TenantPaths, query: str, k: int, candidates: int,

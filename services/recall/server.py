@@ -36,9 +36,10 @@ from services.recall.settings import RecallSettings
 from services.recall.time_window import TimeWindow, find_time_window, names_only_a_time
 from services.recall.token_errors import RejectedTokenText
 from services.recall.tokens import build_verifier
-from services.recall.tool_output import RECALL_TOOL, TOOL_DESCRIPTION, AgentHit, render_for_agent
+from services.recall.tool_output import RECALL_TOOL, TOOL_DESCRIPTION, AgentHit, DatedAnswer, render_for_agent
 from services.recall.unexpected_errors import UnexpectedToolErrors, record_http_failure
 from shared.engine.api import Engine, MemoryState, NoIndex
+from shared.engine.identifiers import query_identifiers
 from shared.http_serving import serve_http
 from shared.index_requests import IndexRequests
 from shared.logging_setup import configure_logging, get_logger
@@ -133,7 +134,11 @@ class RecallService:
             return "unavailable", UNAVAILABLE
         if raw is None:
             return await self._no_memory(paths)
-        text = render_for_agent(raw, self.s.max_result_chars, self.s.k, window)
+        if isinstance(raw, DatedAnswer):
+            text = render_for_agent(raw.hits, self.s.max_result_chars, self.s.k, window, raw.conversations)
+        else:
+            text = render_for_agent(raw, self.s.max_result_chars, self.s.k, window,
+                                    identifiers=query_identifiers(search_query))
         return ("empty" if text == NOTHING else "hit"), text
 
     async def _no_memory(self, paths: TenantPaths) -> tuple[str, str]:
@@ -151,7 +156,7 @@ class RecallService:
             await self.index_requests.ask(paths.uhash)
 
     async def _search(self, paths: TenantPaths, query: str, k: int, fill: bool,
-                      dated: TimeWindow | None = None) -> list[AgentHit] | None:
+                      dated: TimeWindow | None = None) -> list[AgentHit] | DatedAnswer | None:
         """Runs holding an admission slot and gives it back when the work ends, whether or not
         its caller still waits; None when the tenant has no memory (asked of the backend).
         `dated`: the question names only this time, so its conversations answer it, when the
@@ -160,10 +165,10 @@ class RecallService:
         try:
             if await self.backend.memory_state(paths) is MemoryState.ABSENT:
                 return None
-            if dated is not None and (hits := await self.backend.dated(paths, dated.start, dated.end, self.s.k)) is not None:
-                if not hits:
+            if dated is not None and (then := await self.backend.dated(paths, dated.start, dated.end, self.s.k)) is not None:
+                if not then.hits:
                     raise NothingThen
-                return hits
+                return then
             return await self.backend.recall(paths, query, k, max(self.s.candidates, 2 * k), fill)
         finally:
             RECALL_IN_FLIGHT.dec()

@@ -4,18 +4,21 @@ Both backends hand this module the same typed hits (`AgentHit`): the embedded en
 its hits through as data (`hits_from_engine`); funes mode gets funes' agent-format text from
 its child and parses it into the same model (`hits_from_funes_text`). Each hit renders as
 
-    [2026-10-08 10:01 UTC]
+    [2026-10-08 10:01 UTC] assistant
       cite: session_id=<conversation id> turn_uuid=<turn id>
     <the passage, verbatim>
       ~ user: <neighbouring turn, preview>
     ---
 
-cut at whole passages to `max_chars`. When the query named a time window and no passage is
+cut at whole passages to `max_chars`. The header names who said the passage (`user`,
+`assistant` …) when the engine gives it: funes' recall output does not, so funes mode leaves it
+out. When the query named a time window and no passage is
 from it, one note line (`outside_window_note`) comes first.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
 
 from pydantic import BaseModel, ConfigDict
@@ -24,7 +27,9 @@ from services.recall.time_window import TimeWindow
 from shared.engine.agent_format import parse_recall
 from shared.engine.hybrid_search import NEIGHBOUR_PREVIEW_CHARS, Hit
 from shared.engine.transcript import parse_ts
-from shared.recall_answer_format import CITE_LINE, NEIGHBOUR_PREFIX, NOTHING, SEPARATOR, date_header, outside_window_note
+from shared.engine.identifiers import IdentifierPattern
+from shared.recall_answer_format import (CITE_LINE, NEIGHBOUR_PREFIX, NOTHING, SEPARATOR, date_header, more_then_note,
+                                         outside_window_note, unnamed_note)
 
 
 class Neighbour(BaseModel):
@@ -39,14 +44,23 @@ class AgentHit(BaseModel):
 
     model_config = ConfigDict(frozen=True)
     ts: str
+    role: str = ""  # who said it; "" when the engine does not say (funes' recall output)
     session_id: str = ""
     turn_uuid: str = ""
     text: str
     neighbours: tuple[Neighbour, ...] = ()
 
 
+class DatedAnswer(BaseModel):
+    """The passages of a time's conversations, and how many conversations that time holds."""
+
+    model_config = ConfigDict(frozen=True)
+    hits: list[AgentHit]
+    conversations: int
+
+
 def hits_from_engine(hits: list[Hit]) -> list[AgentHit]:
-    return [AgentHit(ts=h.row.ts, session_id=h.row.session_id, turn_uuid=h.row.turn_uuid, text=h.row.text.strip(),
+    return [AgentHit(ts=h.row.ts, role=h.row.role, session_id=h.row.session_id, turn_uuid=h.row.turn_uuid, text=h.row.text.strip(),
                      neighbours=tuple(Neighbour(role=n.role, preview=n.text[:NEIGHBOUR_PREVIEW_CHARS]) for n in h.neighbours))
             for h in hits]
 
@@ -77,7 +91,8 @@ def _date(ts: str) -> str:
 
 
 def render_hit(hit: AgentHit) -> str:
-    lines = [_date(hit.ts)] + ([CITE_LINE.format(hit.session_id, hit.turn_uuid)] if hit.session_id else []) + [hit.text]
+    header = f"{_date(hit.ts)} {hit.role}" if hit.role else _date(hit.ts)
+    lines = [header] + ([CITE_LINE.format(hit.session_id, hit.turn_uuid)] if hit.session_id else []) + [hit.text]
     lines += [f"{NEIGHBOUR_PREFIX}{n.role}: {n.preview}" for n in hit.neighbours]
     return "\n".join(lines) + f"\n{SEPARATOR}\n"
 
@@ -87,24 +102,44 @@ def _when(ts: str) -> datetime | None:
     return None if epoch is None else datetime.fromtimestamp(epoch, timezone.utc)
 
 
+def _holds(hit: AgentHit, identifier: IdentifierPattern) -> bool:
+    return identifier.search(hit.text) or any(identifier.search(n.preview) for n in hit.neighbours)
+
+
 def _in_window(hit: AgentHit, window: TimeWindow) -> bool:
     return (when := _when(hit.ts)) is not None and window.contains(when)
 
 
-def render_for_agent(hits: list[AgentHit], max_chars: int, k: int, window: TimeWindow | None = None) -> str:
+def render_for_agent(hits: list[AgentHit], max_chars: int, k: int, window: TimeWindow | None = None,
+                     conversations_then: int = 0, identifiers: Sequence[str] = ()) -> str:
     """At most k passages, whole ones only, within max_chars; passages from the query's time
-    window (if it named one) first, in engine order within each group."""
+    window (if it named one) first, in engine order within each group. Note lines come first
+    when the passages are not what the query names: none from its time, fewer than the
+    `conversations_then` of a question naming only a time, none holding one of its
+    `identifiers` (a passage's previews count: they are read too)."""
     hits = list(hits)
     if window is not None:
         hits.sort(key=lambda h: not _in_window(h, window))
     hits = hits[:k]
     if not hits:
         return NOTHING
-    note = ""
-    if window is not None and not any(_in_window(h, window) for h in hits):
-        note = outside_window_note(window.start, window.end - timedelta(microseconds=1)) + "\n"
-        note = note if len(note) <= max_chars // 2 else ""  # a tiny budget goes to the passage
-    out = ""
+
+    named = [IdentifierPattern(i) for i in identifiers]
+
+    def note_for(shown: list[AgentHit]) -> str:
+        notes = []
+        if unnamed := [p.ident for p in named if not any(_holds(h, p) for h in shown)]:
+            notes.append(unnamed_note(unnamed))
+        if window is not None:
+            last = window.end - timedelta(microseconds=1)
+            if not any(_in_window(h, window) for h in shown):
+                notes.append(outside_window_note(window.start, last))
+            elif conversations_then > (seen := len({h.session_id for h in shown})):
+                notes.append(more_then_note(seen, conversations_then, window.start, last))
+        note = "".join(f"{n}\n" for n in notes)
+        return note if len(note) <= max_chars // 2 else ""  # a tiny budget goes to the passage
+
+    note, out, shown = note_for(hits), "", []
     for hit in hits:
         block = render_hit(hit)
         if len(note) + len(out) + len(block) > max_chars:
@@ -112,6 +147,10 @@ def render_for_agent(hits: list[AgentHit], max_chars: int, k: int, window: TimeW
                 # Still closed by its separator: ingest recognises a recall answer by it.
                 end = f" …\n{SEPARATOR}"
                 out = block[: max(max_chars - len(note) - len(end), 0)].rstrip() + end
+                shown.append(hit)
             break
         out += block
+        shown.append(hit)
+    if len(shown) < len(hits) and len(fitted := note_for(shown)) <= len(note):  # laid out for the first note's length
+        note = fitted
     return (note + out).rstrip()

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from shared.engine import agent_format
 from shared.engine.embedder import Embedder, embedder_for_stamp, shared_embedder
-from shared.engine.hybrid_search import Hit, RecallParams, check_deadline, dated, recall, turn_window
+from shared.engine.hybrid_search import Dated, Hit, RecallParams, check_deadline, dated, recall, turn_window
 from shared.engine.memory_reader import MemoryReader
 from shared.engine.reranker import Reranker, configured_reranker, reranker_status
 from shared.engine.store import DB_NAME, MemoryStore
@@ -253,7 +253,7 @@ class Engine:
         with self.lease(memory) as reader:
             return recall(reader, self.embedder_of(reader), query, params, self.reranker, deadline=deadline)
 
-    def dated(self, memory: Path, start: float, end: float, params: RecallParams) -> list[Hit]:
+    def dated(self, memory: Path, start: float, end: float, params: RecallParams) -> Dated:
         """The conversations of a time (hybrid_search.dated): a question that names only a time."""
         with self.lease(memory) as reader:
             return dated(reader, start, end, params)

@@ -16,6 +16,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from functools import cache, reduce
 from operator import or_
+from typing import NamedTuple
 
 import numpy as np
 
@@ -40,6 +41,9 @@ DENSE_WEIGHTS: dict[str, float] = {stamp: 0.4 for stamp in E5_STAMPS.values()}  
 # template-alike turns about other units, while the rest of the query still orders the turns
 # that all hold the identifier (issue 10: a hard identifier-first sort let a chatter mention win).
 IDENTIFIER_BOOST = 0.5
+# The earliest turns (by date) of the identifier leg read to find one holding every identifier
+# of the query (a phrase match may be a look-alike: `MT 4471` in "MT 4471-B").
+FIRST_MENTION_TRIES = 5
 # Without a cross-encoder the fused scores are close together, so a full half-life decay would
 # let any recent weak match bury an older exact one. Recency may discount a hit by at most this
 # share of its score: it orders near-ties by date, it does not override relevance.
@@ -137,6 +141,7 @@ class Explain:
     recency: float = 1.0
     reranked: float | None = None
     dense_weight: float = DENSE_WEIGHT
+    first_mention: bool = False  # shown first: the identifier's first mention (_first_mention)
 
     def line(self) -> str:
         def leg(name: str, rank: int | None, score: float | None) -> str:
@@ -149,6 +154,8 @@ class Explain:
         if self.reranked is not None:
             parts.append(f"cross-encoder {self.reranked:.3f}")
         parts.append(f"recency x{self.recency:.3f}")
+        if self.first_mention:
+            parts.append("first mention of the identifier")
         return " | ".join(parts)
 
 
@@ -165,6 +172,8 @@ class Legs:
     dense: list[tuple[int, float]]
     bm25: list[tuple[int, float]]
     bm25_deep: list[tuple[int, float]] = field(default_factory=list)  # for conversation evidence
+    # The best BM25 score of a turn the leg left out, 0 when it holds every turn with a query word.
+    bm25_floor: float = 0.0
 
 
 _QUOTE_STRIP = re.compile(r'["\\]')
@@ -199,17 +208,18 @@ def dense_weight_for(model_id: str) -> float:
     return DENSE_WEIGHTS.get(model_id, DENSE_WEIGHT)
 
 
-def _minmax(leg: list[tuple[int, float]]) -> dict[int, float]:
-    """Scores to [0, 1] within the leg; a row the leg did not return counts as 0."""
+def _minmax(leg: list[tuple[int, float]], lo: float | None = None) -> dict[int, float]:
+    """Scores to [0, 1] within the leg, from `lo` (default: its last score); a row the leg did
+    not return counts as 0."""
     if not leg:
         return {}
-    hi, lo = leg[0][1], leg[-1][1]
+    hi, lo = leg[0][1], leg[-1][1] if lo is None else lo
     span = hi - lo
     return {rid: (s - lo) / span if span > 0 else 1.0 for rid, s in leg}
 
 
 def fuse(legs: Legs, dense_weight: float = DENSE_WEIGHT) -> dict[int, float]:
-    dense, bm25 = _minmax(legs.dense), _minmax(legs.bm25)
+    dense, bm25 = _minmax(legs.dense), _minmax(legs.bm25, legs.bm25_floor)
     if not bm25:  # no query word occurs in the memory: the dense leg alone orders the pool
         return dense
     return {rid: (1 - dense_weight) * bm25.get(rid, 0.0) + dense_weight * dense.get(rid, 0.0)
@@ -227,15 +237,16 @@ def search_legs(reader: MemoryReader, qvec: np.ndarray, query: str, candidates: 
                 bm25_depth: int = 0) -> Legs:
     """Both legs, each its top `candidates` with raw scores (call inside `reader.fresh()`), and
     the BM25 leg's top `bm25_depth` when that is deeper (one search)."""
-    bm25, deep = bm25_legs(reader, query, candidates, mask, bm25_depth)
-    return Legs(reader.nearest_scored(qvec, candidates, mask), bm25, deep)
+    bm25, deep, floor = bm25_legs(reader, query, candidates, mask, bm25_depth)
+    return Legs(reader.nearest_scored(qvec, candidates, mask), bm25, deep, floor)
 
 
 def bm25_legs(reader: MemoryReader, query: str, candidates: int, mask: Mask,
-              bm25_depth: int = 0) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
-    """The BM25 leg's top `candidates` and top `bm25_depth`, from one search."""
-    bm25 = bm25_leg(reader, bm25_query_text(query, reader.fts_analyzer), max(candidates, bm25_depth), mask)
-    return bm25[:candidates], bm25[:bm25_depth]
+              bm25_depth: int = 0) -> tuple[list[tuple[int, float]], list[tuple[int, float]], float]:
+    """The BM25 leg's top `candidates`, its top `bm25_depth` and its floor (Legs.bm25_floor),
+    from one search."""
+    bm25 = bm25_leg(reader, bm25_query_text(query, reader.fts_analyzer), max(candidates + 1, bm25_depth), mask)
+    return bm25[:candidates], bm25[:bm25_depth], bm25[candidates][1] if len(bm25) > candidates else 0.0
 
 
 @dataclass(frozen=True)
@@ -334,18 +345,20 @@ def recall(
         # other runs the model, and by the time it asks, the run has often ended.
         words_first = query_model_busy(embedder)
         qvec = None if words_first else _embed(embedder, query, deadline)
-        bm25, bm25_deep = bm25_legs(reader, query, max(c, MIN_LEG_DEPTH), mask,
-                                    CONVERSATION_DEPTH if CONVERSATION_WEIGHT > 0 else 0)
+        bm25, bm25_deep, bm25_floor = bm25_legs(reader, query, max(c, MIN_LEG_DEPTH), mask,
+                                                CONVERSATION_DEPTH if CONVERSATION_WEIGHT > 0 else 0)
         idents = query_identifiers(query)
-        # Turns holding the query's identifiers join the pool even when both legs missed them.
-        ident_leg = bm25_leg(reader, " ".join(f'"{phrase(i)}"' for i in idents), c, mask) if idents else []
+        # Turns holding the query's identifiers join the pool even when both legs missed them;
+        # the deeper list is where the identifier's first mention is looked for.
+        ident_deep = bm25_leg(reader, " ".join(f'"{phrase(i)}"' for i in idents), CONVERSATION_DEPTH, mask) if idents else []
+        ident_leg = ident_deep[:c]
         # A memory indexed before stemming holds plain words: the query's stems say nothing there.
         stemmed = reader.fts_analyzer in STEMMED_ANALYZERS
         evidence = conversation_candidates(reader, bm25_deep, mask) if bm25_deep and stemmed else None
         clauses = QueryClauses.of(reader, query) if evidence else None
         if qvec is None:
             qvec = _embed(embedder, query, deadline)
-        legs = Legs(reader.nearest_scored(qvec, max(c, MIN_LEG_DEPTH), mask), bm25, bm25_deep)
+        legs = Legs(reader.nearest_scored(qvec, max(c, MIN_LEG_DEPTH), mask), bm25, bm25_deep, bm25_floor)
         found = {rid for leg in (legs.dense, legs.bm25, ident_leg) for rid, _ in leg}
         judgement = _judge_conversations(reader, clauses, found, evidence, mask) if evidence and clauses else None
         # One read of the turns the pool may hold: the legs' and the best turns of the best conversations.
@@ -366,7 +379,12 @@ def recall(
         boost = _identifier_boost(rows, idents)
         if params.floor and not any(boost.values()) and not _clears_floor(reader, embedder, query, legs, rows, c, mask):
             return []  # nothing close enough, or a query without a single word
+        first = _first_mention(reader, query, idents, ident_deep, rows, boost, mask) if boost else None
+        if first is not None:
+            fused.setdefault(first, 0.0)
         pool = sorted(rows, key=lambda rid: fused[rid] + boost.get(rid, 0.0), reverse=True)[:c]
+        if first is not None and first not in pool:
+            pool.append(first)
 
         reranked: dict[int, float] = {}
         if reranker is not None and len(pool) >= RERANK_POOL_FACTOR * params.k:
@@ -376,8 +394,11 @@ def recall(
         recency = {rid: _recency(reader.epoch_of(rid), now, params.half_life_days) for rid in pool}
         scored = {rid: base[rid] * recency[rid] for rid in pool}
         ranked = sorted(pool, key=scored.__getitem__, reverse=True)
+        if first is not None:
+            ranked.remove(first)
+            ranked.insert(0, first)
         if params.floor and not params.fill:
-            lexical = {rid for leg in (legs.bm25, legs.bm25_deep, ident_leg) for rid, _ in leg}
+            lexical = {rid for leg in (legs.bm25, legs.bm25_deep, ident_deep) for rid, _ in leg}
             ranked = _shown(embedder, query, legs, rows, ranked, lexical)
         hits = [Hit(rows[rid], scored[rid]) for rid in _select_hits(ranked, rows, params.k)]
         if params.explain:
@@ -390,7 +411,7 @@ def recall(
                 hit.explain = Explain(dense_rank=d[0], dense_score=d[1], bm25_rank=b[0], bm25_score=b[1],
                                       fused=plain.get(rid, 0.0), session_lift=fused[rid] - plain.get(rid, 0.0) - lift,
                                       conversation=lift, identifier_boost=boost.get(rid, 0.0), recency=recency[rid],
-                                      reranked=reranked.get(rid), dense_weight=dense_weight)
+                                      reranked=reranked.get(rid), dense_weight=dense_weight, first_mention=rid == first)
         if params.neighbors > 0:
             _attach_neighbours(reader, hits, params.neighbors)
         return hits
@@ -405,12 +426,45 @@ def _identifier_boost(rows: dict[int, Row], idents: list[str]) -> dict[int, floa
     return {rid: IDENTIFIER_BOOST * n / len(patterns) for rid, n in held.items()}
 
 
-def dated(reader: MemoryReader, start: float, end: float, params: RecallParams) -> list[Hit]:
+def _first_mention(reader: MemoryReader, query: str, idents: list[str], deep: list[tuple[int, float]],
+                   rows: dict[int, Row], boost: dict[int, float], mask: Mask) -> int | None:
+    """The earliest turn holding every identifier of the query (among the identifier leg's
+    CONVERSATION_DEPTH best), when the rest of the query cannot say which of the turns holding
+    them is wanted: no other word of it is in any of them ("MT-4471", "status of MT-4471").
+    There the ranking only weighs how short a turn is and how often its conversation repeats the
+    identifier, so the chatter that mentions a ticket outranks the turn that opened it; the
+    first mention is where a ticket, an order or an incident was said to be what it is. It is
+    added to the rows read (`rows`, `boost`) when the ranking had not read it."""
+    rest = [frozenset(c.split()) for c in query_clauses(query)]
+    rest = [c for c in rest if c not in {frozenset(phrase(i).split()) for i in idents}]
+    holding = {rid: rows[rid] for rid, b in boost.items() if b >= IDENTIFIER_BOOST}
+    if rest and holding:
+        stems = frozenset().union(*rest)
+        if any(c <= held for held in reader.held_stems(holding, stems, mask).values() for c in rest):
+            return None
+    patterns = [IdentifierPattern(i) for i in idents]
+    earliest = sorted((e, rid) for rid, _ in deep if (e := reader.epoch_of(rid)) is not None)
+    for _, rid in earliest[:FIRST_MENTION_TRIES]:
+        row = rows.get(rid) or reader.store.rows([rid]).get(rid)
+        if row is not None and all(p.search(row.text) for p in patterns):
+            rows[rid] = row
+            boost[rid] = IDENTIFIER_BOOST
+            return rid
+    return None
+
+
+class Dated(NamedTuple):
+    hits: list[Hit]
+    conversations: int  # how many conversations have turns in the time, shown or not
+
+
+def dated(reader: MemoryReader, start: float, end: float, params: RecallParams) -> Dated:
     """The conversations with turns from `start` to `end` (epoch seconds, end excluded), most
     recent first, each by its first turn in that time, k passages with neighbours: what a
     question naming only a time ("what did we discuss last week") asks for. Fewer than k such
     conversations leave places that their later turns then fill, each past the previous
-    passage's neighbours, so one conversation of the day is shown through, not by its opening."""
+    passage's neighbours, so one conversation of the day is shown through, not by its opening;
+    more than k are counted, so the answer can say that some are not shown."""
     with reader.fresh():
         mask = reader.filter_mask(params.block_type, params.harness)
         view = mask.view
@@ -431,7 +485,7 @@ def dated(reader: MemoryReader, start: float, end: float, params: RecallParams) 
         hits = [Hit(rows[rid], 1.0) for rid in chosen if rid in rows]
         if params.neighbors > 0:
             _attach_neighbours(reader, hits, params.neighbors)
-        return hits
+        return Dated(hits, len(at))
 
 
 def _spread(turns: np.ndarray, neighbors: int) -> np.ndarray:
@@ -467,7 +521,12 @@ def _clears_floor(reader: MemoryReader, embedder: Embedder, query: str, legs: Le
 def _shown(embedder: Embedder, query: str, legs: Legs, rows: dict[int, Row], ranked: list[int],
            lexical: set[int]) -> list[int]:
     """The ranked passages the floor lets an answer show (RelevanceFloor.shows); `lexical`: the
-    passages a BM25 or identifier leg found, which hold a query word."""
+    passages a BM25 or identifier leg found, which hold a query word. A query of one word
+    (`1069.5`, `billing-stg-02`) that some passage holds shows only the passages holding it:
+    e5 puts a lone number or code within the bar of unrelated turns (0.82 in a newcomer's
+    trial), and the word itself, said, is what was asked for."""
+    if len(query.split()) == 1 and lexical.intersection(ranked):
+        return [rid for rid in ranked if rid in lexical]
     floor = floor_for(embedder.spec.model_id)
     cosine = dict(legs.dense)
     asked = scripts(query) - {"other"}
