@@ -10,6 +10,7 @@ from services.config_check import load_settings
 from services.dev_secrets import require
 from services.recall.artifacts.models import REALM_ID, Role
 from services.recall.settings import RecallSettings
+from services.recall.time_zones import time_zone
 
 ROLES = [r.value for r in Role]
 
@@ -31,6 +32,12 @@ def subject(text: str) -> str:
     return text
 
 
+def zone_name(text: str) -> str:
+    if time_zone(text) is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not allowed: give an IANA time zone name, e.g. Europe/Berlin")
+    return text
+
+
 def realm_role(text: str) -> str:
     realm, role = text.split(":", 1) if ":" in text else (text, "member")  # as mint_dev_token splits it
     if role not in ROLES or not REALM_ID.fullmatch(realm):
@@ -46,6 +53,9 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--realm", action="append", type=realm_role, default=[],
                    help=f"REALM:ROLE claim for memory artifacts, ROLE one of {', '.join(ROLES)} "
                         "(default member; repeatable)")
+    p.add_argument("--zoneinfo", type=zone_name, default=None,
+                   help="the user's IANA time zone (OIDC's zoneinfo claim): time words such as 'yesterday' are "
+                        "read there (default: RECALL_DEFAULT_TIME_ZONE, UTC)")
     p.set_defaults(fn=_token)
 
 
@@ -60,5 +70,6 @@ def _token(args: argparse.Namespace) -> int:
         raise ConfigProblem(f"recall token: --ttl {args.ttl} is not allowed: the service refuses tokens living longer than "
                             f"RECALL_MAX_TOKEN_LIFETIME_S={s.max_token_lifetime_s} s")
     require(s.data_dir.resolve(), "token", "RECALL_JWT_SECRET")
-    print(mint_dev_token(load_settings(RecallSettings), args.user, ttl_s=args.ttl, realms=args.realm))
+    print(mint_dev_token(load_settings(RecallSettings), args.user, ttl_s=args.ttl, realms=args.realm,
+                         zoneinfo=args.zoneinfo))
     return 0

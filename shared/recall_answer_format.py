@@ -5,7 +5,7 @@ gateway never becomes a future "memory")."""
 from __future__ import annotations
 
 import re
-from datetime import datetime
+from datetime import datetime, timedelta
 
 NO_MEMORY = "No earlier conversations are stored for this user yet."
 NOTHING = "Nothing relevant found in earlier conversations."
@@ -15,7 +15,7 @@ BUSY = "Conversation memory is busy right now; try again in a moment, or continu
 FIXED_ANSWERS = frozenset({NO_MEMORY, NOTHING, UNAVAILABLE, EMPTY_QUERY, BUSY})
 
 # A passage's header: its date, then who said it when the engine knows (funes' recall does not).
-_HEADER_LINE = re.compile(r"^\[\d{4}-\d{2}-\d{2} \d{2}:\d{2} UTC\](?: (?:user|assistant|system|tool))?$")
+_HEADER_LINE = re.compile(r"^\[\d{4}-\d{2}-\d{2} \d{2}:\d{2} UTC(?:[+-]\d{2}:\d{2})?\](?: (?:user|assistant|system|tool))?$")
 SEPARATOR = "---"
 NEIGHBOUR_PREFIX = "  ~ "
 # The passage's conversation and turn, so an agent can cite it (AgentMemory provenance).
@@ -30,8 +30,10 @@ _NOTHING_THEN = re.compile(rf"^No earlier conversation is from {_SPAN}, the time
 
 
 def date_header(dt: datetime) -> str:
-    """`[YYYY-MM-DD HH:MM UTC]` of a UTC time."""
-    return f"[{_day(dt)} {dt:%H:%M} UTC]"
+    """`[YYYY-MM-DD HH:MM UTC]` of a UTC time; in another offset, as `[… 01:00 UTC+09:00]`."""
+    minutes = round((dt.utcoffset() or timedelta(0)).total_seconds() / 60)
+    offset = f"{'+' if minutes > 0 else '-'}{abs(minutes) // 60:02d}:{abs(minutes) % 60:02d}" if minutes else ""
+    return f"[{_day(dt)} {dt:%H:%M} UTC{offset}]"
 
 
 def _day(dt: datetime) -> str:

@@ -111,6 +111,8 @@ def test_an_unknown_database_or_jwks_url_is_refused_before_anything_starts(tmp_p
      "RECALL_FUNES_BIN='/nonexistent/funes' is not allowed: no executable"),
     ({"RECALL_INGEST_HOST": "999.1.1.1"}, "RECALL_INGEST_HOST='999.1.1.1' is not allowed: cannot listen on 999.1.1.1:"),
     ({"RECALL_TIMEOUT_S": "inf"}, "RECALL_TIMEOUT_S='inf' is not allowed: input should be a finite number"),
+    ({"RECALL_DEFAULT_TIME_ZONE": "Europe/Atlantis"},
+     "RECALL_DEFAULT_TIME_ZONE='Europe/Atlantis' is not allowed: must be an IANA time zone name"),
 ])
 def test_settings_a_child_would_die_or_hang_on_are_one_line_before_anything_starts(tmp_path, env, named):
     """Each used to pass the check: the children then died with `KeyError: 'level loud'`, the
@@ -274,7 +276,8 @@ def test_token_outside_a_data_dir_says_what_is_missing(tmp_path):
 @pytest.mark.parametrize("args, named", [(["--ttl", "-10"], "--ttl"), (["--ttl", "0"], "--ttl"),
                                          (["--ttl", "99999999"], "RECALL_MAX_TOKEN_LIFETIME_S"),
                                          (["--user", ""], "empty user"), (["--user", "  "], "empty user"),
-                                         (["--realm", "x:admin"], "owner, member, reader")])
+                                         (["--realm", "x:admin"], "owner, member, reader"),
+                                         (["--zoneinfo", "../../etc/passwd"], "IANA time zone name")])
 def test_token_refuses_expired_ttls_and_unknown_roles(tmp_path, args, named):
     result = recall("token", "--user", "alice", *args, cwd=tmp_path, RECALL_JWT_SECRET=JWT)
     assert result.returncode == 2 and named in result.stderr and "Traceback" not in result.stderr, result.stderr
@@ -286,7 +289,9 @@ def test_token_accepts_known_realm_roles(tmp_path):
     from joserfc.jwk import OctKey
 
     claims = jwt.decode(result.stdout.strip(), OctKey.import_key(JWT)).claims
-    assert claims["realms"] == {"plant-7": "owner", "ops": "member"}
+    assert claims["realms"] == {"plant-7": "owner", "ops": "member"} and "zoneinfo" not in claims
+    zoned = recall("token", "--user", "alice", "--zoneinfo", "Asia/Tokyo", cwd=tmp_path, RECALL_JWT_SECRET=JWT)
+    assert jwt.decode(zoned.stdout.strip(), OctKey.import_key(JWT)).claims["zoneinfo"] == "Asia/Tokyo"
 
 
 def test_demo_and_status_without_a_stack_say_what_to_do(tmp_path):

@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from shared.engine.native_threads import usable_cores
-from shared.recall_answer_format import BUSY, EMPTY_QUERY, NO_MEMORY, NOTHING, UNAVAILABLE, without_notes
+from shared.recall_answer_format import BUSY, EMPTY_QUERY, NO_MEMORY, NOTHING, UNAVAILABLE, looks_like_recall_answer, without_notes
 from shared.tenant_paths import user_hash
 from tests.conftest import (call_recall, engine_cli, funes_status_chunks, indexed_chunks, mint, post_conversation,
                             recall_url, wait_until)
@@ -137,7 +137,6 @@ async def test_a_codename_comes_back_alone_but_a_question_naming_a_time_gets_tha
     from services.recall.settings import RecallSettings
     from shared.engine.index_run import index_tree
     from shared.tenant_paths import TenantPaths
-    from shared.recall_answer_format import looks_like_recall_answer
     from tests.conftest import JWT_SECRET, write_conversation
 
     recent_day = datetime.now(timezone.utc) - timedelta(days=2)
@@ -195,7 +194,6 @@ def _autumn_service(tmp_path, embedder):
 async def test_a_time_with_more_conversations_than_places_says_how_many_the_answer_leaves_out(tmp_path, embedder):
     """A newcomer asked what was discussed in October: four conversations, three places, and
     nothing said that a fourth exists."""
-    from shared.recall_answer_format import looks_like_recall_answer
 
     service = _autumn_service(tmp_path, embedder)
     october = await service.recall_for("alice", "what did we discuss in October 2025")
@@ -207,7 +205,6 @@ async def test_a_time_with_more_conversations_than_places_says_how_many_the_answ
 
 
 async def test_an_identifier_the_memory_never_held_is_named_above_the_passages_found_by_the_rest(tmp_path, embedder):
-    from shared.recall_answer_format import looks_like_recall_answer
 
     service = _autumn_service(tmp_path, embedder)
     other = await service.recall_for("alice", "MX-4410 upgrade decision")
@@ -436,6 +433,21 @@ async def test_pool_cap_lru_eviction_and_crash_restart(services, service_env):
     assert metric_value(metrics, 'recall_pool_crash_restarts_total{reason="crash"}') == crashes_before + 1
     assert metric_value(metrics, "recall_pool_spawns_total") == 4, "u1, u2, u3, then u3's replacement"
     assert len(engine_children(server)) == 1
+
+
+@pytest.mark.parametrize("stack", ["embedded"], indirect=True)
+async def test_a_tokens_zoneinfo_decides_whose_day_a_date_names_and_how_dates_are_shown(stack):
+    """alice's turns are at 10:00 UTC on 8 October: midnight of the 9th at UTC+14."""
+    env, _, _ = stack
+    utc = await call_recall(env, mint("alice"), "what did we discuss on 2026-10-08")
+    assert "[2026-10-08 10:00 UTC] user\n" in utc, utc
+    kiritimati = mint("alice", zoneinfo="Pacific/Kiritimati")
+    assert await call_recall(env, kiritimati, "what did we discuss on 2026-10-08") == \
+        "No earlier conversation is from 2026-10-08, the time the query names."
+    local = await call_recall(env, kiritimati, "what did we discuss on 2026-10-09")
+    assert "[2026-10-09 00:00 UTC+14:00] user\n" in local and looks_like_recall_answer(local), local
+    # A zone no IANA name names is not the user's fault: their day is the default's.
+    assert await call_recall(env, mint("alice", zoneinfo="../../etc/passwd"), "what did we discuss on 2026-10-08") == utc
 
 
 async def test_a_new_conversation_is_found_on_the_next_call_after_indexing(stack):

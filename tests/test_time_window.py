@@ -165,3 +165,33 @@ def test_an_answer_with_no_passage_from_the_named_time_says_so_and_is_still_a_re
     assert not render_for_agent(hits_from_funes_text(older), 4000, k=3).startswith("(None")
     tiny = render_for_agent(hits_from_funes_text(older), 120, k=3, window=window)
     assert len(tiny) <= 120 and tiny.startswith("[2023-05-02") and looks_like_recall_answer(tiny)
+
+
+def test_time_words_are_read_in_the_callers_time_zone_from_its_midnights():
+    """At 08:30 in Tokyo (23:30 UTC) "yesterday" is Tokyo's 29 November, not UTC's 28th."""
+    from datetime import timedelta
+    from zoneinfo import ZoneInfo
+
+    tokyo, berlin = ZoneInfo("Asia/Tokyo"), ZoneInfo("Europe/Berlin")
+    late = datetime(2026, 11, 29, 23, 30, tzinfo=timezone.utc)
+    _, window = find_time_window("yesterday", late, tokyo)
+    assert (window.start, window.end) == (datetime(2026, 11, 28, 15, tzinfo=timezone.utc),
+                                          datetime(2026, 11, 29, 15, tzinfo=timezone.utc))
+    assert find_time_window("yesterday", late)[1].start == datetime(2026, 11, 28, tzinfo=timezone.utc), "UTC's"
+    # A day on which the clocks go back is 25 hours long, midnight to midnight.
+    _, changed = find_time_window("yesterday", datetime(2026, 10, 26, 12, tzinfo=timezone.utc), berlin)
+    # (Subtracting two datetimes of one zone ignores its offsets: count in timestamps.)
+    assert changed.start == datetime(2026, 10, 24, 22, tzinfo=timezone.utc)
+    assert changed.end.timestamp() - changed.start.timestamp() == timedelta(hours=25).total_seconds()
+    _, october = find_time_window("N-11 in October", late, ZoneInfo("America/New_York"))
+    assert october.start == datetime(2026, 10, 1, 4, tzinfo=timezone.utc) and october.end == datetime(2026, 11, 1, 4, tzinfo=timezone.utc)
+
+
+def test_a_time_zone_is_taken_only_from_an_iana_name():
+    from services.recall.time_zones import time_zone
+
+    assert str(time_zone("Asia/Tokyo")) == "Asia/Tokyo" and str(time_zone("UTC")) == "UTC"
+    assert str(time_zone("America/Argentina/Buenos_Aires")) == "America/Argentina/Buenos_Aires"
+    for wrong in ["../../etc/passwd", "/etc/localtime", "zone1970.tab", "Mars/Olympus", "America", "", "x" * 100,
+                  "Europe/Berlin\x00", "Europe/Berlin ", 5, None, ["UTC"]]:
+        assert time_zone(wrong) is None, wrong

@@ -11,7 +11,7 @@ import json
 import time
 import unicodedata
 from contextlib import asynccontextmanager
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, timezone, tzinfo
 from typing import Annotated
 
 import redis.asyncio as aioredis
@@ -34,6 +34,7 @@ from services.recall.metrics import RECALL_BUSY, RECALL_CONCURRENCY_LIMIT, RECAL
 from services.recall.process_pool import ProcessPool
 from services.recall.settings import RecallSettings
 from services.recall.time_window import TimeWindow, find_time_window, names_only_a_time
+from services.recall.time_zones import time_zone
 from services.recall.token_errors import RejectedTokenText
 from services.recall.tokens import build_verifier
 from services.recall.tool_output import RECALL_TOOL, TOOL_DESCRIPTION, AgentHit, DatedAnswer, render_for_agent
@@ -78,19 +79,33 @@ def caller_user() -> str:
     return subject
 
 
+def caller_zone() -> tzinfo | None:
+    """The time zone the token's OIDC `zoneinfo` claim names; None without a usable one (then the
+    replica's default applies: a wrong zone name does not cost the user their recall)."""
+    token = get_access_token()
+    named = token.claims.get("zoneinfo") if token is not None else None
+    zone = time_zone(named) if named is not None else None
+    if named is not None and zone is None:
+        log.info("recall.zoneinfo_ignored", reason="not an IANA time zone name")
+    return zone
+
+
 class RecallService:
     def __init__(self, settings: RecallSettings, backend: RecallBackend, index_requests: IndexRequests | None = None) -> None:
         self.s = settings
         self.backend = backend
         self.index_requests = index_requests  # None without Redis: a lost memory waits for the indexer
         self.admission = Admission(settings.max_concurrency, settings.queue_max, settings.queue_wait_s)
+        self.default_zone = time_zone(settings.default_time_zone) or timezone.utc  # validated by the settings
         # The funes pool bounds every step itself (a child's start, each call, killing the child).
         self.caller_wait_s = None if settings.engine == "funes" else settings.timeout_s + CALLER_GRACE_S
         RECALL_CONCURRENCY_LIMIT.set(settings.max_concurrency)
 
-    async def recall_for(self, user: str, query: str) -> str:
+    async def recall_for(self, user: str, query: str, zone: tzinfo | None = None) -> str:
+        """The tool's answer; `zone`: where the user's days are (time words, shown dates), else
+        RECALL_DEFAULT_TIME_ZONE's."""
         started = time.perf_counter()
-        outcome, text = await self._answer(user, query)
+        outcome, text = await self._answer(user, query, zone or self.default_zone)
         RECALL_LATENCY.labels(outcome).observe(time.perf_counter() - started)
         fields = {"user_hash": user_hash(user), "outcome": outcome, "ms": round((time.perf_counter() - started) * 1000, 1)}
         if self.s.debug:
@@ -98,12 +113,12 @@ class RecallService:
         log.info("recall", **fields)
         return text
 
-    async def _answer(self, user: str, query: str) -> tuple[str, str]:
+    async def _answer(self, user: str, query: str, zone: tzinfo) -> tuple[str, str]:
         query = " ".join(query[: self.s.max_query_chars].split())
         if all(unicodedata.category(c) in ("Cc", "Cf", "Zs") for c in query):  # control or format characters alone
             return "empty", EMPTY_QUERY
         paths = TenantPaths.for_user(self.s.data_dir, user)
-        search_query, window = find_time_window(query, datetime.now(timezone.utc))
+        search_query, window = find_time_window(query, datetime.now(timezone.utc), zone)
         # A time window reorders a wider pool, so the in-window passages have a chance to be in it.
         k = self.s.k * TIME_WINDOW_POOL if window else self.s.k
         try:
@@ -135,10 +150,10 @@ class RecallService:
         if raw is None:
             return await self._no_memory(paths)
         if isinstance(raw, DatedAnswer):
-            text = render_for_agent(raw.hits, self.s.max_result_chars, self.s.k, window, raw.conversations)
+            text = render_for_agent(raw.hits, self.s.max_result_chars, self.s.k, window, raw.conversations, zone=zone)
         else:
             text = render_for_agent(raw, self.s.max_result_chars, self.s.k, window,
-                                    identifiers=query_identifiers(search_query))
+                                    identifiers=query_identifiers(search_query), zone=zone)
         return ("empty" if text == NOTHING else "hit"), text
 
     async def _no_memory(self, paths: TenantPaths) -> tuple[str, str]:
@@ -250,7 +265,7 @@ def build_app(settings: RecallSettings | None = None):
     @mcp.tool(name=RECALL_TOOL, description=TOOL_DESCRIPTION)
     async def recall_my_conversations(
             query: Annotated[str, Field(description="Short search words: identifiers, key nouns, optional time words.")]) -> str:
-        return await service.recall_for(caller_user(), query)
+        return await service.recall_for(caller_user(), query, caller_zone())
 
     artifacts = build_artifact_service(s)
     register_realm_surface(mcp, artifacts)

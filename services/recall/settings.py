@@ -5,6 +5,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from services.recall.time_zones import time_zone
 from shared.engine.native_threads import usable_cores
 from shared.secret_policy import check_secret
 from shared.settings_base import CommonSettings
@@ -38,12 +39,20 @@ class RecallSettings(CommonSettings):
     pool_start_timeout_s: float = Field(60.0, gt=0, description="Funes engine: time a child may take to start.")
     realm_max_text_bytes: int = Field(64 * 1024, ge=1024, le=512 * 1024, description="Largest text one field of a realm stores, in bytes of UTF-8: an artifact body (constitution, registry and charters included), a journal entry, an AgentMemory record's content, a source_context's JSON (more is refused naming the field; search reads a body's first 20,000 characters, at most 60,000 bytes; MCP requests are at most 4 MiB).")
     replicas: int = Field(1, ge=1, description="How many recall replicas may run at once (the HPA's maxReplicas); above 1 the artifacts database must be PostgreSQL.")
+    default_time_zone: str = Field("UTC", description="IANA time zone (e.g. Europe/Berlin) in which time words ('yesterday', 'in October') are read for tokens without a `zoneinfo` claim.")
 
     @field_validator("jwt_secret")
     @classmethod
     def _no_weak_jwt_secret(cls, v: SecretStr) -> SecretStr:
         if v.get_secret_value():
             check_secret("RECALL_JWT_SECRET", v.get_secret_value(), min_length=32)
+        return v
+
+    @field_validator("default_time_zone")
+    @classmethod
+    def _known_time_zone(cls, v: str) -> str:
+        if time_zone(v) is None:
+            raise ValueError("must be an IANA time zone name, e.g. UTC, Europe/Berlin or America/New_York")
         return v
 
     @field_validator("artifacts_db_url")

@@ -2,7 +2,8 @@
 in Russian «на прошлой неделе», «в октябре», «9 ноября», «3 дня назад») become a soft
 preference for passages from that window. Semantic search is poor at temporal questions, and a
 hard filter loses answers when the user's memory of the date is off, so in-window passages are
-moved first and the rest still fill the remaining places. Resolved in UTC.
+moved first and the rest still fill the remaining places. Resolved in the caller's time zone
+(`time_zones.py`; UTC by default): "yesterday" is the user's yesterday, from their midnight.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import calendar
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import date, datetime, timedelta, timezone
+from datetime import date, datetime, timedelta, timezone, tzinfo
 from typing import NamedTuple
 
 from shared.engine.text_analysis import MONTHS_RU, STOP_WORDS, DateMention, date_mentions, stem, words
@@ -253,9 +254,11 @@ def _since(window: TimeWindow, today: date) -> TimeWindow:
     return TimeWindow(window.start, max(window.end, _day(today) + timedelta(days=1)))
 
 
-def find_time_window(query: str, now: datetime) -> tuple[str, TimeWindow | None]:
-    """The query without its time words, and the window they name (the first one found)."""
-    today = now.astimezone(timezone.utc).date()
+def find_time_window(query: str, now: datetime, zone: tzinfo = timezone.utc) -> tuple[str, TimeWindow | None]:
+    """The query without its time words, and the window they name (the first one found), in
+    `zone`'s days: the rules build it from the date there as midnights in UTC, which are then
+    taken as that zone's midnights (its wall clock, so a day of a DST change is 23 or 25 hours)."""
+    today = now.astimezone(zone).date()
     for find, resolve, strip in _PATTERNS:
         found = find(query)
         if found:
@@ -271,6 +274,7 @@ def find_time_window(query: str, now: datetime) -> tuple[str, TimeWindow | None]
                 # month of the table: the words are still searched as text, never an error.
                 window = None
             if window is not None:
+                window = TimeWindow(window.start.replace(tzinfo=zone), window.end.replace(tzinfo=zone))
                 rest = " ".join((query[:begin] + " " + query[found.end:]).split()) if strip else query
                 return rest or query, window  # nothing left: search with the words as given
     return query, None

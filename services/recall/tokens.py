@@ -72,8 +72,10 @@ def build_verifier(s: RecallSettings) -> JWTVerifier:
     return RecallTokenVerifier(public_key=secret, algorithm="HS256", **common)
 
 
-def mint_dev_token(s: RecallSettings, user: str, ttl_s: int = 3600, realms: list[str] | None = None) -> str:
-    """An HS256 token whose subject is `user` (realms as `name:role`, for memory artifacts)."""
+def mint_dev_token(s: RecallSettings, user: str, ttl_s: int = 3600, realms: list[str] | None = None,
+                   zoneinfo: str | None = None) -> str:
+    """An HS256 token whose subject is `user` (realms as `name:role`, for memory artifacts;
+    `zoneinfo`: the user's IANA time zone, OIDC's claim)."""
     from joserfc import jwt
     from joserfc.jwk import OctKey
 
@@ -86,6 +88,8 @@ def mint_dev_token(s: RecallSettings, user: str, ttl_s: int = 3600, realms: list
     claims: dict = {"sub": user, "iat": now, "exp": now + ttl_s, "iss": s.jwt_issuer or DEV_ISSUER}
     if s.jwt_audience:
         claims["aud"] = s.jwt_audience
+    if zoneinfo:
+        claims["zoneinfo"] = zoneinfo
     if realms:
         claims["realms"] = dict(r.split(":", 1) if ":" in r else (r, "member") for r in realms)
     return jwt.encode({"alg": "HS256"}, claims, OctKey.import_key(secret))

@@ -19,7 +19,7 @@ from it, one note line (`outside_window_note`) comes first.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, timezone, tzinfo
 
 from pydantic import BaseModel, ConfigDict
 
@@ -85,13 +85,13 @@ TOOL_DESCRIPTION = (
 )
 
 
-def _date(ts: str) -> str:
+def _date(ts: str, zone: tzinfo) -> str:
     dt = _when(ts)
-    return date_header(dt.astimezone(timezone.utc)) if dt else f"[{ts or 'undated'}]"
+    return date_header(dt.astimezone(zone)) if dt else f"[{ts or 'undated'}]"
 
 
-def render_hit(hit: AgentHit) -> str:
-    header = f"{_date(hit.ts)} {hit.role}" if hit.role else _date(hit.ts)
+def render_hit(hit: AgentHit, zone: tzinfo = timezone.utc) -> str:
+    header = f"{_date(hit.ts, zone)} {hit.role}" if hit.role else _date(hit.ts, zone)
     lines = [header] + ([CITE_LINE.format(hit.session_id, hit.turn_uuid)] if hit.session_id else []) + [hit.text]
     lines += [f"{NEIGHBOUR_PREFIX}{n.role}: {n.preview}" for n in hit.neighbours]
     return "\n".join(lines) + f"\n{SEPARATOR}\n"
@@ -111,12 +111,13 @@ def _in_window(hit: AgentHit, window: TimeWindow) -> bool:
 
 
 def render_for_agent(hits: list[AgentHit], max_chars: int, k: int, window: TimeWindow | None = None,
-                     conversations_then: int = 0, identifiers: Sequence[str] = ()) -> str:
+                     conversations_then: int = 0, identifiers: Sequence[str] = (), zone: tzinfo = timezone.utc) -> str:
     """At most k passages, whole ones only, within max_chars; passages from the query's time
     window (if it named one) first, in engine order within each group. Note lines come first
     when the passages are not what the query names: none from its time, fewer than the
     `conversations_then` of a question naming only a time, none holding one of its
-    `identifiers` (a passage's previews count: they are read too)."""
+    `identifiers` (a passage's previews count: they are read too). Dates are shown in `zone`
+    (the one the query's time words were read in)."""
     hits = list(hits)
     if window is not None:
         hits.sort(key=lambda h: not _in_window(h, window))
@@ -141,7 +142,7 @@ def render_for_agent(hits: list[AgentHit], max_chars: int, k: int, window: TimeW
 
     note, out, shown = note_for(hits), "", []
     for hit in hits:
-        block = render_hit(hit)
+        block = render_hit(hit, zone)
         if len(note) + len(out) + len(block) > max_chars:
             if not out:  # never return nothing because the first passage is long
                 # Still closed by its separator: ingest recognises a recall answer by it.
