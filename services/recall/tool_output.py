@@ -10,10 +10,11 @@ its child and parses it into the same model (`hits_from_funes_text`). Each hit r
       ~ user: <neighbouring turn, preview>
     ---
 
-cut at whole passages to `max_chars`. The header names who said the passage (`user`,
-`assistant` …) when the engine gives it: funes' recall output does not, so funes mode leaves it
-out. When the query named a time window and no passage is
-from it, one note line (`outside_window_note`) comes first.
+cut at whole passages to `max_chars`, dates in the user's time zone. The header names who said
+the passage (`user`, `assistant` …) when the engine gives it: funes' recall output does not, so
+funes mode leaves it out. Note lines come first when the passages are not what the query names
+(`render_for_agent`): none from its time, only some of a time's conversations, none holding an
+identifier it names.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ from pydantic import BaseModel, ConfigDict
 from services.recall.time_window import TimeWindow
 from shared.engine.agent_format import parse_recall
 from shared.engine.hybrid_search import NEIGHBOUR_PREVIEW_CHARS, Hit
-from shared.engine.transcript import parse_ts
 from shared.engine.identifiers import IdentifierPattern
+from shared.engine.transcript import parse_ts
 from shared.recall_answer_format import (CITE_LINE, NEIGHBOUR_PREFIX, NOTHING, SEPARATOR, date_header, more_then_note,
                                          outside_window_note, unnamed_note)
 
@@ -60,7 +61,8 @@ class DatedAnswer(BaseModel):
 
 
 def hits_from_engine(hits: list[Hit]) -> list[AgentHit]:
-    return [AgentHit(ts=h.row.ts, role=h.row.role, session_id=h.row.session_id, turn_uuid=h.row.turn_uuid, text=h.row.text.strip(),
+    return [AgentHit(ts=h.row.ts, role=h.row.role, session_id=h.row.session_id, turn_uuid=h.row.turn_uuid,
+                     text=h.row.text.strip(),
                      neighbours=tuple(Neighbour(role=n.role, preview=n.text[:NEIGHBOUR_PREVIEW_CHARS]) for n in h.neighbours))
             for h in hits]
 
