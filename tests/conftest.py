@@ -403,7 +403,11 @@ def postgres_cluster() -> Iterator[tuple[str, Callable[[], None]]]:
 
         pw = pwd.getpwnam("postgres")
         os.chown(base, pw.pw_uid, pw.pw_gid)
-        as_user = ["runuser", "-u", "postgres", "--"]
+        # util-linux's runuser is in /usr/sbin, which a PATH without sbin (env -i, cron) leaves out.
+        runuser = shutil.which("runuser") or shutil.which("runuser", path="/usr/sbin:/sbin")
+        if runuser is None:
+            pytest.skip("runuser (util-linux) is not installed: PostgreSQL cannot run as its own user")
+        as_user = [runuser, "-u", "postgres", "--"]
     data, port = base / "data", free_port()
     subprocess.run([*as_user, initdb, "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8"],
                    check=True, capture_output=True)
