@@ -389,6 +389,22 @@ def _pg_bin(name: str) -> str | None:
     return shutil.which(name)
 
 
+def as_postgres(base: Path) -> list[str]:
+    """The prefix that runs PostgreSQL's tools as `postgres` when we are root (initdb refuses
+    root), with `base` handed to that user; nothing otherwise."""
+    if os.geteuid() != 0:
+        return []
+    import pwd
+
+    pw = pwd.getpwnam("postgres")
+    os.chown(base, pw.pw_uid, pw.pw_gid)
+    # util-linux's runuser is in /usr/sbin, which a PATH without sbin (env -i, cron) leaves out.
+    runuser = shutil.which("runuser") or shutil.which("runuser", path="/usr/sbin:/sbin")
+    if runuser is None:
+        pytest.skip("runuser (util-linux) is not installed: PostgreSQL cannot run as its own user")
+    return [runuser, "-u", "postgres", "--"]
+
+
 @contextlib.contextmanager
 def postgres_cluster() -> Iterator[tuple[str, Callable[[], None]]]:
     """A throwaway PostgreSQL cluster (the machine's Debian package; as `postgres` when we are
@@ -396,18 +412,8 @@ def postgres_cluster() -> Iterator[tuple[str, Callable[[], None]]]:
     initdb, pg_ctl = _pg_bin("initdb"), _pg_bin("pg_ctl")
     if not initdb or not pg_ctl:
         pytest.skip("PostgreSQL server binaries (initdb, pg_ctl) are not installed; make tools installs them as root")
-    as_user: list[str] = []
     base = Path(tempfile.mkdtemp(prefix="recall-pg-", dir="/tmp"))
-    if os.geteuid() == 0:
-        import pwd
-
-        pw = pwd.getpwnam("postgres")
-        os.chown(base, pw.pw_uid, pw.pw_gid)
-        # util-linux's runuser is in /usr/sbin, which a PATH without sbin (env -i, cron) leaves out.
-        runuser = shutil.which("runuser") or shutil.which("runuser", path="/usr/sbin:/sbin")
-        if runuser is None:
-            pytest.skip("runuser (util-linux) is not installed: PostgreSQL cannot run as its own user")
-        as_user = [runuser, "-u", "postgres", "--"]
+    as_user = as_postgres(base)
     data, port = base / "data", free_port()
     subprocess.run([*as_user, initdb, "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8"],
                    check=True, capture_output=True)

@@ -21,7 +21,7 @@ from fastmcp.exceptions import ToolError
 from shared.child_process import free_port
 from shared.engine.index_run import index_tree
 from shared.tenant_paths import TenantPaths
-from tests.conftest import _pg_bin, call_recall, mint, recall_url, write_conversation
+from tests.conftest import _pg_bin, as_postgres, call_recall, mint, recall_url, write_conversation
 
 REALM = "acme-integrations"
 
@@ -33,14 +33,8 @@ class PgCluster:
         self.initdb, self.pg_ctl = _pg_bin("initdb"), _pg_bin("pg_ctl")
         if not self.initdb or not self.pg_ctl:
             pytest.skip("PostgreSQL server binaries (initdb, pg_ctl) are not installed")
-        self.as_user: list[str] = []
         self.base = Path(tempfile.mkdtemp(prefix="recall-pg-outage-", dir="/tmp"))
-        if os.geteuid() == 0:
-            import pwd
-
-            pw = pwd.getpwnam("postgres")
-            os.chown(self.base, pw.pw_uid, pw.pw_gid)
-            self.as_user = ["runuser", "-u", "postgres", "--"]
+        self.as_user = as_postgres(self.base)
         self.data, self.port = self.base / "data", free_port()
         subprocess.run([*self.as_user, self.initdb, "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8"],
                        check=True, capture_output=True)

@@ -847,7 +847,7 @@ from tests.conftest import INGEST_KEY, JWT_SECRET, conversation_payload, mint, w
 from shared.child_process import free_port, stop
 from shared.redis_server import redis_server_binary
 
-subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+subprocess.run([sys.argv[2], "link", "set", "lo", "up"], check=True)
 work = sys.argv[1]
 redis_port = free_port()
 redis = subprocess.Popen([redis_server_binary(), "--port", str(redis_port), "--bind", "127.0.0.1", "--dir", f"{work}/redis",
@@ -887,7 +887,7 @@ print("SANDBOX-RESULT " + json.dumps(result))
 """
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("ip") is None,
+@pytest.mark.skipif(os.geteuid() != 0 or tool("unshare") is None or tool("ip") is None,
                     reason="needs root, unshare and ip (a network and mount namespace)")
 def test_services_run_without_network_from_read_only_code_and_the_models_the_image_bakes(tmp_path):
     """The image's promise, checked without a container engine: the Dockerfile's own bake step
@@ -913,7 +913,8 @@ def test_services_run_without_network_from_read_only_code_and_the_models_the_ima
                 "HTTPS_PROXY": "", "HTTP_PROXY": "", "PYTHONPATH": str(REPO)})
     driver = tmp_path / "driver.py"
     driver.write_text(SANDBOX_DRIVER)
-    out = subprocess.run(["unshare", "-mn", "sh", "-c", f'{mounts} && exec "$0" "$@"', sys.executable, str(driver), str(work)],
+    out = subprocess.run(["unshare", "-mn", "sh", "-c", f'{mounts} && exec "$0" "$@"', sys.executable, str(driver), str(work),
+                          tool("ip")],
                          capture_output=True, text=True, env=env, cwd=REPO, timeout=400)
     logs = {p.name: p.read_text(errors="replace")[-3000:] for p in work.glob("*.log")}
     marker = [line for line in out.stdout.splitlines() if line.startswith("SANDBOX-RESULT ")]
