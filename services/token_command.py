@@ -34,7 +34,8 @@ def subject(text: str) -> str:
 
 def zone_name(text: str) -> str:
     if time_zone(text) is None:
-        raise argparse.ArgumentTypeError(f"{text!r} is not allowed: give an IANA time zone name, e.g. Europe/Berlin")
+        raise argparse.ArgumentTypeError(f"{text!r} is not allowed: give a known IANA time zone name, spelled as the "
+                                         "zone database does, e.g. UTC, Europe/Berlin or America/New_York")
     return text
 
 

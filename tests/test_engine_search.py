@@ -127,6 +127,24 @@ def test_the_first_mention_is_found_below_the_identifier_legs_best_turns(tmp_pat
     assert hits[0].text.startswith(OPENED), [h.text for h in hits]
 
 
+def test_a_bare_identifier_shows_each_conversation_naming_it_before_a_second_turn_of_one(tmp_path, embedder):
+    """A newcomer's INC-20931: two short mentions of one conversation took the places after the
+    opening turn, and the postmortem that also named it (in a longer turn) was left out."""
+    src = tmp_path / "src"
+    write_conversation(src, "opened", ["Payments fail at checkout.", "I opened incident INC-20931 for the card "
+                                       "payment failures; Omar is the incident lead."], day="2026-11-02")
+    write_conversation(src, "deploy", ["Is INC-20931 blocking the deploy?", "Yes, INC-20931 blocks it.",
+                                       "Then we wait for INC-20931."], day="2026-11-04")
+    write_conversation(src, "postmortem", ["Postmortem notes for INC-20931: the connection pool of the payment "
+                                           "gateway was exhausted by retries; we capped retries and raised the pool "
+                                           "size, and we will add an alert on pool saturation.", "thanks"],
+                       day="2026-11-06")
+    index_tree(tmp_path / "home", src, embedder)
+    hits = Engine(embedder=embedder).search(memory_dir(tmp_path / "home"), "INC-20931", RecallParams(k=3, floor=True))
+    assert [h.row.session_id for h in hits][0] == "opened"
+    assert {h.row.session_id for h in hits} == {"opened", "deploy", "postmortem"}, [h.row.text for h in hits]
+
+
 def test_a_query_word_held_beside_the_identifier_decides_over_the_first_mention(tmp_path, embedder):
     memory = _ticket_memory(tmp_path, embedder)
     hits = parse_recall(Engine(embedder=embedder).recall(memory, "when can we close MT-4471", RecallParams(k=3, floor=True)))

@@ -152,6 +152,11 @@ async def test_a_codename_comes_back_alone_but_a_question_naming_a_time_gets_tha
     assert "codename tarnowick" in alone and "pump seal" not in alone and "Vienna" not in alone
     dated = await service.recall_for("alice", "tarnowick in the last 7 days")
     assert "codename tarnowick" in dated and "pump seal" in dated, dated
+    # A passage let in for its date is not shown when it is from another time (a newcomer's
+    # "billing-stg-02 yesterday" got the staging turns and an unrelated one).
+    other_day = await service.recall_for("alice", "tarnowick yesterday")
+    assert other_day.startswith("(None of these passages is from ") and "codename tarnowick" in other_day, other_day
+    assert "pump seal" not in other_day and "Vienna" not in other_day, other_day
     # A question naming only a time shares no word with the memory: the floor refused it, and
     # what it asks for is the conversations of that time.
     for question, then, not_then in [("what did we discuss in the last 7 days", "pump seal", "Vienna"),

@@ -90,3 +90,13 @@ def test_an_identifier_no_passage_holds_is_named_in_a_note_above_them():
     both = render_for_agent([pg], 4000, 3, window, identifiers=["N-11"])
     assert both.splitlines()[1].startswith("(None of these passages is from 2026-11-01 to 2026-11-30") and \
         looks_like_recall_answer(both), both
+
+
+def test_a_neighbour_preview_cut_at_its_length_says_so():
+    """A newcomer saw the root cause only as `~ assistant: Root cause: … Mitigation: pool r`,
+    cut mid-word with nothing to say that more was said."""
+    cut = "Root cause: the payment gateway's connection pool was exhausted by retries " * 3
+    hit = AgentHit(ts="2026-11-06T10:00:00Z", session_id="s", turn_uuid="t", text="What was the root cause?",
+                   neighbours=(Neighbour(role="assistant", preview=cut[:160]), Neighbour(role="user", preview="thanks")))
+    lines = render_for_agent([hit], 4000, 3).splitlines()
+    assert lines[3] == f"  ~ assistant: {cut[:160]}…" and lines[4] == "  ~ user: thanks", lines

@@ -50,6 +50,8 @@ class AgentHit(BaseModel):
     turn_uuid: str = ""
     text: str
     neighbours: tuple[Neighbour, ...] = ()
+    # Only a place filler (hybrid_search.Hit.filler): shown when it is from the query's time.
+    filler: bool = False
 
 
 class DatedAnswer(BaseModel):
@@ -62,7 +64,7 @@ class DatedAnswer(BaseModel):
 
 def hits_from_engine(hits: list[Hit]) -> list[AgentHit]:
     return [AgentHit(ts=h.row.ts, role=h.row.role, session_id=h.row.session_id, turn_uuid=h.row.turn_uuid,
-                     text=h.row.text.strip(),
+                     text=h.row.text.strip(), filler=h.filler,
                      neighbours=tuple(Neighbour(role=n.role, preview=n.text[:NEIGHBOUR_PREVIEW_CHARS]) for n in h.neighbours))
             for h in hits]
 
@@ -95,7 +97,10 @@ def _date(ts: str, zone: tzinfo) -> str:
 def render_hit(hit: AgentHit, zone: tzinfo = timezone.utc) -> str:
     header = f"{_date(hit.ts, zone)} {hit.role}" if hit.role else _date(hit.ts, zone)
     lines = [header] + ([CITE_LINE.format(hit.session_id, hit.turn_uuid)] if hit.session_id else []) + [hit.text]
-    lines += [f"{NEIGHBOUR_PREFIX}{n.role}: {n.preview}" for n in hit.neighbours]
+    # A preview as long as previews go was cut (both engines cut at that length): say so, or
+    # an agent quotes half a sentence as what was said.
+    lines += [f"{NEIGHBOUR_PREFIX}{n.role}: {n.preview}{'…' if len(n.preview) >= NEIGHBOUR_PREVIEW_CHARS else ''}"
+              for n in hit.neighbours]
     return "\n".join(lines) + f"\n{SEPARATOR}\n"
 
 
@@ -122,6 +127,8 @@ def render_for_agent(hits: list[AgentHit], max_chars: int, k: int, window: TimeW
     (the one the query's time words were read in)."""
     hits = list(hits)
     if window is not None:
+        # Passages that hold no query word were let in for their date: from another time, none.
+        hits = [h for h in hits if not h.filler or _in_window(h, window)]
         hits.sort(key=lambda h: not _in_window(h, window))
     hits = hits[:k]
     if not hits:

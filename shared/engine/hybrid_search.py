@@ -165,6 +165,9 @@ class Hit:
     score: float
     neighbours: list[Row] = field(default_factory=list)
     explain: Explain | None = None
+    # Here only because RecallParams.fill let it fill a place: the floor would not show it (no
+    # query word, under the bar). Wanted only for its date, if it is from the query's time.
+    filler: bool = False
 
 
 @dataclass(frozen=True)
@@ -395,12 +398,15 @@ def recall(
         scored = {rid: base[rid] * recency[rid] for rid in pool}
         ranked = sorted(pool, key=scored.__getitem__, reverse=True)
         if first is not None:
-            ranked.remove(first)
-            ranked.insert(0, first)
-        if params.floor and not params.fill:
+            ranked = _first_then_each_conversation(first, ranked, rows, boost)
+        shown: set[int] | None = None
+        if params.floor:
             lexical = {rid for leg in (legs.bm25, legs.bm25_deep, ident_deep) for rid, _ in leg}
-            ranked = _shown(embedder, query, legs, rows, ranked, lexical)
-        hits = [Hit(rows[rid], scored[rid]) for rid in _select_hits(ranked, rows, params.k)]
+            shown = set(_shown(embedder, query, legs, rows, ranked, lexical))
+            if not params.fill:
+                ranked = [rid for rid in ranked if rid in shown]
+        hits = [Hit(rows[rid], scored[rid], filler=shown is not None and rid not in shown)
+                for rid in _select_hits(ranked, rows, params.k)]
         if params.explain:
             dense_rank = {rid: (i, s) for i, (rid, s) in enumerate(legs.dense)}
             bm25_rank = {rid: (i, s) for i, (rid, s) in enumerate(legs.bm25)}
@@ -424,6 +430,27 @@ def _identifier_boost(rows: dict[int, Row], idents: list[str]) -> dict[int, floa
     patterns = [IdentifierPattern(i) for i in idents]
     held = Counter(rid for p in patterns for rid, row in rows.items() if p.search(row.text))
     return {rid: IDENTIFIER_BOOST * n / len(patterns) for rid, n in held.items()}
+
+
+def _first_then_each_conversation(first: int, ranked: list[int], rows: dict[int, Row],
+                                  boost: dict[int, float]) -> list[int]:
+    """For a query the identifier alone decides (`_first_mention`): its first mention, then one
+    turn holding it from each other conversation before a second from any (the short mentions of
+    one conversation took every place, leaving out the postmortem that also named it), then
+    the rest, each group in rank order."""
+    seen = {rows[first].session_id}
+    each, again, rest = [], [], []
+    for rid in ranked:
+        if rid == first:
+            continue
+        if rid not in boost:
+            rest.append(rid)
+        elif rows[rid].session_id in seen:
+            again.append(rid)
+        else:
+            seen.add(rows[rid].session_id)
+            each.append(rid)
+    return [first, *each, *again, *rest]
 
 
 def _first_mention(reader: MemoryReader, query: str, idents: list[str], deep: list[tuple[int, float]],
