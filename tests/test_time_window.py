@@ -74,6 +74,8 @@ def test_no_window_without_a_real_date(query):
     ("what did I say about the pump", False), ("banana bread", False),
     ("what did we discuss on 9th November", True), ("что было 9-го ноября", True), ("за последние 3 дня", True),
     ("о чём мы говорили на этой неделе", True), ("что решили по насосу", False), ("о чём мы говорили 9го ноября", True),
+    # A number that is no time word is a topic (a newcomer's "1069.5 yesterday" got "No earlier conversation…").
+    ("1069.5", False), ("line 3", False), ("what did we discuss on 9 November last year", True),
 ])
 def test_a_question_of_time_words_and_words_about_conversations_names_only_a_time(searched, only):
     assert names_only_a_time(searched) is only

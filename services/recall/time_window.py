@@ -52,15 +52,18 @@ _TIME_WORDS = ["yesterday", "today", "tonight", "last", "past", "this", "year", 
                "вчера", "сегодня", "позавчера", "назад", "последние", "прошлой", "прошлом", "этой", "этом", "неделе",
                "месяце", "году", "года", "прошлого", "го", "е", "sept", *_UNITS_RU, *MONTHS_RU, *MONTHS_RU_IN]
 _CONVERSATION_STEMS = frozenset(stem(w) for w in [*_CONVERSATION_WORDS.split(), *_TIME_WORDS])
-_A_DAYS_NUMBER = re.compile(r"\d{1,2}(?:st|nd|rd|th|го|е)")  # "9th": the day of a date kept in the searched text
 
 
 def names_only_a_time(searched: str) -> bool:
     """Whether a question, its time words removed (`find_time_window`'s searched text), asks about
     nothing but the conversations of that time: the floor would refuse it (it shares no word
-    with them), and what it wants is what was said then."""
-    asked = {stem(w) for w in words(searched)
-             if w not in STOP_WORDS and not w.isdigit() and not _A_DAYS_NUMBER.fullmatch(w)}
+    with them), and what it wants is what was said then. Time words still in it (a date, kept for
+    BM25; a query of nothing else, searched as given) are no topic; any other number is
+    ("1069.5 yesterday" asks for 1069.5)."""
+    for find, _, _ in _PATTERNS:
+        while found := find(searched):
+            searched = f"{searched[:found.start]} {searched[found.end:]}"
+    asked = {stem(w) for w in words(searched) if w not in STOP_WORDS}
     return not asked - _CONVERSATION_STEMS
 
 
@@ -101,6 +104,8 @@ def _rule(pattern: str, strip: bool = True):
 
 # After a day without its year: "9 November last year", «9 ноября прошлого года».
 _YEAR_WORDS = re.compile(r",?\s+(?:(last|this)\s+year|(прошлого|этого)\s+года)(?!\w)", re.IGNORECASE)
+# The year a mention read after the day ("2 мая 2025", "May 2, 2025"), which its span leaves out.
+_YEAR_WRITTEN = re.compile(r",?\s+\d{4}\b")
 
 
 def _first_date(query: str) -> _Found | None:
@@ -111,7 +116,10 @@ def _first_date(query: str) -> _Found | None:
     if not mentions:
         return None
     first = mentions[0]
-    named = _YEAR_WORDS.match(query, first.end) if first.year is None else None
+    if first.year is not None:
+        written = _YEAR_WRITTEN.match(query, first.end)
+        return _Found(first.start, written.end() if written else first.end, (first, None))
+    named = _YEAR_WORDS.match(query, first.end)
     back = None if named is None else int((named[1] or named[2]).lower() in ("last", "прошлого"))
     return _Found(first.start, named.end() if named else first.end, (first, back))
 
