@@ -45,6 +45,7 @@ NOW = datetime(2026, 11, 29, 12, tzinfo=timezone.utc)  # a Sunday
     ("the report of December 5 this year", "the report of December 5 this year", "2026-12-05", "2026-12-06"),
     ("что было 9 ноября прошлого года", "что было 9 ноября прошлого года", "2025-11-09", "2025-11-10"),
     ("since 9 November last year", "since 9 November last year", "2025-11-09", "2026-11-30"),
+    ("9 November laſt year", "9 November laſt year", "2025-11-09", "2025-11-10"),  # IGNORECASE's long s
     ("in May 3 people joined", "3 people joined", "2026-05-01", "2026-06-01"),  # a month, then a count
     ("notes from the May 3 standup", "notes from the May 3 standup", "2026-05-03", "2026-05-04"),  # May, capitalised
     ("N-11 in Sept", "N-11", "2026-09-01", "2026-10-01"),

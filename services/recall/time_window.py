@@ -102,6 +102,14 @@ def _rule(pattern: str, strip: bool = True):
     return register
 
 
+# How many years back "last year" / "this year" (прошлого / этого года) go.
+_YEARS_BACK = {"last": 1, "this": 0, "прошлого": 1, "этого": 0}
+
+
+def _years_back(word: str) -> int:
+    """casefold, not lower: IGNORECASE also matched "laſt" (a long s), which lower() keeps."""
+    return _YEARS_BACK[word.casefold()]
+
 # After a day without its year: "9 November last year", «9 ноября прошлого года».
 _YEAR_WORDS = re.compile(r",?\s+(?:(last|this)\s+year|(прошлого|этого)\s+года)(?!\w)", re.IGNORECASE)
 # The year a mention read after the day ("2 мая 2025", "May 2, 2025"), which its span leaves out.
@@ -120,7 +128,7 @@ def _first_date(query: str) -> _Found | None:
         written = _YEAR_WRITTEN.match(query, first.end)
         return _Found(first.start, written.end() if written else first.end, (first, None))
     named = _YEAR_WORDS.match(query, first.end)
-    back = None if named is None else int((named[1] or named[2]).lower() in ("last", "прошлого"))
+    back = None if named is None else _years_back(named[1] or named[2])
     return _Found(first.start, named.end() if named else first.end, (first, back))
 
 
@@ -238,7 +246,7 @@ def _named_month(m: re.Match, today: date) -> TimeWindow:
     name, year_text = (m[1], m[2]) if m[1] else (m[4], m[5])
     month = MONTHS[name.lower()]
     if m[3]:  # "in November last year", "in May this year"
-        return _month(today.year - (m[3].lower() == "last"), month)
+        return _month(today.year - _years_back(m[3]), month)
     return _month(int(year_text) if year_text else _last_year_of(month, today), month)
 
 
@@ -250,7 +258,7 @@ _MONTH_NAMES_RU = "|".join(sorted(MONTHS_RU_IN, key=len, reverse=True))
 def _named_month_ru(m: re.Match, today: date) -> TimeWindow:
     month = MONTHS_RU_IN[m[1].lower()]
     if m[3]:
-        return _month(today.year - (m[3].lower() == "прошлого"), month)
+        return _month(today.year - _years_back(m[3]), month)
     return _month(int(m[2]) if m[2] else _last_year_of(month, today), month)
 
 

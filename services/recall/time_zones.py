@@ -8,6 +8,7 @@ comes from the `tzdata` package when the system has no zone database (slim conta
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 # An IANA name's shape, checked before any lookup: the name comes from a token, and ZoneInfo
@@ -18,7 +19,14 @@ _ZONE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_+-]{0,30}(?:/[A-Za-z0-9_+-]{1,30}){
 def time_zone(name: object) -> ZoneInfo | None:
     """The zone an IANA name names, or None for anything else (a wrong type, a path, a table
     file of the zone database, an unknown name)."""
-    if not isinstance(name, str) or not _ZONE_NAME.fullmatch(name):
+    return _zone(name) if isinstance(name, str) else None
+
+
+@lru_cache(maxsize=512)
+def _zone(name: str) -> ZoneInfo | None:
+    """Kept per name: a token's claim is read on every call, and ZoneInfo caches only the zones
+    it found (an unknown name would be looked up on disk again each time)."""
+    if not _ZONE_NAME.fullmatch(name):
         return None
     try:
         return ZoneInfo(name)
