@@ -3,21 +3,56 @@
 from __future__ import annotations
 
 import ctypes
+import random
 import signal
 import socket
 import subprocess
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
+
+
+# Listeners we start take ports from here up to the kernel's ephemeral range: below 10000 sit
+# the usual servers' defaults (PostgreSQL's 5432, our own 8000-8002).
+_FIRST_LISTEN_PORT = 10_000
+_pick = random.SystemRandom()  # xdist workers and children must not share a seeded sequence
+
+
+def _ephemeral_start() -> int:
+    """The lowest port the kernel hands to outgoing connections (Linux's setting, else its default)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
 
 
 def free_port() -> int:
-    """A port free on loopback now (a small race remains until the child binds it)."""
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+    """A port free on loopback now, from below the kernel's ephemeral range.
+
+    Port 0 would give an ephemeral port, and every outgoing connection on the machine (an HTTP
+    client, a Redis connection) draws its local port from that range: one took a test's port
+    between this check and the child's bind. Below the range only listeners compete, and a
+    random pick among ~22,000 ports makes two of ours meeting unlikely (a small race remains).
+    """
+    end = _ephemeral_start()
+    if end - _FIRST_LISTEN_PORT >= 1000:
+        for _ in range(100):
+            port = _pick.randrange(_FIRST_LISTEN_PORT, end)
+            if _bindable(port):
+                return port
+    with socket.socket() as s:  # a machine whose ephemeral range starts low: the kernel's pick
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def stop(proc: subprocess.Popen, timeout: float = 30.0) -> int:
