@@ -7,7 +7,10 @@ import codecs
 import json
 import sys
 
+from starlette.datastructures import Headers
 from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 
 class BodyTooLarge(Exception):
@@ -26,6 +29,44 @@ async def read_body(request: Request, limit: int) -> bytes:
         if len(body) > limit:
             raise BodyTooLarge
     return bytes(body)
+
+
+class BodyLimit:
+    """ASGI middleware: a request to `path` whose body passes `limit` bytes is answered 413
+    (`body_size`) before the app sees any of it. The endpoint behind it buffers and parses
+    whole bodies (the MCP SDK takes 4 MiB), so its own limit would let every caller spend
+    CPU parsing megabytes no tool argument can hold."""
+
+    def __init__(self, app: ASGIApp, path: str, limit: int) -> None:
+        self.app, self.path, self.limit = app, path, limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"].rstrip("/") != self.path:
+            return await self.app(scope, receive, send)
+        declared = Headers(scope=scope).get("content-length")
+        if declared and declared.isdigit() and int(declared) > self.limit:
+            return await self._refuse(scope, receive, send)
+        messages: list[Message] = []
+        size = 0
+        while True:
+            message = await receive()
+            messages.append(message)
+            if message["type"] != "http.request":
+                break  # the client went away: the app hears it as it would have
+            size += len(message.get("body", b""))
+            if size > self.limit:
+                return await self._refuse(scope, receive, send)
+            if not message.get("more_body", False):
+                break
+
+        async def replay() -> Message:
+            return messages.pop(0) if messages else await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+        detail = f"the request body is over {self.limit:,} bytes, the most {self.path} reads"
+        await JSONResponse({"error": "body_size", "detail": detail}, status_code=413)(scope, receive, send)
 
 
 class BodyNotUtf8(Exception):

@@ -15,6 +15,7 @@ from fastmcp import Client
 from fastmcp.client.auth import BearerAuth
 from fastmcp.exceptions import ToolError
 
+from services.recall.agent_memory.http_api import max_body_bytes
 from services.recall.agent_memory.memory_store import MemoryStore
 from services.recall.agent_memory.models import RecordFields, RecordInput
 from services.recall.agent_memory.service import AgentMemoryService
@@ -181,7 +182,6 @@ def test_a_huge_flat_source_context_is_refused_naming_it_after_bounded_work(serv
 
 
 def test_the_default_text_limit_holds_what_search_reads_and_the_http_limit_carries_it():
-    from services.recall.agent_memory.http_api import max_body_bytes
 
     assert RecallSettings.model_fields["realm_max_text_bytes"].default == DEFAULT_MAX_TEXT_BYTES
     assert 3 * INDEXED_CHARS <= DEFAULT_MAX_TEXT_BYTES, "the indexed prefix in any BMP script (CJK: 3 bytes) fits"
@@ -299,3 +299,23 @@ def test_a_source_context_within_the_limit_is_stored_within_it(service):
     assert len(stored) == 2 and all(len(s.encode()) <= LIMIT and json.loads(s) == context for s in stored)
     got = service.get(MEMBER, REALM, made.artifact_id)
     assert got.source_context == context and got.entries[0].source_context == context
+
+
+async def test_an_mcp_request_larger_than_any_tool_call_is_refused_413_before_it_is_read_whole(realm_server):
+    """The MCP SDK reads and parses bodies of up to 4 MiB; no tool argument can use more than
+    a realm write at its text limit, so the service stops reading there."""
+    env = realm_server
+    member = mint("member-1", realms={REALM: "member"})
+    call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+            "params": {"name": "recall_my_conversations", "arguments": {"query": "q" * max_body_bytes(LIMIT)}}}
+    body = json.dumps(call).encode()
+    headers = {"authorization": f"Bearer {member}", "content-type": "application/json",
+               "accept": "application/json, text/event-stream"}
+    with httpx.Client(base_url=recall_url(env), timeout=30, headers=headers) as http:
+        declared = http.post("/mcp", content=body)
+        streamed = http.post("/mcp", content=iter([body[i:i + 65536] for i in range(0, len(body), 65536)]))  # chunked
+    for refused in (declared, streamed):
+        assert refused.status_code == 413 and refused.json()["error"] == "body_size", refused.text
+    async with Client(f"{recall_url(env)}/mcp", auth=BearerAuth(member)) as mcp:
+        answer = await mcp.call_tool("recall_my_conversations", {"query": "contract 7"})
+    assert answer.content[0].text

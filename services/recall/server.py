@@ -22,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from services.recall.admission import Admission, Busy
+from services.recall.agent_memory.http_api import max_body_bytes
 from services.recall.artifacts.artifact_search import ArtifactSearch
 from services.recall.artifacts.artifact_store import ArtifactStore, StoreUnavailable
 from services.recall.artifacts.service import ArtifactService
@@ -41,6 +42,7 @@ from services.recall.tool_output import RECALL_TOOL, TOOL_DESCRIPTION, AgentHit,
 from services.recall.unexpected_errors import UnexpectedToolErrors, record_http_failure
 from shared.engine.api import Engine, MemoryState, NoIndex
 from shared.engine.identifiers import query_identifiers
+from shared.http_body import BodyLimit
 from shared.http_serving import serve_http
 from shared.index_requests import IndexRequests
 from shared.logging_setup import configure_logging, get_logger
@@ -288,6 +290,8 @@ def build_app(settings: RecallSettings | None = None):
     # moment the process is told to stop, so a rolling update cut off calls it had admitted;
     # a JSON response is an ordinary request uvicorn lets finish. The tools send no progress.
     app = mcp.http_app(path="/mcp", stateless_http=True, json_response=True)
+    # The largest MCP request is a realm write whose text is at its limit (1 MiB by default).
+    app.add_middleware(BodyLimit, path="/mcp", limit=max_body_bytes(s.realm_max_text_bytes))
     # Outermost: an exception while a bearer token is verified (an identity provider's JWKS
     # that breaks the verifier) is counted too, not Starlette's plain 500.
     app.add_middleware(RejectedTokenText)

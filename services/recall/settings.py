@@ -37,7 +37,7 @@ class RecallSettings(CommonSettings):
     pool_idle_s: float = Field(600.0, gt=0, description="A tenant's funes child, or its open memory (embedded engine), idle this long is closed.")
     artifacts_db_url: str | None = Field(None, description="Memory artifacts database: sqlite:///<file> (default DATA_DIR/artifacts.sqlite3) or postgresql://… for several replicas.")
     pool_start_timeout_s: float = Field(60.0, gt=0, description="Funes engine: time a child may take to start.")
-    realm_max_text_bytes: int = Field(64 * 1024, ge=1024, le=512 * 1024, description="Largest text one field of a realm stores, in bytes of UTF-8: an artifact body (constitution, registry and charters included), a journal entry, an AgentMemory record's content, a source_context's JSON (more is refused naming the field; search reads a body's first 20,000 characters, at most 60,000 bytes; MCP requests are at most 4 MiB).")
+    realm_max_text_bytes: int = Field(64 * 1024, ge=1024, le=512 * 1024, description="Largest text one field of a realm stores, in bytes of UTF-8: an artifact body (constitution, registry and charters included), a journal entry, an AgentMemory record's content, a source_context's JSON (more is refused naming the field; search reads a body's first 20,000 characters, at most 60,000 bytes; an MCP request is read up to 6 times this plus 64 KiB, at least 1 MiB).")
     replicas: int = Field(1, ge=1, description="How many recall replicas may run at once (the HPA's maxReplicas); above 1 the artifacts database must be PostgreSQL.")
     default_time_zone: str = Field("UTC", description="IANA time zone (e.g. Europe/Berlin) in which time words ('yesterday', 'in October') are read for tokens without a `zoneinfo` claim.")
 

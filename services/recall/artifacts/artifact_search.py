@@ -29,7 +29,7 @@ from shared.engine.transcript import Block, TranscriptTurn, dump_transcript
 
 # Search reads the beginning of a long body or entry: embedding costs CPU in proportion to the
 # text (a 200,000-character body took ~55 s of CPU to accept, under the lock every acceptance
-# of the process waits on; MCP takes 4 MiB requests). Reading an artifact still gives it whole.
+# of the process waits on; an MCP request carries up to 1 MiB). Reading an artifact still gives it whole.
 INDEXED_CHARS = 20_000
 # Entries never change once appended: an append rewrites (and the index run re-reads) the head and
 # the journal's last file of entries, never the ones before it, however long the journal grows.

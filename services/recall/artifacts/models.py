@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, field_valida
 
 ARTIFACT_PATH = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}(/[a-z0-9][a-z0-9._-]{0,63}){0,7}")
 REALM_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")
-# Each target is checked in the write's transaction (SQLite's write lock held): 4 MiB of targets
+# Each target is checked in the write's transaction (SQLite's write lock held): a megabyte of targets
 # held every writer of the database for as long as their checks took.
 MAX_TARGETS = 20
 ARTIFACT_ID_MAX = 64  # ids are 32 hex digits; a longer one is refused before any query, and never echoed

@@ -1,6 +1,6 @@
 """How much text one field of the realm surface stores: an artifact's body (constitution,
 registry and charters included), a journal entry, an AgentMemory record's content, and the JSON
-of a `source_context`. Without it an agent could store MCP's whole 4 MiB request in one field,
+of a `source_context`. Without it an agent could store a whole MCP request (1 MiB) in one field,
 and every read of it (every page of search results opened, every agent restoring its state)
 would carry it back.
 
@@ -47,7 +47,7 @@ def check_json(field: str, value: Any, limit: int) -> None:
     (deeper, storing and reading it back recursed until Python gave up: a bare error).
 
     Every value takes at least one byte of JSON, so a value of more than `limit` values is over
-    the limit without being written out: the walk stops there, and a 4 MiB list of two million
+    the limit without being written out: the walk stops there, and a 1 MiB list of half a million
     numbers is refused after `limit` of them, not after walking and dumping them all (~1 s)."""
     if value is None:
         return
