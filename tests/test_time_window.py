@@ -49,6 +49,27 @@ NOW = datetime(2026, 11, 29, 12, tzinfo=timezone.utc)  # a Sunday
     ("in May 3 people joined", "3 people joined", "2026-05-01", "2026-06-01"),  # a month, then a count
     ("notes from the May 3 standup", "notes from the May 3 standup", "2026-05-03", "2026-05-04"),  # May, capitalised
     ("N-11 in Sept", "N-11", "2026-09-01", "2026-10-01"),
+    # Counts in words, weekdays and years (NOW is a Sunday).
+    ("what was decided a week ago", "what was decided", "2026-11-21", "2026-11-24"),
+    ("pump two weeks ago", "pump", "2026-11-13", "2026-11-18"),
+    ("budget a couple of weeks ago", "budget", "2026-11-13", "2026-11-18"),
+    ("the past few days budget", "budget", "2026-11-26", "2026-11-30"),
+    ("in the last two weeks N-11", "N-11", "2026-11-15", "2026-11-30"),
+    ("N-11 ſeven days ago", "N-11", "2026-11-21", "2026-11-24"),
+    ("what did we discuss on Monday", "what did we discuss", "2026-11-23", "2026-11-24"),
+    ("last Saturday deploy", "deploy", "2026-11-28", "2026-11-29"),
+    ("deploy on Sunday", "deploy", "2026-11-22", "2026-11-23"),  # today is this Sunday: the one before
+    ("deploy this Sunday", "deploy", "2026-11-29", "2026-11-30"),
+    ("since Tuesday pump", "pump", "2026-11-24", "2026-11-30"),
+    ("N-11 last year", "N-11", "2025-01-01", "2026-01-01"),
+    ("N-11 this year", "N-11", "2026-01-01", "2026-11-30"),
+    ("о чём мы говорили три дня назад", "о чём мы говорили", "2026-11-25", "2026-11-28"),
+    ("бюджет пару недель назад", "бюджет", "2026-11-13", "2026-11-18"),
+    ("насос за последние три дня", "насос", "2026-11-26", "2026-11-30"),
+    ("что решили в пятницу", "что решили", "2026-11-27", "2026-11-28"),
+    ("что решили во вторник", "что решили", "2026-11-24", "2026-11-25"),
+    ("насос в прошлую среду", "насос", "2026-11-25", "2026-11-26"),
+    ("бюджет в прошлом году", "бюджет", "2025-01-01", "2026-01-01"),
 ])
 def test_time_words_name_a_window(query, rest, start, end):
     searched, window = find_time_window(query, NOW)
@@ -56,13 +77,14 @@ def test_time_words_name_a_window(query, rest, start, end):
     assert (window.start.date().isoformat(), window.end.date().isoformat()) == (start, end)
 
 
-@pytest.mark.parametrize("query", ["may we proceed with K-2", "MT-4471 status", "the October report", "2026-02-30",
+@pytest.mark.parametrize("query", ["the Monday standup notes", "monday.com integration", "on Monday.com",
+                                   "may we proceed with K-2", "MT-4471 status", "the October report", "2026-02-30",
                                    "since 2026-02-30", "changes since 2026-11-31", "30 February", "K-2 March status",
                                    "за 30 февраля", "v1.3 May",
                                    # counts, prices and versions beside month words name no day
                                    "which of the 10 may conflict", "we march 3 miles", "ask Jan 2 questions",
                                    "Python May 3.11", "meeting at 9:30 November", "+7 912 345 12 May",
-                                   "цена за 5 дней аренды", "зарплата за месяц", "о чём мы говорили три дня назад",
+                                   "цена за 5 дней аренды", "зарплата за месяц",
                                    # letters IGNORECASE folds into a month's or a unit's: no window, no error
                                    "in ſeptember", "9 ſeptember", "last 3 dayſ", "9 APRİL"])
 def test_no_window_without_a_real_date(query):
@@ -198,3 +220,10 @@ def test_a_time_zone_is_taken_only_from_an_iana_name():
     for wrong in ["../../etc/passwd", "/etc/localtime", "zone1970.tab", "Mars/Olympus", "America", "", "x" * 100,
                   "Europe/Berlin\x00", "Europe/Berlin ", 5, None, ["UTC"]]:
         assert time_zone(wrong) is None, wrong
+
+
+def test_this_weekday_not_yet_come_names_no_window():
+    wednesday = datetime(2026, 11, 25, 12, tzinfo=timezone.utc)
+    assert find_time_window("the deploy this Friday", wednesday) == ("the deploy this Friday", None)
+    searched, window = find_time_window("the deploy this Monday", wednesday)
+    assert (searched, window.start.date().isoformat()) == ("the deploy", "2026-11-23")

@@ -1,5 +1,5 @@
-"""Time words in a query ("last week", "in October", "on 9 November", "2026-10-08", "3 days ago";
-in Russian «на прошлой неделе», «в октябре», «9 ноября», «3 дня назад») become a soft
+"""Time words in a query ("last week", "in October", "on 9 November", "2026-10-08", "a week ago",
+"last Friday"; in Russian «на прошлой неделе», «в октябре», «9 ноября», «три дня назад», «в пятницу») become a soft
 preference for passages from that window. Semantic search is poor at temporal questions, and a
 hard filter loses answers when the user's memory of the date is off, so in-window passages are
 moved first and the rest still fill the remaining places. Resolved in the caller's time zone
@@ -22,10 +22,20 @@ MONTHS.update({name.lower(): i for i, name in enumerate(calendar.month_abbr) if 
 # Russian month names «в ноябре» (prepositional); the genitive of «9 ноября» is MONTHS_RU.
 MONTHS_RU_IN = {name: i + 1 for i, name in enumerate(
     "январе феврале марте апреле мае июне июле августе сентябре октябре ноябре декабре".split())}
-_UNITS = {"day": 1, "days": 1, "week": 7, "weeks": 7, "month": 30, "months": 30}
+_UNITS = {"day": 1, "days": 1, "week": 7, "weeks": 7, "month": 30, "months": 30, "year": 365, "years": 365}
 # Every form a count takes: «1 день», «2 дня», «5 дней», «неделю», «недели», «недель», «месяц»…
 _UNITS_RU = {"день": 1, "дня": 1, "дней": 1, "неделю": 7, "недели": 7, "недель": 7, "неделя": 7,
-             "месяц": 30, "месяца": 30, "месяцев": 30}
+             "месяц": 30, "месяца": 30, "месяцев": 30, "год": 365, "года": 365, "лет": 365}
+# A count in words ("a week ago", "the last two weeks", «три дня назад», «пару недель назад»): a
+# few, several and «несколько» are about three.
+_COUNTS = {"a": 1, "an": 1, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8,
+           "nine": 9, "ten": 10, "eleven": 11, "twelve": 12, "a couple of": 2, "couple of": 2, "a few": 3, "few": 3,
+           "several": 3}
+_COUNTS_RU = {"один": 1, "одну": 1, "два": 2, "две": 2, "три": 3, "четыре": 4, "пять": 5, "шесть": 6, "семь": 7,
+              "восемь": 8, "девять": 9, "десять": 10, "пару": 2, "несколько": 3}
+_WEEKDAYS = {name.lower(): i for i, name in enumerate(calendar.day_name)}  # monday 0
+# «в понедельник», «во вторник», «в среду»…: the accusative a day takes after «в».
+_WEEKDAYS_RU = {"понедельник": 0, "вторник": 1, "среду": 2, "четверг": 3, "пятницу": 4, "субботу": 5, "воскресенье": 6}
 
 
 @dataclass(frozen=True)
@@ -158,6 +168,20 @@ def _days_back(today: date, days: int) -> TimeWindow:
     return TimeWindow(_day(today) - timedelta(days=days), _day(today) - timedelta(days=days - 1))
 
 
+def _alternatives(names) -> str:
+    """A regex alternation of `names`, longest first ("a few" before "a"), any spaces between words."""
+    return "|".join(re.escape(n).replace(r"\ ", r"\s+") for n in sorted(names, key=len, reverse=True))
+
+
+_COUNT = r"(\d{1,3}|" + _alternatives(_COUNTS) + ")"
+_COUNT_RU = r"(\d{1,3}|" + _alternatives(_COUNTS_RU) + ")"
+
+
+def _count(text: str) -> int:
+    """Digits, or a count in words (casefold: IGNORECASE also matches "ſeven")."""
+    return int(text) if text.isdigit() else {**_COUNTS, **_COUNTS_RU}[" ".join(text.casefold().split())]
+
+
 def _up_to_today(today: date, days: int) -> TimeWindow:
     """The last `days` days and today ("past 7 days", «за последние 7 дней»)."""
     return TimeWindow(_day(today) - timedelta(days=days), _day(today) + timedelta(days=1))
@@ -210,30 +234,30 @@ def _this_last_ru(m: re.Match, today: date) -> TimeWindow:
     return _calendar(today, "week" if m[1] else "month", this=which in ("этой", "этом"))
 
 
-@_rule(r"\b(?:in\s+the\s+)?(?:last|past)\s+(\d{1,3})\s+(days?|weeks?|months?)\b")
+@_rule(r"\b(?:(?:in|over|during)\s+)?(?:the\s+)?(?:last|past)\s+" + _COUNT + r"\s+(days?|weeks?|months?|years?)\b")
 def _last_n(m: re.Match, today: date) -> TimeWindow:
-    return _up_to_today(today, int(m[1]) * _UNITS[m[2].lower()])
+    return _up_to_today(today, _count(m[1]) * _UNITS[m[2].lower()])
 
 
 _UNIT_NAMES_RU = "|".join(sorted(_UNITS_RU, key=len, reverse=True))
 
 
-# «за последние 7 дней», «за последнюю неделю», «за последний месяц» («цена за 5 дней аренды»,
-# «отчёт за неделю» name no time); a count in words («за последние три дня») is not read.
-@_rule(r"\bза\s+последн(?:ие\s+(\d{1,3})\s+(" + _UNIT_NAMES_RU + r")|(?:юю|ий)\s+(неделю|месяц|день))\b")
+# «за последние 7 дней», «за последние три дня», «за последнюю неделю», «за последний месяц»
+# («цена за 5 дней аренды», «отчёт за неделю» name no time).
+@_rule(r"\bза\s+последн(?:ие\s+" + _COUNT_RU + r"\s+(" + _UNIT_NAMES_RU + r")|(?:юю|ий)\s+(неделю|месяц|день|год))\b")
 def _last_n_ru(m: re.Match, today: date) -> TimeWindow:
-    return _up_to_today(today, int(m[1]) * _UNITS_RU[m[2].lower()] if m[1] else _UNITS_RU[m[3].lower()])
+    return _up_to_today(today, _count(m[1]) * _UNITS_RU[m[2].lower()] if m[1] else _UNITS_RU[m[3].lower()])
 
 
-@_rule(r"\b(\d{1,3})\s+(days?|weeks?|months?)\s+ago\b")
+@_rule(r"\b" + _COUNT + r"\s+(days?|weeks?|months?|years?)\s+ago\b")
 def _ago(m: re.Match, today: date) -> TimeWindow:
-    return _around(today, int(m[1]) * _UNITS[m[2].lower()])
+    return _around(today, _count(m[1]) * _UNITS[m[2].lower()])
 
 
-# «3 дня назад», «неделю назад»; «три дня назад» (a count in words) is not read as one day.
-@_rule(r"\b(?:(\d{1,3})\s+(" + _UNIT_NAMES_RU + r")|(день|неделю|месяц))\s+назад\b")
+# «3 дня назад», «три дня назад», «пару недель назад», «неделю назад», «год назад».
+@_rule(r"\b(?:" + _COUNT_RU + r"\s+(" + _UNIT_NAMES_RU + r")|(день|неделю|месяц|год))\s+назад\b")
 def _ago_ru(m: re.Match, today: date) -> TimeWindow:
-    return _around(today, int(m[1]) * _UNITS_RU[m[2].lower()] if m[1] else _UNITS_RU[m[3].lower()])
+    return _around(today, _count(m[1]) * _UNITS_RU[m[2].lower()] if m[1] else _UNITS_RU[m[3].lower()])
 
 
 _MONTH_NAMES = "|".join(sorted(MONTHS, key=len, reverse=True))
@@ -260,6 +284,57 @@ def _named_month_ru(m: re.Match, today: date) -> TimeWindow:
     if m[3]:
         return _month(today.year - _years_back(m[3]), month)
     return _month(int(m[2]) if m[2] else _last_year_of(month, today), month)
+
+
+def _weekday(today: date, weekday: int, this: bool) -> TimeWindow | None:
+    """"on Friday", "last Friday": the latest one before today (one to seven days back); "this
+    Friday": this week's (from Monday), none when it has not come yet."""
+    if this:
+        back = today.weekday() - weekday
+        if back < 0:
+            return None
+    else:
+        back = (today.weekday() - weekday - 1) % 7 + 1
+    return _days_back(today, back)
+
+
+_WEEKDAY_NAMES = "|".join(_WEEKDAYS)
+
+
+# "on Monday", "last Friday", "since Tuesday"; a bare weekday ("the Monday standup") is a topic,
+# and "monday.com" no day.
+@_rule(r"\b(on|last|this|past|previous|since)\s+(" + _WEEKDAY_NAMES + r")\b(?!\.\w)")
+def _named_weekday(m: re.Match, today: date) -> TimeWindow | None:
+    return _weekday(today, _WEEKDAYS[m[2].casefold()], this=m[1].casefold() == "this")
+
+
+_WEEKDAY_NAMES_RU = "|".join(_WEEKDAYS_RU)
+
+
+# «в пятницу», «во вторник», «в прошлую среду», «в эту пятницу».
+@_rule(r"\bв[о]?\s+(?:(прошл(?:ый|ую|ое)|эт(?:от|у|о))\s+)?(" + _WEEKDAY_NAMES_RU + r")(?!\w)")
+def _named_weekday_ru(m: re.Match, today: date) -> TimeWindow | None:
+    return _weekday(today, _WEEKDAYS_RU[m[2].lower()], this=bool(m[1]) and m[1].lower().startswith("эт"))
+
+
+def _year(today: date, this: bool) -> TimeWindow:
+    """This calendar year (to today) or the previous one."""
+    if this:
+        return TimeWindow(_day(date(today.year, 1, 1)), _day(today) + timedelta(days=1))
+    return TimeWindow(_day(date(today.year - 1, 1, 1)), _day(date(today.year, 1, 1)))
+
+
+# Registered after the day and month rules, which read "9 November last year" and "in May this year" whole.
+@_rule(r"\b(this|last|past|previous)\s+year\b")
+def _this_last_year(m: re.Match, today: date) -> TimeWindow:
+    which = m[1].casefold()
+    return _up_to_today(today, 365) if which == "past" else _year(today, this=which == "this")
+
+
+# «в этом году», «в прошлом году»
+@_rule(r"\bв\s+(этом|прошлом)\s+году(?!\w)")
+def _this_last_year_ru(m: re.Match, today: date) -> TimeWindow:
+    return _year(today, this=m[1].lower() == "этом")
 
 
 _SINCE = re.compile(r"\bsince\s+$", re.IGNORECASE)
