@@ -256,6 +256,19 @@ async def test_no_memory_and_nothing_relevant(stack):
     assert await call_recall(env, mint("dora"), "N-11") == (NO_MEMORY if engine == "embedded" else NOTHING)
 
 
+
+async def test_conversations_without_a_word_to_index_are_nothing_relevant_not_unavailable_for_good(stack):
+    """A new user whose only conversation holds blank turns (or only recall echoes) was told
+    "unavailable" on every call: the memory had indexed it and held no row, which read as a
+    first index run still under way."""
+    env, _, _ = stack
+    post_conversation(env, "hank", "h1", ["   ", "\n"])
+    token, deadline = mint("hank"), time.monotonic() + 60
+    while (answer := await call_recall(env, token, "kafka consumer lag")) == UNAVAILABLE and time.monotonic() < deadline:
+        await asyncio.sleep(0.5)
+    assert answer == NOTHING
+
+
 @pytest.mark.parametrize("stack", ["funes"], indirect=True)
 async def test_engine_child_killed_mid_call_then_recovers(stack):
     env, server, _ = stack

@@ -42,7 +42,7 @@ class EmbeddedBackend:
         deadline = time.monotonic() + self.timeout_s
         # A thread cannot be cancelled, so the search itself stops at its next stage once the
         # deadline passes; awaiting it to the end keeps its admission slot taken meanwhile.
-        return hits_from_engine(await self._in_thread(lambda: self._search(paths.memory, query, params, deadline)))
+        return hits_from_engine(await self._in_thread(lambda: self._search(paths, query, params, deadline)))
 
     async def dated(self, paths: TenantPaths, start: datetime, end: datetime, k: int) -> DatedAnswer:
         params = RecallParams(k=k)
@@ -68,12 +68,15 @@ class EmbeddedBackend:
             if self.engine.evictions > evictions:
                 POOL_EVICTIONS.labels("lru").inc(self.engine.evictions - evictions)
 
-    def _search(self, memory: Path, query: str, params: RecallParams, deadline: float) -> list[Hit]:
-        hits = self.engine.search(memory, query, params, deadline=deadline)
-        if not hits and not self.engine.holds_rows(memory):
+    def _search(self, paths: TenantPaths, query: str, params: RecallParams, deadline: float) -> list[Hit]:
+        hits = self.engine.search(paths.memory, query, params, deadline=deadline)
+        if not hits and not self.engine.holds_rows(paths.memory) and not self.engine.indexed_every_source(
+                paths.memory, paths.src):
             # Nothing indexed yet (a user's first index run is under way): the service answers as
             # for no memory ("unavailable" while conversations are stored), not "nothing relevant".
-            raise NoIndex(memory)
+            # Conversations indexed without a word to hold (empty turns, only recall echoes) are
+            # nothing relevant: "unavailable" would last until the user's next real conversation.
+            raise NoIndex(paths.memory)
         return hits
 
     async def memory_state(self, paths: TenantPaths) -> MemoryState:

@@ -24,6 +24,7 @@ from shared.engine.memory_reader import MemoryReader
 from shared.engine.reranker import Reranker, configured_reranker, reranker_status
 from shared.engine.store import DB_NAME, MemoryStore
 from shared.engine.text_analysis import forget_cached_texts
+from shared.engine.transcript import transcript_signatures
 
 NO_INDEX = "no index yet — run `recall-engine index --yes <src>` (or `funes index`), then recall your own history"
 
@@ -263,6 +264,16 @@ class Engine:
         yet holds none, and one whose every conversation was forgotten holds none."""
         with self.lease(memory) as reader, reader.fresh() as view:
             return bool(view.alive.any())
+
+    def indexed_every_source(self, memory: Path, src: Path) -> bool:
+        """Whether the memory has indexed every conversation under `src` as it is now (file name
+        and signature): one without rows that has is empty for good (its conversations hold no
+        text), one that has not is waiting for an index run. Names, not paths, since the indexer
+        may see the shared volume mounted elsewhere."""
+        with self.lease(memory) as reader, reader.store.lock:
+            known = {Path(path).name: signature for path, signature in reader.store.sources().items()}
+        listed = transcript_signatures(src)
+        return bool(listed) and all(known.get(Path(path).name) == signature for path, signature in listed.items())
 
     def recall(self, memory: Path, query: str, params: RecallParams, label: str | None = None,
                deadline: float | None = None) -> str:
