@@ -164,7 +164,12 @@ async def test_a_codename_comes_back_alone_but_a_question_naming_a_time_gets_tha
                                      ("what happened in May 2025", "Vienna", "pump seal"),
                                      ("о чём мы говорили за последние 7 дней", "pump seal", "Vienna"),
                                      (f"what did we discuss on {recent_day:%B} {recent_day.day}", "pump seal", "Vienna"),
-                                     ("что обсуждали 2 мая 2025 года", "Vienna", "pump seal")]:
+                                     ("что обсуждали 2 мая 2025 года", "Vienna", "pump seal"),
+                                     # everyday wording a newcomer's trial found refused
+                                     ("remind me what we talked about recently", "pump seal", "Vienna"),
+                                     ("напомни, что мы обсуждали на днях", "pump seal", "Vienna"),
+                                     (f"what did we discuss on {recent_day:%A}", "pump seal", "Vienna"),
+                                     ("what did we discuss two days ago", "pump seal", "Vienna")]:
         answer = await service.recall_for("alice", question)
         assert then in answer and not_then not in answer, (question, answer)
     assert await service.recall_for("alice", "banana bread in the last 7 days") == NOTHING

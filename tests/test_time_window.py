@@ -70,6 +70,10 @@ NOW = datetime(2026, 11, 29, 12, tzinfo=timezone.utc)  # a Sunday
     ("что решили во вторник", "что решили", "2026-11-24", "2026-11-25"),
     ("насос в прошлую среду", "насос", "2026-11-25", "2026-11-26"),
     ("бюджет в прошлом году", "бюджет", "2025-01-01", "2026-01-01"),
+    ("what did we discuss recently", "what did we discuss", "2026-11-15", "2026-11-30"),  # the last two weeks
+    ("pump issue lately", "pump issue", "2026-11-15", "2026-11-30"),
+    ("о чём мы говорили на днях", "о чём мы говорили", "2026-11-15", "2026-11-30"),
+    ("насос недавно", "насос", "2026-11-15", "2026-11-30"),
 ])
 def test_time_words_name_a_window(query, rest, start, end):
     searched, window = find_time_window(query, NOW)
@@ -99,6 +103,9 @@ def test_no_window_without_a_real_date(query):
     ("о чём мы говорили на этой неделе", True), ("что решили по насосу", False), ("о чём мы говорили 9го ноября", True),
     # A number that is no time word is a topic (a newcomer's "1069.5 yesterday" got "No earlier conversation…").
     ("1069.5", False), ("line 3", False), ("what did we discuss on 9 November last year", True),
+    # How people ask for a time's conversations (a newcomer's four were refused as having no topic).
+    ("remind me what we talked about", True), ("what did we discuss earlier", True), ("напомни, что мы обсуждали", True),
+    ("remind me about the pump", False),
 ])
 def test_a_question_of_time_words_and_words_about_conversations_names_only_a_time(searched, only):
     assert names_only_a_time(searched) is only
@@ -148,7 +155,11 @@ def _random_queries(seed: int, count: int) -> list[str]:
                 f"on {d} {rnd.choice(month_words)}", f"{rnd.choice(month_words)} {d}th, {y:04d}",
                 f"{d} {rnd.choice(MONTHS_RU)} {y:04d}", f"в {rnd.choice(list(MONTHS_RU_IN))} {y:04d} года",
                 f"за последние {n} {rnd.choice(['дней', 'недель', 'месяцев'])}", f"{n} {rnd.choice(['дня', 'недели'])} назад",
-                "вчера", "позавчера", f"на {rnd.choice(['этой', 'прошлой'])} неделе"]
+                "вчера", "позавчера", f"на {rnd.choice(['этой', 'прошлой'])} неделе",
+                f"{rnd.choice(['a', 'two', 'a few', 'several'])} {rnd.choice(['days', 'weeks', 'months', 'years'])} ago",
+                f"{rnd.choice(['on', 'last', 'this', 'since'])} {rnd.choice(list(calendar.day_name))}",
+                f"{rnd.choice(['this', 'last', 'past'])} year", "recently", "в прошлом году", "в пятницу",
+                f"{rnd.choice(['три', 'пару', 'несколько'])} {rnd.choice(['дней', 'недель', 'лет'])} назад"]
     return out
 
 

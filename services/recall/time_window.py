@@ -53,8 +53,9 @@ class TimeWindow:
 _CONVERSATION_WORDS = (
     "discuss discussed discussion talk talked say said tell told chat chatted mention mentioned happen happened "
     "do did done decide decided cover covered conversation conversations topic topics ask asked work worked "
+    "remind recall earlier before previously "
     "обсуждали обсуждать обсуждение говорили говорить сказали сказал разговаривали разговор разговоры "
-    "было делали решили тема темы спрашивал спрашивала"
+    "было делали решили тема темы спрашивал спрашивала напомни напомнить ранее раньше"
 )
 # What is left of a question made of time words alone ("yesterday", "last 7 days": it is searched
 # as given) or naming an ISO date, which stays in the searched text.
@@ -218,6 +219,12 @@ def _yesterday(m: re.Match, today: date) -> TimeWindow:
 @_rule(r"\bпозавчера\b")
 def _day_before_yesterday(m: re.Match, today: date) -> TimeWindow:
     return _days_back(today, 2)
+
+
+# "recently", "lately", «недавно», «на днях»: the last two weeks.
+@_rule(r"\b(?:recently|lately)\b|\bнедавно\b|\bна\s+днях\b")
+def _recently(m: re.Match, today: date) -> TimeWindow:
+    return _up_to_today(today, 14)
 
 
 @_rule(r"\b(this|last|past|previous)\s+(week|month)\b")
