@@ -22,8 +22,9 @@ NEIGHBOUR_PREFIX = "  ~ "
 CITE_LINE = "  cite: session_id={} turn_uuid={}"
 _SPAN = r"\d{4}-\d{2}-\d{2}(?: to \d{4}-\d{2}-\d{2})?"
 _NOTE_LINE = re.compile(rf"^\(None of these passages is from {_SPAN}, the time the query names; they are the closest matches from other dates\.\)$")
-_UNNAMED_LINE = re.compile(r"^\(None of these passages mentions [^\n]+, which the query names; they match the rest "
-                           r"of it\.\)$")
+# "they match the rest of it" is round 29's wording, still in echoes of answers given then.
+_UNNAMED_LINE = re.compile(r"^\(None of these passages mentions [^\n]+, which the query names; they (?:match the rest "
+                           r"of it|are the closest matches to the rest of it)\.\)$")
 _MORE_THEN_LINE = re.compile(rf"^\(These are \d+ of the \d+ conversations from {_SPAN}, the most recent first; "
                              r"a question with a topic searches them all\.\)$")
 _NOTHING_THEN = re.compile(rf"^No earlier conversation is from {_SPAN}, the time the query names\.$")
@@ -51,7 +52,8 @@ def outside_window_note(first: datetime, last: datetime) -> str:
 def unnamed_note(identifiers: list[str]) -> str:
     """Above passages none of which holds an identifier the query names ("N-11 upgrade" over
     chats that never said N-11), so the agent does not take another upgrade for N-11's."""
-    return f"(None of these passages mentions {' or '.join(identifiers)}, which the query names; they match the rest of it.)"
+    return (f"(None of these passages mentions {' or '.join(identifiers)}, which the query names; they are the "
+            "closest matches to the rest of it.)")
 
 
 def more_then_note(shown: int, total: int, first: datetime, last: datetime) -> str:

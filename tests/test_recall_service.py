@@ -214,13 +214,19 @@ async def test_a_time_with_more_conversations_than_places_says_how_many_the_answ
     assert november.startswith("[2025-11-02 10:00 UTC] user\n") and "These are" not in november, november
 
 
-async def test_an_identifier_the_memory_never_held_is_named_above_the_passages_found_by_the_rest(tmp_path, embedder):
+async def test_a_code_the_memory_never_held_is_named_above_the_passages_found_by_the_rest(tmp_path, embedder):
 
     service = _autumn_service(tmp_path, embedder)
     other = await service.recall_for("alice", "MX-4410 upgrade decision")
-    assert other.splitlines()[0] == ("(None of these passages mentions MX-4410, which the query names; they match the rest "
-                                     "of it.)") and "N-11 upgrade decision." in other, other
+    assert other.splitlines()[0] == ("(None of these passages mentions MX-4410, which the query names; they are the "
+                                     "closest matches to the rest of it.)") and "N-11 upgrade decision." in other, other
     assert looks_like_recall_answer(other)
+    # Codes the ranking does not take for identifiers (one digit, lower case) are named too: a
+    # newcomer's "K-3 machine" got the K-2 machine's turns with nothing saying they are K-2's.
+    for query, code, found in [("K-3 machine handover", "K-3", "K-2 machine"), ("night-shift-04 handover", "night-shift-04", "K-2")]:
+        answer = await service.recall_for("alice", query)
+        assert answer.startswith(f"(None of these passages mentions {code}, which") and found in answer, answer
+    assert (await service.recall_for("alice", "K-2 machine handover")).startswith("[2025-10-03 10:00 UTC] user\n")
     assert (await service.recall_for("alice", "N-11 upgrade decision")).startswith("[2025-10-08 10:00 UTC] user\n")
 
 

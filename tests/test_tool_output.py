@@ -82,9 +82,11 @@ def test_an_identifier_no_passage_holds_is_named_in_a_note_above_them():
     pg = AgentHit(ts="2026-10-08T10:00:00Z", session_id="s", turn_uuid="t", text="The pg upgrade runs on Friday.",
                   neighbours=(Neighbour(role="user", preview="and K-047 after it"),))
     answer = render_for_agent([pg], 4000, 3, identifiers=["N-11", "K-047", "MT-4471"])
-    assert answer.splitlines()[0] == ("(None of these passages mentions N-11 or MT-4471, which the query names; they match "
-                                      "the rest of it.)"), answer
+    assert answer.splitlines()[0] == ("(None of these passages mentions N-11 or MT-4471, which the query names; they are "
+                                      "the closest matches to the rest of it.)"), answer
     assert looks_like_recall_answer(answer)
+    # An echo of round 29's wording is still recognised (gateways post earlier answers back).
+    assert looks_like_recall_answer(answer.replace("they are the closest matches to the rest of it", "they match the rest of it"))
     assert render_for_agent([pg], 4000, 3, identifiers=["K-047"]).startswith("[2026-10-08 10:00 UTC]\n")
     window = TimeWindow(datetime(2026, 11, 1, tzinfo=timezone.utc), datetime(2026, 12, 1, tzinfo=timezone.utc))
     both = render_for_agent([pg], 4000, 3, window, identifiers=["N-11"])

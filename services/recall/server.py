@@ -41,7 +41,7 @@ from services.recall.tokens import build_verifier
 from services.recall.tool_output import RECALL_TOOL, TOOL_DESCRIPTION, AgentHit, DatedAnswer, render_for_agent
 from services.recall.unexpected_errors import UnexpectedToolErrors, record_http_failure
 from shared.engine.api import Engine, MemoryState, NoIndex
-from shared.engine.identifiers import query_identifiers
+from shared.engine.identifiers import query_codes
 from shared.http_body import BodyLimit
 from shared.http_serving import serve_http
 from shared.index_requests import IndexRequests
@@ -155,7 +155,7 @@ class RecallService:
             text = render_for_agent(raw.hits, self.s.max_result_chars, self.s.k, window, raw.conversations, zone=zone)
         else:
             text = render_for_agent(raw, self.s.max_result_chars, self.s.k, window,
-                                    identifiers=query_identifiers(search_query), zone=zone)
+                                    identifiers=query_codes(search_query), zone=zone)
         return ("empty" if text == NOTHING else "hit"), text
 
     async def _no_memory(self, paths: TenantPaths) -> tuple[str, str]:

@@ -24,6 +24,23 @@ def query_identifiers(query: str) -> list[str]:
     return list(seen)
 
 
+# A letter-first word joined to digits by "-" or "_" (K-3, ZEPHYR-8, billing-stg-03, GPT-4).
+_CODE = re.compile(r"(?<![^\W_])[^\W\d_][^\W_]*(?:[-_][^\W_]+)+(?![^\W_])")
+
+
+def query_codes(query: str) -> list[str]:
+    """What a query names by code, for the answer's note that no passage holds one: its
+    identifiers (upper-cased, as ranked), then every other letter-first word joined to digits,
+    as written. The ranking's rule above is narrower, since a boost for `top-10` would bend the
+    ranking; saying that no passage holds K-3 or billing-stg-03 is true of any code."""
+    found = dict.fromkeys(query_identifiers(query))
+    for m in _CODE.finditer(query):
+        code = m.group(0)
+        if any(c.isdigit() for c in code) and code.upper() not in found:
+            found.setdefault(code, None)
+    return list(found)
+
+
 class IdentifierPattern:
     """`MT-4471` also matches `MT 4471` and `mt4471`, never `MT-44711` or `XMT-4471`.
 
