@@ -363,3 +363,25 @@ def test_a_forget_removes_only_what_the_tree_no_longer_holds_and_embeds_nothing(
     after = index_tree(home, src, counting)
     assert (after.sessions, after.chunks) == (2, 2), "the next run adds the backlog and the rewritten turn"
     assert {r[0] for r in rows_of(home)} == {"plant", "pump", "late"}
+
+
+def test_a_long_turns_later_passages_start_at_a_word_and_stitch_back_whole():
+    """A newcomer's log turn came back as passages starting "ffset 1721": funes starts each
+    window exactly 150 characters back, inside a word."""
+    import random
+
+    from shared.engine.agent_format import _stitch
+    from shared.engine.chunking import split_text
+
+    rnd = random.Random(7)
+    vocabulary = ["offset", "consumer", "lag", "partition", "1721", "rebalance", "ошибка", "commit", "x" * 40]
+    for n in range(100):
+        text = " ".join(rnd.choice(vocabulary) for _ in range(rnd.randint(300, 700)))
+        text = text.replace(" ", "\n", rnd.randint(0, 40) if n % 2 else 0)
+        pieces = split_text(text)
+        assert len(pieces) > 1 and _stitch(pieces) == text
+        for piece in pieces[1:]:
+            at = text.index(piece)
+            assert text[at - 1].isspace(), piece[:20]  # every word is shorter than the overlap
+    unbroken = "a" * 3000  # no space in the overlap: the hard start stays, and stitching still works
+    assert _stitch(split_text(unbroken)) == unbroken
