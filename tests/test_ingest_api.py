@@ -40,6 +40,8 @@ def test_accepted_snapshot_is_on_the_stream_without_the_user_id(ingest, r):
 def test_missing_or_wrong_key_is_401(ingest, r, key):
     resp = post(ingest, conversation_payload("alice", "c", ["hi"]), key=key)
     assert resp.status_code == 401 and fields_of(resp) == {"x-ingest-key"}
+    [problem] = [f["message"] for f in resp.json()["fields"]]
+    assert problem.startswith("missing") if key is None else problem == "does not match RECALL_INGEST_KEY", problem
     assert r.xlen("recall:turns") == 0
 
 

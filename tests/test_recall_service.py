@@ -550,7 +550,9 @@ def test_tokens_without_exp_beyond_the_lifetime_cap_or_without_a_user_get_401(se
                          "exp infinite": {**base, "exp": float("inf")}, "iat infinite": {**base, "iat": float("inf")},
                          "iat not a number": {**base, "iat": float("nan")},
                          # An integer too large for a float (math.isfinite raised OverflowError: a 500).
-                         "iat of 400 digits": {**base, "iat": -10**400}}.items():
+                         "iat of 400 digits": {**base, "iat": -10**400},
+                         # Issued 50 minutes from now (a newcomer's trial found it accepted).
+                         "iat in the future": {**base, "iat": now + 3000, "exp": now + 3300}}.items():
         headers = {"Authorization": f"Bearer {_signed(claims)}"}
         assert _initialize(service_env, headers).status_code == 401, name
 

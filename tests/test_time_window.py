@@ -56,6 +56,8 @@ NOW = datetime(2026, 11, 29, 12, tzinfo=timezone.utc)  # a Sunday
     ("the past few days budget", "budget", "2026-11-26", "2026-11-30"),
     ("in the last two weeks N-11", "N-11", "2026-11-15", "2026-11-30"),
     ("N-11 ſeven days ago", "N-11", "2026-11-21", "2026-11-24"),
+    ("pump 0 days ago", "pump", "2026-11-28", "2026-11-30"),  # its slack stops at today
+    ("pump a day ago", "pump", "2026-11-27", "2026-11-30"),
     ("what did we discuss on Monday", "what did we discuss", "2026-11-23", "2026-11-24"),
     ("last Saturday deploy", "deploy", "2026-11-28", "2026-11-29"),
     ("deploy on Sunday", "deploy", "2026-11-22", "2026-11-23"),  # today is this Sunday: the one before

@@ -232,8 +232,10 @@ class IngestAPI:
         async def endpoint(request: Request) -> Response:
             started = time.perf_counter()
             try:
-                if not self._key_matches(request.headers.get("x-ingest-key", "").encode()):
-                    raise HTTPProblem(401, "missing or wrong ingest key", [("x-ingest-key", "does not match RECALL_INGEST_KEY")])
+                key = request.headers.get("x-ingest-key")
+                if not self._key_matches((key or "").encode()):
+                    problem = "missing: send the ingest key in this header" if key is None else "does not match RECALL_INGEST_KEY"
+                    raise HTTPProblem(401, "missing or wrong ingest key", [("x-ingest-key", problem)])
                 problems = _query_and_path_problems(request, query)
                 if problems:
                     raise HTTPProblem(422, "invalid request", problems)

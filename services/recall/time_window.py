@@ -203,7 +203,7 @@ def _around(today: date, days: int) -> TimeWindow:
     """About `days` ago ("3 weeks ago" is approximate)."""
     center = _day(today) - timedelta(days=days)
     slack = timedelta(days=max(1, days // 7))
-    return TimeWindow(center - slack, center + slack + timedelta(days=1))
+    return TimeWindow(center - slack, min(center + slack, _day(today)) + timedelta(days=1))  # never past today
 
 
 @_rule(r"\b(?:on\s+)?today\b|\bсегодня\b")

@@ -59,6 +59,10 @@ def token_problem(claims: dict, max_lifetime_s: int, now: float) -> str | None:
     if iat is not None and (isinstance(iat, bool) or not isinstance(iat, (int, float))
                             or (isinstance(iat, float) and not math.isfinite(iat)) or exp - iat > max_lifetime_s):
         return "lifetime over the maximum"
+    # Issued later than now (past the clock skew): a clock that is wrong, or a token minted ahead
+    # to outlast the lifetime cap from the moment it is used.
+    if iat is not None and iat > now + CLOCK_SKEW_S:
+        return "issued in the future"
     return None
 
 
