@@ -481,3 +481,11 @@ def test_a_client_gone_mid_body_is_counted_and_not_logged_as_a_server_error(serv
     assert wait_until(lambda: 'recall_ingest_requests_total{route="/turns",status="499"} 1.0' in httpx.get(f"{url}/metrics").text, 10)
     assert "Exception in ASGI application" not in proc.output()
     assert r.xlen("recall:turns") == 0
+
+
+def test_an_unknown_path_or_method_is_answered_in_the_apis_error_shape(ingest, r):
+    missing = httpx.post(f"{ingest}/turn", headers={"x-ingest-key": INGEST_KEY}, json={}, timeout=10)
+    assert missing.status_code == 404 and fields_of(missing) == {"path"}, missing.text
+    wrong = httpx.get(f"{ingest}/turns", headers={"x-ingest-key": INGEST_KEY}, timeout=10)
+    assert wrong.status_code == 405 and fields_of(wrong) == {"method"} and wrong.headers["allow"] == "POST", wrong.text
+    assert r.xlen("recall:turns") == 0

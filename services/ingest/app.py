@@ -31,6 +31,7 @@ from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.convertors import PathConvertor, register_url_convertor
+from starlette.exceptions import HTTPException
 from starlette.routing import Route
 
 from services.ingest.api_models import Accepted, ForgetUser, IngestRequest, IngestTurn, RetentionOverride
@@ -492,6 +493,7 @@ def create_app(settings: IngestSettings) -> Starlette:
         return JSONResponse(openapi_document())
 
     return Starlette(
+        exception_handlers={404: _no_such_endpoint, 405: _no_such_endpoint},
         routes=[
             api.route("/turns", api.post_turns, ["POST"]),
             api.route("/conversations/{conversation_id}", api.delete_conversation, ["DELETE"], frozenset({"user"})),
@@ -505,3 +507,13 @@ def create_app(settings: IngestSettings) -> Starlette:
         ],
         lifespan=lifespan,
     )
+
+
+async def _no_such_endpoint(request: Request, exc: HTTPException) -> Response:
+    """An unknown path or method in the API's own error shape (Starlette's is plain text)."""
+    if exc.status_code == 404:
+        error, field, message = "not found", "path", f"no endpoint {request.url.path}; see /openapi.json"
+    else:
+        error, field, message = "method not allowed", "method", f"{request.method} is not accepted on {request.url.path}"
+    return JSONResponse({"error": error, "fields": [{"field": field, "message": message}]}, status_code=exc.status_code,
+                        headers=exc.headers)
