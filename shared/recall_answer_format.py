@@ -25,8 +25,8 @@ _NOTE_LINE = re.compile(rf"^\(None of these passages is from {_SPAN}, the time t
 # "they match the rest of it" is round 29's wording, still in echoes of answers given then.
 _UNNAMED_LINE = re.compile(r"^\(None of these passages mentions [^\n]+, which the query names; they (?:match the rest "
                            r"of it|are the closest matches to the rest of it)\.\)$")
-_MORE_THEN_LINE = re.compile(rf"^\(These are \d+ of the \d+ conversations from {_SPAN}, the most recent first; "
-                             r"a question with a topic searches them all\.\)$")
+_MORE_THEN_LINE = re.compile(rf"^\(These are (?:\d+ of the \d+ conversations from {_SPAN}, the most recent first|the \d+ "
+                             r"most recent of the \d+ conversations); a question with a topic searches them all\.\)$")
 _NOTHING_THEN = re.compile(rf"^No earlier conversation is from {_SPAN}, the time the query names\.$")
 
 
@@ -61,6 +61,11 @@ def more_then_note(shown: int, total: int, first: datetime, last: datetime) -> s
     the time holds, so the agent does not take them for all that was discussed then."""
     return (f"(These are {shown} of the {total} conversations from {_span(first, last)}, the most recent first; "
             "a question with a topic searches them all.)")
+
+
+def more_latest_note(shown: int, total: int) -> str:
+    """Above the latest conversations ("what did we discuss last time") when the memory holds more."""
+    return f"(These are the {shown} most recent of the {total} conversations; a question with a topic searches them all.)"
 
 
 def _span(first: datetime, last: datetime) -> str:

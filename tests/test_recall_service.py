@@ -214,6 +214,22 @@ async def test_a_time_with_more_conversations_than_places_says_how_many_the_answ
     assert november.startswith("[2025-11-02 10:00 UTC] user\n") and "These are" not in november, november
 
 
+async def test_last_time_or_no_time_without_a_topic_gets_the_latest_conversations(tmp_path, embedder):
+    """"last time" is how the tool's own description says users refer to earlier work, and
+    "what did we discuss last time" got "Nothing relevant found": no word of it is in a turn."""
+    service = _autumn_service(tmp_path, embedder)
+    for question in ("what did we discuss last time", "last time", "remind me what we talked about",
+                     "о чём мы говорили в прошлый раз"):
+        answer = await service.recall_for("alice", question)
+        assert answer.startswith("(These are the 3 most recent of the 5 conversations; a question with a topic searches "
+                                 "them all.)\n[2025-11-02 10:00 UTC] user\n"), (question, answer)
+        assert "November planning" in answer and "Lunch order" in answer and "Night shift" not in answer, answer
+        assert looks_like_recall_answer(answer)
+    # With a topic, "last time" names no time: the topic is searched.
+    topic = await service.recall_for("alice", "the K-2 machine handover last time")
+    assert topic.startswith("[2025-10-03 10:00 UTC] user\n") and "Night shift handover" in topic.split("---")[0], topic
+
+
 async def test_a_code_the_memory_never_held_is_named_above_the_passages_found_by_the_rest(tmp_path, embedder):
 
     service = _autumn_service(tmp_path, embedder)

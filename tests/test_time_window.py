@@ -235,6 +235,20 @@ def test_a_time_zone_is_taken_only_from_an_iana_name():
         assert time_zone(wrong) is None, wrong
 
 
+@pytest.mark.parametrize("query, searched, latest", [
+    ("what did we discuss last time", "what did we discuss", True), ("last time", "last time", True),
+    ("о чём мы говорили в прошлый раз", "о чём мы говорили", True), ("since last time", "since last time", True),
+    ("what did we discuss", "what did we discuss", True), ("remind me", "remind me", True),
+    ("pump last time", "pump", False), ("the", "the", False), ("pump", "pump", False),
+])
+def test_last_time_and_no_time_ask_for_the_latest_conversations_unless_a_topic_is_named(query, searched, latest):
+    from services.recall.time_window import asked_conversations
+
+    rest, window = find_time_window(query, NOW)
+    asked = asked_conversations(rest, window)
+    assert rest == searched and (asked is not None and asked.latest) is latest, (rest, window, asked)
+
+
 def test_this_weekday_not_yet_come_names_no_window():
     wednesday = datetime(2026, 11, 25, 12, tzinfo=timezone.utc)
     assert find_time_window("the deploy this Friday", wednesday) == ("the deploy this Friday", None)

@@ -34,7 +34,7 @@ from services.recall.fd_budget import raise_open_file_limit, readers_within
 from services.recall.metrics import RECALL_BUSY, RECALL_CONCURRENCY_LIMIT, RECALL_IN_FLIGHT, RECALL_LATENCY
 from services.recall.process_pool import ProcessPool
 from services.recall.settings import RecallSettings
-from services.recall.time_window import TimeWindow, find_time_window, names_only_a_time
+from services.recall.time_window import TimeWindow, asked_conversations, find_time_window
 from services.recall.time_zones import time_zone
 from services.recall.token_errors import RejectedTokenText
 from services.recall.tokens import build_verifier
@@ -121,6 +121,11 @@ class RecallService:
             return "empty", EMPTY_QUERY
         paths = TenantPaths.for_user(self.s.data_dir, user)
         search_query, window = find_time_window(query, datetime.now(timezone.utc), zone)
+        # The conversations of a time answer a question without a topic (their passages are wanted
+        # for their date, whatever their words); "last time" and no time at all ask for the latest.
+        dated = asked_conversations(search_query, window)
+        if window is None or window.latest:
+            window = dated  # a topic with "last time" is searched as if no time were named
         # A time window reorders a wider pool, so the in-window passages have a chance to be in it.
         k = self.s.k * TIME_WINDOW_POOL if window else self.s.k
         try:
@@ -129,8 +134,6 @@ class RecallService:
             RECALL_BUSY.labels(busy.reason).inc()
             log.warning("recall.busy", user_hash=paths.uhash, reason=busy.reason)
             return "busy", BUSY
-        # The window's passages are wanted for their date: they may fill k whatever their words.
-        dated = window if window is not None and names_only_a_time(search_query) else None
         search = asyncio.ensure_future(self._search(paths, search_query, k, fill=window is not None, dated=dated))
         search.add_done_callback(_consume_outcome)
         try:
@@ -143,7 +146,7 @@ class RecallService:
         except NoIndex:
             return await self._no_memory(paths)
         except NothingThen:
-            return "empty", nothing_then(dated.start, dated.end - timedelta(microseconds=1))
+            return "empty", NOTHING if dated.latest else nothing_then(dated.start, dated.end - timedelta(microseconds=1))
         except BackendUnavailable as exc:
             log.warning("recall.unavailable", user_hash=paths.uhash, error=str(exc)[:200])
             if isinstance(exc, MemoryNeedsRebuild):

@@ -9,6 +9,7 @@ moved first and the rest still fill the remaining places. Resolved in the caller
 from __future__ import annotations
 
 import calendar
+import dataclasses
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,10 +43,14 @@ _WEEKDAYS_RU = {"понедельник": 0, "вторник": 1, "среду": 
 class TimeWindow:
     start: datetime
     end: datetime  # exclusive
+    latest: bool = False  # no time named ("last time"): the whole memory, its latest conversations first
 
     def contains(self, when: datetime) -> bool:
         return self.start <= when < self.end
 
+
+# Every date the calendar can hold a day inside of, in any time zone.
+LATEST = TimeWindow(datetime(1, 1, 2, tzinfo=timezone.utc), datetime(9999, 12, 30, tzinfo=timezone.utc), latest=True)
 
 
 # Words that ask about the conversations themselves, not about a topic in them: "what did we
@@ -63,6 +68,7 @@ _TIME_WORDS = ["yesterday", "today", "tonight", "last", "past", "this", "year", 
                "вчера", "сегодня", "позавчера", "назад", "последние", "прошлой", "прошлом", "этой", "этом", "неделе",
                "месяце", "году", "года", "прошлого", "го", "е", "sept", *_UNITS_RU, *MONTHS_RU, *MONTHS_RU_IN]
 _CONVERSATION_STEMS = frozenset(stem(w) for w in [*_CONVERSATION_WORDS.split(), *_TIME_WORDS])
+_ABOUT_CONVERSATIONS = frozenset(stem(w) for w in _CONVERSATION_WORDS.split()) - frozenset(stem(w) for w in STOP_WORDS)
 
 
 def names_only_a_time(searched: str) -> bool:
@@ -76,6 +82,18 @@ def names_only_a_time(searched: str) -> bool:
             searched = f"{searched[:found.start]} {searched[found.end:]}"
     asked = {stem(w) for w in words(searched) if w not in STOP_WORDS}
     return not asked - _CONVERSATION_STEMS
+
+
+def asked_conversations(searched: str, window: TimeWindow | None) -> TimeWindow | None:
+    """The time whose conversations answer a question that asks for conversations, not a topic
+    (`names_only_a_time`): the one it names, or the latest conversations for "last time" or for
+    words about the conversations alone ("what did we discuss", "remind me"); None for a
+    question with a topic, which is searched."""
+    if not names_only_a_time(searched):
+        return None
+    if window is not None:
+        return window
+    return LATEST if {stem(w) for w in words(searched)} & _ABOUT_CONVERSATIONS else None
 
 
 def _day(d: date) -> datetime:
@@ -221,6 +239,13 @@ def _day_before_yesterday(m: re.Match, today: date) -> TimeWindow:
     return _days_back(today, 2)
 
 
+# "last time", "the previous conversation", «в прошлый раз»: no time, the latest conversations.
+@_rule(r"\b(?:last|previous)\s+(?:time|conversation|chat|session)\b|\bв\s+(?:прошлый|последний)\s+раз\b"
+       r"|\bпрошл(?:ый|ом)\s+разговор[еа]?\b")
+def _last_time(m: re.Match, today: date) -> TimeWindow:
+    return LATEST
+
+
 # "recently", "lately", «недавно», «на днях»: the last two weeks.
 @_rule(r"\b(?:recently|lately)\b|\bнедавно\b|\bна\s+днях\b")
 def _recently(m: re.Match, today: date) -> TimeWindow:
@@ -364,7 +389,8 @@ def find_time_window(query: str, now: datetime, zone: tzinfo = timezone.utc) -> 
             begin = since.start() if since else found.start
             try:
                 window = resolve(found.what, today)  # None for a date no calendar has ("2026-02-30")
-                if window is not None and (since or query[found.start:found.end].lower().startswith("since")):
+                if window is not None and not window.latest and (
+                        since or query[found.start:found.end].lower().startswith("since")):
                     window = _since(window, today)
             except (OverflowError, ValueError, KeyError):
                 # A date at the calendar's edge ("9999-12-31", "March 0000") has no window
@@ -372,7 +398,9 @@ def find_time_window(query: str, now: datetime, zone: tzinfo = timezone.utc) -> 
                 # month of the table: the words are still searched as text, never an error.
                 window = None
             if window is not None:
-                window = TimeWindow(window.start.replace(tzinfo=zone), window.end.replace(tzinfo=zone))
+                if not window.latest:
+                    window = dataclasses.replace(window, start=window.start.replace(tzinfo=zone),
+                                                 end=window.end.replace(tzinfo=zone))
                 rest = " ".join((query[:begin] + " " + query[found.end:]).split()) if strip else query
                 return rest or query, window  # nothing left: search with the words as given
     return query, None

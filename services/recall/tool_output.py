@@ -29,8 +29,8 @@ from shared.engine.agent_format import parse_recall
 from shared.engine.hybrid_search import NEIGHBOUR_PREVIEW_CHARS, Hit
 from shared.engine.identifiers import IdentifierPattern
 from shared.engine.transcript import parse_ts
-from shared.recall_answer_format import (CITE_LINE, NEIGHBOUR_PREFIX, NOTHING, SEPARATOR, date_header, more_then_note,
-                                         outside_window_note, unnamed_note)
+from shared.recall_answer_format import (CITE_LINE, NEIGHBOUR_PREFIX, NOTHING, SEPARATOR, date_header, more_latest_note,
+                                         more_then_note, outside_window_note, unnamed_note)
 
 
 class Neighbour(BaseModel):
@@ -82,8 +82,9 @@ TOOL_DESCRIPTION = (
     "refers to something discussed before (\"last time\", \"earlier\", \"what did we decide\", \"the numbers "
     "we used\", \"remind me\"). Use short queries built around identifiers and key nouns (\"K-2 machine "
     "ticket\", \"N-11 upgrade decision\"); if the first search misses, search again with other words. "
-    "Time words (\"last week\", \"in October\", \"on 9 November\", \"2026-10-08\", \"a week ago\", \"last Friday\", or in Russian "
-    "\"на прошлой неделе\", \"9 ноября\", \"в пятницу\") put passages from then first. "
+    "Time words (\"last week\", \"in October\", \"on 9 November\", \"2026-10-08\", \"a week ago\", "
+    "\"last Friday\", or in Russian \"на прошлой неделе\", \"9 ноября\", \"в пятницу\") put passages from then "
+    "first; \"what did we discuss last time\" gets the latest conversations. "
     "Returns dated passages from past chats, verbatim. Quote them and give their dates; do not invent "
     "details that are not in them, and say so when nothing relevant is found."
 )
@@ -145,7 +146,8 @@ def render_for_agent(hits: list[AgentHit], max_chars: int, k: int, window: TimeW
             if not any(_in_window(h, window) for h in shown):
                 notes.append(outside_window_note(window.start, last))
             elif conversations_then > (seen := len({h.session_id for h in shown})):
-                notes.append(more_then_note(seen, conversations_then, window.start, last))
+                notes.append(more_latest_note(seen, conversations_then) if window.latest else
+                             more_then_note(seen, conversations_then, window.start, last))
         note = "".join(f"{n}\n" for n in notes)
         return note if len(note) <= max_chars // 2 else ""  # a tiny budget goes to the passage
 
