@@ -124,8 +124,10 @@ class RecallService:
         # The conversations of a time answer a question without a topic (their passages are wanted
         # for their date, whatever their words); "last time" and no time at all ask for the latest.
         dated = asked_conversations(search_query, window)
+        if window is not None and window.latest and dated is None:
+            search_query = query  # a topic with "last time" is searched as if no time were named
         if window is None or window.latest:
-            window = dated  # a topic with "last time" is searched as if no time were named
+            window = dated
         # A time window reorders a wider pool, so the in-window passages have a chance to be in it.
         k = self.s.k * TIME_WINDOW_POOL if window else self.s.k
         try:
