@@ -121,6 +121,13 @@ async def test_http_refusals_name_the_rule_or_field(mcp_server):
         resp = alice.post("/memory", json=bad)
         assert resp.status_code == 422 and field in resp.json()["detail"], (field, resp.text)
     assert alice.post("/memory", content=b"{not json").status_code == 422
+    made = alice.post("/memory", json=record(targets=realm_target, valid_until=iso(30))).json()
+    for patch, field in [({"summary": made["summary"]}, "fields"),  # the record's own value: an audited no-op
+                         ({"valid_from": None, "tags": list(reversed(made["tags"]))}, "fields"),
+                         ({"valid_from": iso(60)}, "valid_from")]:  # after valid_until: the field the patch gave
+        resp = alice.patch(f"/memory/{made['record_id']}", json=patch)
+        assert resp.status_code == 422 and resp.json()["error"] == field, (patch, resp.text)
+    assert [e["event"] for e in alice.get(f"/memory/{made['record_id']}/audit").json()["events"]] == ["created"]
     assert alice.get("/memory/no-such-record").status_code == 404
     assert alice.get("/memory", params={"limit": 0}).status_code == 422
     async with Client(f"{recall_url(env)}/mcp", auth=BearerAuth(mint("agent", realms={REALM: "member"}))) as client:

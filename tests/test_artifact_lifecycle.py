@@ -62,6 +62,11 @@ async def test_every_write_checks_the_fields_creation_checks(realm_server):
         await researcher.refused("summary", "update_memory_artifact_draft", artifact_id=aid, summary="s" * 5000)
         await researcher.refused("source_ref", "update_memory_artifact_draft", artifact_id=aid, source_ref="")
         await researcher.refused("fields: nothing to change", "update_memory_artifact_draft", artifact_id=aid)
+        # The draft's own values again (targets in another order): nothing changes, nothing is audited.
+        same = draft("decisions/contract-7/version")
+        await researcher.refused("fields: nothing to change", "update_memory_artifact_draft", artifact_id=aid,
+                                 body=same["body"], summary=same["summary"], source_ref=same["source_ref"],
+                                 source_context=same["source_context"], targets=list(reversed(REALM_TARGET)))
         assert [e["event"] for e in (await researcher("list_memory_artifact_audit", artifact_id=aid))["events"]] == ["created"]
         assert (await researcher("get_memory_artifact", artifact_id=aid))["body"] == "Decision: stay on 2.0."
 
@@ -78,6 +83,9 @@ async def test_every_write_checks_the_fields_creation_checks(realm_server):
         wl = await researcher("create_memory_artifact_draft", **draft("agents/researcher/worklog", "worklog", "Started."))
         await researcher.refused("source_ref", "append_memory_artifact", artifact_id=wl["artifact_id"], body="more",
                                  source_ref="", source_context={})
+        for blank in ("  ", "\n\t ", "\u00a0\u2003"):  # a whitespace entry was stored
+            await researcher.refused("body", "append_memory_artifact", artifact_id=wl["artifact_id"], body=blank,
+                                     source_ref="r", source_context={})
         assert (await researcher("get_memory_artifact", artifact_id=wl["artifact_id"]))["entries"] == []
 
 

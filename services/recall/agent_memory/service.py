@@ -13,7 +13,7 @@ from services.recall.agent_memory.citations import check_citations, show_citatio
 from services.recall.agent_memory.memory_store import MemoryStore
 from services.recall.agent_memory.models import MemoryRecord, RecordFields, RecordInput, epoch
 from services.recall.artifacts import rules
-from services.recall.artifacts.models import Role, rfc3339
+from services.recall.artifacts.models import Role, rfc3339, target_set
 from services.recall.artifacts.rules import RuleBroken
 from services.recall.artifacts.text_limits import check_json, check_text
 from services.recall.artifacts.service import AUDIT_PAGE, MAX_TRAIL_OFFSET, ArtifactService, Caller, check_page
@@ -73,10 +73,14 @@ class AgentMemoryService:
             for k in ("valid_from", "valid_until"):
                 if k in fields:
                     fields[k] = epoch(getattr(patch, k))
+            if _holds_already(record, fields, patch):  # no audit event, no new updated_at
+                raise RuleBroken("fields", "nothing to change: every field given is the record's already")
             start = fields.get("valid_from", record.valid_from)
             end = fields.get("valid_until", record.valid_until)
             if start is not None and end is not None and end <= start:
-                raise RuleBroken("valid_until", "valid_until must be after valid_from")
+                # The field the patch changed is the one named (both: valid_until).
+                named = "valid_from" if "valid_until" not in fields else "valid_until"
+                raise RuleBroken(named, "valid_until must be after valid_from")
             self.store.update_fields(tx, record_id, **fields)
             self.store.replace_links(tx, record_id, tags=patch.tags, targets=patch.targets, citations=patch.citations)
             self.store.record(tx, record_id, "updated", caller.principal, fields=sorted(changes))
@@ -141,3 +145,11 @@ class AgentMemoryService:
         shown["valid_now"] = record.valid_at(time.time())
         shown["citations"] = show_citations(self.data_dir, record.author, caller.principal, record.citations)
         return shown
+
+
+def _holds_already(record: MemoryRecord, fields: dict[str, Any], patch: RecordFields) -> bool:
+    """Whether the record already says everything the patch gives (`fields`: its columns, dates as epochs)."""
+    return (all(getattr(record, k) == v for k, v in fields.items())
+            and (patch.tags is None or set(patch.tags) == set(record.tags))
+            and (patch.targets is None or target_set(patch.targets) == target_set(record.targets))
+            and (patch.citations is None or patch.citations == record.citations))

@@ -67,6 +67,11 @@ class Target(BaseModel):
                              "grounds for it; handoff_target: the object whose work is handed over.")
 
 
+def target_set(targets: list[Target]) -> frozenset[tuple[str, str, str]]:
+    """Targets as what they say, order and repeats aside: an update naming the same ones changes nothing."""
+    return frozenset((t.target_kind, t.target_id, t.role) for t in targets)
+
+
 class Entry(BaseModel):
     seq: int
     body: str

@@ -105,8 +105,11 @@ def check_succession(accepted_now: str | None, supersedes: str | None) -> None:
         raise RuleBroken("supersedes", f"path has accepted version {accepted_now}; draft must supersede it "
                          f"(supersedes_artifact_id={accepted_now!r})")
     if accepted_now is None and supersedes is not None:
-        raise RuleBroken("supersedes", f"the version it supersedes ({supersedes}) is no longer accepted and the path "
-                         "has no accepted version; write a new draft without supersedes_artifact_id")
+        # The id may be no longer accepted, at another path, in another realm or unknown: which one
+        # is not said, since telling them apart would tell of other realms' ids.
+        raise RuleBroken("supersedes", f"the path has no accepted version, so a draft there supersedes nothing; "
+                         f"{supersedes} is not an accepted version of this path: write the draft without "
+                         "supersedes_artifact_id")
 
 
 def check_revoke(status: Status, author: str, caller: str, role: Role, kind: str) -> None:

@@ -20,7 +20,8 @@ from services.recall.artifacts.artifact_search import ArtifactSearch
 from services.recall.artifacts.artifact_store import ENTRIES_PAGE, NO_ENTRIES, ArtifactStore, Conflict, Tx, Window
 from services.recall.artifacts.index_queue import IndexQueue
 from services.recall.artifacts.kind_schemas import AgentRegistry, Constitution
-from services.recall.artifacts.models import MAX_TARGETS, REALM_ID, Artifact, DraftInput, Entry, Role, Status, Target, TargetKind
+from services.recall.artifacts.models import (MAX_TARGETS, REALM_ID, Artifact, DraftInput, Entry, Role, Status, Target,
+                                             TargetKind, target_set)
 from services.recall.artifacts.rules import RuleBroken
 from services.recall.artifacts.text_limits import DEFAULT_MAX_TEXT_BYTES, check_json, check_text
 from shared.engine.fault_injection import fault_point
@@ -210,6 +211,9 @@ class ArtifactService:
             rules.check_edit_draft(artifact.status, artifact.author, caller.principal)
             rules.check_can_write(role, realm_id)  # a member demoted to reader writes no more
             self.governed(tx, caller, realm_id, "create_draft", artifact.artifact_kind)
+            changes = {field: value for field, value in changes.items() if not _holds(artifact, field, value)}
+            if not changes:  # no audit event, no new updated_at, for a change that changes nothing
+                raise RuleBroken("fields", "nothing to change: every field given is the draft's already")
             if "body" in changes:
                 body = kind_schemas.parse_body(artifact.artifact_kind, changes["body"])
                 kind_schemas.check_place(artifact.artifact_path, body)
@@ -500,3 +504,10 @@ class ArtifactService:
         with self.store.transaction() as tx:
             self._load(tx, caller, realm_id, artifact_id)
             return [e.model_dump(mode="json") for e in self.store.audit(tx, artifact_id, limit, offset)]
+
+
+def _holds(artifact: Artifact, field: str, value: Any) -> bool:
+    """Whether the draft's `field` is `value` already."""
+    if field == "targets":
+        return target_set(value) == target_set(artifact.targets)
+    return getattr(artifact, field) == value

@@ -100,9 +100,10 @@ def register_artifact_tools(mcp: FastMCP, service: ArtifactService) -> None:
 
     @mcp.tool(auth=writer_somewhere)
     async def append_memory_artifact(realm_id: RealmId, artifact_id: ArtifactId,
-                                     body: Annotated[str, Field(min_length=1, description="The new journal entry.")],
+                                     body: Annotated[str, Field(min_length=1, pattern=NOT_BLANK, description="The new journal entry.")],
                                      source_ref: SourceRef, source_context: SourceContext) -> dict:
-        """Add an entry to a journal (append-mode) artifact: its author while draft or proposed, realm members once accepted."""
+        """Add an entry to a journal (append-mode) artifact: its author while it is a draft, realm members once
+        accepted (a proposal under review takes none: what the reviewer read is what gets accepted)."""
         return _dump(await run(service.append, realm_id, artifact_id, body, source_ref, source_context))
 
     @mcp.tool(auth=writer_somewhere)
