@@ -89,11 +89,19 @@ def test_charter_paths_are_checked_when_written_and_fit_any_principal(population
             arts.supersede(OWNER, REALM, current.artifact_id, json.dumps({**charter, field: bad}), "s", "r", {}, None)
     with pytest.raises(RuleBroken, match="artifact_path: the charter of role 'reviewer' lives at 'population/charters/reviewer'"):
         arts.supersede(OWNER, REALM, current.artifact_id, json.dumps({**charter, "role": "reviewer"}), "s", "r", {}, None)
+    # A charter for a role the constitution does not have was accepted (a realm trial's `ghost`).
+    with pytest.raises(RuleBroken, match=r"body: charter body: role 'ghost' is not one of the constitution's roles"):
+        arts.create_draft(OWNER, REALM, doc("population/charters/ghost", "charter", json.dumps({**charter, "role": "ghost"})))
 
     mail = Caller("Bot.One@acme.example", {REALM: Role.MEMBER})
     arts.accept(OWNER, REALM, population.propose_admission(PERSON, REALM, mail.principal, "researcher", "n").artifact_id)
     me = population.list_agents(mail, REALM, principal=mail.principal)["agents"][0]
     assert me["handoff_path"] == "agents/bot.one-acme.example/handoff"
+    # A principal in another script could never be admitted ("not a valid principal").
+    arts.accept(OWNER, REALM, population.propose_admission(PERSON, REALM, "Ünïcode-bot", "researcher", "n").artifact_id)
+    unicode_bot = Caller("Ünïcode-bot", {REALM: Role.MEMBER})
+    assert population.list_agents(unicode_bot, REALM, principal="Ünïcode-bot")["agents"][0]["handoff_path"] == \
+        "agents/n-code-bot/handoff"
     worklog = arts.create_draft(mail, REALM, doc(me["sources"][1]["artifact_path"], "worklog", "started"))
     arts.submit(mail, REALM, worklog.artifact_id)
     arts.accept(OWNER, REALM, worklog.artifact_id)
@@ -128,6 +136,8 @@ def test_a_suspended_agent_neither_edits_its_drafts_nor_registers_objects_nor_su
     with pytest.raises(RuleBroken, match="constitution: bot-2 is suspended"):
         arts.supersede(bot_owner, REALM, decision.artifact_id, "d2", "s", "r", {}, None)
     assert arts.get(AGENT, REALM, mine.artifact_id).body == "h"
+    # Its own draft, which nobody else sees, it may still withdraw (it stayed forever).
+    assert arts.revoke(AGENT, REALM, mine.artifact_id, "withdrawn while suspended").status.value == "revoked"
     assert arts.update_draft(PERSON, REALM, arts.create_draft(PERSON, REALM, doc("notes/n", "dossier", "x")).artifact_id,
                              {"body": "people are governed by their realm role"}).body.startswith("people")
 
@@ -193,3 +203,18 @@ def test_listing_agents_reads_no_journal_entries(population):
     assert [s["artifact_id"] for s in agent["sources"]] == [None, worklog.artifact_id]
     assert agent["charter_id"] == arts.get_by_path(PERSON, REALM, "population/charters/researcher").artifact_id
     assert reads == 0
+
+
+def test_a_realms_claim_that_grants_nothing_is_logged_for_the_operator():
+    """A token whose realms claim named a role that does not exist (or was a list) showed the
+    caller only `recall_my_conversations`, and nothing told anyone why."""
+    from structlog.testing import capture_logs
+
+    from shared.tenant_paths import user_hash
+
+    with capture_logs() as logs:
+        for claim in ({REALM: "admin"}, [REALM], {REALM: "owner"}):
+            Caller.from_claims({"sub": "gw-user", "realms": claim})
+    ignored = [e for e in logs if e["event"] == "token.realms_ignored"]
+    assert [(e["claim_type"], e["entries_ignored"]) for e in ignored] == [("dict", 1), ("list", 0)]
+    assert all(e["user_hash"] == user_hash("gw-user") and "gw-user" not in str(e) for e in ignored)

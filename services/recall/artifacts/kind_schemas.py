@@ -21,7 +21,8 @@ CONSTITUTION_PATH = "population/constitution"
 REGISTRY_PATH = "population/registry"
 CHARTER_PREFIX = "population/charters/"
 ROLE_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,39}")
-PRINCIPAL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@:-]{0,127}")
+# A token's sub in any script (its path segment, principal_segment, keeps only [a-z0-9._-]).
+PRINCIPAL = re.compile(r"[^\W_][\w.@:-]{0,127}")
 
 # What an agent may do under the constitution (the preliminary check answers for these).
 Action = Literal["start", "create_draft", "append", "submit", "accept", "revoke", "propose_admission"]
@@ -194,6 +195,9 @@ def check_new_body(body: Strict | None, constitution: Constitution | None, regis
             if unknown:
                 raise RuleBroken("body", f"constitution body: roles.{name}.may_write_kinds: unknown kinds {unknown}; "
                                  f"each one of {sorted(WRITE_MODE)}")
+    if isinstance(body, Charter) and constitution is not None and body.role not in constitution.roles:
+        raise RuleBroken("body", f"charter body: role {body.role!r} is not one of the constitution's roles "
+                         f"{sorted(constitution.roles)}")
     if isinstance(body, AgentRegistry):
         before = {a.principal: a for a in registry.agents} if registry else {}
         holders = {principal_segment(p): p for p in before}

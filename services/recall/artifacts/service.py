@@ -19,7 +19,7 @@ from services.recall.artifacts import kind_schemas, rules
 from services.recall.artifacts.artifact_search import ArtifactSearch
 from services.recall.artifacts.artifact_store import ENTRIES_PAGE, NO_ENTRIES, ArtifactStore, Conflict, Tx, Window
 from services.recall.artifacts.index_queue import IndexQueue
-from services.recall.artifacts.kind_schemas import AgentRegistry, Constitution
+from services.recall.artifacts.kind_schemas import AgentRegistry, Charter, Constitution
 from services.recall.artifacts.models import (MAX_TARGETS, REALM_ID, Artifact, DraftInput, Entry, Role, Status, Target,
                                              TargetKind, target_set)
 from services.recall.artifacts.rules import RuleBroken
@@ -27,7 +27,7 @@ from services.recall.artifacts.text_limits import DEFAULT_MAX_TEXT_BYTES, check_
 from shared.engine.fault_injection import fault_point
 from shared.error_site import loggable_failure
 from shared.logging_setup import get_logger
-from shared.tenant_paths import CONVERSATION_ID, TenantPaths
+from shared.tenant_paths import CONVERSATION_ID, TenantPaths, user_hash
 
 log = get_logger("recall.artifacts")
 
@@ -71,11 +71,18 @@ class Caller:
     @classmethod
     def from_claims(cls, claims: dict[str, Any]) -> "Caller":
         raw = claims.get("realms") or {}
-        realms = {}
+        realms, ignored = {}, 0
         if isinstance(raw, dict):
             for realm, role in raw.items():
                 if isinstance(realm, str) and REALM_ID.fullmatch(realm) and role in {r.value for r in Role}:
                     realms[realm] = Role(role)
+                else:
+                    ignored += 1
+        if ignored or not isinstance(raw, dict):
+            # The caller sees only that realm tools are missing: the gateway's operator needs the why.
+            log.warning("token.realms_ignored", user_hash=user_hash(str(claims["sub"])), entries_ignored=ignored,
+                        claim_type=type(raw).__name__,
+                        rule='"realms" maps realm ids to "owner", "member" or "reader"')
         return cls(principal=str(claims["sub"]), realms=realms)
 
 
@@ -137,8 +144,8 @@ class ArtifactService:
         return kind_schemas.parse_stored_body("constitution", current.body) if current else None  # type: ignore[return-value]
 
     def check_new_body(self, tx: Tx, realm_id: str, body: kind_schemas.Strict | None) -> None:
-        """A new constitution or registry version against the realm's accepted ones (kind_schemas.check_new_body)."""
-        if not isinstance(body, (Constitution, AgentRegistry)):
+        """A new constitution, registry or charter version against the realm's accepted ones (kind_schemas.check_new_body)."""
+        if not isinstance(body, (Constitution, AgentRegistry, Charter)):
             return
         registry = self.store.accepted_at_path(tx, realm_id, kind_schemas.REGISTRY_PATH) if isinstance(body, AgentRegistry) else None
         kind_schemas.check_new_body(body, self.constitution(tx, realm_id),
@@ -281,15 +288,12 @@ class ArtifactService:
         with self.store.transaction() as tx:
             artifact, role = self._load(tx, caller, realm_id, artifact_id, lock=True)
             rules.check_revoke(artifact.status, artifact.author, caller.principal, role, artifact.artifact_kind)
-            # Withdrawing one's own draft or proposal undoes a submission: an agent that may
-            # submit (or revoke) may withdraw; another's work, or accepted memory, takes the revoke right.
+            # Withdrawing one's own draft or proposal takes nothing from memory, so the constitution
+            # does not bind it: a suspended agent's draft, private to it, stayed forever. Another's
+            # work, or accepted memory, takes the revoke right.
             withdraws = artifact.author == caller.principal and artifact.status is not Status.ACCEPTED
-            try:
+            if not withdraws:
                 self.governed(tx, caller, realm_id, "revoke")
-            except RuleBroken:
-                if not withdraws:
-                    raise
-                self.governed(tx, caller, realm_id, "submit")
             self.store.update_fields(tx, artifact_id, status=Status.REVOKED, revoked_reason=reason)
             self.store.record(tx, artifact_id, "revoked", caller.principal, reason=reason, was=artifact.status.value)
             if artifact.status is Status.ACCEPTED:
