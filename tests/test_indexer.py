@@ -222,6 +222,24 @@ def test_kill_9_mid_batch_another_worker_finishes_without_duplicates(services, s
     assert wait_until(lambda: r.xpending("recall:turns", "indexers")["pending"] == 0, 20)
 
 
+def test_an_indexer_killed_with_a_backlog_strands_a_few_entries_and_the_next_one_takes_them_back(services, service_env, r):
+    """A fault trial's kill -9 of an indexer holding a 275-entry backlog stranded all of it: the
+    worker had read the whole stream at once, and the reclaimer took entries back one by one."""
+    from services.indexer.worker import READ_BATCH, WORKERS
+
+    services("ingest")
+    ensure_group(r, "recall:turns", "indexers")
+    for i in range(200):
+        post(service_env, conversation_payload("erin", f"e{i}", [f"Backlog item {i} names ticket MT-{7000 + i}."]))
+    first = services("indexer")
+    assert wait_until(lambda: r.xpending("recall:turns", "indexers")["pending"] > 0, 30)
+    first.kill()  # kill -9 while it works through the backlog
+    stranded = r.xpending("recall:turns", "indexers")["pending"]
+    assert stranded <= READ_BATCH + 2 * WORKERS, stranded
+    services("indexer")
+    assert wait_until(lambda: r.xpending("recall:turns", "indexers")["pending"] == 0 and r.xlen("recall:turns") == 0, 60)
+
+
 FUNES_MARKER_WRAPPER = """#!/usr/bin/env bash
 # A funes binary stand-in that proves mutual exclusion: it records any overlapping index run.
 if [ "$1" = "index" ]; then

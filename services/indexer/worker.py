@@ -44,14 +44,24 @@ from shared.unexpected_http import UnexpectedHTTPErrors, route_of
 log = get_logger("recall.indexer")
 
 
+# Entries a worker reads at a time. Read without a count, one worker took the whole backlog
+# into its pending list, and a kill -9 stranded all of it for the reclaimer, which takes entries
+# back one by one, each waiting out the retry backoff (1,200 entries took ~10 minutes); now a
+# kill strands at most this many beside the ones its workers hold, and the rest stay unread.
+READ_BATCH = 16
+WORKERS = 4
+
+
 def build_broker(settings: IndexerSettings, consumer: StreamConsumer) -> RedisBroker:
     broker = RedisBroker(settings.redis, logger=None, **retry_options())
 
-    @broker.subscriber(stream=StreamSub(settings.stream, group=settings.group, consumer=settings.consumer),
-                       ack_policy=AckPolicy.MANUAL, max_workers=4)
+    @broker.subscriber(stream=StreamSub(settings.stream, group=settings.group, consumer=settings.consumer,
+                                        max_records=READ_BATCH),
+                       ack_policy=AckPolicy.MANUAL, max_workers=WORKERS)
+    # Several at once: each redelivery waits out its backoff before it is handled.
     @broker.subscriber(stream=StreamSub(settings.stream, group=settings.group, consumer=f"{settings.consumer}-reclaim",
                                         min_idle_time=settings.reclaim_idle_ms, polling_interval=200),
-                       ack_policy=AckPolicy.MANUAL)
+                       ack_policy=AckPolicy.MANUAL, max_workers=WORKERS)
     async def on_message(msg: RedisStreamMessage) -> None:
         # The stream entry id (not faststream's message_id) is the snapshot's version; acking
         # is the consumer's own (XACK + XDEL together).
