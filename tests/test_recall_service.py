@@ -157,6 +157,11 @@ async def test_a_codename_comes_back_alone_but_a_question_naming_a_time_gets_tha
     other_day = await service.recall_for("alice", "tarnowick yesterday")
     assert other_day.startswith("(None of these passages is from ") and "codename tarnowick" in other_day, other_day
     assert "pump seal" not in other_day and "Vienna" not in other_day, other_day
+    # The match is from another time: it is shown, said to be, and the time's passages that hold
+    # no word of the question are not (a newcomer's "sourdough last week" got only those).
+    elsewhere = await service.recall_for("alice", "Vienna train in the last 7 days")
+    assert elsewhere.startswith("(None of these passages is from ") and "Vienna" in elsewhere, elsewhere
+    assert "pump seal" not in elsewhere and "tarnowick" not in elsewhere, elsewhere
     # A question naming only a time shares no word with the memory: the floor refused it, and
     # what it asks for is the conversations of that time.
     for question, then, not_then in [("what did we discuss in the last 7 days", "pump seal", "Vienna"),

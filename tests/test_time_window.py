@@ -56,8 +56,9 @@ NOW = datetime(2026, 11, 29, 12, tzinfo=timezone.utc)  # a Sunday
     ("the past few days budget", "budget", "2026-11-26", "2026-11-30"),
     ("in the last two weeks N-11", "N-11", "2026-11-15", "2026-11-30"),
     ("N-11 ſeven days ago", "N-11", "2026-11-21", "2026-11-24"),
-    ("pump 0 days ago", "pump", "2026-11-28", "2026-11-30"),  # its slack stops at today
-    ("pump a day ago", "pump", "2026-11-27", "2026-11-30"),
+    ("pump 0 days ago", "pump", "2026-11-29", "2026-11-30"),
+    ("pump a day ago", "pump", "2026-11-28", "2026-11-29"),  # that day: under a week, no slack
+    ("pump 9 days ago", "pump", "2026-11-19", "2026-11-22"),  # a day either side per week
     ("what did we discuss on Monday", "what did we discuss", "2026-11-23", "2026-11-24"),
     ("last Saturday deploy", "deploy", "2026-11-28", "2026-11-29"),
     ("deploy on Sunday", "deploy", "2026-11-22", "2026-11-23"),  # today is this Sunday: the one before
@@ -65,7 +66,7 @@ NOW = datetime(2026, 11, 29, 12, tzinfo=timezone.utc)  # a Sunday
     ("since Tuesday pump", "pump", "2026-11-24", "2026-11-30"),
     ("N-11 last year", "N-11", "2025-01-01", "2026-01-01"),
     ("N-11 this year", "N-11", "2026-01-01", "2026-11-30"),
-    ("о чём мы говорили три дня назад", "о чём мы говорили", "2026-11-25", "2026-11-28"),
+    ("о чём мы говорили три дня назад", "о чём мы говорили", "2026-11-26", "2026-11-27"),
     ("бюджет пару недель назад", "бюджет", "2026-11-13", "2026-11-18"),
     ("насос за последние три дня", "насос", "2026-11-26", "2026-11-30"),
     ("что решили в пятницу", "что решили", "2026-11-27", "2026-11-28"),

@@ -218,9 +218,10 @@ def _calendar(today: date, unit: str, this: bool) -> TimeWindow:
 
 
 def _around(today: date, days: int) -> TimeWindow:
-    """About `days` ago ("3 weeks ago" is approximate)."""
+    """About `days` ago: that day, give or take a day per week ("3 weeks ago" is approximate;
+    "two days ago" is that day, and with a day's slack its conversations came after yesterday's)."""
     center = _day(today) - timedelta(days=days)
-    slack = timedelta(days=max(1, days // 7))
+    slack = timedelta(days=days // 7)
     return TimeWindow(center - slack, min(center + slack, _day(today)) + timedelta(days=1))  # never past today
 
 

@@ -120,17 +120,23 @@ def _in_window(hit: AgentHit, window: TimeWindow) -> bool:
 
 def render_for_agent(hits: list[AgentHit], max_chars: int, k: int, window: TimeWindow | None = None,
                      conversations_then: int = 0, identifiers: Sequence[str] = (), zone: tzinfo = timezone.utc) -> str:
-    """At most k passages, whole ones only, within max_chars; passages from the query's time
-    window (if it named one) first, in engine order within each group. Note lines come first
+    """At most k passages, whole ones only, within max_chars; passages holding the query's words,
+    those from its time window (if it named one) first, then that time's passages let in for their
+    date alone, in engine order within each group. Note lines come first
     when the passages are not what the query names: none from its time, fewer than the
     `conversations_then` of a question naming only a time, none holding one of its
     `identifiers` (a passage's previews count: they are read too). Dates are shown in `zone`
     (the one the query's time words were read in)."""
     hits = list(hits)
     if window is not None:
-        # Passages that hold no query word were let in for their date: from another time, none.
-        hits = [h for h in hits if not h.filler or _in_window(h, window)]
-        hits.sort(key=lambda h: not _in_window(h, window))
+        # Passages that hold no query word were let in for their date: from another time, none;
+        # and none beside matches that are all from other times ("sourdough last week" showed
+        # three of last week's unrelated passages and left out the sourdough conversation of
+        # the 10th, with no note), which the note then says.
+        matched_then = any(not h.filler and _in_window(h, window) for h in hits)
+        fillers_kept = matched_then or all(h.filler for h in hits)
+        hits = [h for h in hits if not h.filler or (fillers_kept and _in_window(h, window))]
+        hits.sort(key=lambda h: (h.filler, not _in_window(h, window)))  # the query's words before a date alone
     hits = hits[:k]
     if not hits:
         return NOTHING
