@@ -144,7 +144,8 @@ class ArtifactService:
         return kind_schemas.parse_stored_body("constitution", current.body) if current else None  # type: ignore[return-value]
 
     def check_new_body(self, tx: Tx, realm_id: str, body: kind_schemas.Strict | None) -> None:
-        """A new constitution, registry or charter version against the realm's accepted ones (kind_schemas.check_new_body)."""
+        """A new constitution, registry or charter version against the realm's accepted ones
+        (kind_schemas.check_new_body)."""
         if not isinstance(body, (Constitution, AgentRegistry, Charter)):
             return
         registry = self.store.accepted_at_path(tx, realm_id, kind_schemas.REGISTRY_PATH) if isinstance(body, AgentRegistry) else None
