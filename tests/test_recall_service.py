@@ -751,3 +751,12 @@ def _admitted(metrics: str) -> float:
         if name in ("recall_queued", "recall_in_flight", "recall_tool_latency_seconds_count"):
             total += float(line.rsplit(" ", 1)[1])
     return total
+
+
+def test_an_unknown_path_or_method_is_a_json_error_naming_where_things_are(services, service_env):
+    services("serve")
+    missing = httpx.get(f"{recall_url(service_env)}/nonexistent", timeout=10)
+    assert missing.status_code == 404 and missing.json()["error"] == "not_found" and "/mcp" in missing.json()["detail"]
+    wrong = httpx.post(f"{recall_url(service_env)}/healthz", timeout=10)
+    assert wrong.status_code == 405 and wrong.json()["error"] == "method_not_allowed" and "GET" in wrong.headers["allow"]
+    assert httpx.get(f"{recall_url(service_env)}/healthz", timeout=10).json() == {"status": "ok"}

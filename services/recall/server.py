@@ -18,6 +18,7 @@ import redis.asyncio as aioredis
 from fastmcp import FastMCP
 from fastmcp.server.dependencies import get_access_token
 from pydantic import Field
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -297,6 +298,8 @@ def build_app(settings: RecallSettings | None = None):
     app = mcp.http_app(path="/mcp", stateless_http=True, json_response=True)
     # The largest MCP request is a realm write whose text is at its limit (1 MiB by default).
     app.add_middleware(BodyLimit, path="/mcp", limit=max_body_bytes(s.realm_max_text_bytes))
+    for status in (404, 405):  # in the JSON shape of the service's other errors, not Starlette's text
+        app.add_exception_handler(status, _no_such_endpoint)
     # Outermost: an exception while a bearer token is verified (an identity provider's JWKS
     # that breaks the verifier) is counted too, not Starlette's plain 500.
     app.add_middleware(RejectedTokenText)
@@ -318,6 +321,14 @@ def build_app(settings: RecallSettings | None = None):
 
     app.router.lifespan_context = lifespan
     return app
+
+
+async def _no_such_endpoint(request: Request, exc: HTTPException) -> Response:
+    if exc.status_code == 404:
+        error, detail = "not_found", f"no endpoint {request.url.path}: MCP is at /mcp, AgentMemory at /realms/<realm>/memory"
+    else:
+        error, detail = "method_not_allowed", f"{request.method} is not accepted on {request.url.path}"
+    return JSONResponse({"error": error, "detail": detail}, status_code=exc.status_code, headers=exc.headers)
 
 
 def serve() -> None:
