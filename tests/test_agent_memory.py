@@ -121,6 +121,9 @@ async def test_http_refusals_name_the_rule_or_field(mcp_server):
         resp = alice.post("/memory", json=bad)
         assert resp.status_code == 422 and field in resp.json()["detail"], (field, resp.text)
     assert alice.post("/memory", content=b"{not json").status_code == 422
+    for missing in ("targets", "title"):  # named as the error, not only in its detail (it was `error: "body"`)
+        resp = alice.post("/memory", json={k: v for k, v in record(targets=realm_target).items() if k != missing})
+        assert resp.status_code == 422 and resp.json()["error"] == missing, resp.text
     made = alice.post("/memory", json=record(targets=realm_target, valid_until=iso(30))).json()
     for patch, field in [({"summary": made["summary"]}, "fields"),  # the record's own value: an audited no-op
                          ({"valid_from": None, "tags": list(reversed(made["tags"]))}, "fields"),

@@ -87,6 +87,10 @@ async def test_every_write_checks_the_fields_creation_checks(realm_server):
             await researcher.refused("body", "append_memory_artifact", artifact_id=wl["artifact_id"], body=blank,
                                      source_ref="r", source_context={})
         assert (await researcher("get_memory_artifact", artifact_id=wl["artifact_id"]))["entries"] == []
+        # A path no artifact can have is a mistake to name, not an absence (it answered not_found).
+        for tool in ("get_memory_artifact_by_path", "get_own_memory_artifact_draft_by_path"):
+            await researcher.refused("artifact_path: not an artifact path", tool, artifact_path="../etc")
+        await researcher.refused("not_found", "get_memory_artifact_by_path", artifact_path="notes/never-written")
 
 
 def test_two_agents_registering_one_object_at_once_both_succeed(service):

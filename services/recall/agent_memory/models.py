@@ -4,7 +4,8 @@ import re
 from datetime import datetime, timezone
 from typing import Annotated, Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import InitErrorDetails
 
 from services.recall.artifacts.models import MAX_TARGETS, NOT_BLANK, Target, Timestamp, rfc3339
 from shared.tenant_paths import CONVERSATION_ID
@@ -78,8 +79,9 @@ class RecordInput(RecordFields):
     @model_validator(mode="after")
     def _required(self) -> "RecordInput":
         missing = [f for f in ("memory_type", "title", "summary", "content", "reality", "targets") if getattr(self, f) is None]
-        if missing:
-            raise ValueError(f"required: {', '.join(missing)}")
+        if missing:  # each named where it belongs (a ValueError here is the body's: `error: "body"`)
+            raise ValidationError.from_exception_data(
+                type(self).__name__, [InitErrorDetails(type="missing", loc=(f,), input=None) for f in missing])
         return self
 
 

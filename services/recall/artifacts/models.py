@@ -8,6 +8,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, field_validator
 
 ARTIFACT_PATH = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}(/[a-z0-9][a-z0-9._-]{0,63}){0,7}")
+ARTIFACT_PATH_RULE = ("a logical address like agents/integration-researcher/worklog (lowercase segments of "
+                      "[a-z0-9._-], at most 8)")
 REALM_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")
 # Each target is checked in the write's transaction (SQLite's write lock held): a megabyte of targets
 # held every writer of the database for as long as their checks took.
@@ -138,6 +140,5 @@ class DraftInput(BaseModel):
     @classmethod
     def _path(cls, v: str) -> str:
         if not ARTIFACT_PATH.fullmatch(v):
-            raise ValueError("artifact_path must be a logical address like agents/integration-researcher/worklog "
-                             "(lowercase segments of [a-z0-9._-], at most 8)")
+            raise ValueError(f"artifact_path must be {ARTIFACT_PATH_RULE}")
         return v
