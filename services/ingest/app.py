@@ -57,6 +57,7 @@ from shared.stream_schema import (
     request_forget,
 )
 from shared.tenant_paths import CONVERSATION_ID, user_hash
+from shared.unknown_route import unknown_route
 
 log = get_logger("recall.ingest")
 RECALL_TOOL = "recall_my_conversations"
@@ -510,10 +511,7 @@ def create_app(settings: IngestSettings) -> Starlette:
 
 
 async def _no_such_endpoint(request: Request, exc: HTTPException) -> Response:
-    """An unknown path or method in the API's own error shape (Starlette's is plain text)."""
-    if exc.status_code == 404:
-        error, field, message = "not found", "path", f"no endpoint {request.url.path}; see /openapi.json"
-    else:
-        error, field, message = "method not allowed", "method", f"{request.method} is not accepted on {request.url.path}"
+    field, message = unknown_route(request, exc, "see /openapi.json")
+    error = "not found" if field == "path" else "method not allowed"
     return JSONResponse({"error": error, "fields": [{"field": field, "message": message}]}, status_code=exc.status_code,
                         headers=exc.headers)

@@ -52,6 +52,7 @@ from shared.recall_answer_format import BUSY, EMPTY_QUERY, NO_MEMORY, NOTHING, U
 from shared.stream_schema import FORGET_CHANNEL
 from shared.tenant_paths import TenantPaths, user_hash
 from shared.unexpected_http import UnexpectedHTTPErrors
+from shared.unknown_route import unknown_route
 
 log = get_logger("recall.service")
 TIME_WINDOW_POOL = 4  # passages asked of the engine per returned one when the query names a time
@@ -125,10 +126,10 @@ class RecallService:
         # The conversations of a time answer a question without a topic (their passages are wanted
         # for their date, whatever their words); "last time" and no time at all ask for the latest.
         dated = asked_conversations(search_query, window)
-        if window is not None and window.latest and dated is None:
-            search_query = query  # a topic with "last time" is searched as if no time were named
-        if window is None or window.latest:
+        if window is None:
             window = dated
+        elif window.latest and dated is None:
+            search_query, window = query, None  # a topic with "last time" is searched as if no time were named
         # A time window reorders a wider pool, so the in-window passages have a chance to be in it.
         k = self.s.k * TIME_WINDOW_POOL if window else self.s.k
         try:
@@ -324,10 +325,8 @@ def build_app(settings: RecallSettings | None = None):
 
 
 async def _no_such_endpoint(request: Request, exc: HTTPException) -> Response:
-    if exc.status_code == 404:
-        error, detail = "not_found", f"no endpoint {request.url.path}: MCP is at /mcp, AgentMemory at /realms/<realm>/memory"
-    else:
-        error, detail = "method_not_allowed", f"{request.method} is not accepted on {request.url.path}"
+    field, detail = unknown_route(request, exc, "MCP is at /mcp, AgentMemory at /realms/<realm>/memory")
+    error = "not_found" if field == "path" else "method_not_allowed"
     return JSONResponse({"error": error, "detail": detail}, status_code=exc.status_code, headers=exc.headers)
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.recall.artifacts.models import Role, Status
+from services.recall.artifacts.models import ARTIFACT_PATH, ARTIFACT_PATH_RULE, Role, Status
 
 JOURNAL_KINDS = {"worklog"}
 # The agent population (constitution, registry, charters) is memory too, with JSON bodies.
@@ -97,6 +97,12 @@ def check_same_kind(current: str | None, kind: str) -> None:
     if current is not None and current != kind:
         raise RuleBroken("artifact_kind", f"the path holds a {current}; a new version keeps that kind, not {kind} "
                          "(another kind goes to another path)")
+
+
+def check_artifact_path(artifact_path: str) -> None:
+    """A path asked for is one an artifact can have: "../etc" is a mistake to name, not an absence."""
+    if not ARTIFACT_PATH.fullmatch(artifact_path):
+        raise RuleBroken("artifact_path", f"not an artifact path: it must be {ARTIFACT_PATH_RULE}")
 
 
 def check_succession(accepted_now: str | None, supersedes: str | None) -> None:

@@ -20,8 +20,8 @@ from services.recall.artifacts.artifact_search import ArtifactSearch
 from services.recall.artifacts.artifact_store import ENTRIES_PAGE, NO_ENTRIES, ArtifactStore, Conflict, Tx, Window
 from services.recall.artifacts.index_queue import IndexQueue
 from services.recall.artifacts.kind_schemas import AgentRegistry, Charter, Constitution
-from services.recall.artifacts.models import (ARTIFACT_PATH, ARTIFACT_PATH_RULE, MAX_TARGETS, REALM_ID, Artifact,
-                                             DraftInput, Entry, Role, Status, Target, TargetKind, target_set)
+from services.recall.artifacts.models import (MAX_TARGETS, REALM_ID, Artifact, DraftInput, Entry, Role, Status, Target,
+                                             TargetKind, target_set)
 from services.recall.artifacts.rules import RuleBroken
 from services.recall.artifacts.text_limits import DEFAULT_MAX_TEXT_BYTES, check_json, check_text
 from shared.engine.fault_injection import fault_point
@@ -432,7 +432,7 @@ class ArtifactService:
                     entries_limit: int = ENTRIES_PAGE) -> Artifact:
         window = check_entries_page(entries_offset, entries_limit)
         rules.role_in(caller.realms, realm_id)
-        check_path(artifact_path)
+        rules.check_artifact_path(artifact_path)
         with self.store.transaction() as tx:
             artifact = self.store.accepted_at_path(tx, realm_id, artifact_path, entries=window)
         if artifact is None:
@@ -444,7 +444,7 @@ class ArtifactService:
         window = check_entries_page(entries_offset, entries_limit)
         rules.check_principal(caller.principal, agent_principal)
         rules.role_in(caller.realms, realm_id)
-        check_path(artifact_path)
+        rules.check_artifact_path(artifact_path)
         with self.store.transaction() as tx:
             artifact = self.store.own_open_draft(tx, realm_id, artifact_path, caller.principal, entries=window)
         if artifact is None:
@@ -511,12 +511,6 @@ class ArtifactService:
         with self.store.transaction() as tx:
             self._load(tx, caller, realm_id, artifact_id)
             return [e.model_dump(mode="json") for e in self.store.audit(tx, artifact_id, limit, offset)]
-
-
-def check_path(artifact_path: str) -> None:
-    """A path asked for is one an artifact can have: "../etc" is a mistake to name, not an absence."""
-    if not ARTIFACT_PATH.fullmatch(artifact_path):
-        raise RuleBroken("artifact_path", f"not an artifact path: it must be {ARTIFACT_PATH_RULE}")
 
 
 def _holds(artifact: Artifact, field: str, value: Any) -> bool:
