@@ -16,11 +16,17 @@ for good, and ~20,000 of them (no key or token needed) took every file descripto
 and every caller got connection resets. Each request now has `read_timeout_s`
 (RECALL_REQUEST_READ_TIMEOUT_S) from its first byte, or from the connection's opening, to
 arrive whole; then the connection is closed.
+
+After a graceful stop uvicorn re-raises the signal that asked for it, so a stopped ingest or
+recall service exited 143 (-15) and an orchestrator saw a clean stop as an error, unlike the
+indexer's 0. `GracefulServer` exits 0 once it has shut down as asked.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Iterator
 
 from starlette.types import ASGIApp
 
@@ -28,8 +34,17 @@ from starlette.types import ASGIApp
 def serve_http(app: ASGIApp, host: str, port: int, stop_grace_s: float, read_timeout_s: float) -> None:
     import uvicorn
 
-    uvicorn.run(app, host=host, port=port, loop="uvloop", http=bounded_read_protocol(read_timeout_s), log_config=None,
-                access_log=False, timeout_graceful_shutdown=stop_grace_s)
+    config = uvicorn.Config(app, host=host, port=port, loop="uvloop", http=bounded_read_protocol(read_timeout_s),
+                            log_config=None, access_log=False, timeout_graceful_shutdown=stop_grace_s)
+
+    class GracefulServer(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            with super().capture_signals():
+                yield
+                self._captured_signals.clear()  # it shut down as asked: nothing is left for the signal to do
+
+    GracefulServer(config).run()
 
 
 def bounded_read_protocol(read_timeout_s: float) -> type[asyncio.Protocol]:

@@ -218,7 +218,7 @@ def test_a_client_stalled_in_the_middle_of_its_body_does_not_hold_a_service_past
         time.sleep(0.5)  # in flight: its handler waits for the other 990 bytes
         started = time.monotonic()
         service.proc.terminate()
-        assert service.proc.wait(30) in (0, -signal.SIGTERM), service.output()[-2000:]  # uvicorn re-raises the signal
+        assert service.proc.wait(30) == 0, service.output()[-2000:]  # a stop as asked is not an error
         assert 1.5 < time.monotonic() - started < 15, "stopped at its grace, once the stalled request was cancelled"
         assert "request cancelled: the stop grace" in service.output() and "CancelledError" not in service.output(), \
             "an expected stop is one warning per cancelled request, not an error with its stack"
