@@ -163,6 +163,20 @@ def test_the_accepted_constitution_and_registry_are_replaced_never_revoked(popul
     assert arts.revoke(OWNER, REALM, charter.artifact_id, "role retired").status.value == "revoked"
 
 
+def test_an_admission_whose_working_paths_are_a_registered_agents_is_refused_as_an_admission_and_by_the_dry_run(
+        population):
+    """'Bot-1' and 'bot@1' write to bot-1's worklog and handoff: the dry run allowed them and the
+    proposal's refusal was named body, a field the caller never gave."""
+    population.artifacts.accept(OWNER, REALM, population.propose_admission(PERSON, REALM, "bot-1", "researcher", "n").artifact_id)
+    for principal in ("Bot-1", "bot@1"):
+        check = population.check(PERSON, REALM, "admit", principal, agent_role="researcher")
+        assert not check["allowed"] and any("are those of 'bot-1'" in r for r in check["reasons"]), check
+        with pytest.raises(RuleBroken, match=rf"^admission: {principal}'s working paths \(\{{principal}} = 'bot-1'\) are "
+                                             r"those of 'bot-1'; admit it under another principal$"):
+            population.propose_admission(PERSON, REALM, principal, "researcher", "n")
+    assert population.check(PERSON, REALM, "admit", "bot-2", agent_role="researcher")["allowed"]
+
+
 def table_reads(store, table: str, action) -> int:
     """How many statements of `action` read `table`: SQLite traced, PostgreSQL by its own
     statistics (scans of the table), flushed after the action."""

@@ -9,9 +9,9 @@ import uuid
 from typing import Any
 
 from services.recall.artifacts import rules
-from services.recall.artifacts.kind_schemas import (CONSTITUTION_PATH, PRINCIPAL, REGISTRY_PATH, AgentRegistry, Charter,
-                                                    Constitution, RegistryEntry, agent_refusals, dump, fill_path,
-                                                    parse_stored_body)
+from services.recall.artifacts.kind_schemas import (CONSTITUTION_PATH, PLACEHOLDER, PRINCIPAL, REGISTRY_PATH, AgentRegistry,
+                                                    Charter, Constitution, RegistryEntry, agent_refusals, dump, fill_path,
+                                                    parse_stored_body, principal_segment)
 from services.recall.artifacts.artifact_store import Conflict, Head, Tx
 from services.recall.artifacts.models import Artifact, DraftInput, Role, Status, Target, rfc3339
 from services.recall.artifacts.rules import RuleBroken
@@ -141,6 +141,10 @@ class PopulationService:
                 out.append(f"{who!r} is not a valid principal")
             if entry is not None:
                 out.append(f"{who} is already in the registry ({entry.role}, {entry.status})")
+            elif (holder := next((a.principal for a in registry.agents
+                                  if principal_segment(a.principal) == principal_segment(who)), None)) is not None:
+                out.append(f"{who}'s working paths ({PLACEHOLDER} = {principal_segment(who)!r}) are those of {holder!r}; "
+                           f"admit it under another principal")
             if agent_role is None or agent_role not in constitution.roles:
                 out.append(f"agent_role must be one of the constitution's roles {sorted(constitution.roles)}")
             return out
