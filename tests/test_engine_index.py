@@ -365,9 +365,10 @@ def test_a_forget_removes_only_what_the_tree_no_longer_holds_and_embeds_nothing(
     assert {r[0] for r in rows_of(home)} == {"plant", "pump", "late"}
 
 
-def test_a_long_turns_later_passages_start_at_a_word_and_stitch_back_whole():
+def test_a_long_turns_later_passages_start_at_a_line_or_a_word_and_stitch_back_whole():
     """A newcomer's log turn came back as passages starting "ffset 1721": funes starts each
-    window exactly 150 characters back, inside a word."""
+    window exactly 150 characters back, inside a word; an integrator's log, as "in 36 ms", the
+    end of a line."""
     import random
 
     from shared.engine.agent_format import _stitch
@@ -383,5 +384,10 @@ def test_a_long_turns_later_passages_start_at_a_word_and_stitch_back_whole():
         for piece in pieces[1:]:
             at = text.index(piece)
             assert text[at - 1].isspace(), piece[:20]  # every word is shorter than the overlap
+    log = "\n".join(f"2026-11-29T03:{i // 60:02d}:{i % 60:02d}.123Z INFO worker-{i % 7} processed batch {1000 + i} in "
+                    f"{i % 97} ms" for i in range(180))
+    pieces = split_text(log)
+    assert len(pieces) > 10 and _stitch(pieces) == log
+    assert all(piece.startswith("2026-11-29T03:") for piece in pieces), [p[:20] for p in pieces if not p.startswith("2026")]
     unbroken = "a" * 3000  # no space in the overlap: the hard start stays, and stitching still works
     assert _stitch(split_text(unbroken)) == unbroken

@@ -3,7 +3,8 @@ agent-format text parsed back are one hit model (funes' text does not say who sa
 
 from __future__ import annotations
 
-from services.recall.tool_output import AgentHit, Neighbour, hits_from_engine, hits_from_funes_text, render_for_agent
+from services.recall.tool_output import (AgentHit, Neighbour, hits_from_engine, hits_from_funes_text, previews,
+                                         render_for_agent)
 from shared.engine.api import Engine
 from shared.engine.hybrid_search import RecallParams
 from shared.engine.index_run import index_tree, memory_dir
@@ -99,6 +100,16 @@ def test_a_neighbour_preview_cut_at_its_length_says_so():
     cut mid-word with nothing to say that more was said."""
     cut = "Root cause: the payment gateway's connection pool was exhausted by retries " * 3
     hit = AgentHit(ts="2026-11-06T10:00:00Z", session_id="s", turn_uuid="t", text="What was the root cause?",
-                   neighbours=(Neighbour(role="assistant", preview=cut[:160]), Neighbour(role="user", preview="thanks")))
+                   neighbours=previews([(1, "assistant", cut), (2, "user", "thanks")]))
     lines = render_for_agent([hit], 4000, 3).splitlines()
-    assert lines[3] == f"  ~ assistant: {cut[:160]}…" and lines[4] == "  ~ user: thanks", lines
+    assert lines[3] == f"  ~ assistant: {cut[:160].rstrip()}…" and lines[4] == "  ~ user: thanks", lines
+
+
+def test_a_long_neighbouring_turn_is_one_preview_on_one_line():
+    """A pasted log's ~15 chunks were each a preview, over several lines each: 3 KB of a 4 KB
+    answer, read as the passage's own text."""
+    log = [f"INFO worker-{i} processed batch {i}\nWARN retry {i}\n" * 20 for i in range(15)]
+    hit = AgentHit(ts="2026-11-06T10:00:00Z", session_id="s", turn_uuid="t", text="Why did the job fail?",
+                   neighbours=previews([*((4, "user", piece) for piece in log), (5, "assistant", "It ran out\nof retries.")]))
+    lines = render_for_agent([hit], 4000, 3).splitlines()
+    assert lines[3:] == [f"  ~ user: {' '.join(log[0][:160].split())}…", "  ~ assistant: It ran out of retries.", "---"], lines

@@ -19,7 +19,7 @@ identifier it names.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta, timezone, tzinfo
 
 from pydantic import BaseModel, ConfigDict
@@ -34,9 +34,27 @@ from shared.recall_answer_format import (CITE_LINE, NEIGHBOUR_PREFIX, NOTHING, S
 
 
 class Neighbour(BaseModel):
+    """A neighbouring turn's opening, on one line: a preview that ran over several lines read as
+    the passage's own text."""
+
     model_config = ConfigDict(frozen=True)
     role: str
     preview: str
+    cut: bool = False  # as long as previews go (both engines cut there): the turn says more
+
+
+def previews(neighbours: Iterable[tuple[object, str, str]]) -> tuple[Neighbour, ...]:
+    """(turn, role, text) of the neighbouring chunks, in order, as one preview per turn: its first
+    chunk's. Each chunk of a long turn was a preview, and a pasted log's ~15 of them filled 3 KB of
+    a 4 KB answer."""
+    seen: set[object] = set()
+    out: list[Neighbour] = []
+    for turn, role, text in neighbours:
+        if turn not in seen:
+            seen.add(turn)
+            raw = text[:NEIGHBOUR_PREVIEW_CHARS]
+            out.append(Neighbour(role=role, preview=" ".join(raw.split()), cut=len(raw) >= NEIGHBOUR_PREVIEW_CHARS))
+    return tuple(out)
 
 
 class AgentHit(BaseModel):
@@ -65,14 +83,14 @@ class DatedAnswer(BaseModel):
 def hits_from_engine(hits: list[Hit]) -> list[AgentHit]:
     return [AgentHit(ts=h.row.ts, role=h.row.role, session_id=h.row.session_id, turn_uuid=h.row.turn_uuid,
                      text=h.row.text.strip(), filler=h.filler,
-                     neighbours=tuple(Neighbour(role=n.role, preview=n.text[:NEIGHBOUR_PREVIEW_CHARS]) for n in h.neighbours))
+                     neighbours=previews(((n.session_id, n.turn_uuid), n.role, n.text) for n in h.neighbours))
             for h in hits]
 
 
 def hits_from_funes_text(output: str) -> list[AgentHit]:
     """funes' agent format, parsed by the engine's own parser (`agent_format.parse_recall`)."""
     return [AgentHit(ts=h.ts, session_id=h.session_id, turn_uuid=h.turn_uuid, text=h.text,
-                     neighbours=tuple(Neighbour(role=role, preview=preview) for role, _, preview in h.neighbours))
+                     neighbours=previews((seq, role, preview) for role, seq, preview in h.neighbours))
             for h in parse_recall(output)]
 
 
@@ -98,10 +116,8 @@ def _date(ts: str, zone: tzinfo) -> str:
 def render_hit(hit: AgentHit, zone: tzinfo = timezone.utc) -> str:
     header = f"{_date(hit.ts, zone)} {hit.role}" if hit.role else _date(hit.ts, zone)
     lines = [header] + ([CITE_LINE.format(hit.session_id, hit.turn_uuid)] if hit.session_id else []) + [hit.text]
-    # A preview as long as previews go was cut (both engines cut at that length): say so, or
-    # an agent quotes half a sentence as what was said.
-    lines += [f"{NEIGHBOUR_PREFIX}{n.role}: {n.preview}{'…' if len(n.preview) >= NEIGHBOUR_PREVIEW_CHARS else ''}"
-              for n in hit.neighbours]
+    # A cut preview says so, or an agent quotes half a sentence as what was said.
+    lines += [f"{NEIGHBOUR_PREFIX}{n.role}: {n.preview}{'…' if n.cut else ''}" for n in hit.neighbours]
     return "\n".join(lines) + f"\n{SEPARATOR}\n"
 
 

@@ -1,5 +1,5 @@
 """How blocks become chunks: funes' 1,200-character windows with a 150-character overlap, each
-window after the first starting at a word (funes starts it exactly 150 characters back)."""
+window after the first starting at a line or a word (funes starts it exactly 150 characters back)."""
 
 from __future__ import annotations
 
@@ -68,9 +68,13 @@ def split_text(text: str, size: int = CHUNK_CHARS, overlap: int = OVERLAP_CHARS)
 
 
 def _word_start(text: str, start: int, end: int) -> int:
-    """`start`, moved to the next word when it falls inside one: a passage began "ffset 1721"
-    (a log line's "offset"). The overlap only shrinks, so `get` still stitches the splits (it
+    """`start`, moved to the next line when the overlap holds a line break, else to the next word
+    when it falls inside one: passages began "ffset 1721" (a log line's "offset") and "in 36 ms"
+    (the end of a log line). The overlap only shrinks, so `get` still stitches the splits (it
     removes an overlap of up to 150 characters); one without a space keeps the hard start."""
+    line = text.find("\n", start - 1, end)
+    if line != -1:
+        return line + 1
     if text[start - 1].isspace() or text[start].isspace():
         return start
     space = _SPACE.search(text, start, end)

@@ -385,9 +385,10 @@ def recall(
         first = _first_mention(reader, query, idents, ident_deep, rows, boost, mask) if boost else None
         if first is not None:
             fused.setdefault(first, 0.0)
-        pool = sorted(rows, key=lambda rid: fused[rid] + boost.get(rid, 0.0), reverse=True)[:c]
-        if first is not None and first not in pool:
-            pool.append(first)
+        pool = _best_chunk_of_each_turn(sorted(rows, key=lambda rid: fused[rid] + boost.get(rid, 0.0), reverse=True),
+                                        rows)[:c]
+        if first is not None and first not in pool:  # it stands for its turn
+            pool = [rid for rid in pool if _turn(rows[rid]) != _turn(rows[first])] + [first]
 
         reranked: dict[int, float] = {}
         if reranker is not None and len(pool) >= RERANK_POOL_FACTOR * params.k:
@@ -504,7 +505,10 @@ def dated(reader: MemoryReader, start: float, end: float, params: RecallParams) 
         newest_first = codes[::-1]
         _, at = np.unique(newest_first, return_index=True)  # each conversation's latest turn
         recent = newest_first[np.sort(at)][:params.k]
-        turns = [_spread(ids[codes == code], params.neighbors) for code in recent.tolist()]  # each one's, oldest first
+        # A turn once, by its first chunk: a pasted dump's pieces are not the conversation's turns.
+        shown = np.isin(codes, recent)
+        shown &= np.isin(ids, reader.store.turn_openings(ids[shown].tolist()))
+        turns = [_spread(ids[shown & (codes == code)], params.neighbors) for code in recent.tolist()]  # oldest first
         # One passage per conversation on each pass until k: (pass, conversation), then shown by conversation.
         passes = sorted((i, c) for c, t in enumerate(turns) for i in range(min(len(t), params.k)))[:params.k]
         chosen = [int(turns[c][i]) for i, c in sorted(passes, key=lambda p: (p[1], p[0]))]
@@ -605,10 +609,34 @@ def _attach_neighbours(reader: MemoryReader, hits: list[Hit], window: int) -> No
 
 
 def _session_lift(fused: dict[int, float], rows: dict[int, Row]) -> dict[int, float]:
-    by_session: dict[str, float] = {}
+    """Each row's score plus SESSION_WEIGHT times the scores of the session's other turns, each
+    turn counted once, by its best chunk: a pasted 15 KB log is ~13 chunks of one turn, and
+    summed they lifted each other over a conversation holding every word of the question."""
+    best: dict[tuple[str, str], float] = {}
     for rid, score in fused.items():
-        by_session[rows[rid].session_id] = by_session.get(rows[rid].session_id, 0.0) + score
-    return {rid: score + SESSION_WEIGHT * (by_session[rows[rid].session_id] - score) for rid, score in fused.items()}
+        turn = _turn(rows[rid])
+        best[turn] = max(best.get(turn, score), score)
+    by_session: dict[str, float] = {}
+    for (session, _), score in best.items():
+        by_session[session] = by_session.get(session, 0.0) + score
+    return {rid: score + SESSION_WEIGHT * (by_session[rows[rid].session_id] - best[_turn(rows[rid])])
+            for rid, score in fused.items()}
+
+
+def _turn(row: Row) -> tuple[str, str]:
+    return row.session_id, row.turn_uuid
+
+
+def _best_chunk_of_each_turn(ranked: list[int], rows: dict[int, Row]) -> list[int]:
+    """`ranked` with only each turn's first (best) chunk: the pool holds turns, not pieces of one
+    long turn, whose chunks otherwise took every place (and came back as overlapping passages)."""
+    seen: set[tuple[str, str]] = set()
+    out: list[int] = []
+    for rid in ranked:
+        if (turn := _turn(rows[rid])) not in seen:
+            seen.add(turn)
+            out.append(rid)
+    return out
 
 
 @dataclass(frozen=True)

@@ -320,6 +320,19 @@ class MemoryStore:
             out[r[0]].append(Row(*r[1:]))
         return out
 
+    def turn_openings(self, row_ids: Sequence[int]) -> list[int]:
+        """Of `row_ids`, each turn's first chunk (in block and split order) among them."""
+        if not row_ids:
+            return []
+        marks = ",".join("?" * len(row_ids))
+        with self.lock:
+            found = self.conn.execute(f"SELECT row_id, session_id, turn_uuid FROM chunks WHERE row_id IN ({marks})"
+                                      " ORDER BY block_idx, split_idx", list(row_ids)).fetchall()
+        first: dict[tuple[str, str], int] = {}
+        for row_id, session_id, turn_uuid in found:
+            first.setdefault((session_id, turn_uuid), row_id)
+        return list(first.values())
+
     def turn_rows(self, session_id: str, turn_uuid: str) -> list[Row]:
         with self.lock:
             found = self.conn.execute(
