@@ -1,6 +1,6 @@
 """Evidence recall on real long conversations (LoCoMo), through the engine's MCP server.
 
-    .venv/bin/python -m bench.locomo_bench [path-to-locomo-dir] [--workdir DIR] [--no-doc]
+    .venv/bin/python -m bench.locomo_bench [path-to-locomo-dir] [--workdir DIR] [--no-doc] [--pasted N]
 
 The data (CC BY-NC, evaluation only) is read from `../shared/data/locomo-dev` relative to the
 repo root unless a path is given; nothing of it is written into the repository, only scores.
@@ -13,6 +13,11 @@ hits' own text only and with the neighbour previews. A plain-RRF baseline (the s
 RRF k=60, ±1 neighbours) runs on the same memories in the same run. The relevance floor is
 measured by asking each sample's questions of the next sample's memory (off-topic for that
 user): the share answered "no results", and the answerable R@8 lost to the floor.
+
+`--pasted N` adds to each sample's memory N conversations of one long turn each, a document the
+user pasted: the next sample's sessions, N at a time, one per line (~5-15 KB, many chunks), dated
+a day after the sample's last session. They share the everyday words of the questions and hold
+none of their answers: what a pasted log or dump does to the questions about everything else.
 """
 
 from __future__ import annotations
@@ -97,6 +102,23 @@ def write_sample(sample: dict, src: Path) -> dict[str, str]:
     return texts
 
 
+def write_pasted(sample: dict, other: dict, src: Path, n: int) -> None:
+    """`n` conversations of one user turn, each holding `n` of `other`'s sessions pasted whole."""
+    conv, pasted = sample["conversation"], other["conversation"]
+    last = max(session_start(conv[k]) for k in conv if k.startswith("session_") and k.endswith("_date_time"))
+    sessions = [pasted[f"session_{i}"] for i in range(1, 100) if f"session_{i}" in pasted]
+    for p in range(n):
+        text = "\n".join(turn_text(t) for session in sessions[p * n:(p + 1) * n] for t in session)
+        sid = f"{sample['sample_id']}-pasted{p}"
+        turn = TranscriptTurn(session_id=sid, turn_uuid=f"{sid}-0", seq=0,
+                              ts=(last + timedelta(days=1, minutes=p)).strftime("%Y-%m-%dT%H:%M:%SZ"), role="user",
+                              harness="chat", blocks=[Block(block_type="text", text=f"Summarise this for me:\n{text}")])
+        path = src / f"{sid}.funes.jsonl"
+        body = dump_transcript([turn])
+        if not path.exists() or path.read_text() != body:
+            path.write_text(body)
+
+
 def questions_of(sample: dict, texts: dict[str, str]) -> list[Question]:
     out = []
     for qa in sample["qa"]:
@@ -161,12 +183,14 @@ class Tally:
 SYSTEMS = ["recall-engine (MCP)", "plain RRF"]
 
 
-async def evaluate(samples: list[dict], workdir: Path) -> dict[str, object]:
+async def evaluate(samples: list[dict], workdir: Path, pasted: int = 0) -> dict[str, object]:
     embedder = shared_embedder()
     memories, questions = {}, {}
     t0 = time.process_time()
-    for s in samples:
+    for i, s in enumerate(samples):
         texts = write_sample(s, workdir / "src" / s["sample_id"])
+        if pasted:
+            write_pasted(s, samples[(i + 1) % len(samples)], workdir / "src" / s["sample_id"], pasted)
         home = workdir / "home" / s["sample_id"]
         index_tree(home, workdir / "src" / s["sample_id"], embedder)
         memories[s["sample_id"]] = memory_dir(home)
@@ -200,7 +224,7 @@ async def evaluate(samples: list[dict], workdir: Path) -> dict[str, object]:
         await child.close()
     return {"tally": tally, "off_topic": off_topic, "nothing": answered_nothing, "lost": lost,
             "n": tally.n["overall"], "index_cpu": index_cpu, "query_s": query_s,
-            "model": embedder.spec.model_id}
+            "model": embedder.spec.model_id, "pasted": pasted}
 
 
 def render(r: dict[str, object], n_samples: int) -> str:
@@ -215,7 +239,8 @@ def render(r: dict[str, object], n_samples: int) -> str:
     n = r["n"]
     floor_rows = [[r["off_topic"], f"{r['nothing'] / max(r['off_topic'], 1):.1%}", f"{-r['lost'] / max(n, 1) * 100:+.1f}"]]
     return "\n\n".join([
-        f"### LoCoMo evidence recall ({n_samples} samples, {n} answerable questions, embedder `{r['model']}`)\n\n"
+        f"### LoCoMo evidence recall ({n_samples} samples, {n} answerable questions, embedder `{r['model']}`"
+        + (f", {r['pasted']} pasted documents per sample" if r["pasted"] else "") + ")\n\n"
         "k as the recall service (k=3 from a pool of 8, k=5 from 10, k=8 from 16); "
         "a hit = the first 80 characters of an evidence turn in the returned text.\n\n"
         + table(["system", "neighbour previews counted", "category", "questions", "R@3", "R@5", "R@8"], rows),
@@ -230,13 +255,14 @@ def main() -> None:
     ap.add_argument("path", nargs="?", default=str(DEFAULT_DATA), help="LoCoMo directory or json file")
     ap.add_argument("--workdir", help="keep memories here between runs (default: a temporary directory)")
     ap.add_argument("--no-doc", action="store_true", help="print only; do not update docs/benchmarks.md")
+    ap.add_argument("--pasted", type=int, default=0, help="long pasted documents added to each memory (default 0)")
     args = ap.parse_args()
     samples = load(Path(args.path))
     if args.workdir:
-        result = asyncio.run(evaluate(samples, Path(args.workdir)))
+        result = asyncio.run(evaluate(samples, Path(args.workdir), args.pasted))
     else:
         with tempfile.TemporaryDirectory(prefix="recall-locomo-") as d:
-            result = asyncio.run(evaluate(samples, Path(d)))
+            result = asyncio.run(evaluate(samples, Path(d), args.pasted))
     body = render(result, len(samples))
     print(body)
     if not args.no_doc:
