@@ -13,6 +13,10 @@ UNAVAILABLE = "Conversation memory is unavailable right now; continue without it
 EMPTY_QUERY = "The query is empty: describe what to look for, e.g. an identifier and a key noun."
 BUSY = "Conversation memory is busy right now; try again in a moment, or continue without it."
 FIXED_ANSWERS = frozenset({NO_MEMORY, NOTHING, UNAVAILABLE, EMPTY_QUERY, BUSY})
+# Under an answer of nothing while the user's index run is due or under way: a 25 KB paste took
+# 35 s to index, and meanwhile its questions got a confident "Nothing relevant found".
+STILL_INDEXING = ("(Conversations stored moments ago are still being indexed and were not searched; "
+                  "ask again in a minute.)")
 
 # A passage's header: its date, then who said it when the engine knows (funes' recall does not).
 _HEADER_LINE = re.compile(r"^\[\d{4}-\d{2}-\d{2} \d{2}:\d{2} UTC(?:[+-]\d{2}:\d{2})?\](?: (?:user|assistant|system|tool))?$")
@@ -92,7 +96,7 @@ def looks_like_recall_answer(text: str) -> bool:
     date header, after its note lines if any, every later header follows a `---`,
     and it ends with one; a passage may hold `---` lines of its own). Prose that merely quotes
     one is kept."""
-    body = text.strip()
+    body = text.strip().removesuffix(f"\n{STILL_INDEXING}")
     if body in FIXED_ANSWERS or _NOTHING_THEN.match(body):
         return True
     lines = without_notes(body).splitlines()

@@ -16,7 +16,9 @@ import psutil
 import pytest
 
 from shared.engine.native_threads import usable_cores
-from shared.recall_answer_format import BUSY, EMPTY_QUERY, NO_MEMORY, NOTHING, UNAVAILABLE, looks_like_recall_answer, without_notes
+from shared.index_requests import DUE
+from shared.recall_answer_format import (BUSY, EMPTY_QUERY, NO_MEMORY, NOTHING, STILL_INDEXING, UNAVAILABLE,
+                                         looks_like_recall_answer, without_notes)
 from shared.tenant_paths import user_hash
 from tests.conftest import (call_recall, engine_cli, funes_status_chunks, indexed_chunks, mint, post_conversation,
                             recall_url, wait_until)
@@ -287,6 +289,24 @@ async def test_no_memory_and_nothing_relevant(stack):
     # says nothing of its row count on the read path, so its empty top k is "nothing relevant".
     assert await call_recall(env, mint("dora"), "N-11") == (NO_MEMORY if engine == "embedded" else NOTHING)
 
+
+
+@pytest.mark.parametrize("stack", ["embedded", "funes"], indirect=True)  # funes itself has no floor: it answers passages
+async def test_an_answer_of_nothing_says_so_while_the_users_index_run_is_due(stack, r):
+    """A 25 KB paste took 35 s to index, and meanwhile its questions got a confident "Nothing
+    relevant found": the conversations not yet searched are named in a note."""
+    env, _, engine = stack
+    token = mint("alice")
+    assert await call_recall(env, token, "tulip bulbs for the balcony") == NOTHING
+    r.zadd(DUE, {user_hash("alice"): time.time() + 3600})  # as the indexer marks a user whose snapshot it wrote
+    answer = await call_recall(env, token, "tulip bulbs for the balcony")
+    assert answer == f"{NOTHING}\n{STILL_INDEXING}" and looks_like_recall_answer(answer), answer
+    then = await call_recall(env, token, "what did we discuss on 2026-01-05")
+    nothing_then = "No earlier conversation is from 2026-01-05, the time the query names."  # funes lists no time's turns
+    assert then == f"{nothing_then if engine == 'embedded' else NOTHING}\n{STILL_INDEXING}", then
+    assert "still being indexed" not in await call_recall(env, token, "N-11 upgrade"), "an answer with passages has no note"
+    r.zrem(DUE, user_hash("alice"))
+    assert await call_recall(env, token, "tulip bulbs for the balcony") == NOTHING
 
 
 async def test_conversations_without_a_word_to_index_are_nothing_relevant_not_unavailable_for_good(stack):

@@ -48,7 +48,7 @@ from shared.http_serving import serve_http
 from shared.index_requests import IndexRequests
 from shared.logging_setup import configure_logging, get_logger
 from shared.metrics_http import metrics_endpoint
-from shared.recall_answer_format import BUSY, EMPTY_QUERY, NO_MEMORY, NOTHING, UNAVAILABLE, nothing_then
+from shared.recall_answer_format import BUSY, EMPTY_QUERY, NO_MEMORY, NOTHING, STILL_INDEXING, UNAVAILABLE, nothing_then
 from shared.stream_schema import FORGET_CHANNEL
 from shared.tenant_paths import TenantPaths, user_hash
 from shared.unexpected_http import UnexpectedHTTPErrors
@@ -150,7 +150,8 @@ class RecallService:
         except NoIndex:
             return await self._no_memory(paths)
         except NothingThen:
-            return "empty", NOTHING if dated.latest else nothing_then(dated.start, dated.end - timedelta(microseconds=1))
+            text = NOTHING if dated.latest else nothing_then(dated.start, dated.end - timedelta(microseconds=1))
+            return "empty", await self._unless_indexing(paths, text)
         except BackendUnavailable as exc:
             log.warning("recall.unavailable", user_hash=paths.uhash, error=str(exc)[:200])
             if isinstance(exc, MemoryNeedsRebuild):
@@ -163,7 +164,15 @@ class RecallService:
         else:
             text = render_for_agent(raw, self.s.max_result_chars, self.s.k, window,
                                     identifiers=query_codes(search_query), zone=zone)
-        return ("empty" if text == NOTHING else "hit"), text
+        if text == NOTHING:
+            return "empty", await self._unless_indexing(paths, text)
+        return "hit", text
+
+    async def _unless_indexing(self, paths: TenantPaths, nothing: str) -> str:
+        """An answer of nothing, and a note when conversations stored just now were not searched."""
+        if self.index_requests is not None and await self.index_requests.pending(paths.uhash):
+            return f"{nothing}\n{STILL_INDEXING}"
+        return nothing
 
     async def _no_memory(self, paths: TenantPaths) -> tuple[str, str]:
         """No memory to search. Conversations stored without one (its first index run is due, or
