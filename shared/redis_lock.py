@@ -67,6 +67,7 @@ class RedisLock:
         self.ttl_ms = max(100, int(ttl_s * 1000))
         self.token = secrets.token_hex(16)
         self._renewer: asyncio.Task | None = None
+        self._released = False
         self.lost = False
         self._lost_event = asyncio.Event()
 
@@ -88,11 +89,15 @@ class RedisLock:
         period = min(self.ttl_ms / 3000, YIELD_POLL_S) if self.yields_to else self.ttl_ms / 3000
 
         async def renew() -> None:
-            while True:
+            while not self._released:
                 await asyncio.sleep(period)
                 try:
                     if not await self._renew():
-                        self._mark_lost()
+                        # Released meanwhile: a renewal the cancellation did not stop (a loaded
+                        # indexer's redis client can turn it into a timeout it retries) found the
+                        # key gone, and a run that had committed was counted as a lost lock.
+                        if not self._released:
+                            self._mark_lost()
                         return
                 except aioredis.RedisError:
                     continue  # a blip: try again before the TTL runs out (if it ran out, the next try says so)
@@ -176,6 +181,7 @@ class RedisLock:
             await self.release()
 
     async def release(self) -> None:
+        self._released = True
         if self._renewer is not None:
             self._renewer.cancel()
         try:

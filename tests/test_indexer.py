@@ -858,3 +858,33 @@ async def test_a_lock_whose_first_reply_was_lost_is_its_holders_after_the_retry(
         assert not await RedisLock(client, "recall:lock:test", ttl_s=30).acquire(), "and nobody else's"
     finally:
         await client.aclose()
+
+
+async def test_a_renewal_still_running_when_its_lock_is_released_is_no_lost_lock(redis_url):
+    """An SRE's trial fired RecallLocksLost under ordinary load: runs of ~0.5 s (one yielding
+    renewal) logged lock.lost half a second after their own index.run ok. A renewal the release's
+    cancellation did not stop (here: one that swallows it, as a client retrying a timeout does)
+    found the key gone."""
+    from shared.redis_client import async_redis
+    from shared.redis_lock import LOCKS_LOST
+
+    client = async_redis(redis_url)
+    lock = RedisLock(client, "recall:lock:index:renewal-race", 30, yields_to="recall:forget-waiters:renewal-race")
+    renewing = asyncio.Event()
+    plain_renew = lock._renew
+
+    async def renewal_that_outlives_its_cancellation() -> bool:
+        renewing.set()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(0.3)
+        return await plain_renew()
+
+    lock._renew = renewal_that_outlives_its_cancellation
+    lost_before = LOCKS_LOST._value.get()
+    assert await lock.acquire()
+    lock.keep_alive()
+    await asyncio.wait_for(renewing.wait(), 5)
+    await lock.release()
+    await asyncio.sleep(0.6)
+    assert not lock.lost and LOCKS_LOST._value.get() == lost_before
+    await client.aclose()
