@@ -90,12 +90,17 @@ def _error_line(cls: type[BaseSettings], err: dict) -> str:
     name = str(err["loc"][0])
     field = cls.model_fields.get(name)
     secret = field is not None and _is_secret(field)
-    shown = "(hidden)" if secret else repr(err.get("input"))
+    shown = "(hidden)" if secret else repr(_without_password(err.get("input")))
     # pydantic's own messages start with a capital ("Input should be…"); a validator's may
     # start with a variable's name, which keeps its case.
     allowed = msg if msg.startswith(PREFIX) else msg[0].lower() + msg[1:]
     about = f" ({field.description.rstrip('.')})" if field is not None and field.description else ""
     return f"{variable(name)}={shown} is not allowed: {allowed}{about}"
+
+
+def _without_password(value: object) -> object:
+    """A URL's user and password hidden (redis://:pw@host mistyped as http://:pw@host)."""
+    return re.sub(r"(?<=://)[^/@\s]*@", "(hidden)@", value) if isinstance(value, str) else value
 
 
 def _is_secret(field: FieldInfo) -> bool:

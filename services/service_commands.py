@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import argparse
 
-from services.cli_problem import ConfigProblem
-from services.config_check import ENGINE_VARIABLES, auth_problems, engine_problems, load_settings, variables_help
+from services.cli_problem import ConfigProblem, Problem
+from services.config_check import (ENGINE_VARIABLES, auth_problems, check_writable_dir, engine_problems, load_settings,
+                                   variables_help)
 from services.indexer.settings import IndexerSettings
 from services.ingest.settings import IngestSettings
 from services.port_check import port_problems
 from services.recall.settings import RecallSettings
+from shared.engine.embedder import EmbedderSettings
 from shared.settings_base import CommonSettings
 
 
@@ -27,11 +29,14 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
 
 
 def _variables(cls: type[CommonSettings], title: str, engine: bool) -> str:
-    from shared.engine.embedder import EmbedderSettings
-
     groups: list[tuple[str, type]] = [("every service", CommonSettings), (title, cls)]
     return variables_help(groups + [("the embedding model", EmbedderSettings)], ENGINE_VARIABLES) if engine \
         else variables_help(groups)
+
+
+def _redis_problems(s: CommonSettings, service: str) -> list[str]:
+    return [] if s.redis_url else [f"RECALL_REDIS_URL is not set: {service} needs the Redis every service shares "
+                                   "(only `recall up` starts an embedded one)"]
 
 
 def _ingest(args: argparse.Namespace) -> int:
@@ -40,7 +45,9 @@ def _ingest(args: argparse.Namespace) -> int:
     from shared.logging_setup import configure_logging
 
     s = load_settings(IngestSettings)
-    problems = port_problems([("RECALL_INGEST_PORT", s.ingest_host, s.ingest_port)])
+    problems = port_problems([("RECALL_INGEST_PORT", s.ingest_host, s.ingest_port)]) + _redis_problems(s, "ingest")
+    if not s.ingest_key.get_secret_value():
+        problems.append("RECALL_INGEST_KEY is not set: the ingest API never runs without a key (`recall up` makes one)")
     if problems:
         raise ConfigProblem(*problems)
     configure_logging(s.log_level)
@@ -55,9 +62,12 @@ def _indexer(args: argparse.Namespace) -> int:
     from shared.logging_setup import configure_logging
 
     s = load_settings(IndexerSettings)
-    problems = port_problems([("RECALL_INDEXER_PORT", s.indexer_host, s.indexer_port)]) + engine_problems(s.engine, s.funes_bin)
+    load_settings(EmbedderSettings)  # read when the model loads: a bad RECALL_EMBEDDER is a line now, not a traceback then
+    problems = (port_problems([("RECALL_INDEXER_PORT", s.indexer_host, s.indexer_port)]) + _redis_problems(s, "the indexer")
+                + engine_problems(s.engine, s.funes_bin))
     if problems:
         raise ConfigProblem(*problems)
+    _check_shared_data_dir(s, required=True)
     configure_logging(s.log_level)
     asyncio.run(run_worker(s))
     return 0
@@ -66,10 +76,35 @@ def _indexer(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from services.recall.server import serve
     s = load_settings(RecallSettings)
+    load_settings(EmbedderSettings)
     # Before the model and the app are built (seconds): a taken port is one line, not a traceback after them.
     problems = (port_problems([("RECALL_RECALL_PORT", s.recall_host, s.recall_port)]) + engine_problems(s.engine, s.funes_bin)
                 + auth_problems(s.jwt_secret.get_secret_value(), s.jwks_url))
     if problems:
         raise ConfigProblem(*problems)
+    _check_shared_data_dir(s, required=False)
     serve()
     return 0
+
+
+def _check_shared_data_dir(s: CommonSettings, required: bool) -> None:
+    """The data directory is writable and the one the other services on this Redis share
+    (shared/data_dir_identity.py; an indexer, `required`, names it there first). Redis not
+    answering stops an indexer, which needs it to start; a recall replica starts without the
+    check and answers from what it finds."""
+    import redis
+
+    from shared.data_dir_identity import shared_dir_problem
+
+    data_dir = check_writable_dir(s.data_dir)
+    if not s.redis_url:
+        return
+    try:
+        problem = shared_dir_problem(s.redis_url, data_dir, register=required)
+    except redis.RedisError as exc:
+        if required:
+            raise Problem(f"RECALL_REDIS_URL: Redis does not answer ({type(exc).__name__}: {exc}); "
+                          "the indexer starts once it does") from None
+        return
+    if problem:
+        raise ConfigProblem(problem)

@@ -38,6 +38,16 @@ class CommonSettings(BaseSettings):
             raise ValueError("must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL")
         return v
 
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_scheme(cls, v: str | None) -> str | None:
+        # redis-py refuses any other at the first command: a traceback after the service started.
+        if not v:
+            return None  # set but empty, as a compose file's ${RECALL_REDIS_URL:-} passes it: unset
+        if not v.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("must start with redis://, rediss:// or unix:// (e.g. redis://redis:6379/0)")
+        return v
+
     @property
     def redis(self) -> str:
         if not self.redis_url:

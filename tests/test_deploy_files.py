@@ -797,6 +797,9 @@ async def test_services_work_with_only_their_redis_acl_users_and_postgresql_arti
     await asking.ask("f" * 24)
     await asking.close()
     assert redis.Redis.from_url(urls["indexer"]).zscore(DUE, "f" * 24) is not None, "the recall user may ZADD the due list"
+    asking = IndexRequests(urls["recall"])
+    assert await asking.pending("f" * 24) and not await asking.pending("e" * 24), "and ZSCORE it (an answer's indexing note)"
+    await asking.close()
 
 
 @pytest.mark.skipif(tool("prometheus-redis-exporter") is None,

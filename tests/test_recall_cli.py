@@ -132,6 +132,53 @@ def test_service_commands_refuse_a_missing_funes_binary_too(tmp_path):
         assert result.returncode == 2 and "RECALL_FUNES_BIN='no-such-funes-here'" in one_line(result), result.stderr
 
 
+@pytest.mark.parametrize("command, env, named", [
+    ("indexer", {"RECALL_EMBEDDER": "bert"}, "recall indexer: RECALL_EMBEDDER='bert' is not allowed: input should be 'e5'"),
+    ("serve", {"RECALL_EMBEDDER": "bert"}, "recall serve: RECALL_EMBEDDER='bert' is not allowed: input should be 'e5'"),
+    ("ingest", {"RECALL_REDIS_URL": "http://:pw-1234@redis:6379"},
+     "recall ingest: RECALL_REDIS_URL='http://(hidden)@redis:6379' is not allowed: must start with redis://"),
+    ("serve", {"RECALL_REDIS_URL": "127.0.0.1:6379"}, "recall serve: RECALL_REDIS_URL='127.0.0.1:6379' is not allowed"),
+    ("indexer", {"RECALL_REDIS_URL": ""}, "recall indexer: RECALL_REDIS_URL is not set: the indexer needs the Redis"),
+    ("ingest", {"RECALL_INGEST_KEY": ""}, "recall ingest: RECALL_INGEST_KEY is not set"),
+])
+def test_a_service_started_alone_with_a_bad_setting_says_so_in_one_line_naming_it(tmp_path, command, env, named):
+    """An SRE's trial: the embedder's settings were read only when the model loaded (a pydantic
+    traceback naming EmbedderSettings), a Redis URL without its scheme and a missing Redis URL or
+    ingest key were exit-1 crashes that said to run --debug for the traceback."""
+    env = {"RECALL_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0", "RECALL_JWT_SECRET": JWT, "RECALL_INGEST_KEY": INGEST_KEY,
+           "RECALL_DATA_DIR": str(tmp_path / "data"), **free_ports(), **env}
+    result = recall(command, cwd=tmp_path, timeout=60, **env)
+    assert result.returncode == 2 and one_line(result).startswith(named), result.stderr[-2000:]
+    assert "pw-1234" not in result.stderr and "--debug" not in result.stderr
+
+
+def test_an_indexer_or_replica_on_another_data_dir_than_the_deployments_is_refused_in_one_line(tmp_path, redis_url, r):
+    """An SRE's trial: an indexer on a mistyped RECALL_DATA_DIR created it, said ready and took
+    its share of the stream into it; its forgets answered done while the files stayed where the
+    replicas read them."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from shared.data_dir_identity import KEY, local_id, shared_dir_problem
+
+    shared, typo = tmp_path / "data", tmp_path / "typo" / "data"
+    shared.mkdir()
+    with ThreadPoolExecutor(8) as pool:  # services starting at once on a fresh volume agree on its id
+        assert len(set(pool.map(lambda _: local_id(shared), range(8)))) == 1
+    r.delete(KEY)
+    try:
+        assert shared_dir_problem(redis_url, shared, register=True) is None, "the first indexer names the deployment's"
+        assert r.get(KEY) == local_id(shared)
+        for command, port in (("indexer", "RECALL_INDEXER_PORT"), ("serve", "RECALL_RECALL_PORT")):
+            result = recall(command, cwd=tmp_path, timeout=60, RECALL_REDIS_URL=redis_url, RECALL_DATA_DIR=str(typo),
+                            RECALL_JWT_SECRET=JWT, **{port: str(free_port())})
+            assert result.returncode == 2, result.stderr[-2000:]
+            assert one_line(result).startswith(f"recall {command}: RECALL_DATA_DIR={typo} is not the data directory the "
+                                               "other services on this Redis use"), one_line(result)
+        assert shared_dir_problem(redis_url, shared, register=False) is None
+    finally:
+        r.delete(KEY)
+
+
 def test_a_service_that_dies_at_start_stops_recall_up_with_its_reason(tmp_path):
     """A child that exits before it listens (here: its artifacts database cannot be created)
     used to leave `recall up` waiting for it for ever."""
