@@ -800,6 +800,8 @@ def test_ingest_stops_short_of_maxmemory_so_the_indexers_can_drain_the_backlog(s
                 break
         assert refused is not None and refused.status_code == 503, "Redis never filled"
         assert refused.json()["fields"][0]["field"] == "redis" and "nearly full" in refused.text, refused.text
+        ready = httpx.get(f"{ingest_url(service_env)}/readyz").json()["status"]  # said plain "ready" (an SRE's trial)
+        assert ready.startswith("ready; turns refused (503): redis nearly full: uses "), ready
         backlog = r.xlen("recall:turns")
         services("indexer")
         assert wait_until(lambda: r.xlen("recall:turns") == 0, 120), f"{r.xlen('recall:turns')} of {backlog} left"

@@ -557,6 +557,13 @@ def test_missing_forged_expired_and_wrong_audience_tokens_get_401_and_the_logs_n
     events = [json.loads(line) for line in lines]  # every line is one JSON object
     refused = [e["event"] for e in events if e["event"].startswith("Bearer token rejected")]
     assert len(refused) == 2 and all(user_hash("alice@example.com") in e for e in refused), refused
+    # Counted and logged for the operator (a replica with another secret refused every call
+    # with nothing in its logs or metrics): one token.rejected line per reason and 10 s.
+    metrics = httpx.get(f"{recall_url(service_env)}/metrics").text
+    invalid = metric_value(metrics, 'recall_tokens_rejected_total{reason="invalid"}')
+    assert invalid >= 5 and invalid + metric_value(metrics, 'recall_tokens_rejected_total{reason="missing"}') == 7, metrics
+    logged = [e for e in events if e["event"] == "token.rejected"]
+    assert sorted(e["reason"] for e in logged) == ["invalid", "missing"] and logged[0]["requests"] == 1, logged
 
 
 def _signed(claims: dict) -> str:

@@ -368,25 +368,30 @@ class IngestAPI:
     async def _refuse_if_unable_to_store(self) -> None:
         """503 when an indexer reports the data dir unwritable, the backlog is full or Redis's
         memory nearly so; all asked in one round trip."""
-        state = await self._storage_state()
-        reason, backlog = state.unwritable, state.backlog
-        if reason is not None:
-            raise HTTPProblem(503, "memory store cannot write, retry later",
-                              [("data_dir", f"not writable ({reason.decode(errors='replace')})")])
+        refusal = self._store_refusal(await self._storage_state())
+        if refusal is not None:
+            raise refusal
+
+    def _store_refusal(self, state) -> HTTPProblem | None:
+        """Why turns are refused now (503), or None: the one rule for the requests and /readyz."""
+        if state.unwritable is not None:
+            return HTTPProblem(503, "memory store cannot write, retry later",
+                               [("data_dir", f"not writable ({state.unwritable.decode(errors='replace')})")])
         # The stream is never trimmed (MAXLEN would drop the oldest entries, processed or not:
         # accepted turns and forget events). Past the cap new turns wait at the gateway instead;
         # forget requests are always taken.
-        if backlog >= self.s.stream_maxlen:
-            raise HTTPProblem(503, "memory store backlog full, retry later",
-                              [("redis", f"{self.s.stream} holds RECALL_STREAM_MAXLEN={self.s.stream_maxlen} unprocessed "
-                                         "entries: the indexers must catch up")])
+        if state.backlog >= self.s.stream_maxlen:
+            return HTTPProblem(503, "memory store backlog full, retry later",
+                               [("redis", f"{self.s.stream} holds RECALL_STREAM_MAXLEN={self.s.stream_maxlen} unprocessed "
+                                          "entries: the indexers must catch up")])
         # Redis at maxmemory (noeviction) refuses the indexers' locks and schedules too, so they
         # could never drain what filled it: turns stop short of it (forget requests still go).
         if state.maxmemory and state.used_memory >= self.s.ingest_redis_memory_share * state.maxmemory:
-            raise HTTPProblem(503, "memory store nearly full, retry later",
-                              [("redis", f"nearly full: uses {state.used_memory} of maxmemory {state.maxmemory} bytes (past "
-                                         f"RECALL_INGEST_REDIS_MEMORY_SHARE={self.s.ingest_redis_memory_share}): "
-                                         "the indexers' backlog must drain first")])
+            return HTTPProblem(503, "memory store nearly full, retry later",
+                               [("redis", f"nearly full: uses {state.used_memory} of maxmemory {state.maxmemory} bytes (past "
+                                          f"RECALL_INGEST_REDIS_MEMORY_SHARE={self.s.ingest_redis_memory_share}): "
+                                          "the indexers' backlog must drain first")])
+        return None
 
     @staticmethod
     def _is_recall_echo(turn: IngestTurn) -> bool:
@@ -461,12 +466,13 @@ class IngestAPI:
         shared by every replica), all replicas would leave the Service at once and callers would
         get connection errors, not the 503 they can retry on."""
         try:
-            unwritable = await asyncio.wait_for(self.redis.get(STORAGE_UNWRITABLE), READY_CHECK_S)
+            state = await asyncio.wait_for(self._storage_state(), READY_CHECK_S)
         except Exception:
             return JSONResponse({"status": "ready; turns and forgets refused (503): redis unreachable"})
-        if unwritable is not None:  # forgets are still accepted
-            reason = unwritable.decode(errors="replace")
-            return JSONResponse({"status": f"ready; turns refused (503): data dir not writable: {reason}"})
+        refusal = self._store_refusal(state)  # forgets are still accepted
+        if refusal is not None:
+            field, detail = refusal.fields[0]
+            return JSONResponse({"status": f"ready; turns refused (503): {field.replace('_', ' ')} {detail}"})
         return JSONResponse({"status": "ready"})
 
 

@@ -5,7 +5,8 @@ from shared.engine.embedder import loaded_embedders
 from shared.unexpected_http import UNEXPECTED_ERRORS
 
 RECALL_LATENCY = Histogram(
-    "recall_tool_latency_seconds", "recall_my_conversations latency by outcome (hit, empty, no_memory, unavailable, busy).",
+    "recall_tool_latency_seconds", "recall_my_conversations latency by outcome (hit, empty, no_memory, indexing: stored "
+    "conversations before their first index run, unavailable, busy).",
     ["outcome"], buckets=(0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1, 2.5, 5, 10, 30))
 RECALL_IN_FLIGHT = Gauge("recall_in_flight", "Searches running in this replica (one whose caller timed out counts until it stops).")
 RECALL_QUEUED = Gauge("recall_queued", "Recalls waiting for a free slot.")
@@ -15,10 +16,15 @@ POOL_SIZE = Gauge("recall_pool_processes", "Live engine children (funes mode) or
 READER_CACHE_BYTES = Gauge("recall_reader_cache_bytes", "Embedded engine: bytes of vectors and indexes held by open tenant memories.")
 POOL_SPAWNS = Counter("recall_pool_spawns_total", "Engine children started (funes mode).")
 POOL_EVICTIONS = Counter("recall_pool_evictions_total", "Children or memory handles closed to stay under the cap or when idle.", ["reason"])
+# A replica whose RECALL_JWT_SECRET (or JWKS, issuer, audience) differs from the gateway's refuses
+# every call it gets: behind a load balancer, one call in N fails, and only this shows which.
+TOKENS_REJECTED = Counter("recall_tokens_rejected_total", "Requests refused 401: no bearer token (missing), or one this "
+                          "replica cannot verify (invalid: malformed, expired, or another key, issuer or audience).",
+                          ["reason"])
 POOL_CRASH_RESTARTS = Counter("recall_pool_crash_restarts_total", "Children replaced after a crash, timeout or protocol error.", ["reason"])
 
 # Series exist from the start (at 0), so dashboards and alerts see them before the first event.
-for _outcome in ("hit", "empty", "no_memory", "unavailable", "busy"):
+for _outcome in ("hit", "empty", "no_memory", "indexing", "unavailable", "busy"):
     RECALL_LATENCY.labels(_outcome)
 for _reason in ("queue_full", "queue_timeout", "search_deadline", "tool_timeout"):
     RECALL_BUSY.labels(_reason)
@@ -26,6 +32,8 @@ for _reason in ("lru", "idle"):
     POOL_EVICTIONS.labels(_reason)
 for _reason in ("crash", "timeout", "error"):
     POOL_CRASH_RESTARTS.labels(_reason)
+for _reason in ("missing", "invalid"):
+    TOKENS_REJECTED.labels(_reason)
 
 # Memory artifacts, population and AgentMemory calls (MCP realm tools and the HTTP API). A
 # `database_unavailable` outcome means PostgreSQL (RECALL_ARTIFACTS_DB_URL) could not be reached:

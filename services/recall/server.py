@@ -180,9 +180,12 @@ class RecallService:
         something false; the indexers are asked for the run that builds it."""
         if not await asyncio.to_thread(paths.has_conversations):
             return "no_memory", NO_MEMORY
-        log.info("recall.memory_missing", user_hash=paths.uhash)  # also the seconds before a user's first index run
+        # Before a new user's first index run ends, "indexing": the soft-failure alert counts
+        # only memories that should be there (an SRE's trial: new users' first calls set it off).
+        first_run = self.index_requests is not None and await self.index_requests.pending(paths.uhash)
+        log.info("recall.memory_missing", user_hash=paths.uhash, index_run_due=first_run)
         await self._ask_for_index_run(paths)
-        return "unavailable", UNAVAILABLE
+        return ("indexing" if first_run else "unavailable"), UNAVAILABLE
 
     async def _ask_for_index_run(self, paths: TenantPaths) -> None:
         if self.index_requests is not None:

@@ -6,13 +6,24 @@ tokens are JWTs a gateway signs (or `recall token` mints in development): there 
 re-register, and that text sent newcomers looking for an OAuth flow. The status, the error
 code and the challenge stay as RFC 6750 has them; only the description says what is wrong and
 what to do. A request without a token (401 with no body) passes unchanged.
+
+Every 401 is counted (`recall_tokens_rejected_total{reason}`) and logged as `token.rejected`, at
+most once per LOG_EVERY_S per reason with the count since: a replica given another signing
+secret than the gateway's refused every call with nothing in its logs or metrics.
 """
 
 from __future__ import annotations
 
 import json
+import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from services.recall.metrics import TOKENS_REJECTED
+from shared.logging_setup import get_logger
+
+log = get_logger("recall.tokens")
+LOG_EVERY_S = 10.0
 
 DESCRIPTION = ("The bearer token was not accepted: it is malformed, expired, or not signed for this service "
                "(its key, issuer or audience). Ask the gateway for a new token; in development, "
@@ -22,6 +33,16 @@ DESCRIPTION = ("The bearer token was not accepted: it is malformed, expired, or 
 class RejectedTokenText:
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
+        self._unlogged: dict[str, int] = {}
+        self._logged_at: dict[str, float] = {}
+
+    def _rejected(self, reason: str) -> None:
+        TOKENS_REJECTED.labels(reason).inc()
+        self._unlogged[reason] = self._unlogged.get(reason, 0) + 1
+        now = time.monotonic()
+        if now - self._logged_at.get(reason, -LOG_EVERY_S) >= LOG_EVERY_S:
+            log.warning("token.rejected", reason=reason, requests=self._unlogged.pop(reason))
+            self._logged_at[reason] = now
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -37,6 +58,7 @@ class RejectedTokenText:
             if held is not None and message["type"] == "http.response.body":
                 start, held = held, None
                 body = message.get("body", b"")
+                self._rejected("invalid" if b'"invalid_token"' in body else "missing")
                 if b'"invalid_token"' in body and not message.get("more_body"):
                     body = json.dumps({"error": "invalid_token", "error_description": DESCRIPTION}).encode()
                     challenge = f'Bearer error="invalid_token", error_description="{DESCRIPTION}"'.encode()
