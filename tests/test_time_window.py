@@ -255,3 +255,17 @@ def test_this_weekday_not_yet_come_names_no_window():
     assert find_time_window("the deploy this Friday", wednesday) == ("the deploy this Friday", None)
     searched, window = find_time_window("the deploy this Monday", wednesday)
     assert (searched, window.start.date().isoformat()) == ("the deploy", "2026-11-23")
+
+
+@pytest.mark.parametrize("searched, kept", [
+    ("напомни про отель в Риге", "про отель в Риге"), ("Напомните мне рецепт борща", "рецепт борща"),
+    ("remind me about the Lisbon hotel", "about the Lisbon hotel"), ("remind me", "remind me"),
+    ("remind me what we discussed", "remind me what we discussed"), ("напомни", "напомни"),
+    ("reminders for the K-7 service", "reminders for the K-7 service"),
+])
+def test_a_request_to_the_assistant_is_not_searched_when_a_topic_is_left(searched, kept):
+    """«напомни про отель в Риге» ranked first a turn that said «Напомни бабушкин рецепт борща»
+    (an integrator's trial); a question of request words alone asks for the latest conversations."""
+    from services.recall.time_window import without_request
+
+    assert without_request(searched) == kept

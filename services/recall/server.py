@@ -35,7 +35,7 @@ from services.recall.fd_budget import raise_open_file_limit, readers_within
 from services.recall.metrics import RECALL_BUSY, RECALL_CONCURRENCY_LIMIT, RECALL_IN_FLIGHT, RECALL_LATENCY
 from services.recall.process_pool import ProcessPool
 from services.recall.settings import RecallSettings
-from services.recall.time_window import TimeWindow, asked_conversations, find_time_window
+from services.recall.time_window import TimeWindow, asked_conversations, find_time_window, without_request
 from services.recall.time_zones import time_zone
 from services.recall.token_errors import RejectedTokenText
 from services.recall.tokens import build_verifier
@@ -130,6 +130,8 @@ class RecallService:
             window = dated
         elif window.latest and dated is None:
             search_query, window = query, None  # a topic with "last time" is searched as if no time were named
+        if dated is None:
+            search_query = without_request(search_query)  # "remind me about X" is searched as "X"
         # A time window reorders a wider pool, so the in-window passages have a chance to be in it.
         k = self.s.k * TIME_WINDOW_POOL if window else self.s.k
         try:

@@ -96,6 +96,18 @@ def asked_conversations(searched: str, window: TimeWindow | None) -> TimeWindow 
     return LATEST if {stem(w) for w in words(searched)} & _ABOUT_CONVERSATIONS else None
 
 
+# A request to the assistant ("remind me about the Riga hotel", «напомни про отель в Риге») names
+# no topic: searched, «напомни» ranked first a turn that said it («Напомни бабушкин рецепт борща»).
+_REQUEST = re.compile(r"\b(?:remind\s+me|remind|напомн(?:и|ите|ить)(?:\s+мне)?)(?!\w)", re.IGNORECASE)
+
+
+def without_request(searched: str) -> str:
+    """`searched` without its request words when a topic is left; as it is otherwise (a
+    question of request words alone asks for the latest conversations: `asked_conversations`)."""
+    rest = " ".join(_REQUEST.sub(" ", searched).split())
+    return rest if rest and not names_only_a_time(rest) else searched
+
+
 def _day(d: date) -> datetime:
     return datetime(d.year, d.month, d.day, tzinfo=timezone.utc)
 
