@@ -262,6 +262,7 @@ def test_this_weekday_not_yet_come_names_no_window():
     ("remind me about the Lisbon hotel", "about the Lisbon hotel"), ("remind me", "remind me"),
     ("remind me what we discussed", "remind me what we discussed"), ("напомни", "напомни"),
     ("reminders for the K-7 service", "reminders for the K-7 service"),
+    ("what did Maria make to remind her of England", "what did Maria make to remind her of England"),
 ])
 def test_a_request_to_the_assistant_is_not_searched_when_a_topic_is_left(searched, kept):
     """«напомни про отель в Риге» ranked first a turn that said «Напомни бабушкин рецепт борща»

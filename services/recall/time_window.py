@@ -98,7 +98,8 @@ def asked_conversations(searched: str, window: TimeWindow | None) -> TimeWindow 
 
 # A request to the assistant ("remind me about the Riga hotel", «напомни про отель в Риге») names
 # no topic: searched, «напомни» ranked first a turn that said it («Напомни бабушкин рецепт борща»).
-_REQUEST = re.compile(r"\b(?:remind\s+me|remind|напомн(?:и|ите|ить)(?:\s+мне)?)(?!\w)", re.IGNORECASE)
+# "remind" alone is a topic word ("what did Maria make to remind her of England"): only the request.
+_REQUEST = re.compile(r"\b(?:remind\s+me|напомн(?:и|ите)(?:\s+мне)?)(?!\w)", re.IGNORECASE)
 
 
 def without_request(searched: str) -> str:
