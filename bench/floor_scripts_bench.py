@@ -4,17 +4,24 @@
 
 Memories (default embedder, built by the engine): `en`, one conversation per fact of
 bench/embedder_paraphrase.py's English chats (80 facts, four chatter turns each naming the same
-sites and equipment), and `locomo`, the first LoCoMo-dev sample. Questions, each asked through
-`Engine.recall` with the relevance floor on (as the service asks) and k=3:
+sites and equipment); `locomo`, the first LoCoMo-dev sample; and two mixed ones, as a user who
+chats in both languages has: `en+ru`, the English chats of facts 0-39 beside the Russian chats
+of facts 40-79, and `locomo+ru`, the LoCoMo sample beside those Russian chats. Questions, each
+asked through `Engine.recall` with the relevance floor on (as the service asks) and k=3:
 
 - `ru → en`: the 80 Russian paraphrase questions over the English chats: answerable, and no
   word can be shared. A hit = the fact among the three passages.
-- `ru → locomo`: the same questions over a memory that never discussed them: off-topic.
-- keyboard mashing, Latin, Cyrillic and CJK, over both memories: gibberish.
+- `ru 0-39 → en+ru`: the same for facts 0-39, answered in English beside Russian chats of other
+  facts (which share the sites' and equipment's names).
+- `ru → locomo`, `ru 0-39 → locomo+ru`: the same questions over memories that never discussed
+  them: off-topic.
+- keyboard mashing, Latin, Cyrillic and CJK, over the English and LoCoMo memories: gibberish.
 
-Each row gives how often the engine answers at all and, for the answerable row, how often the
-right turn is among the three. The floor before this change (no language test, 0.84 for any
-query sharing no word) is the baseline, computed in the same run from the same legs.
+Each row gives how often the engine answers at all and, for the answerable rows, how often the
+right turn is among the three. Baseline in the same run, from the same legs: round 30's floor,
+under which a question faced the across-scripts bar only when none of its nearest passages was
+written in its script (in a mixed memory, a Russian question about an English chat met a
+Russian turn among them and faced the same-script bar).
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from shared.engine.api import Engine
 from shared.engine.embedder import shared_embedder
 from shared.engine.hybrid_search import RecallParams
 from shared.engine.index_run import index_tree, memory_dir
+from shared.engine.text_analysis import scripts
 
 MASHING = {
     "Latin mashing": ["xyzzy plugh", "qwertyuiop asdf", "zxcv bnm lkjh", "asdfgh jkl", "blorft snizzle"],
@@ -52,9 +60,30 @@ def build(home: Path, write_src) -> Path:
     return memory_dir(home)
 
 
-def write_en(src: Path, ps) -> None:
-    started = datetime(2026, 10, 8, 10, tzinfo=timezone.utc)
-    write_tree(src, [Conversation(f"c{i}", started, ps.passages_en[a - 4 : a + 1]) for i, a in enumerate(ps.answer)])
+STARTED = datetime(2026, 10, 8, 10, tzinfo=timezone.utc)
+
+
+def write_en(src: Path, ps, facts: range) -> None:
+    write_tree(src, [Conversation(f"c{i}", STARTED, ps.passages_en[ps.answer[i] - 4 : ps.answer[i] + 1]) for i in facts])
+
+
+def write_ru(src: Path, ps, facts: range) -> None:
+    write_tree(src, [Conversation(f"ru{i}", STARTED, ps.passages_ru[ps.answer[i] - 4 : ps.answer[i] + 1]) for i in facts])
+
+
+class Round30Floor(relevance_floor.RelevanceFloor):
+    """The floor before round 31: the across-scripts bar only when no nearest passage shares the
+    question's script, else the same-script bar for every passage."""
+
+    def admits(self, query, legs, nearest, log_prob, said) -> bool:
+        asked = scripts(query) - {"other"}
+
+        def as_before() -> list[tuple[float, str]]:
+            passages = nearest()
+            if any(asked & scripts(text) for _, text in passages):
+                return [(-1.0, text) for _, text in passages]  # none may clear the across-scripts bar
+            return passages
+        return super().admits(query, legs, as_before, log_prob, said)
 
 
 def ask(engine: Engine, memory: Path, questions: list[str], facts: list[str] | None) -> tuple[float, float | None]:
@@ -76,13 +105,25 @@ def main() -> None:
     work = Path(args.workdir or tempfile.mkdtemp(prefix="floor-scripts-"))
     ps = generate(80)
     facts = [ps.passages_en[a] for a in ps.answer]
-    memories = {"en": build(work / "en", lambda src: write_en(src, ps)),
-                "locomo": build(work / "locomo", lambda src: write_sample(load(Path(args.path))[0], src))}
+    first, second = range(0, 40), range(40, 80)
+    locomo = load(Path(args.path))[0]
+
+    def mixed(src: Path, write_first) -> None:
+        write_first(src)
+        write_ru(src, ps, second)
+    memories = {"en": build(work / "en", lambda src: write_en(src, ps, range(80))),
+                "locomo": build(work / "locomo", lambda src: write_sample(locomo, src)),
+                "en+ru": build(work / "en+ru", lambda src: mixed(src, lambda s: write_en(s, ps, first))),
+                "locomo+ru": build(work / "locomo+ru", lambda src: mixed(src, lambda s: write_sample(locomo, s)))}
     engine = Engine(embedder=shared_embedder())
-    sets = [("ru → en (answerable)", "en", ps.questions_ru, facts), ("ru → locomo (off-topic)", "locomo", ps.questions_ru, None)]
-    sets += [(f"{label} → {name}", name, qs, None) for label, qs in MASHING.items() for name in memories]
+    asked_first = ps.questions_ru[:40]
+    sets = [("ru → en (answerable)", "en", ps.questions_ru, facts),
+            ("ru 0-39 → en+ru (answerable)", "en+ru", asked_first, facts[:40]),
+            ("ru → locomo (off-topic)", "locomo", ps.questions_ru, None),
+            ("ru 0-39 → locomo+ru (off-topic)", "locomo+ru", asked_first, None)]
+    sets += [(f"{label} → {name}", name, qs, None) for label, qs in MASHING.items() for name in ("en", "locomo")]
     shipped = relevance_floor.FLOORS[engine.embedder.spec.model_id]
-    before = relevance_floor.RelevanceFloor(shipped.with_words, shipped.without_words)  # no language test
+    before = Round30Floor(shipped.with_words, shipped.without_words, shipped.language_log_prob, shipped.refuse_runs)
     rows = []
     for label, name, questions, answers in sets:
         relevance_floor.FLOORS[engine.embedder.spec.model_id] = before
@@ -92,8 +133,8 @@ def main() -> None:
         rows.append([label, len(questions), f"{old[0]:.2f}", f"{new[0]:.2f}",
                      "–" if answers is None else f"{old[1]:.2f} / {new[1]:.2f}"])
         print(rows[-1], flush=True)
-    body = table(["questions → memory", "n", "answered, floor before", "answered, shipped floor",
-                  "right turn in top 3, before / shipped"], rows)
+    body = table(["questions → memory", "n", "answered, round 30's floor", "answered, shipped floor",
+                  "right turn in top 3, round 30 / shipped"], rows)
     print(body)
     if not args.no_doc:
         write_section("floor-scripts", "python -m bench.floor_scripts_bench", body)

@@ -296,6 +296,23 @@ def test_a_russian_question_over_english_chats_clears_the_floor_and_cyrillic_gib
     assert embedder.text_log_prob("когда заменили насос") > -4.0 > embedder.text_log_prob("фывапролдж")
 
 
+def test_a_russian_question_about_an_english_chat_clears_the_floor_beside_russian_chats(tmp_path, embedder):
+    """An integrator's memory held English and Russian chats: a Russian question about an English
+    one was held to the same-script bar because a Russian turn was among its nearest passages,
+    though the best one, in English, could share no word with it. 0 of 7 were answered."""
+    memory = _one_memory(tmp_path, embedder, {
+        "riga": ["Which hotel in Riga for December 23-27? Near the old town and the Christmas market.",
+                 "Hotel Bergs is elegant; a cheaper option is Neiburgs, right in the old town."],
+        "borsch": ["Напомни бабушкин рецепт борща на 3 литра кастрюлю.", "Свёкла, капуста, картофель, морковь, лук."],
+        "doctor": ["Давление 135/85 — это высокое нормальное?", "Измеряйте в одно и то же время утром и вечером."],
+    })
+    engine = Engine(embedder=embedder)
+    hits = engine.search(memory, "сколько стоил отель в Риге", RecallParams(k=1, floor=True))
+    assert [h.row.session_id for h in hits] == ["riga"], [h.row.text for h in hits]
+    for off_topic in ["как настроить VPN на роутере", "фывапролдж йцукен"]:
+        assert engine.search(memory, off_topic, RecallParams(floor=True)) == [], off_topic
+
+
 def test_characters_the_model_cannot_read_never_read_as_language(embedder):
     # sentencepiece scores its one unknown piece 0, the likeliest score there is: left so,
     # text in a script e5 lacks would pass the floor's language test better than English.

@@ -539,8 +539,8 @@ def _embed(embedder: Embedder, query: str, deadline: float | None) -> np.ndarray
 def _clears_floor(reader: MemoryReader, embedder: Embedder, query: str, legs: Legs, rows: dict[int, Row], c: int,
                   mask: Mask) -> bool:
     """The relevance floor of the embedder's model; a query without a single word never clears it."""
-    def nearest() -> list[str]:  # read only for a query that shares no word with the memory
-        return [rows[rid].text for rid, _ in legs.dense[:c] if rid in rows]
+    def nearest() -> list[tuple[float, str]]:  # read only for a query that shares no word with the memory
+        return [(cosine, rows[rid].text) for rid, cosine in legs.dense[:c] if rid in rows]
 
     def said() -> bool:
         return _one_turn_holds_every_word(reader, query, legs, rows, mask)

@@ -36,9 +36,9 @@ class RelevanceFloor:
     # When no query word occurs in the memory, whether the query reads as language at all (its
     # tokenizer's log-probability per character at least this) decides the rest: keyboard
     # mashing (and text in characters the model lacks) does not pass, however close e5's
-    # squeezed cosines put it; a question in a script none of its nearest passages is written
-    # in (Russian over English chats) cannot share a word with them, so BM25's silence says
-    # nothing and it faces the with-words bar. None: the model's tokenizer has no piece scores,
+    # squeezed cosines put it; a passage in a script the question is not written in (Russian
+    # over English chats) cannot share a word with it, so BM25's silence says nothing of that
+    # passage, and it faces the with-words bar. None: the model's tokenizer has no piece scores,
     # and only the cosine bars apply.
     language_log_prob: float | None = None
     # Likewise a query of nothing but character runs ("aaaaaaaa", "hahaha", "zzzz"): tokenizers
@@ -46,11 +46,12 @@ class RelevanceFloor:
     # short chat turns ("thanks"), yet they ask for nothing.
     refuse_runs: bool = True
 
-    def admits(self, query: str, legs: "Legs", nearest: Callable[[], list[str]],
+    def admits(self, query: str, legs: "Legs", nearest: Callable[[], list[tuple[float, str]]],
                log_prob: Callable[[str], float | None], said: Callable[[], bool]) -> bool:
-        """Whether the best passage is close enough to answer `query`; `nearest` gives the texts of
-        the dense leg's best passages, `log_prob` the query's log-probability per character, `said`
-        whether one turn holds every word of the query (asked only when the cosine falls short)."""
+        """Whether the best passage is close enough to answer `query`; `nearest` gives the dense
+        leg's best passages (cosine, text), `log_prob` the query's log-probability per character,
+        `said` whether one turn holds every word of the query (asked only when the cosine falls
+        short)."""
         best = legs.dense[0][1] if legs.dense else -1.0
         if legs.bm25:
             return best >= self.with_words or said()
@@ -64,8 +65,12 @@ class RelevanceFloor:
             return best >= self.without_words
         if score < self.language_log_prob:
             return False
-        across = bool(asked) and not asked & set().union(*map(scripts, nearest()))
-        return best >= (self.with_words if across else self.without_words)
+        if best >= self.without_words:
+            return True
+        # Each passage by the bar its script allows: in a memory of Russian and English chats, a
+        # Russian question about an English one was held to the same-script bar because some
+        # Russian turn was among its nearest passages, and refused (an integrator's 0 of 7).
+        return bool(asked) and any(cosine >= self.with_words and not asked & scripts(text) for cosine, text in nearest())
 
     def shows(self, cosine: float | None, holds_a_word: bool, query_scripts: set[str], text: Callable[[], str]) -> bool:
         """Whether a passage found for an answered query is shown: it holds a query word (a
