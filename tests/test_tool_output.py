@@ -29,7 +29,7 @@ def test_typed_hits_equal_the_parsed_agent_format_and_render_the_same(tmp_path, 
         params = RecallParams(k=3, candidates=8)
         typed = hits_from_engine(engine.search(memory, query, params))
         parsed = hits_from_funes_text(engine.recall(memory, query, params))
-        assert [h.model_copy(update={"role": ""}) for h in typed] == parsed, query
+        assert [h.model_copy(update={"role": "", "seq": None}) for h in typed] == parsed, query  # funes says neither
         assert render_for_agent(typed, 4000, 3) == render_for_agent(parsed, 4000, 3).replace(
             " UTC]\n", " UTC] {}\n").format(*[h.role for h in typed])
     assert any("\r\n" in h.text for h in typed + hits_from_engine(engine.search(memory, "N-12 plan", params)))
@@ -113,3 +113,24 @@ def test_a_long_neighbouring_turn_is_one_preview_on_one_line():
                    neighbours=previews([*((4, "user", piece) for piece in log), (5, "assistant", "It ran out\nof retries.")]))
     lines = render_for_agent([hit], 4000, 3).splitlines()
     assert lines[3:] == [f"  ~ user: {' '.join(log[0][:160].split())}…", "  ~ assistant: It ran out of retries.", "---"], lines
+
+
+def test_a_turn_next_to_a_shown_passage_that_the_answer_leaves_out_is_its_preview():
+    """"wedding last week" over a pool of 9: the engine previews no hit (it shows them whole), the
+    window put another time's wedding passage before the same conversation's photographer turn,
+    and the answer left that turn out: the wedding came back without it."""
+    from datetime import datetime, timezone
+
+    from services.recall.time_window import TimeWindow
+
+    week = TimeWindow(datetime(2026, 11, 23, tzinfo=timezone.utc), datetime(2026, 11, 30, tzinfo=timezone.utc))
+    opening = AgentHit(ts="2026-11-25T10:00:00Z", role="user", session_id="wedding-2", turn_uuid="t0", seq=0,
+                       text="Wedding planning: which photographer?")
+    october = AgentHit(ts="2026-10-10T10:00:00Z", role="user", session_id="wedding-1", turn_uuid="t0", seq=0,
+                       text="The wedding venue is booked.")
+    photographer = AgentHit(ts="2026-11-25T10:01:00Z", role="assistant", session_id="wedding-2", turn_uuid="t1", seq=1,
+                            text="Marta Quinn asks $4,200,\nLightbox $3,600.", filler=True)
+    lines = render_for_agent([opening, october, photographer], 4000, 2, week).splitlines()
+    assert lines[:4] == ["[2026-11-25 10:00 UTC] user", "  cite: session_id=wedding-2 turn_uuid=t0",
+                         "Wedding planning: which photographer?", "  ~ assistant: Marta Quinn asks $4,200, Lightbox $3,600."]
+    assert "wedding-1" in "\n".join(lines) and lines.count("---") == 2

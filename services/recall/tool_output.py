@@ -66,6 +66,7 @@ class AgentHit(BaseModel):
     role: str = ""  # who said it; "" when the engine does not say (funes' recall output)
     session_id: str = ""
     turn_uuid: str = ""
+    seq: int | None = None  # the turn's place in its conversation (the embedded engine says; funes' output does not)
     text: str
     neighbours: tuple[Neighbour, ...] = ()
     # Only a place filler (hybrid_search.Hit.filler): shown when it is from the query's time.
@@ -81,7 +82,7 @@ class DatedAnswer(BaseModel):
 
 
 def hits_from_engine(hits: list[Hit]) -> list[AgentHit]:
-    return [AgentHit(ts=h.row.ts, role=h.row.role, session_id=h.row.session_id, turn_uuid=h.row.turn_uuid,
+    return [AgentHit(ts=h.row.ts, role=h.row.role, session_id=h.row.session_id, turn_uuid=h.row.turn_uuid, seq=h.row.seq,
                      text=h.row.text.strip(), filler=h.filler,
                      neighbours=previews(((n.session_id, n.turn_uuid), n.role, n.text) for n in h.neighbours))
             for h in hits]
@@ -134,6 +135,21 @@ def _in_window(hit: AgentHit, window: TimeWindow) -> bool:
     return (when := _when(hit.ts)) is not None and window.contains(when)
 
 
+def _with_left_out_neighbours(shown: list[AgentHit], left_out: list[AgentHit]) -> list[AgentHit]:
+    """`shown`, each with the turns next to it that were hits the answer leaves out as previews:
+    the engine previews no hit (it shows them whole), so "wedding last week" over a pool of 9
+    showed the wedding's opening turn without its photographer turn, cut as a place filler."""
+    shown_turns = {(h.session_id, h.turn_uuid) for h in shown}
+    out = []
+    for hit in shown:
+        beside = [h for h in left_out if hit.seq is not None and h.seq is not None and h.session_id == hit.session_id
+                  and abs(h.seq - hit.seq) == 1 and (h.session_id, h.turn_uuid) not in shown_turns]
+        shown_turns |= {(h.session_id, h.turn_uuid) for h in beside}
+        added = previews(((h.session_id, h.turn_uuid), h.role, h.text) for h in sorted(beside, key=lambda h: h.seq))
+        out.append(hit.model_copy(update={"neighbours": hit.neighbours + added}) if added else hit)
+    return out
+
+
 def render_for_agent(hits: list[AgentHit], max_chars: int, k: int, window: TimeWindow | None = None,
                      conversations_then: int = 0, identifiers: Sequence[str] = (), zone: tzinfo = timezone.utc) -> str:
     """At most k passages, whole ones only, within max_chars; passages holding the query's words,
@@ -153,7 +169,7 @@ def render_for_agent(hits: list[AgentHit], max_chars: int, k: int, window: TimeW
         fillers_kept = matched_then or all(h.filler for h in hits)
         hits = [h for h in hits if not h.filler or (fillers_kept and _in_window(h, window))]
         hits.sort(key=lambda h: (h.filler, not _in_window(h, window)))  # the query's words before a date alone
-    hits = hits[:k]
+    hits = _with_left_out_neighbours(hits[:k], hits[k:])
     if not hits:
         return NOTHING
 
