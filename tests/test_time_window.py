@@ -263,10 +263,14 @@ def test_this_weekday_not_yet_come_names_no_window():
     ("remind me what we discussed", "remind me what we discussed"), ("напомни", "напомни"),
     ("reminders for the K-7 service", "reminders for the K-7 service"),
     ("what did Maria make to remind her of England", "what did Maria make to remind her of England"),
+    ("what did I say about the migration", "what did I about the migration"),
+    ("did we discuss Sintra", "did we Sintra"), ("что я говорила про свадьбу", "что я про свадьбу"),
+    ("what did we discuss", "what did we discuss"), ("Saying goodbye to Max", "Saying goodbye to Max"),
 ])
 def test_a_request_to_the_assistant_is_not_searched_when_a_topic_is_left(searched, kept):
-    """«напомни про отель в Риге» ranked first a turn that said «Напомни бабушкин рецепт борща»
-    (an integrator's trial); a question of request words alone asks for the latest conversations."""
+    """«напомни про отель в Риге» ranked first a turn that said «Напомни бабушкин рецепт борща»,
+    "what did I say about the migration" a dentist's turn that "says" (integrators' trials); a
+    question of such words alone asks for the latest conversations."""
     from services.recall.time_window import without_request
 
     assert without_request(searched) == kept
