@@ -99,8 +99,13 @@ def _error_line(cls: type[BaseSettings], err: dict) -> str:
 
 
 def _without_password(value: object) -> object:
-    """A URL's user and password hidden (redis://:pw@host mistyped as http://:pw@host)."""
-    return re.sub(r"(?<=://)[^/@\s]*@", "(hidden)@", value) if isinstance(value, str) else value
+    """A URL's user and password hidden, whatever its scheme or the lack of one (redis://:pw@host
+    mistyped as http://:pw@host, :pw@host or redis:/:pw@host)."""
+    if not isinstance(value, str) or "@" not in value:
+        return value
+    userinfo, _, host = value.rpartition("@")
+    scheme = re.match(r"[A-Za-z][\w+.-]*:/*(?=[^/]*$)", userinfo)
+    return f"{scheme.group(0) if scheme else ''}(hidden)@{host}"
 
 
 def _is_secret(field: FieldInfo) -> bool:

@@ -138,6 +138,8 @@ def test_service_commands_refuse_a_missing_funes_binary_too(tmp_path):
     ("ingest", {"RECALL_REDIS_URL": "http://:pw-1234@redis:6379"},
      "recall ingest: RECALL_REDIS_URL='http://(hidden)@redis:6379' is not allowed: must start with redis://"),
     ("serve", {"RECALL_REDIS_URL": "127.0.0.1:6379"}, "recall serve: RECALL_REDIS_URL='127.0.0.1:6379' is not allowed"),
+    ("serve", {"RECALL_REDIS_URL": "default:pw-1234@redis:6379"}, "recall serve: RECALL_REDIS_URL='default:(hidden)@redis"),
+    ("indexer", {"RECALL_REDIS_URL": "redis:/:pw-1234@redis"}, "recall indexer: RECALL_REDIS_URL='redis:/(hidden)@redis'"),
     ("indexer", {"RECALL_REDIS_URL": ""}, "recall indexer: RECALL_REDIS_URL is not set: the indexer needs the Redis"),
     ("ingest", {"RECALL_INGEST_KEY": ""}, "recall ingest: RECALL_INGEST_KEY is not set"),
 ])
