@@ -11,12 +11,21 @@ forgets answered `done` while the files it was never given stayed where the othe
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import secrets
 from pathlib import Path
 
+import redis.asyncio as aioredis
+
+from shared.logging_setup import get_logger
+
 KEY = "recall:data-dir"
 FILE = ".recall-data-dir"
+WATCH_EVERY_S = 10.0
+
+log = get_logger("recall.data_dir")
 
 
 def local_id(data_dir: Path) -> str:
@@ -52,9 +61,42 @@ def shared_dir_problem(redis_url: str, data_dir: Path, register: bool, var: str 
         theirs = client.get(KEY)
     finally:
         client.close()
+    return _problem(data_dir, ours, theirs, var)
+
+
+def _problem(data_dir: Path, ours: str, theirs: bytes | str | None, var: str) -> str | None:
     theirs = theirs.decode() if isinstance(theirs, bytes) else theirs
     if theirs in (None, ours):
         return None
     return (f"{var}={data_dir} is not the data directory the other services on this Redis use (its id "
             f"{ours[:8]}, theirs {theirs[:8]}): mount the shared volume there; for a new volume for the whole "
             f"deployment, delete the Redis key {KEY} first")
+
+
+class SharedDirWatch:
+    """The same check while a service runs, every WATCH_EVERY_S: a Redis that lost its data (a
+    FLUSHALL, a restart without its AOF) named no directory until the next start, so an indexer on
+    a mistyped path could name its own and lock the right ones out at their restart; a replica
+    started before any indexer had nothing to compare with. An indexer (`register`) names its
+    directory again; a service whose directory is not the named one says so (`problem`, for its
+    /readyz, and one log line when that changes)."""
+
+    def __init__(self, client: aioredis.Redis, data_dir: Path, register: bool, var: str = "RECALL_DATA_DIR") -> None:
+        self.client, self.data_dir, self.register, self.var = client, data_dir, register, var
+        self.ours = ""
+        self.problem: str | None = None
+
+    async def check(self) -> None:
+        self.ours = self.ours or local_id(self.data_dir)
+        if self.register:
+            await self.client.set(KEY, self.ours, nx=True)
+        problem = _problem(self.data_dir, self.ours, await self.client.get(KEY), self.var)
+        if problem and problem != self.problem:
+            log.error("data_dir.not_shared", ours=self.ours[:8])
+        self.problem = problem
+
+    async def run_forever(self) -> None:
+        while True:
+            with contextlib.suppress(aioredis.RedisError, OSError):  # Redis or the volume away: the last verdict stands
+                await self.check()
+            await asyncio.sleep(WATCH_EVERY_S)

@@ -110,7 +110,7 @@ def test_the_dry_run_answers_for_a_principal_outside_the_registry_as_the_service
 
 def test_an_agent_whose_working_paths_are_another_agents_is_not_admitted(service):
     population = admitted(service, "bot1")
-    message = refused("body", population.propose_admission, ALICE, REALM, "Bot1", "researcher", "a second bot")
+    message = refused("admission", population.propose_admission, ALICE, REALM, "Bot1", "researcher", "a second bot")
     assert "'bot1'" in message and "another principal" in message
     population.propose_admission(ALICE, REALM, "bot-one", "researcher", "a distinct principal")
 
@@ -218,11 +218,14 @@ def test_a_record_carries_its_source_and_provenance_and_only_its_author_changes_
 def test_an_agent_admitted_before_the_registry_checks_can_still_be_suspended(service, monkeypatch):
     import services.recall.artifacts.kind_schemas as kind_schemas
 
-    population = admitted(service, "bot1")
+    admitted(service, "bot1")
+    current = service.get_by_path(OWNER, REALM, REGISTRY_PATH)
+    before = AgentRegistry.model_validate(json.loads(current.body))
+    legacy = AgentRegistry(agents=[*before.agents, RegistryEntry(principal="Bot1", role="researcher", proposed_by="alice",
+                                                                 proposed_at="2026-12-01T00:00:00Z")])
     with monkeypatch.context() as m:  # a registry accepted before the checks: two agents on one set of paths
         m.setattr(kind_schemas, "check_new_body", lambda *args: None)
-        proposal = population.propose_admission(ALICE, REALM, "Bot1", "researcher", "admitted before the checks")
-        service.accept(OWNER, REALM, proposal.artifact_id)
+        service.supersede(OWNER, REALM, current.artifact_id, dump(legacy), "admit Bot1", "owner", {}, None)
     current = service.get_by_path(OWNER, REALM, REGISTRY_PATH)
     registry = AgentRegistry.model_validate(json.loads(current.body))
     suspended = AgentRegistry(agents=[a.model_copy(update={"status": "suspended"}) if a.principal == "Bot1" else a

@@ -787,3 +787,29 @@ def test_an_unknown_path_or_method_is_a_json_error_naming_where_things_are(servi
     wrong = httpx.post(f"{recall_url(service_env)}/healthz", timeout=10)
     assert wrong.status_code == 405 and wrong.json()["error"] == "method_not_allowed" and "GET" in wrong.headers["allow"]
     assert httpx.get(f"{recall_url(service_env)}/healthz", timeout=10).json() == {"status": "ok"}
+
+
+def test_the_shared_data_dir_is_named_again_after_redis_lost_it_and_a_replica_on_another_turns_unready(
+        services, service_env, r):
+    """An SRE's re-check: after a FLUSHALL no indexer named the deployment's directory again, so
+    one on a mistyped path started, named its own, and locked the right ones out at their
+    restart; a replica started before any indexer had nothing to compare with and stayed ready
+    on the wrong directory."""
+    from shared.data_dir_identity import KEY, local_id
+
+    indexer = services("indexer")
+    shared = local_id(Path(service_env["RECALL_DATA_DIR"]))
+    assert r.get(KEY) == shared
+    r.flushall()
+    assert wait_until(lambda: r.get(KEY) == shared, 30), "a running indexer names its directory again"
+
+    indexer.terminate(timeout=30)
+    elsewhere = Path(service_env["RECALL_DATA_DIR"]).parent / "elsewhere"
+    elsewhere.mkdir()
+    r.delete(KEY)  # a fresh deployment: the replica starts before any indexer
+    services("serve", RECALL_DATA_DIR=str(elsewhere))
+    assert httpx.get(f"{recall_url(service_env)}/readyz").status_code == 200
+    r.set(KEY, shared)  # the first indexer, on the shared volume
+    ready = lambda: httpx.get(f"{recall_url(service_env)}/readyz")  # noqa: E731
+    assert wait_until(lambda: ready().status_code == 503, 30)
+    assert ready().json()["status"].startswith(f"RECALL_DATA_DIR={elsewhere} is not the data directory"), ready().text

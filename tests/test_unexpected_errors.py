@@ -241,13 +241,16 @@ def test_the_indexers_http_routes_count_an_unexpected_failure(services, service_
 
     from services.indexer.storage_probe import StorageProbe
     from services.indexer.worker import _http_app
+    from shared.data_dir_identity import SharedDirWatch
 
     async def broken(request):
         raise LookupError(PLANTED)
 
     async def ask() -> httpx.Response:
         client = aioredis.Redis.from_url(redis_url)
-        app = _http_app(client, StorageProbe(client, Path(service_env["RECALL_DATA_DIR"]), "test"))
+        data_dir = Path(service_env["RECALL_DATA_DIR"])
+        data_dir.mkdir(parents=True, exist_ok=True)
+        app = _http_app(client, StorageProbe(client, data_dir, "test"), SharedDirWatch(client, data_dir, register=False))
         app.router.routes.append(Route("/broken", broken))
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app, raise_app_exceptions=False),
                                      base_url="http://indexer") as http:

@@ -32,6 +32,7 @@ from services.indexer.retention import RetentionSweeper
 from services.indexer.settings import IndexerSettings
 from services.indexer.storage_probe import StorageProbe
 from services.indexer.stream_consumer import StreamConsumer
+from shared.data_dir_identity import SharedDirWatch
 from shared.engine.embedder import Embedder
 from shared.error_site import exception_site, loggable_failure, new_incident
 from shared.logging_setup import get_logger
@@ -118,7 +119,7 @@ def _record_http_failure(exc: BaseException, scope: Scope) -> str:
     return incident
 
 
-def _http_app(client: aioredis.Redis, storage: StorageProbe) -> Starlette:
+def _http_app(client: aioredis.Redis, storage: StorageProbe, shared_dir: SharedDirWatch) -> Starlette:
     async def healthz(request: Request) -> JSONResponse:
         return JSONResponse({"status": "ok"})
 
@@ -127,6 +128,8 @@ def _http_app(client: aioredis.Redis, storage: StorageProbe) -> Starlette:
             await asyncio.wait_for(client.ping(), READY_CHECK_S)
         except Exception:
             return JSONResponse({"status": "redis unreachable"}, status_code=503)
+        if shared_dir.problem is not None:
+            return JSONResponse({"status": shared_dir.problem}, status_code=503)
         if storage.reason is not None:
             return JSONResponse({"status": f"data dir not writable: {storage.reason}"}, status_code=503)
         return JSONResponse({"status": "ready"})
@@ -157,8 +160,9 @@ async def run_worker(settings: IndexerSettings) -> None:
     consumer = StreamConsumer(client, settings, Forgetter(client, settings, job))
     broker = build_broker(settings, consumer)
     storage = StorageProbe(client, settings.data_dir, settings.consumer)
+    shared_dir = SharedDirWatch(client, settings.data_dir, register=True)
     await storage.check()
-    http = uvicorn.Server(uvicorn.Config(_http_app(client, storage), host=settings.indexer_host, port=settings.indexer_port,
+    http = uvicorn.Server(uvicorn.Config(_http_app(client, storage, shared_dir), host=settings.indexer_host, port=settings.indexer_port,
                                          log_config=None, lifespan="off", timeout_graceful_shutdown=settings.stop_grace_s))
     http.install_signal_handlers = lambda: None  # this process handles SIGTERM itself
 
@@ -174,7 +178,7 @@ async def run_worker(settings: IndexerSettings) -> None:
         if isinstance(job, EmbeddedIndexJob) else []
     tasks = [*scan, asyncio.create_task(scheduler.run_forever()), asyncio.create_task(_sample_stream(client, settings)),
              asyncio.create_task(RetentionSweeper(client, settings).run_forever()),
-             asyncio.create_task(storage.run_forever()),
+             asyncio.create_task(storage.run_forever()), asyncio.create_task(shared_dir.run_forever()),
              asyncio.create_task(reap_forever(client, settings.stream, settings.group, {settings.consumer, f"{settings.consumer}-reclaim"})),
              asyncio.create_task(http.serve())]
     watchdog = asyncio.create_task(_keep_consuming(broker, client, settings))

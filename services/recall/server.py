@@ -41,6 +41,7 @@ from services.recall.token_errors import RejectedTokenText
 from services.recall.tokens import build_verifier
 from services.recall.tool_output import RECALL_TOOL, TOOL_DESCRIPTION, AgentHit, DatedAnswer, render_for_agent
 from services.recall.unexpected_errors import UnexpectedToolErrors, record_http_failure
+from shared.data_dir_identity import SharedDirWatch
 from shared.engine.api import Engine, MemoryState, NoIndex
 from shared.engine.identifiers import query_codes
 from shared.http_body import BodyLimit
@@ -49,6 +50,7 @@ from shared.index_requests import IndexRequests
 from shared.logging_setup import configure_logging, get_logger
 from shared.metrics_http import metrics_endpoint
 from shared.recall_answer_format import BUSY, EMPTY_QUERY, NO_MEMORY, NOTHING, STILL_INDEXING, UNAVAILABLE, nothing_then
+from shared.redis_client import async_redis
 from shared.stream_schema import FORGET_CHANNEL
 from shared.tenant_paths import TenantPaths, user_hash
 from shared.unexpected_http import UnexpectedHTTPErrors
@@ -279,6 +281,7 @@ def build_app(settings: RecallSettings | None = None):
     s = settings or RecallSettings()
     backend = make_backend(s, raise_open_file_limit())
     index_requests = IndexRequests(s.redis) if s.redis_url else None
+    shared_dir = SharedDirWatch(async_redis(s.redis), s.data_dir, register=False) if s.redis_url else None
     service = RecallService(s, backend, index_requests)
     mcp = FastMCP("recall", auth=build_verifier(s), mask_error_details=True,
                   instructions="Memory of this user's earlier conversations. If the user refers to earlier work, "
@@ -300,6 +303,8 @@ def build_app(settings: RecallSettings | None = None):
 
     @mcp.custom_route("/readyz", methods=["GET"])
     async def readyz(request: Request) -> Response:
+        if shared_dir is not None and shared_dir.problem is not None:
+            return JSONResponse({"status": shared_dir.problem}, status_code=503)
         ok = backend.ready()
         return JSONResponse({"status": "ready" if ok else "engine unavailable"}, status_code=200 if ok else 503)
 
@@ -325,10 +330,14 @@ def build_app(settings: RecallSettings | None = None):
     async def lifespan(a):
         backend.start()
         listener = asyncio.create_task(_drop_forgotten(s, backend)) if s.redis_url else None
+        watching = asyncio.create_task(shared_dir.run_forever()) if shared_dir is not None else None
         async with inner_lifespan(a) as state:
             yield state
-        if listener is not None:
-            listener.cancel()
+        for task in (listener, watching):
+            if task is not None:
+                task.cancel()
+        if shared_dir is not None:
+            await shared_dir.client.aclose()
         if index_requests is not None:
             await index_requests.close()
         await backend.close()
