@@ -12,7 +12,11 @@ NOTHING = "Nothing relevant found in earlier conversations."
 UNAVAILABLE = "Conversation memory is unavailable right now; continue without it."
 EMPTY_QUERY = "The query is empty: describe what to look for, e.g. an identifier and a key noun."
 BUSY = "Conversation memory is busy right now; try again in a moment, or continue without it."
-FIXED_ANSWERS = frozenset({NO_MEMORY, NOTHING, UNAVAILABLE, EMPTY_QUERY, BUSY})
+# Stored conversations and no memory yet while the user's index run is due or under way (a new
+# user's first seconds; a lost memory being rebuilt): "unavailable; continue without it" told the
+# agent to give up on memory that would answer a minute later.
+INDEXING = "Conversation memory is still indexing this user's conversations; ask again in a minute."
+FIXED_ANSWERS = frozenset({NO_MEMORY, NOTHING, UNAVAILABLE, EMPTY_QUERY, BUSY, INDEXING})
 # Under an answer of nothing while the user's index run is due or under way: a 25 KB paste took
 # 35 s to index, and meanwhile its questions got a confident "Nothing relevant found".
 STILL_INDEXING = ("(Conversations stored moments ago are still being indexed and were not searched; "

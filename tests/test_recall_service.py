@@ -17,11 +17,11 @@ import pytest
 
 from shared.engine.native_threads import usable_cores
 from shared.index_requests import DUE
-from shared.recall_answer_format import (BUSY, EMPTY_QUERY, NO_MEMORY, NOTHING, STILL_INDEXING, UNAVAILABLE,
+from shared.recall_answer_format import (BUSY, EMPTY_QUERY, INDEXING, NO_MEMORY, NOTHING, STILL_INDEXING, UNAVAILABLE,
                                          looks_like_recall_answer, without_notes)
 from shared.tenant_paths import user_hash
 from tests.conftest import (call_recall, engine_cli, funes_status_chunks, indexed_chunks, mint, post_conversation,
-                            recall_url, wait_until)
+                            recall_url, wait_until, write_conversation)
 
 ALICE = ["What did we decide on the N-11 upgrade?", "Proceed once ticket MT-4471 for the K-2 machine is closed.", "ok"]
 BOB = ["The P-7 motor on South has bearing noise.", "I opened ticket MT-5120 for the P-7 bearing noise.", "thanks"]
@@ -110,7 +110,7 @@ async def test_a_memory_with_nothing_indexed_yet_is_unavailable_not_nothing_rele
     from shared.engine.index_run import index_tree
     from shared.engine.reembed import remove_deleted_sources
     from shared.tenant_paths import TenantPaths
-    from tests.conftest import JWT_SECRET, write_conversation
+    from tests.conftest import JWT_SECRET
 
     paths = TenantPaths.for_user(tmp_path, "alice")
     write_conversation(paths.src, "a1", ALICE)
@@ -139,7 +139,7 @@ async def test_a_codename_comes_back_alone_but_a_question_naming_a_time_gets_tha
     from services.recall.settings import RecallSettings
     from shared.engine.index_run import index_tree
     from shared.tenant_paths import TenantPaths
-    from tests.conftest import JWT_SECRET, write_conversation
+    from tests.conftest import JWT_SECRET
 
     recent_day = datetime.now(timezone.utc) - timedelta(days=2)
     recent = recent_day.strftime("%Y-%m-%d")
@@ -196,7 +196,7 @@ def _autumn_service(tmp_path, embedder):
     from services.recall.settings import RecallSettings
     from shared.engine.index_run import index_tree
     from shared.tenant_paths import TenantPaths
-    from tests.conftest import JWT_SECRET, write_conversation
+    from tests.conftest import JWT_SECRET
 
     paths = TenantPaths.for_user(tmp_path, "alice")
     for day, text in [("2025-10-03", "Night shift handover for the K-2 machine."), ("2025-10-08", "N-11 upgrade decision."),
@@ -316,7 +316,8 @@ async def test_conversations_without_a_word_to_index_are_nothing_relevant_not_un
     env, _, _ = stack
     post_conversation(env, "hank", "h1", ["   ", "\n"])
     token, deadline = mint("hank"), time.monotonic() + 60
-    while (answer := await call_recall(env, token, "kafka consumer lag")) == UNAVAILABLE and time.monotonic() < deadline:
+    while (answer := await call_recall(env, token, "kafka consumer lag")) in (UNAVAILABLE, INDEXING) and \
+            time.monotonic() < deadline:
         await asyncio.sleep(0.5)
     assert answer == NOTHING
 
@@ -390,7 +391,6 @@ async def test_a_timed_out_embedded_search_stops_instead_of_running_on(tmp_path,
     from services.recall.embedded_backend import EmbeddedBackend
     from shared.engine.index_run import index_tree
     from shared.tenant_paths import TenantPaths
-    from tests.conftest import write_conversation
 
     paths = TenantPaths.for_user(tmp_path, "alice")
     write_conversation(paths.src, "a1", ALICE)
@@ -428,7 +428,7 @@ async def test_an_embedded_search_past_its_deadline_answers_busy_not_unavailable
     from services.recall.settings import RecallSettings
     from shared.engine.index_run import index_tree
     from shared.tenant_paths import TenantPaths
-    from tests.conftest import JWT_SECRET, write_conversation
+    from tests.conftest import JWT_SECRET
 
     paths = TenantPaths.for_user(tmp_path, "alice")
     write_conversation(paths.src, "a1", ALICE)
@@ -813,3 +813,24 @@ def test_the_shared_data_dir_is_named_again_after_redis_lost_it_and_a_replica_on
     ready = lambda: httpx.get(f"{recall_url(service_env)}/readyz")  # noqa: E731
     assert wait_until(lambda: ready().status_code == 503, 30)
     assert ready().json()["status"].startswith(f"RECALL_DATA_DIR={elsewhere} is not the data directory"), ready().text
+
+
+async def test_a_new_users_calls_before_the_first_index_run_say_it_is_indexing_not_unavailable(services, service_env, r):
+    """An integrator's new user heard "unavailable right now; continue without it" for the
+    seconds before the first index run ended, which tells an agent to give up on its memory, and
+    the soft-failure alert counted them (an SRE's trial)."""
+    from shared.tenant_paths import TenantPaths
+
+    services("serve")
+    # Stored as the indexer stores a snapshot, before its index run (no indexer runs here).
+    write_conversation(TenantPaths.for_user(Path(service_env["RECALL_DATA_DIR"]), "nina").src, "n1",
+                       ["The K-9 pump needs a new seal.", "Ordered."])
+    r.delete(DUE)
+    token = mint("nina")
+    assert await call_recall(service_env, token, "K-9 pump") == UNAVAILABLE, "no indexer has it due: memory is missing"
+    r.zadd(DUE, {user_hash("nina"): time.time() + 3600})  # as the indexer marks a user whose snapshot it wrote
+    answer = await call_recall(service_env, token, "K-9 pump")
+    assert answer == INDEXING and looks_like_recall_answer(answer), answer
+    metrics = httpx.get(f"{recall_url(service_env)}/metrics").text
+    assert metric_value(metrics, 'recall_tool_latency_seconds_count{outcome="indexing"}') == 1
+    assert metric_value(metrics, 'recall_tool_latency_seconds_count{outcome="unavailable"}') == 1

@@ -49,7 +49,8 @@ from shared.http_serving import serve_http
 from shared.index_requests import IndexRequests
 from shared.logging_setup import configure_logging, get_logger
 from shared.metrics_http import metrics_endpoint
-from shared.recall_answer_format import BUSY, EMPTY_QUERY, NO_MEMORY, NOTHING, STILL_INDEXING, UNAVAILABLE, nothing_then
+from shared.recall_answer_format import (BUSY, EMPTY_QUERY, INDEXING, NO_MEMORY, NOTHING, STILL_INDEXING, UNAVAILABLE,
+                                         nothing_then)
 from shared.redis_client import async_redis
 from shared.stream_schema import FORGET_CHANNEL
 from shared.tenant_paths import TenantPaths, user_hash
@@ -189,7 +190,7 @@ class RecallService:
         first_run = self.index_requests is not None and await self.index_requests.pending(paths.uhash)
         log.info("recall.memory_missing", user_hash=paths.uhash, index_run_due=first_run)
         await self._ask_for_index_run(paths)
-        return ("indexing" if first_run else "unavailable"), UNAVAILABLE
+        return ("indexing", INDEXING) if first_run else ("unavailable", UNAVAILABLE)
 
     async def _ask_for_index_run(self, paths: TenantPaths) -> None:
         if self.index_requests is not None:
