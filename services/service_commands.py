@@ -104,7 +104,7 @@ def _check_shared_data_dir(s: CommonSettings, required: bool) -> None:
     except redis.RedisError as exc:
         if required:
             raise Problem(f"RECALL_REDIS_URL: Redis does not answer ({type(exc).__name__}: {exc}); "
-                          "the indexer starts once it does") from None
+                          "start the indexer again once it does (an orchestrator restarts it)") from None
         return
     if problem:
         raise ConfigProblem(problem)

@@ -154,6 +154,14 @@ def test_a_service_started_alone_with_a_bad_setting_says_so_in_one_line_naming_i
     assert "pw-1234" not in result.stderr and "--debug" not in result.stderr
 
 
+def test_an_indexer_whose_redis_does_not_answer_at_start_says_so_in_one_line(tmp_path):
+    result = recall("indexer", cwd=tmp_path, timeout=60, RECALL_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0",
+                    RECALL_DATA_DIR=str(tmp_path / "data"), RECALL_INDEXER_PORT=str(free_port()))
+    assert result.returncode == 1 and one_line(result).startswith("recall indexer: RECALL_REDIS_URL: Redis does not "
+                                                                  "answer (ConnectionError"), result.stderr[-2000:]
+    assert "--debug" not in result.stderr
+
+
 def test_an_indexer_or_replica_on_another_data_dir_than_the_deployments_is_refused_in_one_line(tmp_path, redis_url, r):
     """An SRE's trial: an indexer on a mistyped RECALL_DATA_DIR created it, said ready and took
     its share of the stream into it; its forgets answered done while the files stayed where the
