@@ -63,12 +63,9 @@ def build(home: Path, write_src) -> Path:
 STARTED = datetime(2026, 10, 8, 10, tzinfo=timezone.utc)
 
 
-def write_en(src: Path, ps, facts: range) -> None:
-    write_tree(src, [Conversation(f"c{i}", STARTED, ps.passages_en[ps.answer[i] - 4 : ps.answer[i] + 1]) for i in facts])
-
-
-def write_ru(src: Path, ps, facts: range) -> None:
-    write_tree(src, [Conversation(f"ru{i}", STARTED, ps.passages_ru[ps.answer[i] - 4 : ps.answer[i] + 1]) for i in facts])
+def write_chats(src: Path, ps, passages: list[str], facts: range, prefix: str) -> None:
+    """One conversation per fact: its four chatter turns and the fact, in `passages`' language."""
+    write_tree(src, [Conversation(f"{prefix}{i}", STARTED, passages[ps.answer[i] - 4 : ps.answer[i] + 1]) for i in facts])
 
 
 class Round30Floor(relevance_floor.RelevanceFloor):
@@ -110,10 +107,10 @@ def main() -> None:
 
     def mixed(src: Path, write_first) -> None:
         write_first(src)
-        write_ru(src, ps, second)
-    memories = {"en": build(work / "en", lambda src: write_en(src, ps, range(80))),
+        write_chats(src, ps, ps.passages_ru, second, "ru")
+    memories = {"en": build(work / "en", lambda src: write_chats(src, ps, ps.passages_en, range(80), "c")),
                 "locomo": build(work / "locomo", lambda src: write_sample(locomo, src)),
-                "en+ru": build(work / "en+ru", lambda src: mixed(src, lambda s: write_en(s, ps, first))),
+                "en+ru": build(work / "en+ru", lambda src: mixed(src, lambda s: write_chats(s, ps, ps.passages_en, first, "c"))),
                 "locomo+ru": build(work / "locomo+ru", lambda src: mixed(src, lambda s: write_sample(locomo, s)))}
     engine = Engine(embedder=shared_embedder())
     asked_first = ps.questions_ru[:40]

@@ -94,12 +94,15 @@ def write_sample(sample: dict, src: Path) -> dict[str, str]:
                 ts=(start + timedelta(minutes=seq)).strftime("%Y-%m-%dT%H:%M:%SZ"),
                 role="user" if t["speaker"] == conv["speaker_a"] else "assistant", harness="chat",
                 blocks=[Block(block_type="text", text=turn_text(t))]))
-        path = src / f"{sid}.funes.jsonl"
-        body = dump_transcript(turns)
-        if not path.exists() or path.read_text() != body:  # unchanged files keep the memory warm
-            path.write_text(body)
+        write_transcript(src, sid, turns)
         n += 1
     return texts
+
+
+def write_transcript(src: Path, session_id: str, turns: list[TranscriptTurn]) -> None:
+    path, body = src / f"{session_id}.funes.jsonl", dump_transcript(turns)
+    if not path.exists() or path.read_text() != body:  # unchanged files keep the memory warm
+        path.write_text(body)
 
 
 def write_pasted(sample: dict, other: dict, src: Path, n: int) -> None:
@@ -113,10 +116,7 @@ def write_pasted(sample: dict, other: dict, src: Path, n: int) -> None:
         turn = TranscriptTurn(session_id=sid, turn_uuid=f"{sid}-0", seq=0,
                               ts=(last + timedelta(days=1, minutes=p)).strftime("%Y-%m-%dT%H:%M:%SZ"), role="user",
                               harness="chat", blocks=[Block(block_type="text", text=f"Summarise this for me:\n{text}")])
-        path = src / f"{sid}.funes.jsonl"
-        body = dump_transcript([turn])
-        if not path.exists() or path.read_text() != body:
-            path.write_text(body)
+        write_transcript(src, sid, [turn])
 
 
 def questions_of(sample: dict, texts: dict[str, str]) -> list[Question]:

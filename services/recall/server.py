@@ -175,9 +175,10 @@ class RecallService:
 
     async def _unless_indexing(self, paths: TenantPaths, nothing: str) -> str:
         """An answer of nothing, and a note when conversations stored just now were not searched."""
-        if self.index_requests is not None and await self.index_requests.pending(paths.uhash):
-            return f"{nothing}\n{STILL_INDEXING}"
-        return nothing
+        return f"{nothing}\n{STILL_INDEXING}" if await self._index_run_due(paths) else nothing
+
+    async def _index_run_due(self, paths: TenantPaths) -> bool:
+        return self.index_requests is not None and await self.index_requests.pending(paths.uhash)
 
     async def _no_memory(self, paths: TenantPaths) -> tuple[str, str]:
         """No memory to search. Conversations stored without one (its first index run is due, or
@@ -187,10 +188,10 @@ class RecallService:
             return "no_memory", NO_MEMORY
         # Before a new user's first index run ends, "indexing": the soft-failure alert counts
         # only memories that should be there (an SRE's trial: new users' first calls set it off).
-        first_run = self.index_requests is not None and await self.index_requests.pending(paths.uhash)
-        log.info("recall.memory_missing", user_hash=paths.uhash, index_run_due=first_run)
+        due = await self._index_run_due(paths)
+        log.info("recall.memory_missing", user_hash=paths.uhash, index_run_due=due)
         await self._ask_for_index_run(paths)
-        return ("indexing", INDEXING) if first_run else ("unavailable", UNAVAILABLE)
+        return ("indexing", INDEXING) if due else ("unavailable", UNAVAILABLE)
 
     async def _ask_for_index_run(self, paths: TenantPaths) -> None:
         if self.index_requests is not None:

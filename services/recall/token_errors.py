@@ -58,8 +58,9 @@ class RejectedTokenText:
             if held is not None and message["type"] == "http.response.body":
                 start, held = held, None
                 body = message.get("body", b"")
-                self._rejected("invalid" if b'"invalid_token"' in body else "missing")
-                if b'"invalid_token"' in body and not message.get("more_body"):
+                invalid = b'"invalid_token"' in body
+                self._rejected("invalid" if invalid else "missing")
+                if invalid and not message.get("more_body"):
                     body = json.dumps({"error": "invalid_token", "error_description": DESCRIPTION}).encode()
                     challenge = f'Bearer error="invalid_token", error_description="{DESCRIPTION}"'.encode()
                     headers = [(k, v) for k, v in start["headers"] if k.lower() not in (b"content-length", b"www-authenticate")]

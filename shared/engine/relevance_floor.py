@@ -70,7 +70,7 @@ class RelevanceFloor:
         # Each passage by the bar its script allows: in a memory of Russian and English chats, a
         # Russian question about an English one was held to the same-script bar because some
         # Russian turn was among its nearest passages, and refused (an integrator's 0 of 7).
-        return bool(asked) and any(cosine >= self.with_words and not asked & scripts(text) for cosine, text in nearest())
+        return any(cosine >= self.with_words and _across(asked, text) for cosine, text in nearest())
 
     def shows(self, cosine: float | None, holds_a_word: bool, query_scripts: set[str], text: Callable[[], str]) -> bool:
         """Whether a passage found for an answered query is shown: it holds a query word (a
@@ -80,7 +80,12 @@ class RelevanceFloor:
         codename said once came back with two passages that had nothing to do with it."""
         if holds_a_word or (cosine if cosine is not None else -1.0) >= self.with_words:
             return True
-        return bool(query_scripts) and not query_scripts & scripts(text())
+        return _across(query_scripts, text())
+
+
+def _across(query_scripts: set[str], text: str) -> bool:
+    """Whether `text` is written in none of the query's scripts, so it cannot share a word with it."""
+    return bool(query_scripts) and not query_scripts & scripts(text)
 
 
 _RUN = re.compile(r"(.{1,3}?)\1+")  # a unit of one to three characters, repeated

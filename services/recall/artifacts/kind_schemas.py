@@ -81,6 +81,12 @@ class AgentRegistry(Strict):
     def find(self, principal: str) -> RegistryEntry | None:
         return next((a for a in self.agents if a.principal == principal), None)
 
+    def paths_holder(self, principal: str) -> str | None:
+        """Another registered agent whose working paths `principal` would write to (one path segment)."""
+        segment = principal_segment(principal)
+        return next((a.principal for a in self.agents if a.principal != principal and principal_segment(a.principal) == segment),
+                    None)
+
 
 PLACEHOLDER = "{principal}"
 

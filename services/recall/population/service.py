@@ -141,8 +141,7 @@ class PopulationService:
                 out.append(f"{who!r} is not a valid principal")
             if entry is not None:
                 out.append(f"{who} is already in the registry ({entry.role}, {entry.status})")
-            elif (holder := next((a.principal for a in registry.agents
-                                  if principal_segment(a.principal) == principal_segment(who)), None)) is not None:
+            elif (holder := registry.paths_holder(who)) is not None:
                 out.append(f"{who}'s working paths ({PLACEHOLDER} = {principal_segment(who)!r}) are those of {holder!r}; "
                            f"admit it under another principal")
             if agent_role is None or agent_role not in constitution.roles:
