@@ -770,6 +770,9 @@ async def test_services_work_with_only_their_redis_acl_users_and_postgresql_arti
     assert wait_until(lambda: indexed_chunks(env, "alice") == 2, 60)
     assert "8443" in await call_recall(env, mint("alice"), "billing proxy port")
     assert "ingest.redis_memory_unknown" not in ingest.output(), "ingest may read INFO memory (its memory guard)"
+    assert wait_until(lambda: httpx.get(f"{ingest_url(env)}/readyz").json()["status"] == "ready"
+                      and "recall_ingest_stream_readers 1.0" in httpx.get(f"{ingest_url(env)}/metrics").text, 10), \
+        "ingest may ask XINFO GROUPS (whether an indexer reads its stream)"
     # A forget travels ingest -> stream -> indexer -> pub/sub to the recall replica, each with its own user.
     resp = httpx.delete(f"{ingest_url(env)}/users/alice", headers={"x-ingest-key": env["RECALL_INGEST_KEY"]}, timeout=10)
     assert resp.status_code == 202, resp.text

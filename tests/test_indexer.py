@@ -800,6 +800,8 @@ def test_ingest_stops_short_of_maxmemory_so_the_indexers_can_drain_the_backlog(s
                 break
         assert refused is not None and refused.status_code == 503, "Redis never filled"
         assert refused.json()["fields"][0]["field"] == "redis" and "nearly full" in refused.text, refused.text
+        # Used memory sways by a few KB around the share (client buffers): well past it for the probe.
+        r.config_set("maxmemory", int(int(r.info("memory")["used_memory"]) / 0.8))
         ready = httpx.get(f"{ingest_url(service_env)}/readyz").json()["status"]  # said plain "ready" (an SRE's trial)
         assert ready.startswith("ready; turns refused (503): redis nearly full: uses "), ready
         backlog = r.xlen("recall:turns")
@@ -809,6 +811,24 @@ def test_ingest_stops_short_of_maxmemory_so_the_indexers_can_drain_the_backlog(s
     finally:
         r.config_set("maxmemory", before[1])
         r.config_set("maxmemory-policy", before[0])
+
+
+def test_ingest_on_a_stream_no_indexer_reads_says_so_in_readyz_and_its_metrics(services, service_env, r):
+    """A typo in ingest's RECALL_STREAM: ingest made the group on its own stream and took every
+    turn with 202 while the indexer read another; nothing said so (an SRE's trial)."""
+    services("indexer")
+    services("ingest", RECALL_STREAM="recall:turnz")
+    post(service_env, conversation_payload("alice", "c1", ["the pump on line 4 overheats"]))
+    ready = httpx.get(f"{ingest_url(service_env)}/readyz").json()["status"]
+    assert ready.startswith("ready; no indexer reads RECALL_STREAM=recall:turnz (group indexers has no consumer) "
+                            "and 1 entries wait"), ready
+    metrics = httpx.get(f"{ingest_url(service_env)}/metrics").text
+    assert "recall_ingest_stream_readers 0.0" in metrics and "recall_ingest_stream_length 1.0" in metrics
+    # An indexer on that stream reads it: the note goes, and the turn is indexed.
+    services("indexer", RECALL_STREAM="recall:turnz", RECALL_INDEXER_PORT=str(free_port()))
+    assert wait_until(lambda: r.xlen("recall:turnz") == 0, 60), "the second indexer never read the stream"
+    assert httpx.get(f"{ingest_url(service_env)}/readyz").json()["status"] == "ready"
+    assert "recall_ingest_stream_readers 1.0" in httpx.get(f"{ingest_url(service_env)}/metrics").text
 
 
 def test_a_redis_that_came_back_empty_gets_its_group_again_and_turns_flow(services, service_env, r):

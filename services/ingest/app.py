@@ -39,6 +39,7 @@ from services.ingest.metrics import INGEST_LATENCY, INGEST_REDACTIONS, INGEST_RE
 from services.ingest.openapi import openapi_document
 from services.ingest.redaction import Redactor
 from services.ingest.settings import IngestSettings
+from services.ingest.stream_readers import StreamReaders, group_readers
 from shared.error_site import exception_site, new_incident
 from shared.http_body import BodyNotUtf8, BodyTooLarge, huge_integer, read_body, utf8_text
 from shared.logging_setup import get_logger
@@ -79,6 +80,7 @@ class StorageState(NamedTuple):
     backlog: int  # stream entries
     used_memory: int
     maxmemory: int  # 0: no limit
+    readers: int | None  # consumers of the indexers' group on this stream; None: not known
 
 
 # An error body lists at most this many fields: a 2 MB body of 200,000 unknown keys (or a URL of
@@ -226,6 +228,7 @@ class IngestAPI:
         self.redis = async_redis(settings.redis, socket_timeout=REDIS_TIMEOUT_S, socket_connect_timeout=2)
         self.redactor = Redactor(pii=settings.redact_pii)
         self._memory_unknown_logged = False
+        self.readers = StreamReaders(settings.stream, settings.group)
 
     # ---- plumbing -------------------------------------------------------------------------------
     def route(self, path: str, handler, methods: list[str], query: frozenset[str] = frozenset()) -> Route:
@@ -326,16 +329,19 @@ class IngestAPI:
         but not pipelines: this read-only one is asked again once, so the first post after a
         restart is not refused."""
         try:
-            return await self._ask_storage_state()
+            state = await self._ask_storage_state()
         except aioredis.ConnectionError:
-            return await self._ask_storage_state()
+            state = await self._ask_storage_state()
+        self.readers.observe(state.backlog, state.readers)
+        return state
 
     async def _ask_storage_state(self) -> StorageState:
         pipe = self.redis.pipeline(transaction=False)
         pipe.get(STORAGE_UNWRITABLE)
         pipe.xlen(self.s.stream)
         pipe.info("memory")
-        reason, backlog, memory = await pipe.execute(raise_on_error=False)
+        pipe.xinfo_groups(self.s.stream)
+        reason, backlog, memory, groups = await pipe.execute(raise_on_error=False)
         for answer in (reason, backlog):
             if isinstance(answer, Exception):
                 raise answer
@@ -345,7 +351,9 @@ class IngestAPI:
                 log.warning("ingest.redis_memory_unknown", error=type(memory).__name__,
                             consequence="turns are taken up to maxmemory, where the indexers cannot drain the backlog")
             memory = {}
-        return StorageState(reason, backlog, int(memory.get("used_memory", 0)), int(memory.get("maxmemory", 0)))
+        # Refused by an older ACL without XINFO, or no stream yet (a FLUSHALL): readers unknown.
+        readers = None if isinstance(groups, Exception) else group_readers(groups, self.s.group)
+        return StorageState(reason, backlog, int(memory.get("used_memory", 0)), int(memory.get("maxmemory", 0)), readers)
 
     def _clean_snapshot(self, payload: dict) -> tuple[IngestRequest, list[StreamTurn], Counter]:
         """The request validated, and its turns as they are stored: recall echoes dropped,
@@ -473,6 +481,9 @@ class IngestAPI:
         if refusal is not None:
             field, detail = refusal.fields[0]
             return JSONResponse({"status": f"ready; turns refused (503): {field.replace('_', ' ')} {detail}"})
+        unread = self.readers.problem(state.backlog, state.readers)
+        if unread is not None:  # turns are still taken: they wait for an indexer on this stream
+            return JSONResponse({"status": f"ready; {unread}"})
         return JSONResponse({"status": "ready"})
 
 
