@@ -77,6 +77,33 @@ NOW = datetime(2026, 11, 29, 12, tzinfo=timezone.utc)  # a Sunday
     ("pump issue lately", "pump issue", "2026-11-15", "2026-11-30"),
     ("о чём мы говорили на днях", "о чём мы говорили", "2026-11-15", "2026-11-30"),
     ("насос недавно", "насос", "2026-11-15", "2026-11-30"),
+    # Parts of the day go with their day (left in, "evening" was searched as a topic).
+    ("what did I say yesterday evening", "what did I say", "2026-11-28", "2026-11-29"),
+    ("pump this morning", "pump", "2026-11-29", "2026-11-30"),
+    ("pump last night", "pump", "2026-11-28", "2026-11-29"),
+    ("the day before yesterday pump", "pump", "2026-11-27", "2026-11-28"),  # was yesterday, "the day before" searched
+    ("что решили вчера вечером", "что решили", "2026-11-28", "2026-11-29"),
+    ("насос сегодня утром", "насос", "2026-11-29", "2026-11-30"),
+    # Weekends (NOW is a Sunday: "the weekend" is this one, "last weekend" the one before).
+    ("what did we discuss over the weekend", "what did we discuss", "2026-11-28", "2026-11-30"),
+    ("hike last weekend", "hike", "2026-11-21", "2026-11-23"),
+    ("что решили на выходных", "что решили", "2026-11-28", "2026-11-30"),
+    ("поход в прошлые выходные", "поход", "2026-11-21", "2026-11-23"),
+    # Parts of a month, spans of days, fortnights, «с понедельника».
+    ("budget in early October", "budget", "2026-10-01", "2026-10-11"),
+    ("mid-October budget", "budget", "2026-10-11", "2026-10-21"),
+    ("pump at the end of September 2025", "pump", "2025-09-21", "2025-10-01"),
+    ("pump late last month", "pump", "2026-10-21", "2026-11-01"),
+    ("бюджет в начале октября", "бюджет", "2026-10-01", "2026-10-11"),
+    ("насос в конце прошлого месяца", "насос", "2026-10-21", "2026-11-01"),
+    ("pump between Oct 5 and Oct 10", "pump between Oct 5 and Oct 10", "2026-10-05", "2026-10-11"),
+    ("pump from 5 to 10 October", "pump from 5 to 10 October", "2026-10-05", "2026-10-11"),
+    ("pump Oct 5-10", "pump Oct 5-10", "2026-10-05", "2026-10-11"),
+    ("between Dec 20 and Jan 5", "between Dec 20 and Jan 5", "2025-12-20", "2026-01-06"),  # across the new year
+    ("from Nov 2 to Nov 9, 2025", "from Nov 2 to Nov 9, 2025", "2025-11-02", "2025-11-10"),
+    ("насос с 5 по 10 октября", "насос с 5 по 10 октября", "2026-10-05", "2026-10-11"),
+    ("pump a fortnight ago", "pump", "2026-11-13", "2026-11-18"),
+    ("насос с понедельника", "насос", "2026-11-23", "2026-11-30"),
 ])
 def test_time_words_name_a_window(query, rest, start, end):
     searched, window = find_time_window(query, NOW)
@@ -91,7 +118,8 @@ def test_time_words_name_a_window(query, rest, start, end):
                                    # counts, prices and versions beside month words name no day
                                    "which of the 10 may conflict", "we march 3 miles", "ask Jan 2 questions",
                                    "Python May 3.11", "meeting at 9:30 November", "+7 912 345 12 May",
-                                   "цена за 5 дней аренды", "зарплата за месяц",
+                                   "цена за 5 дней аренды", "зарплата за месяц", "can we leave early may I ask",
+                                   "the weekend shift rota",
                                    # letters IGNORECASE folds into a month's or a unit's: no window, no error
                                    "in ſeptember", "9 ſeptember", "last 3 dayſ", "9 APRİL"])
 def test_no_window_without_a_real_date(query):
@@ -106,6 +134,8 @@ def test_no_window_without_a_real_date(query):
     ("о чём мы говорили на этой неделе", True), ("что решили по насосу", False), ("о чём мы говорили 9го ноября", True),
     # A number that is no time word is a topic (a newcomer's "1069.5 yesterday" got "No earlier conversation…").
     ("1069.5", False), ("line 3", False), ("what did we discuss on 9 November last year", True),
+    ("what did we discuss over the weekend", True), ("what did I say yesterday evening", True),
+    ("о чём мы говорили в начале октября", True), ("what did we discuss between Oct 5 and Oct 10", True),
     # How people ask for a time's conversations (a newcomer's four were refused as having no topic).
     ("remind me what we talked about", True), ("what did we discuss earlier", True), ("напомни, что мы обсуждали", True),
     ("remind me about the pump", False),
@@ -162,7 +192,12 @@ def _random_queries(seed: int, count: int) -> list[str]:
                 f"{rnd.choice(['a', 'two', 'a few', 'several'])} {rnd.choice(['days', 'weeks', 'months', 'years'])} ago",
                 f"{rnd.choice(['on', 'last', 'this', 'since'])} {rnd.choice(list(calendar.day_name))}",
                 f"{rnd.choice(['this', 'last', 'past'])} year", "recently", "в прошлом году", "в пятницу",
-                f"{rnd.choice(['три', 'пару', 'несколько'])} {rnd.choice(['дней', 'недель', 'лет'])} назад"]
+                f"{rnd.choice(['три', 'пару', 'несколько'])} {rnd.choice(['дней', 'недель', 'лет'])} назад",
+                f"{rnd.choice(['early', 'mid', 'late', 'the end of'])} {rnd.choice(month_words)} {y:04d}",
+                f"в {rnd.choice(['начале', 'конце'])} {rnd.choice(MONTHS_RU)} {y:04d} года",
+                f"between {rnd.choice(month_words)} {d} and {rnd.choice(month_words)} {rnd.randint(0, 32)}, {y:04d}",
+                f"from {d} to {rnd.randint(0, 32)} {rnd.choice(month_words)} {y:04d}",
+                f"{rnd.choice(['over the', 'last', 'this'])} weekend", "на выходных", "yesterday evening"]
     return out
 
 
@@ -248,6 +283,14 @@ def test_last_time_and_no_time_ask_for_the_latest_conversations_unless_a_topic_i
     rest, window = find_time_window(query, NOW)
     asked = asked_conversations(rest, window)
     assert rest == searched and (asked is not None and asked.latest) is latest, (rest, window, asked)
+
+
+def test_this_weekend_not_yet_come_names_no_window():
+    """On a Wednesday "this weekend" is still to come (plans, searched as text); "the weekend" is the last one."""
+    wednesday = datetime(2026, 11, 25, 12, tzinfo=timezone.utc)
+    assert find_time_window("plans this weekend", wednesday) == ("plans this weekend", None)
+    searched, window = find_time_window("what did we discuss over the weekend", wednesday)
+    assert (window.start.date().isoformat(), window.end.date().isoformat()) == ("2026-11-21", "2026-11-23")
 
 
 def test_this_weekday_not_yet_come_names_no_window():

@@ -1,5 +1,5 @@
 """Time words in a query ("last week", "in October", "on 9 November", "2026-10-08", "a week ago",
-"last Friday"; in Russian «на прошлой неделе», «в октябре», «9 ноября», «три дня назад», «в пятницу») become a soft
+"last Friday", "over the weekend", "in early October", "between Oct 5 and Oct 10"; in Russian «на прошлой неделе», «в октябре», «9 ноября», «три дня назад», «в пятницу») become a soft
 preference for passages from that window. Semantic search is poor at temporal questions, and a
 hard filter loses answers when the user's memory of the date is off, so in-window passages are
 moved first and the rest still fill the remaining places. Resolved in the caller's time zone
@@ -23,7 +23,8 @@ MONTHS.update({name.lower(): i for i, name in enumerate(calendar.month_abbr) if 
 # Russian month names «в ноябре» (prepositional); the genitive of «9 ноября» is MONTHS_RU.
 MONTHS_RU_IN = {name: i + 1 for i, name in enumerate(
     "январе феврале марте апреле мае июне июле августе сентябре октябре ноябре декабре".split())}
-_UNITS = {"day": 1, "days": 1, "week": 7, "weeks": 7, "month": 30, "months": 30, "year": 365, "years": 365}
+_UNITS = {"day": 1, "days": 1, "week": 7, "weeks": 7, "fortnight": 14, "fortnights": 14, "month": 30, "months": 30,
+          "year": 365, "years": 365}
 # Every form a count takes: «1 день», «2 дня», «5 дней», «неделю», «недели», «недель», «месяц»…
 _UNITS_RU = {"день": 1, "дня": 1, "дней": 1, "неделю": 7, "недели": 7, "недель": 7, "неделя": 7,
              "месяц": 30, "месяца": 30, "месяцев": 30, "год": 365, "года": 365, "лет": 365}
@@ -65,6 +66,8 @@ _CONVERSATION_WORDS = (
 # What is left of a question made of time words alone ("yesterday", "last 7 days": it is searched
 # as given) or naming an ISO date, which stays in the searched text.
 _TIME_WORDS = ["yesterday", "today", "tonight", "last", "past", "this", "year", "years", "ago", "since", *_UNITS, *MONTHS,
+               "weekend", "morning", "afternoon", "evening", "night", "выходные", "выходных", "утром", "днём", "днем",
+               "вечером", "ночью",
                "вчера", "сегодня", "позавчера", "назад", "последние", "прошлой", "прошлом", "этой", "этом", "неделе",
                "месяце", "году", "года", "прошлого", "го", "е", "sept", *_UNITS_RU, *MONTHS_RU, *MONTHS_RU_IN]
 _CONVERSATION_STEMS = frozenset(stem(w) for w in [*_CONVERSATION_WORDS.split(), *_TIME_WORDS])
@@ -196,6 +199,60 @@ def _named_day(found: tuple[DateMention, int | None], today: date) -> TimeWindow
     return TimeWindow(_day(d), _day(d) + timedelta(days=1))
 
 
+# A span of days: "between Oct 5 and Oct 10", "from 5 to 10 October", "Oct 5-10", «с 5 по 10
+# октября», «с 5 октября по 3 ноября». One side may be a bare day of the other's month.
+_SPAN_WORD = r"\s*(?:and|to|through|thru|until|till|-|–|—|по|до)\s*(?:the\s+)?"
+_SPAN_OPEN = re.compile(r"(?:\b(?:between|from)|(?<!\w)с)\s+(?:the\s+)?$", re.IGNORECASE)
+_BARE_DAY = r"(\d{1,2})(?:st|nd|rd|th|-?го|-?е)?"
+_SPAN_AFTER = re.compile(_SPAN_WORD + _BARE_DAY + r"(?![\w.,:/-]?\d)(?!\s+(?:" + "|".join(_MONTH_NUMBERS_WORDS := sorted(
+    {*MONTHS, *MONTHS_RU}, key=len, reverse=True)) + r"))", re.IGNORECASE)
+_SPAN_BEFORE = re.compile(r"(?:\b(?:between|from)|(?<!\w)с)\s+(?:the\s+)?" + _BARE_DAY + _SPAN_WORD + r"$", re.IGNORECASE)
+
+
+def _date_span(query: str) -> _Found | None:
+    """Two dates joined as a span, or a date and a bare day of its month; its year as the
+    end's (`_named_day`), the start a year earlier when it would come after the end."""
+    mentions = date_mentions(query)
+    for i, first in enumerate(mentions):
+        before = _SPAN_OPEN.search(query, max(0, first.start - 20), first.start)
+        joined = re.compile(_SPAN_WORD, re.IGNORECASE).match(query, first.end)
+        if before and joined and i + 1 < len(mentions) and mentions[i + 1].start == joined.end():
+            last = mentions[i + 1]
+            return _Found(before.start(), _year_end(query, last), (first.month, first.day, first.year, last))
+        bare = _SPAN_AFTER.match(query, first.end)
+        if bare and not before and not query.startswith(("-", "–"), first.end):  # "Oct 5-10" needs no "from"
+            bare = None
+        if bare and int(bare[1]) >= first.day:
+            last = first._replace(day=int(bare[1]), end=bare.end())
+            start = before.start() if before else first.start
+            return _Found(start, _year_end(query, last), (first.month, first.day, first.year, last))
+        opened = _SPAN_BEFORE.search(query, max(0, first.start - 40), first.start)
+        if opened and int(opened[1]) <= first.day:
+            return _Found(opened.start(), _year_end(query, first), (first.month, int(opened[1]), first.year, first))
+    return None
+
+
+def _year_end(query: str, last: DateMention) -> int:
+    """Where a span ends: its last date, with the year written after it (which a mention's span leaves out)."""
+    written = _YEAR_WRITTEN.match(query, last.end)
+    return written.end() if written else last.end
+
+
+def _named_span(found: tuple[int, int, int | None, DateMention], today: date) -> TimeWindow | None:
+    month, day, year, last = found
+    end = _named_day((last, None), today)
+    if end is None:
+        return None
+    try:
+        start = date(year if year is not None else end.start.year, month, day)
+    except ValueError:
+        return None
+    if year is None and _day(start) >= end.end:
+        start = start.replace(year=start.year - 1)
+    return TimeWindow(_day(start), end.end) if _day(start) < end.end else None
+
+
+_PATTERNS.append((_date_span, _named_span, False))
 _PATTERNS.append((_first_date, _named_day, False))
 
 
@@ -247,19 +304,27 @@ def _around(today: date, days: int) -> TimeWindow:
     return TimeWindow(center - slack, min(center + slack, _day(today)) + timedelta(days=1))  # never past today
 
 
-@_rule(r"\b(?:on\s+)?today\b|\bсегодня\b")
+# A part of the day goes with its day ("yesterday evening", «вчера вечером»): left in the searched
+# text it was a topic, and "what did I say yesterday evening" searched "evening". The window
+# stays the whole day (chats run past a part's edges; the window only reorders).
+_PART_OF_DAY = r"(?:\s+(?:morning|afternoon|evening|night))?"
+_PART_OF_DAY_RU = r"(?:\s+(?:утром|днём|днем|вечером|ночью))?"
+
+
+@_rule(r"\b(?:the\s+)?day\s+before\s+yesterday\b|\bпозавчера\b")
+def _day_before_yesterday(m: re.Match, today: date) -> TimeWindow:
+    return _days_back(today, 2)
+
+
+@_rule(r"\b(?:on\s+|earlier\s+)?today" + _PART_OF_DAY + r"\b|\b(?:this\s+(?:morning|afternoon|evening)|tonight)\b"
+       r"|\bсегодня" + _PART_OF_DAY_RU + r"(?!\w)")
 def _today(m: re.Match, today: date) -> TimeWindow:
     return _days_back(today, 0)
 
 
-@_rule(r"\b(?:on\s+)?yesterday\b|\bвчера\b")
+@_rule(r"\b(?:on\s+)?yesterday" + _PART_OF_DAY + r"\b|\blast\s+night\b|\bвчера" + _PART_OF_DAY_RU + r"(?!\w)")
 def _yesterday(m: re.Match, today: date) -> TimeWindow:
     return _days_back(today, 1)
-
-
-@_rule(r"\bпозавчера\b")
-def _day_before_yesterday(m: re.Match, today: date) -> TimeWindow:
-    return _days_back(today, 2)
 
 
 # "last time", "the previous conversation", «в прошлый раз»: no time, the latest conversations.
@@ -273,6 +338,39 @@ def _last_time(m: re.Match, today: date) -> TimeWindow:
 @_rule(r"\b(?:recently|lately)\b|\bнедавно\b|\bна\s+днях\b")
 def _recently(m: re.Match, today: date) -> TimeWindow:
     return _up_to_today(today, 14)
+
+
+# Part of a month: "in early October", "mid-October", "at the end of September 2025", "late last
+# month", «в начале октября», «в конце прошлого месяца». Thirds of the month (first half: 1-15).
+_PARTS = {"early": (1, 10), "beginning": (1, 10), "start": (1, 10), "mid": (11, 20), "middle": (11, 20),
+          "late": (21, 31), "end": (21, 31), "first half": (1, 15), "second half": (16, 31),
+          "начале": (1, 10), "середине": (11, 20), "конце": (21, 31), "первой половине": (1, 15),
+          "второй половине": (16, 31)}
+_PART_EN = r"(early|mid|late|(?:the\s+)?(?:beginning|start|middle|end|first\s+half|second\s+half)\s+of)[\s-]+(?:the\s+month\s+of\s+)?"
+_PART_RU = r"в\s+(начале|середине|конце|первой\s+половине|второй\s+половине)\s+"
+_GENITIVE_MONTHS = "|".join(sorted(MONTHS_RU, key=len, reverse=True))
+
+
+@_rule(r"\b(?:(?:in|at|during|by|since)\s+)?(?:the\s+)?" + _PART_EN + r"(?:(" + "|".join(sorted(MONTHS, key=len, reverse=True))
+       + r")\.?(?:\s+(\d{4}))?|(this|last)\s+month)\b"
+       r"|\b" + _PART_RU + r"(?:(" + _GENITIVE_MONTHS + r")(?:\s+(\d{4})(?:\s+(?:года|г\.?))?)?|(этого|прошлого)\s+месяца)(?!\w)")
+def _part_of_month(m: re.Match, today: date) -> TimeWindow:
+    if m[1]:
+        part, name, year_text, which = m[1], m[2], m[3], m[4]
+        if name and name.lower() in ("may", "march", "mar") and not name[0].isupper():
+            return None  # "we leave early, may we", "the end of march 3 miles": a verb
+        month = MONTHS[name.lower()] if name else None
+    else:
+        part, name, year_text, which = m[5], m[6], m[7], m[8]
+        month = MONTHS_RU.index(name.lower()) + 1 if name else None
+    part = " ".join(part.casefold().split()).removeprefix("the ").removesuffix(" of")
+    first, last = _PARTS[part]
+    if month is None:  # this or last month
+        whole = _calendar(today, "month", this=which.casefold() in ("this", "этого"))
+    else:
+        whole = _month(int(year_text) if year_text else _last_year_of(month, today, first), month)
+    start = whole.start + timedelta(days=first - 1)
+    return TimeWindow(start, min(whole.end, whole.start + timedelta(days=last)))
 
 
 @_rule(r"\b(this|last|past|previous)\s+(week|month)\b")
@@ -289,7 +387,7 @@ def _this_last_ru(m: re.Match, today: date) -> TimeWindow:
     return _calendar(today, "week" if m[1] else "month", this=which in ("этой", "этом"))
 
 
-@_rule(r"\b(?:(?:in|over|during)\s+)?(?:the\s+)?(?:last|past)\s+" + _COUNT + r"\s+(days?|weeks?|months?|years?)\b")
+@_rule(r"\b(?:(?:in|over|during)\s+)?(?:the\s+)?(?:last|past)\s+" + _COUNT + r"\s+(days?|weeks?|fortnights?|months?|years?)\b")
 def _last_n(m: re.Match, today: date) -> TimeWindow:
     return _up_to_today(today, _count(m[1]) * _UNITS[m[2].lower()])
 
@@ -304,7 +402,7 @@ def _last_n_ru(m: re.Match, today: date) -> TimeWindow:
     return _up_to_today(today, _count(m[1]) * _UNITS_RU[m[2].lower()] if m[1] else _UNITS_RU[m[3].lower()])
 
 
-@_rule(r"\b" + _COUNT + r"\s+(days?|weeks?|months?|years?)\s+ago\b")
+@_rule(r"\b" + _COUNT + r"\s+(days?|weeks?|fortnights?|months?|years?)\s+ago\b")
 def _ago(m: re.Match, today: date) -> TimeWindow:
     return _around(today, _count(m[1]) * _UNITS[m[2].lower()])
 
@@ -370,6 +468,38 @@ _WEEKDAY_NAMES_RU = "|".join(_WEEKDAYS_RU)
 @_rule(r"\bв[о]?\s+(?:(прошл(?:ый|ую|ое)|эт(?:от|у|о))\s+)?(" + _WEEKDAY_NAMES_RU + r")(?!\w)")
 def _named_weekday_ru(m: re.Match, today: date) -> TimeWindow | None:
     return _weekday(today, _WEEKDAYS_RU[m[2].lower()], this=bool(m[1]) and m[1].lower().startswith("эт"))
+
+
+def _weekend(today: date, which: str) -> TimeWindow | None:
+    """Saturday and Sunday: "last weekend" the previous week's (weeks from Monday), "this weekend"
+    this week's (none before its Saturday: not yet come), "the weekend" the latest one begun."""
+    monday = _day(today) - timedelta(days=today.weekday())
+    if which == "this" or (which == "the" and today.weekday() >= 5):
+        return TimeWindow(monday + timedelta(days=5), monday + timedelta(days=7)) if today.weekday() >= 5 else None
+    return TimeWindow(monday - timedelta(days=2), monday)
+
+
+_WEEKEND_WHICH = {"last": "last", "past": "last", "previous": "last", "this": "this", "прошлые": "last",
+                  "прошлых": "last", "эти": "this", "этих": "this"}
+
+
+# "over the weekend", "last weekend", "this weekend", «на выходных», «в прошлые выходные», «на этих выходных».
+@_rule(r"\b(?:over|on|at|during)\s+the\s+weekend\b|\b(last|past|previous|this)\s+weekend\b"
+       r"|\bна\s+(?:(прошлых|этих)\s+)?выходных(?!\w)|\bв\s+(прошлые|эти)\s+выходные(?!\w)")
+def _named_weekend(m: re.Match, today: date) -> TimeWindow | None:
+    which = m[1] or m[2] or m[3]
+    return _weekend(today, _WEEKEND_WHICH[which.casefold()] if which else "the")
+
+
+# «с понедельника», «со вторника», «с прошлой пятницы»: since that day.
+_WEEKDAYS_RU_SINCE = {"понедельника": 0, "вторника": 1, "среды": 2, "четверга": 3, "пятницы": 4, "субботы": 5,
+                      "воскресенья": 6}
+
+
+@_rule(r"\bс[о]?\s+(?:прошл(?:ого|ой)\s+)?(" + "|".join(_WEEKDAYS_RU_SINCE) + r")(?!\w)")
+def _since_weekday_ru(m: re.Match, today: date) -> TimeWindow | None:
+    day = _weekday(today, _WEEKDAYS_RU_SINCE[m[1].lower()], this=False)
+    return day and _since(day, today)
 
 
 def _year(today: date, this: bool) -> TimeWindow:

@@ -102,7 +102,7 @@ TOOL_DESCRIPTION = (
     "we used\", \"remind me\"). Use short queries built around identifiers and key nouns (\"K-2 machine "
     "ticket\", \"N-11 upgrade decision\"); if the first search misses, search again with other words. "
     "Time words (\"last week\", \"in October\", \"on 9 November\", \"2026-10-08\", \"a week ago\", "
-    "\"last Friday\", or in Russian \"на прошлой неделе\", \"9 ноября\", \"в пятницу\") put passages from then "
+    "\"last Friday\", \"over the weekend\", \"in early October\", or in Russian \"на прошлой неделе\", \"9 ноября\", \"в пятницу\") put passages from then "
     "first; \"what did we discuss last time\" gets the latest conversations. "
     "Returns dated passages from past chats, verbatim. Quote them and give their dates; do not invent "
     "details that are not in them, and say so when nothing relevant is found."
