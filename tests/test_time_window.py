@@ -103,6 +103,12 @@ NOW = datetime(2026, 11, 29, 12, tzinfo=timezone.utc)  # a Sunday
     ("from Nov 2 to Nov 9, 2025", "from Nov 2 to Nov 9, 2025", "2025-11-02", "2025-11-10"),
     ("насос с 5 по 10 октября", "насос с 5 по 10 октября", "2026-10-05", "2026-10-11"),
     ("pump a fortnight ago", "pump", "2026-11-13", "2026-11-18"),
+    # Numeric dates with a year: dots are day first; slashes only where one number cannot be a month.
+    ("what did we discuss on 25.10.2026", "what did we discuss", "2026-10-25", "2026-10-26"),
+    ("насос 03.11.2026", "насос", "2026-11-03", "2026-11-04"),
+    ("pump 2026/10/25", "pump", "2026-10-25", "2026-10-26"),
+    ("pump on 25/10/2026", "pump", "2026-10-25", "2026-10-26"),
+    ("pump 10/25/2026", "pump", "2026-10-25", "2026-10-26"),
     ("насос с понедельника", "насос", "2026-11-23", "2026-11-30"),
 ])
 def test_time_words_name_a_window(query, rest, start, end):
@@ -120,6 +126,7 @@ def test_time_words_name_a_window(query, rest, start, end):
                                    "Python May 3.11", "meeting at 9:30 November", "+7 912 345 12 May",
                                    "цена за 5 дней аренды", "зарплата за месяц", "can we leave early may I ask",
                                    "the weekend shift rota",
+                                   "pump 10/11/2026", "31.02.2026 pump", "v1.2.2024", "ip 10.1.2026.5",
                                    # letters IGNORECASE folds into a month's or a unit's: no window, no error
                                    "in ſeptember", "9 ſeptember", "last 3 dayſ", "9 APRİL"])
 def test_no_window_without_a_real_date(query):
@@ -197,7 +204,8 @@ def _random_queries(seed: int, count: int) -> list[str]:
                 f"в {rnd.choice(['начале', 'конце'])} {rnd.choice(MONTHS_RU)} {y:04d} года",
                 f"between {rnd.choice(month_words)} {d} and {rnd.choice(month_words)} {rnd.randint(0, 32)}, {y:04d}",
                 f"from {d} to {rnd.randint(0, 32)} {rnd.choice(month_words)} {y:04d}",
-                f"{rnd.choice(['over the', 'last', 'this'])} weekend", "на выходных", "yesterday evening"]
+                f"{rnd.choice(['over the', 'last', 'this'])} weekend", "на выходных", "yesterday evening",
+                f"on {d:02d}.{m:02d}.{y:04d}", f"{y:04d}/{m}/{d}", f"{d}/{m}/{y:04d}"]
     return out
 
 

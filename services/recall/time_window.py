@@ -256,6 +256,32 @@ _PATTERNS.append((_date_span, _named_span, False))
 _PATTERNS.append((_first_date, _named_day, False))
 
 
+# A numeric date with its year: "25.10.2026" (day first, as every country writing dots does),
+# "2026/10/25", and "25/10/2026" or "10/25/2026" only where one number cannot be a month; "10/11/2026"
+# is the 10th of November or October 11th by country, and is searched as text. Taken out of the
+# searched text: BM25 reads its numbers as three bare numbers, which match any turn's "10".
+_NUMERIC_DATE = re.compile(r"(?<![\w.,/:+-])(?:(\d{1,2})\.(\d{1,2})\.(\d{4})|(\d{4})/(\d{1,2})/(\d{1,2})"
+                           r"|(\d{1,2})/(\d{1,2})/(\d{4}))(?![\w.,/:-]?\d)")
+
+
+@_rule(r"\b(?:on\s+)?" + _NUMERIC_DATE.pattern)
+def _numeric_date(m: re.Match, today: date) -> TimeWindow | None:
+    if m[1]:
+        day, month, year = int(m[1]), int(m[2]), int(m[3])
+    elif m[4]:
+        year, month, day = int(m[4]), int(m[5]), int(m[6])
+    else:
+        first, second, year = int(m[7]), int(m[8]), int(m[9])
+        if first > 12 >= second:
+            day, month = first, second
+        elif second > 12 >= first:
+            day, month = second, first
+        else:
+            return None  # which is the month depends on the country
+    d = date(year, month, day)  # ValueError for "31.02.2026": no window, searched as text
+    return TimeWindow(_day(d), _day(d) + timedelta(days=1))
+
+
 def _last_year_of(month: int, today: date, day: int = 1) -> int:
     """The year of the most recent such month (or day of it): one not yet come this year means last year's."""
     return today.year if (month, day) <= (today.month, today.day) else today.year - 1
