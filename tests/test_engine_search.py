@@ -216,6 +216,16 @@ def test_gibberish_and_off_topic_queries_say_no_results(tmp_path, embedder):
     assert "vibration alarm" in engine.recall(memory, "compressor vibration alarm", RecallParams(k=1, floor=True))
 
 
+def test_a_query_of_stop_words_alone_says_no_results(tmp_path, embedder):
+    """"the" shares a word with every turn and sits past the bars of short ones by cosine: it was
+    answered by three passages it asked nothing of."""
+    memory = _memory(tmp_path, embedder)
+    engine = Engine(embedder=embedder)
+    for q in ["the", "and the", "и в"]:
+        assert engine.recall(memory, q, RecallParams(floor=True)) == NO_RESULTS, q
+    assert "vibration alarm" in engine.recall(memory, "the vibration alarm", RecallParams(k=1, floor=True))
+
+
 def test_a_codename_said_once_in_a_long_turn_is_found_though_its_cosine_is_under_the_floor(tmp_path, embedder):
     """An SRE trial asked for a made-up word posted in one turn of several sentences: BM25 had the
     turn first, but its cosine to the bare word was under the floor, and the answer was

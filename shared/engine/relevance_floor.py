@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from shared.engine.embedder import E5_STAMPS, MINILM_MODEL_ID, MINILM_SHIPPED_MODEL_ID
-from shared.engine.text_analysis import scripts, words
+from shared.engine.text_analysis import STOP_WORDS, scripts, words
 
 if TYPE_CHECKING:
     from shared.engine.hybrid_search import Legs
@@ -53,6 +53,10 @@ class RelevanceFloor:
         `said` whether one turn holds every word of the query (asked only when the cosine falls
         short)."""
         best = legs.dense[0][1] if legs.dense else -1.0
+        # Stop words alone ("the", "and then") ask for nothing: every turn holds them, and e5 puts
+        # "the" past both bars of short turns ("thanks"), as it does character runs.
+        if STOP_WORDS.issuperset(words(query)):
+            return False
         if legs.bm25:
             return best >= self.with_words or said()
         if self.refuse_runs and _only_character_runs(query):
