@@ -391,3 +391,27 @@ def test_a_long_turns_later_passages_start_at_a_line_or_a_word_and_stitch_back_w
     assert all(piece.startswith("2026-11-29T03:") for piece in pieces), [p[:20] for p in pieces if not p.startswith("2026")]
     unbroken = "a" * 3000  # no space in the overlap: the hard start stays, and stitching still works
     assert _stitch(split_text(unbroken)) == unbroken
+
+
+INDEX_PEAK_PROBE = """
+import resource, sys
+from pathlib import Path
+from shared.engine.embedder import shared_embedder
+from shared.engine.index_run import index_tree
+index_tree(Path(sys.argv[1]) / "home", Path(sys.argv[1]) / "src", shared_embedder())
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
+"""
+
+
+def test_a_pasted_log_of_colour_codes_is_indexed_within_a_bounded_memory(tmp_path):
+    """150,000 characters of ANSI colour codes (terminal output, a token per character: 143
+    chunks of 512 tokens) took an index run to 2.2 GB in 32-row runs (a security review's trial;
+    an indexer's limit is 2 GiB); attention's rows x width² per run is now bounded."""
+    import subprocess
+    import sys
+
+    write_conversation(tmp_path / "src", "log", ["\x1b[31m" * 30000, "That is only colour codes."])
+    out = subprocess.run([sys.executable, "-c", INDEX_PEAK_PROBE, str(tmp_path)], capture_output=True, text=True,
+                         timeout=600, check=True)
+    peak_mib = int(out.stdout.split()[-1])
+    assert peak_mib < 800, f"peak RSS {peak_mib} MiB while indexing one pasted log"

@@ -265,6 +265,14 @@ def test_openapi_metrics_and_probes(ingest):
     assert 'recall_ingest_requests_total{route="/turns",status="401"} 1.0' in text
 
 
+def test_an_ingest_key_given_twice_is_refused_naming_the_header(ingest):
+    for keys in ([INGEST_KEY, "wrong"], ["wrong", INGEST_KEY], [INGEST_KEY, INGEST_KEY]):
+        resp = httpx.post(f"{ingest}/turns", json=conversation_payload("alice", "c", ["hi"]), timeout=10,
+                          headers=[("x-ingest-key", k) for k in keys])
+        assert resp.status_code == 401 and resp.json()["fields"][0]["field"] == "x-ingest-key", resp.text
+        assert "more than once" in resp.json()["fields"][0]["message"]
+
+
 def turns_body(**turn) -> dict:
     return {"user": "alice", "conversation_id": "c", "turns": [{"role": "user", "text": "hi", "ts": "2026-10-08T10:00:00Z", **turn}]}
 

@@ -566,6 +566,18 @@ def test_missing_forged_expired_and_wrong_audience_tokens_get_401_and_the_logs_n
     assert sorted(e["reason"] for e in logged) == ["invalid", "missing"] and logged[0]["requests"] == 1, logged
 
 
+def test_two_authorization_headers_are_refused_not_read_first_wins(services, service_env):
+    """The verifier read the first of two: a proxy appending its own header decided who called."""
+    services("serve")
+    good = mint("alice@example.com")
+    for pair in ([good, "not-a-jwt"], ["not-a-jwt", good], [good, good]):
+        refused = httpx.post(f"{recall_url(service_env)}/mcp", timeout=10,
+                             headers=[("Accept", "application/json, text/event-stream"),
+                                      *(("Authorization", f"Bearer {t}") for t in pair)],
+                             json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+        assert refused.status_code == 400 and refused.json()["error"] == "invalid_request", refused.text
+
+
 def _signed(claims: dict) -> str:
     """An HS256 token signed by hand: JSON as Python writes it (Infinity, NaN, lone surrogates
     escaped as \\ud800), which a JWT library refuses to produce."""

@@ -237,9 +237,11 @@ class IngestAPI:
         async def endpoint(request: Request) -> Response:
             started = time.perf_counter()
             try:
-                key = request.headers.get("x-ingest-key")
+                keys = request.headers.getlist("x-ingest-key")
+                key = keys[0] if len(keys) == 1 else None
                 if not self._key_matches((key or "").encode()):
-                    problem = "missing: send the ingest key in this header" if key is None else "does not match RECALL_INGEST_KEY"
+                    problem = ("missing: send the ingest key in this header" if not keys else
+                               "given more than once: send it once" if len(keys) > 1 else "does not match RECALL_INGEST_KEY")
                     raise HTTPProblem(401, "missing or wrong ingest key", [("x-ingest-key", problem)])
                 problems = _query_and_path_problems(request, query)
                 if problems:

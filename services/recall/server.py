@@ -38,7 +38,7 @@ from services.recall.settings import RecallSettings
 from services.recall.time_window import TimeWindow, asked_conversations, find_time_window, without_request
 from services.recall.time_zones import time_zone
 from services.recall.token_errors import RejectedTokenText
-from services.recall.tokens import build_verifier
+from services.recall.tokens import bearer_admitted, build_verifier
 from services.recall.tool_output import RECALL_TOOL, TOOL_DESCRIPTION, AgentHit, DatedAnswer, render_for_agent
 from services.recall.unexpected_errors import UnexpectedToolErrors, record_http_failure
 from shared.data_dir_identity import SharedDirWatch
@@ -285,7 +285,8 @@ def build_app(settings: RecallSettings | None = None):
     index_requests = IndexRequests(s.redis) if s.redis_url else None
     shared_dir = SharedDirWatch(async_redis(s.redis), s.data_dir, register=False) if s.redis_url else None
     service = RecallService(s, backend, index_requests)
-    mcp = FastMCP("recall", auth=build_verifier(s), mask_error_details=True,
+    verifier = build_verifier(s)
+    mcp = FastMCP("recall", auth=verifier, mask_error_details=True,
                   instructions="Memory of this user's earlier conversations. If the user refers to earlier work, "
                                "recall first, then answer.")
     mcp.add_middleware(UnexpectedToolErrors())  # first: the outermost
@@ -319,7 +320,7 @@ def build_app(settings: RecallSettings | None = None):
     # a JSON response is an ordinary request uvicorn lets finish. The tools send no progress.
     app = mcp.http_app(path="/mcp", stateless_http=True, json_response=True)
     # The largest MCP request is a realm write whose text is at its limit (1 MiB by default).
-    app.add_middleware(BodyLimit, path="/mcp", limit=max_body_bytes(s.realm_max_text_bytes))
+    app.add_middleware(BodyLimit, path="/mcp", limit=max_body_bytes(s.realm_max_text_bytes), admit=bearer_admitted(verifier))
     for status in (404, 405):  # in the JSON shape of the service's other errors, not Starlette's text
         app.add_exception_handler(status, _no_such_endpoint)
     # Outermost: an exception while a bearer token is verified (an identity provider's JWKS

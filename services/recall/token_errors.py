@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import time
 
+from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.recall.metrics import TOKENS_REJECTED
@@ -28,6 +29,7 @@ LOG_EVERY_S = 10.0
 DESCRIPTION = ("The bearer token was not accepted: it is malformed, expired, or not signed for this service "
                "(its key, issuer or audience). Ask the gateway for a new token; in development, "
                "`recall token --user <id>` mints one.")
+TWICE = "The Authorization header is given more than once; send one bearer token."
 
 
 class RejectedTokenText:
@@ -47,6 +49,11 @@ class RejectedTokenText:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
+            return
+        if sum(name == b"authorization" for name, _ in scope["headers"]) > 1:
+            # The verifier reads the first: a proxy that appends its own header would decide who calls.
+            self._rejected("invalid")
+            await JSONResponse({"error": "invalid_request", "error_description": TWICE}, status_code=400)(scope, receive, send)
             return
         held: Message | None = None  # a 401's start, sent once its body says which error it is
 

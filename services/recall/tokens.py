@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import math
 import time
+from collections import OrderedDict
 
 from fastmcp.server.auth import AccessToken
 from fastmcp.server.auth.providers.jwt import JWTVerifier
+from starlette.datastructures import Headers
 
 from services.recall.settings import RecallSettings
 from shared.logging_setup import get_logger
 from shared.raw_url import is_utf8
 
 DEV_ISSUER = "recall-dev"
+VERDICT_TTL_S = 5.0
+VERDICTS_KEPT = 1024
 CLOCK_SKEW_S = 60
 
 log = get_logger("recall.tokens")
@@ -26,8 +30,26 @@ class RecallTokenVerifier(JWTVerifier):
     def __init__(self, *, max_lifetime_s: int, **kwargs) -> None:
         super().__init__(**kwargs)
         self.max_lifetime_s = max_lifetime_s
+        # Each request's token is verified twice, once before its body is read (BodyLimit's
+        # admit) and once by fastmcp: the second reads the first's verdict, so a refusal is
+        # logged once. Kept VERDICT_TTL_S, never past the token's own expiry.
+        self._verdicts: OrderedDict[str, tuple[float, AccessToken | None]] = OrderedDict()
 
     async def load_access_token(self, token: str) -> AccessToken | None:
+        now = time.monotonic()
+        known = self._verdicts.get(token)
+        if known is not None and known[0] > now:
+            return known[1]
+        access = await self._verify(token)
+        lifetime = VERDICT_TTL_S if access is None or access.expires_at is None else \
+            min(VERDICT_TTL_S, access.expires_at - time.time())
+        self._verdicts[token] = (now + lifetime, access)
+        self._verdicts.move_to_end(token)
+        while len(self._verdicts) > VERDICTS_KEPT:
+            self._verdicts.popitem(last=False)
+        return access
+
+    async def _verify(self, token: str) -> AccessToken | None:
         try:
             access = await super().load_access_token(token)
         except OverflowError:  # an `exp` of Infinity (JSON as Python reads it): fastmcp's int(exp) fails
@@ -40,6 +62,15 @@ class RecallTokenVerifier(JWTVerifier):
             log.info("token.rejected", reason=problem)
             return None
         return access
+
+
+def bearer_admitted(verifier: JWTVerifier):
+    """Whether a request carries a bearer token the verifier takes (BodyLimit reads the bodies
+    of those alone; the MCP app refuses the rest before reading theirs)."""
+    async def admitted(scope) -> bool:
+        scheme, _, token = Headers(scope=scope).get("authorization", "").partition(" ")
+        return scheme.lower() == "bearer" and bool(token) and await verifier.verify_token(token.strip()) is not None
+    return admitted
 
 
 def token_problem(claims: dict, max_lifetime_s: int, now: float) -> str | None:

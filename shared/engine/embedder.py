@@ -346,17 +346,27 @@ def _in_text_order(n: int, batches: list[tuple[list[int], np.ndarray, np.ndarray
 # One session.run's fixed cost in padded tokens (4-bit e5: ~1 ms). e5 in integers: ~1.1 ms against
 # ~0.11 ms per token of a row, i.e. ~10; 10 measured no different per conversation, so 4 stays.
 RUN_COST_TOKENS = 4
+# Rows x width² of one run (rows_within_attention_budget): 4 rows of 512 tokens, 16 of 256.
+ATTENTION_BUDGET = 4 * 512 ** 2
+
+
+def rows_within_attention_budget(width: int, cap: int) -> int:
+    """How many rows of `width` tokens one run may take: attention holds rows x heads x width²
+    scores per layer, so 32 rows of 512 tokens (a pasted log of colour codes, CJK text: a token
+    per character) took an indexer to 2.2 GB; ATTENTION_BUDGET keeps a run near 100 MB."""
+    return max(1, min(cap, ATTENTION_BUDGET // max(width, 1) ** 2))
 
 
 def length_groups(lengths: list[int], cap: int) -> list[tuple[int, int]]:
-    """Cuts ascending token counts into contiguous batches of at most `cap` with the least cost:
-    the tokens computed (each row padded to its batch's longest) plus a run's fixed cost per
-    batch. One new conversation's six chunks (10 to 40 tokens) padded into one batch computed
-    ~40 % more tokens than they hold. Dynamic programming over the order: ~n·cap steps."""
+    """Cuts ascending token counts into contiguous batches of at most `cap` rows (fewer for long
+    rows: `rows_within_attention_budget`) with the least cost: the tokens computed (each row
+    padded to its batch's longest) plus a run's fixed cost per batch. One new conversation's six
+    chunks (10 to 40 tokens) padded into one batch computed ~40 % more tokens than they hold.
+    Dynamic programming over the order: ~n·cap steps."""
     best = [0.0] + [float("inf")] * len(lengths)
     cut = [0] * (len(lengths) + 1)
     for end in range(1, len(lengths) + 1):
-        for start in range(max(0, end - cap), end):
+        for start in range(max(0, end - rows_within_attention_budget(lengths[end - 1], cap)), end):
             cost = best[start] + (end - start) * lengths[end - 1] + RUN_COST_TOKENS
             if cost < best[end]:
                 best[end], cut[end] = cost, start
