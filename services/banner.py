@@ -7,7 +7,8 @@ import shlex
 import sys
 from pathlib import Path
 
-from services.stack_state import StackInfo
+from services.config_check import without_password
+from services.stack_state import RUN_FILE, StackInfo
 from shared.settings_base import CommonSettings
 
 TOKEN_TTL_S = 7 * 24 * 3600
@@ -37,7 +38,8 @@ def banner(info: StackInfo, ingest_key: str, token: str | None) -> str:
     """`token` is None when the stack verifies RS256 tokens from RECALL_JWKS_URL (no dev token works)."""
     data_dir = Path(info.data_dir)
     recall = recall_command(data_dir)
-    redis = f"{info.redis_url} (embedded, AOF in {data_dir / 'redis'})" if info.embedded_redis else info.redis_url
+    redis = (f"{without_password(info.redis_url)} (embedded, AOF in {data_dir / 'redis'}; its password in "
+             f"{data_dir / RUN_FILE})" if info.embedded_redis else without_password(info.redis_url))
     tokens = (f"dev token for demo-user (7 days):\n  {token}" if token else
               "tokens: RS256 from your issuer (RECALL_JWKS_URL is set; dev tokens and `recall demo` need it unset)")
     demo = f"\n  {recall} demo          # posts example conversations and shows what recall answers" if token else ""

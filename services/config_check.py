@@ -90,7 +90,7 @@ def _error_line(cls: type[BaseSettings], err: dict) -> str:
     name = str(err["loc"][0])
     field = cls.model_fields.get(name)
     secret = field is not None and _is_secret(field)
-    shown = "(hidden)" if secret else repr(_without_password(err.get("input")))
+    shown = "(hidden)" if secret else repr(without_password(err.get("input")))
     # pydantic's own messages start with a capital ("Input should be…"); a validator's may
     # start with a variable's name, which keeps its case.
     allowed = msg if msg.startswith(PREFIX) else msg[0].lower() + msg[1:]
@@ -98,7 +98,7 @@ def _error_line(cls: type[BaseSettings], err: dict) -> str:
     return f"{variable(name)}={shown} is not allowed: {allowed}{about}"
 
 
-def _without_password(value: object) -> object:
+def without_password(value: object) -> object:
     """A URL's user and password hidden, whatever its scheme or the lack of one (redis://:pw@host
     mistyped as http://:pw@host, :pw@host or redis:/:pw@host)."""
     if not isinstance(value, str) or "@" not in value:

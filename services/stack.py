@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -37,6 +38,7 @@ from services.config_check import (
     load_settings,
     variables_help,
     warn_misspelled_variables,
+    without_password,
 )
 from services.dev_secrets import export_defaults
 from services.indexer.settings import IndexerSettings
@@ -119,13 +121,16 @@ def redis_url_problems(url: str) -> list[str]:
         finally:
             client.close()
     except (redis.RedisError, ValueError) as exc:
-        return [f"RECALL_REDIS_URL={url!r} is not allowed: {exc} (unset it to use an embedded redis-server)"]
+        return [f"RECALL_REDIS_URL={without_password(url)!r} is not allowed: {exc} (unset it to use an embedded redis-server)"]
     return []
 
 
 def run_stack() -> int:
     from shared.redis_server import EmbeddedRedis, RedisStartError
 
+    # The stack's files are its user's alone: conversations, memories, Redis's AOF and the
+    # artifacts database were 0644 and readable by every local user (a security review).
+    os.umask(0o077)
     s, data_dir = check_config()
     lock = DataDirLock(data_dir)
     lock.acquire()
@@ -144,7 +149,8 @@ def run_stack() -> int:
         ignored = set(warn_misspelled_variables())  # said once here, not again by each child
         env = with_huge_pages({**{k: v for k, v in os.environ.items() if k not in ignored}, "RECALL_DATA_DIR": str(data_dir)})
         if not s.redis_url:
-            redis_server = EmbeddedRedis(data_dir / "redis", port=s.embedded_redis_port, own_session=True)
+            redis_server = EmbeddedRedis(data_dir / "redis", port=s.embedded_redis_port, own_session=True,
+                                         password=secrets.token_urlsafe(24))
             try:
                 redis_server.start()
             except RedisStartError as exc:

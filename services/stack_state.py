@@ -75,7 +75,9 @@ def _locked(data_dir: Path) -> bool:
 def write_info(info: StackInfo) -> None:
     path = Path(info.data_dir) / RUN_FILE
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(info.model_dump_json(indent=1))
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # it holds the embedded Redis's password
+    with os.fdopen(fd, "w") as f:
+        f.write(info.model_dump_json(indent=1))
     tmp.replace(path)
 
 

@@ -19,7 +19,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
 
 def run_status() -> int:
     from services.banner import TOKEN_TTL_S, banner
-    from services.config_check import load_settings
+    from services.config_check import load_settings, without_password
     from services.dev_secrets import require
     from services.recall.tokens import mint_dev_token
     from services.stack import StackSettings
@@ -46,7 +46,7 @@ def run_status() -> int:
         print("stream:  " + _backlog(info.redis_url, s.stream, s.group))
     except Exception as exc:  # Redis down: say so, the rest of the report still stands
         ok = False
-        print(f"stream:  redis unreachable at {info.redis_url} ({exc})")
+        print(f"stream:  redis unreachable at {without_password(info.redis_url)} ({exc})")
     return 0 if ok else 1
 
 

@@ -12,6 +12,7 @@ and two stacks would silently share one database.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import time
@@ -42,7 +43,8 @@ def redis_server_binary() -> str:
 
 
 class EmbeddedRedis:
-    def __init__(self, data_dir: Path, port: int | None = None, own_session: bool = False) -> None:
+    def __init__(self, data_dir: Path, port: int | None = None, own_session: bool = False,
+                 password: str | None = None) -> None:
         # Absolute: redis-server chdirs into --dir before it opens --logfile, so a relative
         # path would be resolved twice (data/redis/data/redis/redis.log).
         self.data_dir = Path(data_dir).resolve()
@@ -50,13 +52,28 @@ class EmbeddedRedis:
         # own_session (`recall up`): Ctrl-C in the terminal does not reach Redis, which is stopped
         # last, and Redis dies with the thread that started it if that process is killed outright.
         self.own_session = own_session
+        # `recall up`'s: without one, any local user could write into any tenant's stream or point
+        # Redis's `dir` anywhere this user may write (CONFIG SET dir + SAVE). Given in a 0600 file,
+        # not on the command line, which every local user can read (ps).
+        self.password = password
         self.proc: subprocess.Popen | None = None
         self.started_at = 0.0  # time.monotonic() of the last successful start
         self.restarts = 0
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        return f"redis://:{self.password}@127.0.0.1:{self.port}/0" if self.password else f"redis://127.0.0.1:{self.port}/0"
+
+    def _config_file(self) -> list[str]:
+        """redis-server's first argument: a config file holding the password, when there is one."""
+        if not self.password:
+            return []
+        path = self.data_dir / "auth.conf"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(f"requirepass {self.password}\n")
+        os.chmod(path, 0o600)  # a file left by an earlier start keeps its mode otherwise
+        return [str(path)]
 
     @property
     def log_path(self) -> Path:
@@ -71,14 +88,14 @@ class EmbeddedRedis:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         with open(self._output_path, "wb") as out:
             self.proc = subprocess.Popen(
-                [redis_server_binary(), "--bind", "127.0.0.1", "--port", str(self.port), "--dir", str(self.data_dir),
+                [redis_server_binary(), *self._config_file(), "--bind", "127.0.0.1", "--port", str(self.port), "--dir", str(self.data_dir),
                  "--appendonly", "yes", "--appendfsync", "everysec", "--save", "", "--daemonize", "no",
                  "--logfile", str(self.log_path)],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                 **({"process_group": 0, "preexec_fn": die_with_parent} if self.own_session else {}),
             )
         deadline = time.monotonic() + timeout
-        client = redis.Redis(port=self.port, socket_connect_timeout=1)
+        client = redis.Redis(port=self.port, password=self.password, socket_connect_timeout=1)
         try:
             while True:
                 if self.proc.poll() is not None:

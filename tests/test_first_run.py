@@ -132,7 +132,7 @@ async def test_first_run_as_the_readme_tells_it(tmp_path):
         assert len(elsewhere.stderr.strip().splitlines()) == 3 and "RECALL_INGEST_PORT" in elsewhere.stderr, elsewhere.stderr
         assert not (tmp_path / "other" / "redis").exists(), "nothing was started"
 
-        redis_port = int(re.search(r"redis\s+redis://127\.0\.0\.1:(\d+)/0", banner).group(1))
+        redis_port = int(re.search(r"redis\s+redis://\(hidden\)@127\.0\.0\.1:(\d+)/0", banner).group(1))
         parts = psutil.Process(make.pid).children(recursive=True)
         assert len(parts) >= 5, "recall up, redis-server, ingest, indexer and the recall service"
     except BaseException:

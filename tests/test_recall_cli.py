@@ -474,6 +474,7 @@ def test_a_killed_embedded_redis_is_started_again_and_the_stack_carries_on(tmp_p
         assert post("before").status_code == 202
         [redis] = [p for p in psutil.Process(up.pid).children() if "redis-server" in p.name()]
         redis_port = next(c.laddr.port for c in redis.net_connections("tcp") if c.status == psutil.CONN_LISTEN)
+        _embedded_redis_and_files_are_this_users_alone(tmp_path / "data", redis, redis_port)
         redis.kill()
 
         assert wait_until(lambda: "starting it again" in output(), 30, 0.1), output()[-3000:]
@@ -484,12 +485,28 @@ def test_a_killed_embedded_redis_is_started_again_and_the_stack_carries_on(tmp_p
         src = tmp_path / "data" / user_hash("alice") / "src"
         assert wait_until(lambda: {p.name for p in src.glob("*.funes.jsonl")} == {"before.funes.jsonl", "after.funes.jsonl"}, 30)
         assert up.poll() is None
+        _embedded_redis_and_files_are_this_users_alone(tmp_path / "data", again, redis_port)  # the restarted one too
     except BaseException:
         os.killpg(up.pid, signal.SIGKILL)
         raise
     os.killpg(up.pid, signal.SIGINT)
     assert up.wait(90) == 0 and "recall up: stopped" in output()
     assert not psutil.pid_exists(again.pid) or psutil.Process(again.pid).status() == psutil.STATUS_ZOMBIE
+
+
+def _embedded_redis_and_files_are_this_users_alone(data: Path, server, port: int) -> None:
+    """Without a password any local user could write into any tenant's stream or have Redis
+    write files anywhere (CONFIG SET dir + SAVE); and the stack's files were 0644 (a security review)."""
+    import redis as redis_py
+
+    with pytest.raises(redis_py.AuthenticationError):
+        redis_py.Redis(port=port, socket_timeout=5).xlen("recall:turns")
+    url = json.loads((data / "recall-up.json").read_text())["redis_url"]
+    assert redis_py.Redis.from_url(url, socket_timeout=5).ping()
+    password = url.split("@")[0].rsplit(":", 1)[1]
+    assert password not in " ".join(server.cmdline()), "every local user reads a command line"
+    private = [data / "recall-up.json", data / "redis" / "auth.conf", *data.rglob("*.funes.jsonl"), *data.rglob("*.aof")]
+    assert all(p.stat().st_mode & 0o077 == 0 for p in private), {str(p): oct(p.stat().st_mode) for p in private}
 
 
 def test_a_stack_that_verifies_jwks_tokens_prints_no_dev_token_that_it_would_refuse(tmp_path):
