@@ -266,7 +266,13 @@ def _random_queries(seed: int, count: int) -> list[str]:
                 f"between {rnd.choice(month_words)} {d} and {rnd.choice(month_words)} {rnd.randint(0, 32)}, {y:04d}",
                 f"from {d} to {rnd.randint(0, 32)} {rnd.choice(month_words)} {y:04d}",
                 f"{rnd.choice(['over the', 'last', 'this'])} weekend", "на выходных", "yesterday evening",
-                f"on {d:02d}.{m:02d}.{y:04d}", f"{y:04d}/{m}/{d}", f"{d}/{m}/{y:04d}"]
+                f"on {d:02d}.{m:02d}.{y:04d}", f"{y:04d}/{m}/{d}", f"{d}/{m}/{y:04d}",
+                f"насос {d}.{m}", f"on the {d}th", f"on the {d}th of last month", f"{n} hours ago", "час назад",
+                f"{rnd.choice(['in the', 'last', 'this'])} {rnd.choice(['winter', 'spring', 'summer', 'fall'])}",
+                f"in the winter of {y:04d}", f"{rnd.choice(['прошлой', 'этой'])} зимой", "летом",
+                "the week before last", "на позапрошлой неделе", f"the last week of {rnd.choice(month_words)} {y:04d}",
+                f"с {d} {rnd.choice(MONTHS_RU)}", f"между {d} и {rnd.randint(0, 32)} {rnd.choice(MONTHS_RU)}",
+                f"on {rnd.choice(list(calendar.day_name))} evening", "в среду вечером", "the last thing we discussed"]
     return out
 
 
