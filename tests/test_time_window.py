@@ -42,7 +42,6 @@ NOW = datetime(2026, 11, 29, 12, tzinfo=timezone.utc)  # a Sunday
     ("N-11 in November last year", "N-11", "2025-11-01", "2025-12-01"),
     ("what did we discuss on 9 November last year", "what did we discuss on 9 November last year", "2025-11-09",
      "2025-11-10"),
-    ("the report of December 5 this year", "the report of December 5 this year", "2026-12-05", "2026-12-06"),
     ("что было 9 ноября прошлого года", "что было 9 ноября прошлого года", "2025-11-09", "2025-11-10"),
     ("since 9 November last year", "since 9 November last year", "2025-11-09", "2026-11-30"),
     ("9 November laſt year", "9 November laſt year", "2025-11-09", "2025-11-10"),  # IGNORECASE's long s
@@ -110,6 +109,59 @@ NOW = datetime(2026, 11, 29, 12, tzinfo=timezone.utc)  # a Sunday
     ("pump on 25/10/2026", "pump", "2026-10-25", "2026-10-26"),
     ("pump 10/25/2026", "pump", "2026-10-25", "2026-10-26"),
     ("насос с понедельника", "насос", "2026-11-23", "2026-11-30"),
+    # A part of the day after a weekday goes with that day (NOW is a Sunday).
+    ("what did I ask on Wednesday evening", "what did I ask", "2026-11-25", "2026-11-26"),
+    ("pump on Saturday morning", "pump", "2026-11-28", "2026-11-29"),
+    ("last Friday afternoon deploy", "deploy", "2026-11-27", "2026-11-28"),
+    ("что я спрашивала в среду вечером", "что я спрашивала", "2026-11-25", "2026-11-26"),
+    ("насос в субботу утром", "насос", "2026-11-28", "2026-11-29"),
+    # Hours and minutes ago: the resolvers know the date only, so today and yesterday.
+    ("what did I ask an hour ago", "what did I ask", "2026-11-28", "2026-11-30"),
+    ("pump a few minutes ago", "pump", "2026-11-28", "2026-11-30"),
+    ("pump 5 hours ago", "pump", "2026-11-28", "2026-11-30"),
+    ("pump 36 hours ago", "pump", "2026-11-27", "2026-11-30"),
+    ("что я спрашивала час назад", "что я спрашивала", "2026-11-28", "2026-11-30"),
+    ("насос пару часов назад", "насос", "2026-11-28", "2026-11-30"),
+    ("насос несколько минут назад", "насос", "2026-11-28", "2026-11-30"),
+    # Spans and «с <date>» (since it, to today).
+    ("о чём мы говорили между 5 и 10 октября", "о чём мы говорили между 5 и 10 октября", "2026-10-05", "2026-10-11"),
+    ("pump between the 5th and the 10th of October", "pump between the 5th and the 10th of October", "2026-10-05",
+     "2026-10-11"),
+    ("о чём мы говорили с 25 октября", "о чём мы говорили с 25 октября", "2026-10-25", "2026-11-30"),
+    ("насос с 03.11.2026", "насос", "2026-11-03", "2026-11-30"),
+    # Weekends, the week before last, weeks of a month.
+    ("что решили в выходные", "что решили", "2026-11-28", "2026-11-30"),
+    ("pump the weekend before last", "pump", "2026-11-14", "2026-11-16"),
+    ("what did we discuss the week before last", "what did we discuss", "2026-11-09", "2026-11-16"),
+    ("насос на позапрошлой неделе", "насос", "2026-11-09", "2026-11-16"),
+    ("pump in the first week of October", "pump", "2026-10-01", "2026-10-08"),
+    ("pump in the third week of November", "pump", "2026-11-15", "2026-11-22"),
+    ("pump the last week of October", "pump", "2026-10-25", "2026-11-01"),
+    ("насос в первую неделю октября", "насос", "2026-10-01", "2026-10-08"),
+    ("покажи все разговоры за прошлую неделю", "покажи все разговоры", "2026-11-16", "2026-11-23"),
+    # A "this …" window ends today (was the month's end).
+    ("heating earlier this month", "heating earlier", "2026-11-01", "2026-11-30"),
+    ("pump in November", "pump", "2026-11-01", "2026-11-30"),
+    ("pump early this month", "pump", "2026-11-01", "2026-11-11"),
+    ("бюджет в этом месяце", "бюджет", "2026-11-01", "2026-11-30"),
+    # Seasons, northern hemisphere: the latest begun (the current one to today); "last" the latest over.
+    ("what did we discuss in the summer", "what did we discuss", "2026-06-01", "2026-09-01"),
+    ("pump last winter", "pump", "2025-12-01", "2026-03-01"),
+    ("pump this spring", "pump", "2026-03-01", "2026-06-01"),
+    ("pump in the fall", "pump", "2026-09-01", "2026-11-30"),
+    ("pump last autumn", "pump", "2025-09-01", "2025-12-01"),
+    ("pump in the winter of 2024", "pump", "2024-12-01", "2025-03-01"),
+    ("что мы обсуждали летом", "что мы обсуждали", "2026-06-01", "2026-09-01"),
+    ("насос прошлой зимой", "насос", "2025-12-01", "2026-03-01"),
+    ("насос этой осенью", "насос", "2026-09-01", "2026-11-30"),
+    # Russian DD.MM without a year (its last one), kept in the searched text.
+    ("что мы обсуждали 03.11", "что мы обсуждали 03.11", "2026-11-03", "2026-11-04"),
+    ("насос 3.11", "насос 3.11", "2026-11-03", "2026-11-04"),
+    ("насос 5.12", "насос 5.12", "2025-12-05", "2025-12-06"),
+    # "on the 3rd": this month's, or last month's before it comes.
+    ("what did we discuss on the 3rd", "what did we discuss", "2026-11-03", "2026-11-04"),
+    ("pump on the 30th", "pump", "2026-10-30", "2026-10-31"),
+    ("what did we say on the 2nd of last month", "what did we say", "2026-10-02", "2026-10-03"),
 ])
 def test_time_words_name_a_window(query, rest, start, end):
     searched, window = find_time_window(query, NOW)
@@ -128,7 +180,11 @@ def test_time_words_name_a_window(query, rest, start, end):
                                    "the weekend shift rota",
                                    "pump 10/11/2026", "31.02.2026 pump", "v1.2.2024", "ip 10.1.2026.5",
                                    # letters IGNORECASE folds into a month's or a unit's: no window, no error
-                                   "in ſeptember", "9 ſeptember", "last 3 dayſ", "9 APRİL"])
+                                   "in ſeptember", "9 ſeptember", "last 3 dayſ", "9 APRİL",
+                                   # seasons, versions, floors and clock times that are no time named
+                                   "spring cleaning", "config in Spring Boot", "the fall of Rome", "Python 3.11",
+                                   "what changed in 3.11", "on the 3rd floor", "встреча в 10.05", "31.02 насос",
+                                   "версия 1.2.3 насоса", "последнее обновление", "the 5 hours of video"])
 def test_no_window_without_a_real_date(query):
     assert find_time_window(query, NOW) == (query, None)
 
@@ -146,6 +202,11 @@ def test_no_window_without_a_real_date(query):
     # How people ask for a time's conversations (a newcomer's four were refused as having no topic).
     ("remind me what we talked about", True), ("what did we discuss earlier", True), ("напомни, что мы обсуждали", True),
     ("remind me about the pump", False),
+    # Words about which or how many conversations, not a topic.
+    ("what else did we discuss", True), ("list all conversations from", True), ("что ещё мы обсуждали", True),
+    ("покажи все разговоры", True), ("show me everything we discussed", True), ("what other topics did we cover", True),
+    ("what did we say about the all-hands", False), ("what was the show we watched", False),
+    ("the shopping list", False),
 ])
 def test_a_question_of_time_words_and_words_about_conversations_names_only_a_time(searched, only):
     assert names_only_a_time(searched) is only
@@ -205,7 +266,13 @@ def _random_queries(seed: int, count: int) -> list[str]:
                 f"between {rnd.choice(month_words)} {d} and {rnd.choice(month_words)} {rnd.randint(0, 32)}, {y:04d}",
                 f"from {d} to {rnd.randint(0, 32)} {rnd.choice(month_words)} {y:04d}",
                 f"{rnd.choice(['over the', 'last', 'this'])} weekend", "на выходных", "yesterday evening",
-                f"on {d:02d}.{m:02d}.{y:04d}", f"{y:04d}/{m}/{d}", f"{d}/{m}/{y:04d}"]
+                f"on {d:02d}.{m:02d}.{y:04d}", f"{y:04d}/{m}/{d}", f"{d}/{m}/{y:04d}",
+                f"насос {d}.{m}", f"on the {d}th", f"on the {d}th of last month", f"{n} hours ago", "час назад",
+                f"{rnd.choice(['in the', 'last', 'this'])} {rnd.choice(['winter', 'spring', 'summer', 'fall'])}",
+                f"in the winter of {y:04d}", f"{rnd.choice(['прошлой', 'этой'])} зимой", "летом",
+                "the week before last", "на позапрошлой неделе", f"the last week of {rnd.choice(month_words)} {y:04d}",
+                f"с {d} {rnd.choice(MONTHS_RU)}", f"между {d} и {rnd.randint(0, 32)} {rnd.choice(MONTHS_RU)}",
+                f"on {rnd.choice(list(calendar.day_name))} evening", "в среду вечером", "the last thing we discussed"]
     return out
 
 
@@ -284,6 +351,9 @@ def test_a_time_zone_is_taken_only_from_an_iana_name():
     ("о чём мы говорили в прошлый раз", "о чём мы говорили", True), ("since last time", "since last time", True),
     ("what did we discuss", "what did we discuss", True), ("remind me", "remind me", True),
     ("pump last time", "pump", False), ("the", "the", False), ("pump", "pump", False),
+    ("what was the last thing we talked about", "what was we talked about", True),
+    ("the most recent conversation", "the most recent conversation", True),
+    ("последнее, что мы обсуждали", "что мы обсуждали", True),
 ])
 def test_last_time_and_no_time_ask_for_the_latest_conversations_unless_a_topic_is_named(query, searched, latest):
     from services.recall.time_window import asked_conversations
@@ -306,6 +376,26 @@ def test_this_weekday_not_yet_come_names_no_window():
     assert find_time_window("the deploy this Friday", wednesday) == ("the deploy this Friday", None)
     searched, window = find_time_window("the deploy this Monday", wednesday)
     assert (searched, window.start.date().isoformat()) == ("the deploy", "2026-11-23")
+
+
+@pytest.mark.parametrize("query", ["what did we discuss this Friday", "this Friday", "о чём мы говорили в эту субботу",
+                                   "what did we discuss this weekend"])
+def test_a_time_that_names_no_window_is_a_topic_not_the_latest_conversations(query):
+    """On a Wednesday "what did we discuss this Friday" named no window, yet its time words were
+    stripped as if it did and the answer was the latest conversations ("3 most recent of 37")."""
+    from services.recall.time_window import asked_conversations, without_request
+
+    wednesday = datetime(2026, 11, 25, 12, tzinfo=timezone.utc)
+    searched, window = find_time_window(query, wednesday)
+    if window is None:
+        assert searched == query
+    assert asked_conversations(searched, window) is None
+    assert not names_only_a_time(searched, named_a_window=window is not None)
+    assert without_request(searched) != ""
+    # The same words once their day has come name it.
+    sunday = datetime(2026, 11, 29, 12, tzinfo=timezone.utc)
+    searched, window = find_time_window("what did we discuss this Friday", sunday)
+    assert asked_conversations(searched, window) == window and window.start.date().isoformat() == "2026-11-27"
 
 
 @pytest.mark.parametrize("searched, kept", [

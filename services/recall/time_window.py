@@ -60,6 +60,10 @@ _CONVERSATION_WORDS = (
     "discuss discussed discussion talk talked say said tell told chat chatted mention mentioned happen happened "
     "do did done decide decided cover covered conversation conversations topic topics ask asked work worked "
     "remind recall earlier before previously "
+    # About which or how many conversations, not a topic: "what else did we discuss last month", "list all
+    # conversations from last week", «покажи все разговоры за прошлую неделю». "show" and "list" only as a
+# request that opens the question (`_SHOW`): "the show we watched", "the shopping list" are topics.
+    "else other others all every everything anything ещё еще все всё остальное другое список разговоров "
     "обсуждали обсуждать обсуждение говорили говорить сказали сказал разговаривали разговор разговоры "
     "было делали решили тема темы спрашивал спрашивала напомни напомнить ранее раньше"
 )
@@ -74,17 +78,28 @@ _CONVERSATION_STEMS = frozenset(stem(w) for w in [*_CONVERSATION_WORDS.split(), 
 _ABOUT_CONVERSATIONS = frozenset(stem(w) for w in _CONVERSATION_WORDS.split()) - frozenset(stem(w) for w in STOP_WORDS)
 
 
-def names_only_a_time(searched: str) -> bool:
+_SHOW = re.compile(r"^\W*(?:(?:please|can\s+you|could\s+you)\s+)?(?:show|list|покажи|перечисли)(?:\s+(?:me|мне))?(?!\w)",
+                   re.IGNORECASE)
+
+
+def names_only_a_time(searched: str, named_a_window: bool = True) -> bool:
     """Whether a question, its time words removed (`find_time_window`'s searched text), asks about
     nothing but the conversations of that time: the floor would refuse it (it shares no word
     with them), and what it wants is what was said then. Time words still in it (a date, kept for
     BM25; a query of nothing else, searched as given) are no topic; any other number is
-    ("1069.5 yesterday" asks for 1069.5)."""
+    ("1069.5 yesterday" asks for 1069.5). When the query named no window (`named_a_window`
+    false: "this Friday" before Friday comes), its time words are a topic, searched as text,
+    as `find_time_window` leaves them: stripped here, "what did we discuss this Friday" was
+    answered with the latest conversations."""
+    unresolved: set[str] = set()
     for find, _, _ in _PATTERNS:
         while found := find(searched):
+            if not named_a_window:
+                unresolved |= {stem(w) for w in words(searched[found.start:found.end]) if w not in STOP_WORDS}
             searched = f"{searched[:found.start]} {searched[found.end:]}"
+    searched = _SHOW.sub(" ", searched)
     asked = {stem(w) for w in words(searched) if w not in STOP_WORDS}
-    return not asked - _CONVERSATION_STEMS
+    return not asked - _CONVERSATION_STEMS and not unresolved - _ABOUT_CONVERSATIONS
 
 
 def asked_conversations(searched: str, window: TimeWindow | None) -> TimeWindow | None:
@@ -92,7 +107,7 @@ def asked_conversations(searched: str, window: TimeWindow | None) -> TimeWindow 
     (`names_only_a_time`): the one it names, or the latest conversations for "last time" or for
     words about the conversations alone ("what did we discuss", "remind me"); None for a
     question with a topic, which is searched."""
-    if not names_only_a_time(searched):
+    if not names_only_a_time(searched, window is not None):
         return None
     if window is not None:
         return window
@@ -118,7 +133,9 @@ def without_request(searched: str) -> str:
     """`searched` without its request words and verbs of saying when a topic is left; as it is
     otherwise (a question of such words alone asks for the latest conversations: `asked_conversations`)."""
     rest = " ".join(_REQUEST.sub(" ", searched).split())
-    return rest if rest and not names_only_a_time(rest) else searched
+    # Called for a question with a topic; a time word left in it named no window (or a second
+    # one), and is searched as text.
+    return rest if rest and not names_only_a_time(rest, named_a_window=False) else searched
 
 
 def _day(d: date) -> datetime:
@@ -200,13 +217,13 @@ def _named_day(found: tuple[DateMention, int | None], today: date) -> TimeWindow
 
 
 # A span of days: "between Oct 5 and Oct 10", "from 5 to 10 October", "Oct 5-10", «с 5 по 10
-# октября», «с 5 октября по 3 ноября». One side may be a bare day of the other's month.
-_SPAN_WORD = r"\s*(?:and|to|through|thru|until|till|-|–|—|по|до)\s*(?:the\s+)?"
-_SPAN_OPEN = re.compile(r"(?:\b(?:between|from)|(?<!\w)с)\s+(?:the\s+)?$", re.IGNORECASE)
+# октября», «с 5 октября по 3 ноября», «между 5 и 10 октября». One side may be a bare day of the other's month.
+_SPAN_WORD = r"\s*(?:and|to|through|thru|until|till|-|–|—|по|до|и)\s*(?:the\s+)?"
+_SPAN_OPEN = re.compile(r"(?:\b(?:between|from)|(?<!\w)(?:с|между))\s+(?:the\s+)?$", re.IGNORECASE)
 _BARE_DAY = r"(\d{1,2})(?:st|nd|rd|th|-?го|-?е)?"
 _SPAN_AFTER = re.compile(_SPAN_WORD + _BARE_DAY + r"(?![\w.,:/-]?\d)(?!\s+(?:" + "|".join(_MONTH_NUMBERS_WORDS := sorted(
     {*MONTHS, *MONTHS_RU}, key=len, reverse=True)) + r"))", re.IGNORECASE)
-_SPAN_BEFORE = re.compile(r"(?:\b(?:between|from)|(?<!\w)с)\s+(?:the\s+)?" + _BARE_DAY + _SPAN_WORD + r"$", re.IGNORECASE)
+_SPAN_BEFORE = re.compile(r"(?:\b(?:between|from)|(?<!\w)(?:с|между))\s+(?:the\s+)?" + _BARE_DAY + _SPAN_WORD + r"$", re.IGNORECASE)
 
 
 def _date_span(query: str) -> _Found | None:
@@ -282,6 +299,48 @@ def _numeric_date(m: re.Match, today: date) -> TimeWindow | None:
     return TimeWindow(_day(d), _day(d) + timedelta(days=1))
 
 
+# A Russian numeric day without its year, the everyday «03.11» / «3.11» (day first): its last one,
+# as «3 ноября». Only in a query with Cyrillic letters ("Python 3.11" is a version), never after a
+# word of the clock («в 10.05», «к 9.30»), and kept in the searched text (a version is still searched).
+_DAY_MONTH_RU = re.compile(r"(?<![\w.,/:+-])(?<!\bв\s)(?<!\bк\s)(?<!\bдо\s)(?<!\bот\s)(\d{1,2})\.(\d{1,2})"
+                           r"(?![\w,/:-]|\.\d)", re.IGNORECASE)
+_CYRILLIC = re.compile(r"[а-яё]", re.IGNORECASE)
+
+
+def _day_month_ru(query: str) -> _Found | None:
+    if not _CYRILLIC.search(query):
+        return None
+    m = _DAY_MONTH_RU.search(query)
+    return _Found(m.start(), m.end(), m) if m else None
+
+
+def _day_month_ru_window(m: re.Match, today: date) -> TimeWindow | None:
+    day, month = int(m[1]), int(m[2])
+    if not 1 <= month <= 12:
+        return None
+    d = date(_last_year_of(month, today, day), month, day)  # ValueError for «31.02»: searched as text
+    return TimeWindow(_day(d), _day(d) + timedelta(days=1))
+
+
+_PATTERNS.append((_day_month_ru, _day_month_ru_window, False))
+
+
+# "on the 3rd": the 3rd of this month, or of last month before it comes; not "on the 3rd floor"
+# (only before the question's end, a comma or words of the question).
+@_rule(r"\bon\s+the\s+(\d{1,2})(?:st|nd|rd|th)(?:\s+of\s+(this|last)\s+month)?"
+       r"(?=\s*$|\s*[,.?!;]|\s+(?:we|i|you|about|regarding|with|and|or)\b)")
+def _day_of_month(m: re.Match, today: date) -> TimeWindow | None:
+    day = int(m[1])
+    year, month = today.year, today.month
+    back = m[2] and m[2].casefold() == "last"
+    if back or (not m[2] and day > today.day):
+        year, month = (year - 1, 12) if month == 1 else (year, month - 1)
+    if not back and not m[2] and day > calendar.monthrange(year, month)[1]:  # "the 31st" after a 30-day month
+        year, month = (year - 1, 12) if month == 1 else (year, month - 1)
+    d = date(year, month, day)  # ValueError for "the 31st of last month" in a shorter one: searched as text
+    return TimeWindow(_day(d), _day(d) + timedelta(days=1))
+
+
 def _last_year_of(month: int, today: date, day: int = 1) -> int:
     """The year of the most recent such month (or day of it): one not yet come this year means last year's."""
     return today.year if (month, day) <= (today.month, today.day) else today.year - 1
@@ -312,12 +371,13 @@ def _up_to_today(today: date, days: int) -> TimeWindow:
 
 
 def _calendar(today: date, unit: str, this: bool) -> TimeWindow:
-    """This or the previous calendar week (from Monday) or month; this one runs to today."""
+    """This or the previous calendar week (from Monday) or month; this one runs to today (was to
+    the month's end: "earlier this month" showed "from 2026-12-01 to 2026-12-31")."""
     if unit == "week":
         monday = _day(today) - timedelta(days=today.weekday())
         return TimeWindow(monday, _day(today) + timedelta(days=1)) if this else TimeWindow(monday - timedelta(days=7), monday)
     if this:
-        return _month(today.year, today.month)
+        return TimeWindow(_month(today.year, today.month).start, _day(today) + timedelta(days=1))
     year, month = (today.year - 1, 12) if today.month == 1 else (today.year, today.month - 1)
     return _month(year, month)
 
@@ -353,9 +413,12 @@ def _yesterday(m: re.Match, today: date) -> TimeWindow:
     return _days_back(today, 1)
 
 
-# "last time", "the previous conversation", «в прошлый раз»: no time, the latest conversations.
+# "last time", "the previous conversation", «в прошлый раз», "the last thing we talked about", "the
+# most recent conversation", «последнее, что мы обсуждали»: no time, the latest conversations.
 @_rule(r"\b(?:last|previous)\s+(?:time|conversation|chat|session)\b|\bв\s+(?:прошлый|последний)\s+раз\b"
-       r"|\bпрошл(?:ый|ом)\s+разговор[еа]?\b")
+       r"|\bпрошл(?:ый|ом)\s+разговор[еа]?\b|\b(?:the\s+)?(?:very\s+)?(?:last|latest|most\s+recent)\s+(?:thing|things"
+       r"|conversations?|chats?|sessions?|topics?)\b|(?<!\w)(?:самое\s+)?последн(?:ее|ий\s+разговор|яя\s+тема)"
+       r"(?=\s*,?\s*(?:что|о\s+чём|о\s+чем)\b|\s*$|\s*[?.!])")
 def _last_time(m: re.Match, today: date) -> TimeWindow:
     return LATEST
 
@@ -371,9 +434,16 @@ def _recently(m: re.Match, today: date) -> TimeWindow:
 _PARTS = {"early": (1, 10), "beginning": (1, 10), "start": (1, 10), "mid": (11, 20), "middle": (11, 20),
           "late": (21, 31), "end": (21, 31), "first half": (1, 15), "second half": (16, 31),
           "начале": (1, 10), "середине": (11, 20), "конце": (21, 31), "первой половине": (1, 15),
-          "второй половине": (16, 31)}
-_PART_EN = r"(early|mid|late|(?:the\s+)?(?:beginning|start|middle|end|first\s+half|second\s+half)\s+of)[\s-]+(?:the\s+month\s+of\s+)?"
-_PART_RU = r"в\s+(начале|середине|конце|первой\s+половине|второй\s+половине)\s+"
+          "второй половине": (16, 31), "first week": (1, 7), "second week": (8, 14), "third week": (15, 21),
+          "fourth week": (22, 28), "last week": (-7, 31), "первую неделю": (1, 7), "вторую неделю": (8, 14),
+          "третью неделю": (15, 21), "четвёртую неделю": (22, 28), "четвертую неделю": (22, 28),
+          "последнюю неделю": (-7, 31), "первой неделе": (1, 7), "второй неделе": (8, 14), "третьей неделе": (15, 21),
+          "последней неделе": (-7, 31)}
+# (first, last) days; a negative first counts from the month's end: "the last week of October" is its last 7 days.
+_PART_EN = (r"(early|mid|late|(?:the\s+)?(?:beginning|start|middle|end|first\s+half|second\s+half"
+            r"|(?:first|second|third|fourth|last)\s+week)\s+of)[\s-]+(?:the\s+month\s+of\s+)?")
+_PART_RU = (r"(?:в|на)\s+(начале|середине|конце|первой\s+половине|второй\s+половине|(?:первую|вторую|третью|четв[её]ртую"
+            r"|последнюю)\s+неделю|(?:первой|второй|третьей|последней)\s+неделе)\s+")
 _GENITIVE_MONTHS = "|".join(sorted(MONTHS_RU, key=len, reverse=True))
 
 
@@ -390,12 +460,13 @@ def _part_of_month(m: re.Match, today: date) -> TimeWindow:
         part, name, year_text, which = m[5], m[6], m[7], m[8]
         month = MONTHS_RU.index(name.lower()) + 1 if name else None
     part = " ".join(part.casefold().split()).removeprefix("the ").removesuffix(" of")
-    first, last = _PARTS[part]
+    first, last = _PARTS[part.casefold()]
     if month is None:  # this or last month
-        whole = _calendar(today, "month", this=which.casefold() in ("this", "этого"))
+        this = which.casefold() in ("this", "этого")
+        whole = _month(today.year, today.month) if this else _calendar(today, "month", this=False)
     else:
-        whole = _month(int(year_text) if year_text else _last_year_of(month, today, first), month)
-    start = whole.start + timedelta(days=first - 1)
+        whole = _month(int(year_text) if year_text else _last_year_of(month, today, max(first, 1)), month)
+    start = whole.end + timedelta(days=first) if first < 0 else whole.start + timedelta(days=first - 1)
     return TimeWindow(start, min(whole.end, whole.start + timedelta(days=last)))
 
 
@@ -407,10 +478,20 @@ def _this_last(m: re.Match, today: date) -> TimeWindow:
     return _calendar(today, unit, this=which == "this")
 
 
-@_rule(r"\b(?:на|в)\s+(этой|прошлой)\s+неделе\b|\b(?:в)\s+(этом|прошлом)\s+месяце\b")
+# «на прошлой неделе», «в этом месяце», «за прошлую неделю», «за этот месяц».
+@_rule(r"\b(?:на|в)\s+(этой|прошлой)\s+неделе\b|\b(?:в)\s+(этом|прошлом)\s+месяце\b"
+       r"|\bза\s+(эту|прошлую)\s+неделю\b|\bза\s+(этот|прошлый)\s+месяц\b")
 def _this_last_ru(m: re.Match, today: date) -> TimeWindow:
-    which = (m[1] or m[2]).lower()
-    return _calendar(today, "week" if m[1] else "month", this=which in ("этой", "этом"))
+    which = (m[1] or m[2] or m[3] or m[4]).lower()
+    return _calendar(today, "week" if m[1] or m[3] else "month", this=which.startswith("эт"))
+
+
+# "the week before last", «на позапрошлой неделе»: the calendar week two back (from Monday).
+@_rule(r"\b(?:(?:in|during|over)\s+)?the\s+week\s+before\s+last\b|\b(?:на|в)\s+позапрошлой\s+неделе\b"
+       r"|\bза\s+позапрошлую\s+неделю\b")
+def _week_before_last(m: re.Match, today: date) -> TimeWindow:
+    last = _calendar(today, "week", this=False)
+    return TimeWindow(last.start - timedelta(days=7), last.start)
 
 
 @_rule(r"\b(?:(?:in|over|during)\s+)?(?:the\s+)?(?:last|past)\s+" + _COUNT + r"\s+(days?|weeks?|fortnights?|months?|years?)\b")
@@ -431,6 +512,20 @@ def _last_n_ru(m: re.Match, today: date) -> TimeWindow:
 @_rule(r"\b" + _COUNT + r"\s+(days?|weeks?|fortnights?|months?|years?)\s+ago\b")
 def _ago(m: re.Match, today: date) -> TimeWindow:
     return _around(today, _count(m[1]) * _UNITS[m[2].lower()])
+
+
+# "an hour ago", "a few minutes ago", "5 hours ago", «час назад», «пару часов назад», «несколько минут
+# назад»: resolvers get only the user's date, not the time of day, so today and yesterday (an hour
+# ago at 00:30 is yesterday evening); from a day of hours on, that many days back to today.
+_HOURS_RU = "час|часа|часов|полчаса|минуту|минуты|минут|секунд|секунду"
+
+
+@_rule(r"\b(?:" + _COUNT + r"|half\s+an)\s+(hours?|minutes?|mins?|seconds?)\s+ago\b"
+       r"|(?<!\w)(?:" + _COUNT_RU + r"\s+)?(" + _HOURS_RU + r")\s+назад(?!\w)")
+def _hours_ago(m: re.Match, today: date) -> TimeWindow:
+    count = _count(m[1]) if m[1] else _count(m[3]) if m[3] else 1
+    hours = count if (m[2] or m[4]).casefold().startswith(("hour", "час")) else 0
+    return TimeWindow(_day(today) - timedelta(days=max(1, -(-hours // 24))), _day(today) + timedelta(days=1))
 
 
 # «3 дня назад», «три дня назад», «пару недель назад», «неделю назад», «год назад».
@@ -480,9 +575,10 @@ def _weekday(today: date, weekday: int, this: bool) -> TimeWindow | None:
 _WEEKDAY_NAMES = "|".join(_WEEKDAYS)
 
 
-# "on Monday", "last Friday", "since Tuesday"; a bare weekday ("the Monday standup") is a topic,
-# and "monday.com" no day.
-@_rule(r"\b(on|last|this|past|previous|since)\s+(" + _WEEKDAY_NAMES + r")\b(?!\.\w)")
+# "on Monday", "last Friday", "since Tuesday", "on Wednesday evening" (a part of the day goes with
+# its day, as after "yesterday"); a bare weekday ("the Monday standup") is a topic, and "monday.com" no day.
+@_rule(r"\b(on|last|this|past|previous|since)\s+(" + _WEEKDAY_NAMES + r")(?:\b(?!\.\w)" + _PART_OF_DAY
+       + r")?\b(?!\.\w)")
 def _named_weekday(m: re.Match, today: date) -> TimeWindow | None:
     return _weekday(today, _WEEKDAYS[m[2].casefold()], this=m[1].casefold() == "this")
 
@@ -490,8 +586,8 @@ def _named_weekday(m: re.Match, today: date) -> TimeWindow | None:
 _WEEKDAY_NAMES_RU = "|".join(_WEEKDAYS_RU)
 
 
-# «в пятницу», «во вторник», «в прошлую среду», «в эту пятницу».
-@_rule(r"\bв[о]?\s+(?:(прошл(?:ый|ую|ое)|эт(?:от|у|о))\s+)?(" + _WEEKDAY_NAMES_RU + r")(?!\w)")
+# «в пятницу», «во вторник», «в прошлую среду», «в эту пятницу», «в среду вечером».
+@_rule(r"\bв[о]?\s+(?:(прошл(?:ый|ую|ое)|эт(?:от|у|о))\s+)?(" + _WEEKDAY_NAMES_RU + r")" + _PART_OF_DAY_RU + r"(?!\w)")
 def _named_weekday_ru(m: re.Match, today: date) -> TimeWindow | None:
     return _weekday(today, _WEEKDAYS_RU[m[2].lower()], this=bool(m[1]) and m[1].lower().startswith("эт"))
 
@@ -510,9 +606,15 @@ _WEEKEND_WHICH = {"last": "last", "past": "last", "previous": "last", "this": "t
 
 
 # "over the weekend", "last weekend", "this weekend", «на выходных», «в прошлые выходные», «на этих выходных».
-@_rule(r"\b(?:over|on|at|during)\s+the\s+weekend\b|\b(last|past|previous|this)\s+weekend\b"
-       r"|\bна\s+(?:(прошлых|этих)\s+)?выходных(?!\w)|\bв\s+(прошлые|эти)\s+выходные(?!\w)")
+# «в выходные» as «на выходных»; "the weekend before last", «на позапрошлых выходных»: two back.
+@_rule(r"\b(?:(?:over|on|at|during)\s+)?the\s+weekend\s+before\s+last\b|\b(?:на\s+позапрошлых\s+выходных"
+       r"|в\s+позапрошлые\s+выходные)(?!\w)"
+       r"|\b(?:over|on|at|during)\s+the\s+weekend\b|\b(last|past|previous|this)\s+weekend\b"
+       r"|\bна\s+(?:(прошлых|этих)\s+)?выходных(?!\w)|\bв\s+(?:(прошлые|эти)\s+)?выходные(?!\w)")
 def _named_weekend(m: re.Match, today: date) -> TimeWindow | None:
+    if m[0].casefold().endswith(("before last", "позапрошлых выходных", "позапрошлые выходные")):
+        last = _weekend(today, "last")
+        return TimeWindow(last.start - timedelta(days=7), last.end - timedelta(days=7))
     which = m[1] or m[2] or m[3]
     return _weekend(today, _WEEKEND_WHICH[which.casefold()] if which else "the")
 
@@ -526,6 +628,40 @@ _WEEKDAYS_RU_SINCE = {"понедельника": 0, "вторника": 1, "с�
 def _since_weekday_ru(m: re.Match, today: date) -> TimeWindow | None:
     day = _weekday(today, _WEEKDAYS_RU_SINCE[m[1].lower()], this=False)
     return day and _since(day, today)
+
+
+# Seasons, northern hemisphere's meteorological ones: winter December to February, spring March
+# to May, summer June to August, autumn (fall) September to November.
+_SEASONS = {"winter": 12, "spring": 3, "summer": 6, "autumn": 9, "fall": 9, "зимой": 12, "весной": 3, "летом": 6,
+            "осенью": 9}
+
+
+def _season(today: date, first_month: int, last: bool, year: int | None = None) -> TimeWindow:
+    """The season beginning in `first_month`: of `year` (winter 2025: December 2025 to February
+    2026), else the latest begun (the current one runs to today: `_until_today`), or with `last`
+    the latest over ("last winter" in December is the one before)."""
+    def bounds(year: int) -> TimeWindow:
+        after = first_month + 3  # the month after its last, maybe in the next year
+        return TimeWindow(_day(date(year, first_month, 1)), _day(date(year + (after > 12), (after - 1) % 12 + 1, 1)))
+
+    if year is not None:
+        return bounds(year)
+    latest = bounds(today.year if today.month >= first_month else today.year - 1)
+    return bounds(latest.start.year - 1) if last and latest.end > _day(today) else latest
+
+
+# "in the summer", "during the winter of 2025", "last winter", "this spring", "in the fall" (a bare
+# season word is a topic: "spring cleaning", "the fall of Rome"; "in Spring Boot" is a framework),
+# «летом», «прошлой зимой», «этой осенью», «прошлым летом».
+@_rule(r"\b(?:(?:in|during|over|through)\s+(?:the\s+)?|(last|this|past|previous)\s+)(winter|spring|summer|autumn|fall)"
+       r"(?:\s+(?:of\s+)?(\d{4}))?\b(?!\s+(?:boot|framework|cloud|security|mvc|batch|data|integration|shell)\b)(?![.\w])"
+       r"|(?<!\w)(?:(прошл(?:ой|ым)|эт(?:ой|им))\s+)?(зимой|весной|летом|осенью)(?!\w)")
+def _named_season(m: re.Match, today: date) -> TimeWindow | None:
+    which, name = (m[1], m[2]) if m[2] else (m[4], m[5])
+    if m[3]:
+        return _season(today, _SEASONS[name.casefold()], False, int(m[3]))
+    return _season(today, _SEASONS[name.casefold()], last=bool(which) and which.casefold().startswith(
+        ("last", "past", "previous", "прошл")))
 
 
 def _year(today: date, this: bool) -> TimeWindow:
@@ -548,12 +684,25 @@ def _this_last_year_ru(m: re.Match, today: date) -> TimeWindow:
     return _year(today, this=m[1].lower() == "этом")
 
 
-_SINCE = re.compile(r"\bsince\s+$", re.IGNORECASE)
+# "since <a time>", and in Russian «с <a date>» («с 25 ноября»: since; a span «с 5 по 10 октября» and
+# «с понедельника» are rules of their own, which begin at «с»).
+_SINCE = re.compile(r"(?:\bsince|(?<!\w)со?)\s+$", re.IGNORECASE)
 
 
 def _since(window: TimeWindow, today: date) -> TimeWindow:
     """"since <a time>": from the start of that time up to today."""
     return TimeWindow(window.start, max(window.end, _day(today) + timedelta(days=1)))
+
+
+def _until_today(window: TimeWindow, today: date) -> TimeWindow | None:
+    """A window no later than today: no conversation is from a day to come, and the answer's
+    note names the window ("late this month", "in December" on 4 December: to the 4th). One that
+    has not begun yet names no time (None: its words are searched as text)."""
+    if window.start > _day(today):
+        return None
+    if today < date.max and window.end > _day(today) + timedelta(days=1):
+        return dataclasses.replace(window, end=_day(today) + timedelta(days=1))
+    return window
 
 
 def find_time_window(query: str, now: datetime, zone: tzinfo = timezone.utc) -> tuple[str, TimeWindow | None]:
@@ -571,6 +720,8 @@ def find_time_window(query: str, now: datetime, zone: tzinfo = timezone.utc) -> 
                 if window is not None and not window.latest and (
                         since or query[found.start:found.end].lower().startswith("since")):
                     window = _since(window, today)
+                if window is not None and not window.latest:
+                    window = _until_today(window, today)
             except (OverflowError, ValueError, KeyError):
                 # A date at the calendar's edge ("9999-12-31", "March 0000") has no window
                 # datetime can hold, and a letter IGNORECASE folds ("in ſeptember") names no
@@ -580,6 +731,6 @@ def find_time_window(query: str, now: datetime, zone: tzinfo = timezone.utc) -> 
                 if not window.latest:
                     window = dataclasses.replace(window, start=window.start.replace(tzinfo=zone),
                                                  end=window.end.replace(tzinfo=zone))
-                rest = " ".join((query[:begin] + " " + query[found.end:]).split()) if strip else query
+                rest = " ".join((query[:begin] + " " + query[found.end:]).split()).strip(" ,") if strip else query
                 return rest or query, window  # nothing left: search with the words as given
     return query, None
