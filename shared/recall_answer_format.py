@@ -34,7 +34,8 @@ _NOTE_LINE = re.compile(rf"^\(None of these passages is from {_SPAN}, the time t
 _UNNAMED_LINE = re.compile(r"^\(None of these passages mentions [^\n]+, which the query names; they (?:match the rest "
                            r"of it|are the closest matches to the rest of it)\.\)$")
 _MORE_THEN_LINE = re.compile(rf"^\(These are (?:\d+ of the \d+ conversations from {_SPAN}, the most recent first|the \d+ "
-                             r"most recent of the \d+ conversations); a question with a topic searches them all\.\)$")
+                             r"most recent of the \d+ conversations); a question with a topic searches them all"
+                             r"(?:, and a shorter time \(a week, a day\) shows others)?\.\)$")
 _NOTHING_THEN = re.compile(rf"^No earlier conversation is from {_SPAN}, the time the query names\.$")
 
 
@@ -67,8 +68,9 @@ def unnamed_note(identifiers: list[str]) -> str:
 def more_then_note(shown: int, total: int, first: datetime, last: datetime) -> str:
     """Above the conversations of a question naming only a time when the answer shows fewer than
     the time holds, so the agent does not take them for all that was discussed then."""
+    shorter = ", and a shorter time (a week, a day) shows others" if _day(first) != _day(last) else ""
     return (f"(These are {shown} of the {total} conversations from {_span(first, last)}, the most recent first; "
-            "a question with a topic searches them all.)")
+            f"a question with a topic searches them all{shorter}.)")
 
 
 def more_latest_note(shown: int, total: int) -> str:

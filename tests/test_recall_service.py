@@ -215,7 +215,11 @@ async def test_a_time_with_more_conversations_than_places_says_how_many_the_answ
     service = _autumn_service(tmp_path, embedder)
     october = await service.recall_for("alice", "what did we discuss in October 2025")
     assert october.splitlines()[0] == ("(These are 3 of the 4 conversations from 2025-10-01 to 2025-10-31, the most recent "
-                                       "first; a question with a topic searches them all.)"), october
+                                       "first; a question with a topic searches them all, and a shorter time (a week, a "
+                                       "day) shows others.)"), october
+    # An echo of the round-31 wording is still taken for a recall answer (ingest drops echoes).
+    earlier = october.replace(", and a shorter time (a week, a day) shows others", "")
+    assert looks_like_recall_answer(earlier), earlier
     assert "Lunch order" in october and "Night shift" not in october and looks_like_recall_answer(october)
     november = await service.recall_for("alice", "what did we discuss in November 2025")
     assert november.startswith("[2025-11-02 10:00 UTC] user\n") and "These are" not in november, november
