@@ -52,6 +52,7 @@ bench: install
 	$(PY) -m bench.service_footprint_bench
 	$(PY) -m bench.redis_restart_bench
 	$(PY) -m bench.artifact_text_bench
+	$(PY) -m bench.index_memory_bench
 
 clean:
 	rm -rf $(VENV) .pytest_cache
