@@ -1,8 +1,10 @@
 """Secrets (and optionally e-mail addresses and phone numbers) are replaced by
 `[REDACTED:<kind>]` before anything is published, so the original never reaches Redis, disk or
 logs. Patterns are anchored on each format's fixed shape (prefixes, lengths, structure) to keep
-ticket numbers, hashes and prose that merely mentions a password untouched; the corpus test and
-`bench/redaction_bench.py` measure both sides.
+ticket numbers, hashes and prose that merely mentions a password untouched; what stands in a
+secret's place without being one (a placeholder, a variable, pasted code) is left as written
+(_NOT_A_SECRET). The corpus test, tests/test_redaction.py and `bench/redaction_bench.py` measure
+both sides.
 
 Every pattern runs in time linear in the text: a part that may start at many places of one run
 of characters (a URL scheme, an e-mail's local part, a JWT header, the look-ahead of a password
@@ -16,12 +18,40 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
+# A value after a secret's name that is no secret, so pasted code, config templates and docs stay
+# as written: a variable or template reference (${DB_PASSWORD}, $DB_PASSWORD, {{ … }}, {key},
+# %(…)s, (…)), a <placeholder>, a mask or stand-in (********, xxx…, changeme, [password], a NAME
+# in capitals), code that reads or makes one (os.environ[…], settings.db_password, get_token(),
+# secrets.token_urlsafe(32), uuid.uuid4(), b64encode(…)), an identifier or name of words without digits joined
+# by "_", "." or "-" (sandbox_token, DB_PASSWORD, your-api-key, X-Auth-Token), a shell default
+# (${X:-…} leaves ":-…"), or an earlier rule's replacement ("[REDACTED:…]", counted once). Each
+# part is bounded and splits one way only, so it costs a constant per candidate value.
+_WORDS = r"_{0,2}[A-Za-z]{1,64}"
+_NOT_A_SECRET = (
+    r"(?!(?-i:\$\{|\$[A-Z_][A-Z0-9_]{0,63}(?![^\s\"',;])|<[^\s<>\"',;]{1,64}>|[{(\[%-]"
+    r"|[xX]{3}|\*{3}|\.{3}|[cC]hange[_-]?me|[yY]our[_-]|[A-Z][A-Z_]{0,63}(?![A-Za-z0-9!@#$%^&*+=/~-])"
+    r"|(?:[pP]ass(?:word)?|[pP]asswd|[pP]wd|[sS]ecret)@"
+    r"|" + _WORDS + r"(?:[_.-]{1,2}[A-Za-z]{1,64}){0,8}[(\[]"
+    r"|(?:[A-Za-z_][A-Za-z0-9_]{0,63}\.){1,6}[A-Za-z_][A-Za-z0-9_]{0,63}\(|[a-z_][a-z0-9_]{0,63}\("
+    r"|" + _WORDS + r"(?:[_.-]{1,2}[A-Za-z]{1,64}){1,8}(?![^\s\"',;)\]}])))")
+
 # (kind, pattern, group to replace: 0 = the whole match)
 SECRET_RULES: list[tuple[str, re.Pattern[str], int]] = [
     ("private_key", re.compile(r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----(?:(?!-----BEGIN )[\s\S])*?"
                                r"-----END (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----"), 0),
+    # A key pasted without its END line (a truncated paste): the BEGIN line and the base64 lines
+    # (or space- or "\n"-separated runs, as chat clients and JSON strings carry them) that follow,
+    # with the encrypted-PEM headers and a short last line. Prose that merely names the BEGIN line
+    # has no 16-character base64 run after it.
+    ("private_key", re.compile(r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----"
+                               r"(?:(?:\s|\\[rn]){1,8}(?:[A-Za-z0-9+/=]{16,}|(?:Proc-Type|DEK-Info|Comment):[^\n\\]{0,128}))+"
+                               r"(?:(?:\s|\\[rn]){1,4}[A-Za-z0-9+/=]{1,15}(?![^\s\\]))?"), 0),
     ("aws_access_key", re.compile(r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA)[0-9A-Z]{16}\b"), 0),
-    ("aws_secret_key", re.compile(r"(?i)\baws_?secret_?(?:access_?)?key\b\s*[:=]\s*[\"']?([A-Za-z0-9/+=]{40})\b"), 1),
+    # aws_secret_access_key = …, AWS_SECRET_ACCESS_KEY=…, and STS/CLI JSON's "SecretAccessKey": "…".
+    ("aws_secret_key", re.compile(r"(?i)(?<![a-z0-9])(?:aws_?secret_?(?:access_?)?key|secret_?access_?key)[\"']?\s*[:=]\s*[\"']?"
+                                  r"([A-Za-z0-9/+=]{40})(?![A-Za-z0-9/+=])"), 1),
+    ("aws_session_token", re.compile(r"(?i)(?<![a-z0-9])(?:aws_?session_?token|(?-i:SessionToken))[\"']?\s*[:=]\s*[\"']?"
+                                     r"([A-Za-z0-9/+=]{16,})"), 1),
     ("github_token", re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{36,255}|github_pat_[A-Za-z0-9_]{60,255})\b"), 0),
     ("gitlab_token", re.compile(r"\bglpat-[A-Za-z0-9_-]{20,}\b"), 0),
     ("slack_token", re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{10,}\b"), 0),
@@ -34,10 +64,32 @@ SECRET_RULES: list[tuple[str, re.Pattern[str], int]] = [
     ("jwt", re.compile(r"\beyJ[A-Za-z0-9_-]{8,2048}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"), 0),
     ("bearer_token", re.compile(r"(?i)\bbearer\s+([A-Za-z0-9._~+/-]{20,}=*)"), 1),
     ("basic_auth", re.compile(r"(?i)\bauthorization:\s*basic\s+([A-Za-z0-9+/]{12,}=*)"), 1),
-    ("url_password", re.compile(r"\b[a-z][a-z0-9+.-]{0,31}://[^\s:/@]+:([^\s@/]{3,})@"), 1),
+    # Any other scheme (GitHub's "token", "Token token=…", SSWS, Bot, none at all): a credential
+    # of 16+ characters with a digit, so "Authorization: token based auth" stays.
+    ("authorization", re.compile(r"(?i)\bauthorization[\"']?\s*[:=]\s*[\"']?(?:[a-z][a-z0-9_-]{0,31}\s+)?(?:[a-z_]{1,32}=)?"
+                                 r"((?=[A-Za-z0-9._~+/=:-]{0,255}\d)[A-Za-z0-9._~+/=:-]{16,})"), 1),
+    # scheme://[user]:password@host; the password may hold "/" or "@" (the host follows the last
+    # "@" before a "/"); "host:8080/path@v2" is a port and a path, not a password. A run never
+    # ends but at "@", "/" or a space, so it is possessive (no backtracking into it).
+    ("url_password", re.compile(r"\b[a-z][a-z0-9+.-]{0,31}://[^\s:/@]{0,256}:(?!\d{1,5}(?:[/?#]|$))(?![:/])" + _NOT_A_SECRET
+                                + r"(?=[^\s@]{3}|[^\s@]{1,2}@[^\s@/]{1,256}@)"
+                                r"([^\s@]{1,256}+(?:@[^\s@/]{1,256}+){0,8})@(?=[A-Za-z0-9\[])"), 1),
+    # Passwords on command lines: mysql/mariadb -pSECRET (-p alone prompts; -P is the port),
+    # sshpass -p SECRET, any --password=SECRET.
+    ("password", re.compile(r"(?<![\w/.-])(?:mysql(?:dump|admin|import|check|show|slap|pump|binlog)?|mariadb(?:-?dump|-?admin|-?import|-?check)?)"
+                            r"(?:[^\S\n]+[^\s;|&]{1,256}){0,30}?[^\S\n]+-p(?=[^\s])[\"']?" + _NOT_A_SECRET + r"([^\s\"',;]{1,256})"), 1),
+    ("password", re.compile(r"(?<![\w/.-])sshpass(?:[^\S\n]+-[a-oq-zA-Z]\S{0,256}){0,4}[^\S\n]+-p[^\S\n]*[\"']?" + _NOT_A_SECRET
+                            + r"([^\s\"']{1,256})"), 1),
+    ("password", re.compile(r"(?i)(?<![\w-])--(?:password|passwd|pass)=[\"']?" + _NOT_A_SECRET + r"([^\s\"']{1,256})"), 1),
+    # name = value, name: value, "name": "value", name is value. A name may end an identifier
+    # (DB_PASSWORD, POSTGRES_PASSWORD, PGPASSWORD, newPassword, DJANGO_SECRET_KEY, MY_API_KEY,
+    # GITHUB_CLIENT_SECRET, x-ingest-key, SLACK_BOT_TOKEN, DB_PASS); the value needs 8+ characters
+    # with a digit or symbol and must not be a placeholder, a reference or code (_NOT_A_SECRET).
     ("password", re.compile(
-        r"(?i)\b(?:password|passwd|pwd|passphrase|secret|api[_-]?key|access[_-]?token|auth[_-]?token|client[_-]?secret)"
-        r"\b[\"']?\s*(?:[:=]|\bis\b)\s*[\"']?((?=[^\s\"',;]{0,255}[0-9!@#$%^&*_+=-])[^\s\"',;]{8,})"), 1),
+        r"(?i)(?:password|passwd|passphrase|secret(?:[_-]?key)?|api[_-]?key|access[_-]?token|auth[_-]?token|client[_-]?secret"
+        r"|(?<![a-z0-9])(?:pwd|ingest[_-]?key)|(?<=[_-])(?:pass|token))"
+        r"\b[\"']?\s*(?:[:=]|\bis\b)\s*[\"']?" + _NOT_A_SECRET
+        + r"((?=[^\s\"',;]{0,255}[0-9!@#$%^&*_+=-])[^\s\"',;]{8,})"), 1),
 ]
 PII_RULES: list[tuple[str, re.Pattern[str], int]] = [
     ("email", re.compile(r"(?<![/:])\b[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}\b"), 0),

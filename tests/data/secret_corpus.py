@@ -75,6 +75,29 @@ def _secrets() -> list[tuple[str, str, str]]:
     items.append(("private_key", pem, pem))
     pem = "-----BEGIN PRIVATE KEY-----\n" + _s(64, _AZ09 + "+/") + "\n-----END PRIVATE KEY-----"
     items.append(("private_key", f"PKCS8: {pem}", pem))
+    # Shapes the r32 security audit found stored raw (appended, so the values above stay the same).
+    k = _s(15) + "7"
+    items.append(("password", f"POSTGRES_PASSWORD={k}", k))
+    k = _s(11) + "$" + _s(4)
+    items.append(("password", f'{{"db_password": "{k}"}}', k))
+    k = _s(40, _AZ09 + "!#%^&*-_=+")
+    items.append(("password", f"DJANGO_SECRET_KEY={k}", k))
+    k = _s(40, _AZ09 + "/+")
+    items.append(("aws_secret_key", f'{{"AccessKeyId": "ASIA{_s(16, upper)}", "SecretAccessKey": "{k}"}}', k))
+    k = "FwoGZXIvYXdz" + _s(120, _AZ09 + "/+")
+    items.append(("aws_session_token", f'"SessionToken": "{k}",', k))
+    k = _s(16)
+    items.append(("url_password", f"REDIS_URL=redis://:{k}@redis:6379/0", k))
+    k = _s(6) + "@" + _s(6) + "/" + _s(4)
+    items.append(("url_password", f"https://bob:{k}@example.com/", k))
+    k = "\n".join(_s(64, _AZ09 + "+/") for _ in range(3))
+    items.append(("private_key", f"-----BEGIN PRIVATE KEY-----\n{k}\n(the rest did not fit)", k))
+    k = _s(12)
+    items.append(("password", f"mysql -u root -p{k} -h db.internal shop", k))
+    k = _s(32, _AZ09 + "_-")
+    items.append(("password", f"curl -H 'x-ingest-key: {k}9' http://127.0.0.1:18301/turns", k))
+    k = _s(40, "0123456789abcdef")
+    items.append(("authorization", f"curl -H 'Authorization: token {k}' https://api.github.com/user", k))
     return items
 
 
@@ -111,6 +134,16 @@ LOOK_ALIKES = [
     "postgres://db.internal:5432/main is the read replica.",
     "The npm_config_cache variable points at ~/.npm.",
     "glpat tokens expire after a year.",
+    "Set DB_PASSWORD in your env before running compose.",
+    "api_key: <your key here>",
+    "POSTGRES_PASSWORD=${POSTGRES_PASSWORD}",
+    "DB_PASSWORD=changeme",
+    'password = os.environ["DB_PASSWORD"]',
+    "client_secret=self.client_secret,",
+    "mysql -u root -p shop",
+    "Authorization: token based auth is used here.",
+    "The file starts with -----BEGIN RSA PRIVATE KEY----- and ends with an END line.",
+    "http://localhost:5173/@vite/client is served by the dev server.",
 ]
 
 PII = [
