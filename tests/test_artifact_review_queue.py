@@ -140,3 +140,19 @@ def test_an_edit_refuses_whitespace_alone_as_creation_does(service, field):
     dossier = accepted(service, BOB, draft("dossiers/blank", body="d"))
     refused(field, service.supersede, OWNER, REALM, dossier, *[" " if f == field else "x" for f in ("body", "summary", "source_ref")],
             {}, None)
+
+
+def test_an_author_creating_drafts_at_one_path_at_once_gets_one(service):
+    """The one-draft rule is read in the creating transaction: on PostgreSQL two creations at the
+    same moment could both find no draft there."""
+    import concurrent.futures
+
+    def create(i: int) -> str:
+        try:
+            return service.create_draft(ALICE, REALM, draft("agents/alice/race", body=f"draft {i}")).status.value
+        except RuleBroken as exc:
+            return exc.rule
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=12) as pool:
+        outcomes = list(pool.map(create, range(12)))
+    assert sorted(outcomes) == ["draft"] + ["open_draft"] * 11, outcomes

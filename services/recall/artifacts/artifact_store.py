@@ -314,6 +314,13 @@ class ArtifactStore:
                     " AND status IN ('draft', 'proposed') ORDER BY updated_at DESC LIMIT 1", (realm_id, path, author))
         return self._hydrate(tx, rows[0], entries) if rows else None
 
+    def lock_author_at_path(self, tx: Tx, realm_id: str, path: str, author: str) -> None:
+        """One draft creation at a time per realm, path and author, until the transaction ends, so
+        two at once cannot both find no draft there. SQLite's BEGIN IMMEDIATE serialises writers
+        already; PostgreSQL takes a transaction-scoped advisory lock on their hash."""
+        if self.pg:
+            tx.q("SELECT pg_advisory_xact_lock(hashtextextended(?, 0))", (f"{realm_id}\n{path}\n{author}",))
+
     def own_drafts(self, tx: Tx, realm_id: str, path: str, author: str) -> list[str]:
         """Ids of the author's drafts (not proposals) at a path, newest first."""
         return [r[0] for r in tx.q("SELECT artifact_id FROM artifacts WHERE realm_id = ? AND artifact_path = ? AND author = ?"

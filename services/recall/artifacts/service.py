@@ -234,6 +234,7 @@ class ArtifactService:
             rules.check_succession(current.artifact_id if current else None, draft.supersedes_artifact_id)
             rules.check_same_kind(current.artifact_kind if current else None, draft.artifact_kind)
             self.check_targets(tx, caller, realm_id, draft.targets, current.targets if current else None)
+            self.store.lock_author_at_path(tx, realm_id, draft.artifact_path, caller.principal)
             rules.check_one_draft(self.store.own_drafts(tx, realm_id, draft.artifact_path, caller.principal), draft.artifact_path)
             self.store.insert(tx, artifact)
             self.store.record(tx, artifact.artifact_id, "created", caller.principal, artifact_path=draft.artifact_path)
