@@ -20,8 +20,8 @@ from services.recall.artifacts.artifact_search import ArtifactSearch
 from services.recall.artifacts.artifact_store import ENTRIES_PAGE, NO_ENTRIES, ArtifactStore, Conflict, Tx, Window
 from services.recall.artifacts.index_queue import IndexQueue
 from services.recall.artifacts.kind_schemas import AgentRegistry, Charter, Constitution
-from services.recall.artifacts.models import (ARTIFACT_ID_MAX, ENTITY_ID_MAX, MAX_TARGETS, REALM_ID, Artifact, DraftInput, Entry, Role, Status, Target,
-                                             TargetKind, target_set)
+from services.recall.artifacts.models import (ARTIFACT_ID_MAX, ENTITY_ID_MAX, MAX_TARGETS, REALM_ID, Artifact, DraftInput,
+                                             Entry, Role, Status, Target, TargetKind, target_set)
 from services.recall.artifacts.rules import RuleBroken
 from services.recall.artifacts.text_limits import DEFAULT_MAX_TEXT_BYTES, check_json, check_text
 from shared.engine.fault_injection import fault_point
@@ -465,20 +465,28 @@ class ArtifactService:
         version than the current one (none, after a revocation) can never be accepted
         (rules.check_succession), so they are revoked, the reason in their audit, and the review
         queue (status=proposed) holds live ones only. In a transaction of its own, after the change
-        committed: inside it, locking a rival proposal being accepted at that moment deadlocked
-        against that acceptance (each holding what the other waits for)."""
-        with self.store.transaction() as tx:
-            current = self.store.accepted_at_path(tx, realm_id, path, entries=NO_ENTRIES)
-            current_id = current.artifact_id if current else None
-            for proposal_id, supersedes in self.store.proposals_at(tx, realm_id, path):
-                if supersedes == current_id:
-                    continue
-                reason = (f"overtaken: {current_id} was accepted at {path!r} and this proposal replaces {supersedes}; "
-                          f"draft again with supersedes_artifact_id={current_id!r}" if current_id else
-                          f"overtaken: the version it replaces ({supersedes}) was revoked and {path!r} has no accepted "
-                          "version; draft again without supersedes_artifact_id")
-                self.store.update_fields(tx, proposal_id, status=Status.REVOKED, revoked_reason=reason)
-                self.store.record(tx, proposal_id, "revoked", actor, reason=reason, was=Status.PROPOSED.value, overtaken=True)
+        committed: inside it, locking a rival proposal that another acceptance holds while it waits
+        for the path's accepted row (which this one holds) would deadlock. A failure here leaves
+        the committed change standing (the proposals go at the path's next change)."""
+        try:
+            with self.store.transaction() as tx:
+                current = self.store.accepted_at_path(tx, realm_id, path, entries=NO_ENTRIES)
+                current_id = current.artifact_id if current else None
+                for proposal_id, supersedes in self.store.proposals_at(tx, realm_id, path):
+                    if supersedes != current_id:
+                        self._revoke_as_overtaken(tx, proposal_id, supersedes, current_id, path, actor)
+        except Exception as exc:  # noqa: BLE001 - the acceptance or revocation itself is committed
+            log.warning("recall.artifact_overtaken_left", **loggable_failure(exc),
+                        hint="proposals overtaken by this change stay proposed until the path's next change")
+
+    def _revoke_as_overtaken(self, tx: Tx, proposal_id: str, supersedes: str | None, current_id: str | None, path: str,
+                             actor: str) -> None:
+        reason = (f"overtaken: {current_id} was accepted at {path!r} and this proposal replaces {supersedes}; "
+                  f"draft again with supersedes_artifact_id={current_id!r}" if current_id else
+                  f"overtaken: the version it replaces ({supersedes}) was revoked and {path!r} has no accepted "
+                  "version; draft again without supersedes_artifact_id")
+        self.store.update_fields(tx, proposal_id, status=Status.REVOKED, revoked_reason=reason)
+        self.store.record(tx, proposal_id, "revoked", actor, reason=reason, was=Status.PROPOSED.value, overtaken=True)
 
     def _supersede_row(self, tx: Tx, previous: Artifact, by: str, actor: str) -> None:
         self.store.update_fields(tx, previous.artifact_id, status=Status.SUPERSEDED, superseded_by_artifact_id=by)

@@ -62,10 +62,10 @@ class PopulationService:
                                          "The realm's constitution: roles, what each may do, review rules.")]
         documents.append(("agent_registry", REGISTRY_PATH, dump(AgentRegistry()),
                           "The agent registry: who may work in this realm, in which role."))
-        present = self.store.accepted_heads(tx, realm_id, [charter_path(role) for role in constitution.roles])
         documents += [("charter", charter_path(role), dump(CHARTERS[role]), f"Charter of the {role} role: purpose, duties, sources.")
-                      for role in constitution.roles if role in CHARTERS and charter_path(role) not in present]
-        return documents
+                      for role in constitution.roles if role in CHARTERS]
+        present = self.store.accepted_heads(tx, realm_id, [path for _, path, _, _ in documents])
+        return [doc for doc in documents if doc[1] not in present]
 
     def _accepted(self, tx: Tx, caller: Caller, realm_id: str, kind: str, path: str, body: str, summary: str) -> Artifact:
         if self.store.accepted_at_path(tx, realm_id, path) is not None:
