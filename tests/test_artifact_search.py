@@ -173,3 +173,42 @@ def test_a_query_nothing_in_the_realm_is_close_to_finds_nothing(service):
     assert service.search(MEMBER, REALM, None, None, None, "retry semantics of contract 7")
     for nonsense in ("xyzzy plugh", "🦓🦓", "!!!"):
         assert service.search(MEMBER, REALM, None, None, None, nonsense) == [], nonsense
+
+
+# A realm of two scripts, as a team lead's review had it (round 32): short journal entries in
+# both, decisions and dossiers in English and Russian.
+MIXED_REALM = [
+    ("decisions/retry-policy", "decision", "Решение: ограничить число повторов до 3 и добавить джиттер в экспоненциальную "
+                                           "задержку. Нагрузочный тест LT-55 показал падение нагрузки в 12 раз."),
+    ("dossiers/vendor-call", "dossier", "Vendor call notes: the vendor confirmed that version 2.1 changes the retry field."),
+    ("dossiers/int-7", "dossier", "Контракт ИНТ-7: поставщик платежей отвечает за 200 мс; штрафы при нарушении SLA 99.9%."),
+    ("decisions/queue", "decision", "Event queue: Kafka chosen over RabbitMQ for ordering guarantees per partition."),
+    ("dossiers/cache", "dossier", "Ответы справочника поставщика кэшируются в Redis на 10 минут."),
+    ("strategies/oncall", "strategy", "On-call rotation for the billing team: weekly, escalation after 15 minutes."),
+]
+JOURNAL_ENTRIES = ["Read src/billing/retry.py: exponential backoff without jitter.", "Ran load test LT-55.",
+                   "Проверил логи инцидента OPS-101: шторм повторов.", "Deployed billing 4.2 to staging.",
+                   "Развернули 4.3 в прод без ошибок."]
+
+
+def test_artifact_search_shows_artifacts_about_the_query_in_a_realm_of_two_scripts(service):
+    """Off-topic Russian queries found most of the realm (conversation recall shows a passage in
+    none of the query's scripts, and a realm mixes them), "today" and "remind me" found 12 of 18
+    artifacts, and a relevant query was padded with artifacts holding none of its words."""
+    service.register_entity(MEMBER, REALM, "billing", "Billing", "service")
+    made = {path: accepted(service, path, body, "billing", kind) for path, kind, body in MIXED_REALM}
+    journal = accepted(service, "agents/r/worklog", "Worklog of the billing study.", "billing", "worklog")
+    for entry in JOURNAL_ENTRIES:
+        service.append(MEMBER, REALM, journal, entry, "r", {})
+
+    for off_topic in ("холодильник", "кошка", "вязание", "today", "remind me", "vacation"):
+        assert service.search(MEMBER, REALM, None, None, None, off_topic, 20) == [], off_topic
+    found = service.search(MEMBER, REALM, None, None, None, "Vendor call", 20)
+    assert found[0]["artifact_id"] == made["dossiers/vendor-call"]
+    texts = {aid: service.get(MEMBER, REALM, aid, entries_limit=100) for aid in (a["artifact_id"] for a in found)}
+    for aid, artifact in texts.items():
+        words = f"{artifact.summary} {artifact.body} {' '.join(e.body for e in artifact.entries)}".lower()
+        assert "vendor" in words or "call" in words, artifact.artifact_path
+    assert [a["artifact_id"] for a in service.search(MEMBER, REALM, None, None, None, "Kafka queue", 20)][:1] == \
+        [made["decisions/queue"]]
+    assert service.search(MEMBER, REALM, None, None, None, "повторы джиттер", 20)[0]["artifact_id"] == made["decisions/retry-policy"]

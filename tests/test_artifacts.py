@@ -180,8 +180,10 @@ async def test_every_refusal_names_its_rule(mcp_server):
         await other.refused("realm_role", "revoke_memory_artifact", realm_id=REALM, artifact_id=wl["artifact_id"])
         await other.refused("realm_role", "supersede_memory_artifact", realm_id=REALM, artifact_id=wl["artifact_id"],
                             body="b", summary="s", source_ref="r", source_context={})
-        await lead("supersede_memory_artifact", realm_id=REALM, artifact_id=wl["artifact_id"], body="v2", summary="v2",
-                   source_ref="r", source_context={})
+        # A journal is continued, never replaced; an owner revokes it to start a new one.
+        await lead.refused("journal", "supersede_memory_artifact", realm_id=REALM, artifact_id=wl["artifact_id"], body="v2",
+                           summary="v2", source_ref="r", source_context={})
+        await lead("revoke_memory_artifact", realm_id=REALM, artifact_id=wl["artifact_id"], reason="a new journal")
         await researcher.refused("lifecycle", "append_memory_artifact", realm_id=REALM, artifact_id=wl["artifact_id"],
                                  body="too late", source_ref="r", source_context={})
         dec = await researcher("create_memory_artifact_draft", **draft_args("agents/a/decision", "decision", "replace", "d", realm_target))

@@ -90,7 +90,8 @@ async def test_seed_004_whole_story(realm_server):
         await coordinator.refused("realm_role: the agent_registry", "accept_memory_artifact", artifact_id=proposal["artifact_id"])
         stale = await coordinator("propose_agent_admission", principal="review-bot", agent_role="reviewer", note="reviews")
         await lead("accept_memory_artifact", artifact_id=proposal["artifact_id"])
-        await lead.refused("supersedes: path has accepted version", "accept_memory_artifact", artifact_id=stale["artifact_id"])
+        # The rival admission can never land now: it left the review queue, saying why.
+        await lead.refused(r"lifecycle: .* revoked \(overtaken: ", "accept_memory_artifact", artifact_id=stale["artifact_id"])
         await admit(coordinator, lead, "review-bot", "reviewer")
         refusal = await coordinator.refused("admission", "propose_agent_admission", principal="review-bot", agent_role="reviewer")
         assert "already in the registry" in refusal

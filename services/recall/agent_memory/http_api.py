@@ -5,7 +5,7 @@ MCP (verified by the same verifier; the realm role comes from the token's `realm
     GET    /realms/{realm_id}/memory?memory_type=&reality=&tag=&target_kind=&target_id=&q=&valid_now=&limit=&offset=
     GET    /realms/{realm_id}/memory/{record_id}          read (any realm role)
     PATCH  /realms/{realm_id}/memory/{record_id}          change fields (owners, members)
-    DELETE /realms/{realm_id}/memory/{record_id}?reason=  retire (owners, members)
+    DELETE /realms/{realm_id}/memory/{record_id}?reason=  retire (its author, owners; or {"reason": …} as the JSON body)
     GET    /realms/{realm_id}/memory/{record_id}/audit?limit=&offset=    every change, a page at a time
 
 Errors are JSON `{"error": <rule or field>, "detail": …}`: 401 without a valid token, 403 for a
@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from services.recall.agent_memory.models import MemoryType, Reality, RecordFields, RecordInput
+from services.recall.agent_memory.models import MemoryType, Reality, RecordFields, RecordInput, RetireInput
 from services.recall.agent_memory.service import AgentMemoryService
 from services.recall.artifacts.artifact_store import Conflict, StoreUnavailable
 from services.recall.artifacts.models import REALM_ID, TargetKind
@@ -42,7 +42,7 @@ from services.recall.metrics import REALM_CALLS
 from shared.http_body import BodyNotUtf8, BodyTooLarge, huge_integer, read_body, utf8_text
 from shared.raw_url import NOT_UTF8, not_utf8_parameters
 
-STATUS = {"realm_membership": 403, "realm_role": 403, "record_author": 403, "not_found": 404, "body_size": 413, "body_encoding": 415}
+STATUS = {"realm_membership": 403, "realm_role": 403, "record_author": 403, "people_write": 403, "not_found": 404, "body_size": 413, "body_encoding": 415}
 MIN_BODY_BYTES = 2**20  # a valid record is far smaller, whatever the text limit
 Handler = Callable[[Request, Caller, str], Awaitable[Any]]
 
@@ -87,6 +87,24 @@ async def _json(request: Request, model: type[BaseModel], limit: int) -> Any:
         raise RuleBroken("body", "the request body is nested too deeply") from None
     refuse_nul(raw)
     return model.model_validate(raw)
+
+
+async def _retire_reason(request: Request, limit: int) -> str | None:
+    """The reason of a retirement, from `?reason=` or a JSON body {"reason": …}: one sent in the
+    body was dropped without a word (the audit said null). Both at once is refused naming it."""
+    in_query = request.query_params.get("reason")
+    if not await _has_body(request):
+        return in_query
+    in_body = (await _json(request, RetireInput, limit)).reason
+    if in_query is not None and in_body is not None:
+        raise RuleBroken("reason", "give the reason once: in ?reason= or in the JSON body, not both")
+    return in_body if in_body is not None else in_query
+
+
+async def _has_body(request: Request) -> bool:
+    if request.headers.get("content-length", "0").strip() not in ("", "0"):
+        return True
+    return "chunked" in request.headers.get("transfer-encoding", "").lower()
 
 
 def register_agent_memory_routes(mcp: FastMCP, service: AgentMemoryService) -> None:
@@ -163,7 +181,7 @@ def register_agent_memory_routes(mcp: FastMCP, service: AgentMemoryService) -> N
     @route(base + "/{record_id}", "DELETE")
     async def retire_memory(request: Request, caller: Caller, realm_id: str) -> Any:
         return await in_realm_thread(service.retire, caller, realm_id, request.path_params["record_id"],
-                                       request.query_params.get("reason"))
+                                     await _retire_reason(request, body_limit))
 
     @route(base + "/{record_id}/audit", "GET")
     async def memory_audit(request: Request, caller: Caller, realm_id: str) -> Any:

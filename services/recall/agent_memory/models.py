@@ -5,7 +5,7 @@ from datetime import datetime, timezone
 from typing import Annotated, Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-from pydantic_core import InitErrorDetails
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from services.recall.artifacts.models import MAX_TARGETS, NOT_BLANK, Target, Timestamp, rfc3339
 from shared.tenant_paths import CONVERSATION_ID
@@ -69,7 +69,10 @@ class RecordFields(BaseModel):
     @model_validator(mode="after")
     def _period(self) -> "RecordFields":
         if self.valid_from and self.valid_until and self.valid_until <= self.valid_from:
-            raise ValueError("valid_until must be after valid_from")
+            # Named where it belongs: a ValueError here was the body's (`error: "body"`).
+            raise ValidationError.from_exception_data(type(self).__name__, [InitErrorDetails(
+                type=PydanticCustomError("period", "valid_until must be after valid_from"), loc=("valid_until",),
+                input=self.valid_until.isoformat())])
         return self
 
 
@@ -119,3 +122,10 @@ class MemoryRecord(BaseModel):
 
 def epoch(value: datetime | None) -> float | None:
     return value.timestamp() if value else None
+
+
+class RetireInput(BaseModel):
+    """The optional JSON body of a retirement (DELETE …/memory/{id}): the reason, as `?reason=`."""
+
+    model_config = ConfigDict(extra="forbid")
+    reason: str | None = Field(None, max_length=1000, description="Why the record is retired (kept in the audit).")

@@ -13,8 +13,8 @@ from services.recall.agent_memory.citations import check_citations, show_citatio
 from services.recall.agent_memory.memory_store import MemoryStore
 from services.recall.agent_memory.models import MemoryRecord, RecordFields, RecordInput, epoch
 from services.recall.artifacts import rules
-from services.recall.artifacts.models import Role, rfc3339, target_set
-from services.recall.artifacts.rules import RuleBroken
+from services.recall.artifacts.models import RECORD_ID_MAX, Role, rfc3339, target_set
+from services.recall.artifacts.rules import RuleBroken, shown
 from services.recall.artifacts.text_limits import check_json, check_text
 from services.recall.artifacts.service import AUDIT_PAGE, MAX_TRAIL_OFFSET, ArtifactService, Caller, check_page
 
@@ -43,6 +43,7 @@ class AgentMemoryService:
                               updated_at=now, status="active", targets=data.targets, citations=data.citations or [],
                               source_ref=data.source_ref, source_context=data.source_context or {})
         with self.store.transaction() as tx:
+            self._check_person(tx, caller, realm_id)
             self.artifacts.check_targets(tx, caller, realm_id, record.targets)
             self.store.insert(tx, record)
             self.store.record(tx, record.record_id, "created", caller.principal, memory_type=record.memory_type)
@@ -59,6 +60,7 @@ class AgentMemoryService:
         if patch.citations is not None:  # reading conversations, before the transaction holds the record
             check_citations(self.data_dir, caller.principal, patch.citations)
         with self.store.transaction() as tx:
+            self._check_person(tx, caller, realm_id)
             record = self._load(tx, realm_id, record_id, lock=True)
             if record.status != "active":
                 raise RuleBroken("lifecycle", "a retired record is not changed")
@@ -93,6 +95,7 @@ class AgentMemoryService:
         if reason is not None and len(reason) > MAX_REASON_CHARS:
             raise RuleBroken("reason", f"at most {MAX_REASON_CHARS} characters, not {len(reason)}")
         with self.store.transaction() as tx:
+            self._check_person(tx, caller, realm_id)
             record = self._load(tx, realm_id, record_id, lock=True)
             if record.status != "active":
                 raise RuleBroken("lifecycle", "the record is already retired")
@@ -132,7 +135,18 @@ class AgentMemoryService:
             return [{**e, "at": rfc3339(e["at"])} for e in self.store.audit(tx, record_id, limit, offset)]
 
     # ---- helpers ------------------------------------------------------------------------------------------
+    def _check_person(self, tx, caller: Caller, realm_id: str) -> None:
+        """Seed 004: agents search and read AgentMemory, the realm's people write it. A principal in
+        the realm's registry, whatever its status (a suspended one too), is an agent: its member
+        token once let it write canonical facts and decisions with no review."""
+        entry = self.artifacts.registered_agent(tx, realm_id, caller.principal)
+        if entry is not None:
+            raise RuleBroken("people_write", f"{shown(caller.principal)} is a registered agent of realm {realm_id!r} "
+                             f"({entry.role}, {entry.status} in population/registry): agents search and read AgentMemory, "
+                             "the realm's people write it; an agent's findings go into a memory artifact for review")
+
     def _load(self, tx, realm_id: str, record_id: str, lock: bool = False) -> MemoryRecord:
+        rules.check_length("record_id", record_id, RECORD_ID_MAX)
         record = self.store.get(tx, record_id, lock=lock)
         if record is None or record.realm_id != realm_id:
             raise RuleBroken("not_found", f"no memory record {record_id!r} in realm {realm_id!r}")

@@ -10,7 +10,7 @@ from pydantic import Field
 
 from services.recall.agent_memory.models import MemoryType, Reality
 from services.recall.agent_memory.service import AgentMemoryService
-from services.recall.artifacts.models import TargetKind
+from services.recall.artifacts.models import RECORD_ID_MAX, TargetKind
 from services.recall.artifacts.service import MAX_LIMIT
 from services.recall.artifacts.tool_access import any_realm, run
 from services.recall.artifacts.tools import Offset, RealmId, next_offset
@@ -43,7 +43,8 @@ def register_agent_memory_tools(mcp: FastMCP, service: AgentMemoryService) -> No
 
     @mcp.tool(auth=any_realm)
     async def get_agent_memory(realm_id: RealmId,
-                               record_id: Annotated[str, Field(description="The record's id, from search_agent_memory.")]) -> dict:
+                               record_id: Annotated[str, Field(max_length=RECORD_ID_MAX,
+                                                               description="The record's id, from search_agent_memory.")]) -> dict:
         """One AgentMemory record with its content, validity and provenance citations (a cited conversation passage is
         shown only to its author; others see it as withheld)."""
         return await run(service.get, realm_id, record_id)

@@ -22,7 +22,8 @@ from pathlib import Path
 
 from services.recall.artifacts.models import Artifact, Entry, Status
 from shared.engine.api import Engine, NoIndex
-from shared.engine.hybrid_search import RecallParams
+from shared.engine.hybrid_search import Hit, RecallParams
+from shared.engine.relevance_floor import RelevanceFloor, floor_for
 from shared.engine.index_run import index_tree
 from shared.engine.reembed import needs_reembed, reembed_memory
 from shared.engine.transcript import Block, TranscriptTurn, dump_transcript
@@ -41,6 +42,27 @@ EntryReader = Callable[[str, int, int], list[Entry]]  # (artifact_id, offset, li
 
 def _ts(epoch: float) -> str:
     return datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _holds_a_word(hit: Hit) -> bool:
+    """The lexical leg (BM25 over the query's words) or an identifier of the query found it."""
+    return hit.explain is None or hit.explain.bm25_rank is not None or hit.explain.identifier_boost > 0
+
+
+def about_the_query(hits: list[Hit], floor: RelevanceFloor) -> list[Hit]:
+    """The passages the floor let through that are about the query. When some hold a query word,
+    only those: the rest were there to fill places (an English query was padded with 16 unrelated
+    artifacts). When none does (a question in another script, or off topic), only those as close
+    as the floor's bar for a query sharing no word. Conversation recall also shows any passage
+    written in none of the query's scripts, since a Russian question over English chats cannot
+    share a word with them; a realm mixes scripts in one memory, and that let an off-topic
+    Russian query show most of the realm (16 of 20 found 274 artifacts). e5 puts short journal
+    entries within 0.86 of anything, so a cosine alone never keeps an artifact a query word
+    would have found."""
+    worded = [h for h in hits if _holds_a_word(h)]
+    if worded:
+        return worded
+    return [h for h in hits if h.explain is not None and (h.explain.dense_score or -1.0) >= floor.without_words]
 
 
 class ArtifactSearch:
@@ -119,11 +141,12 @@ class ArtifactSearch:
             # The relevance floor of conversation recall: a query nothing in the realm is close to
             # ("xyzzy plugh", "🦓🦓") finds nothing, not the realm's artifacts in some order.
             hits = self.engine.search(self.home(realm_id) / "memory", query,
-                                      RecallParams(k=pool, candidates=pool, neighbors=0, harness=kind, floor=True))
+                                      RecallParams(k=pool, candidates=pool, neighbors=0, harness=kind, floor=True,
+                                                   explain=True))
         except NoIndex:
             return [], True
         ordered: dict[str, None] = {}
-        for hit in hits:
+        for hit in about_the_query(hits, floor_for(self.engine.embedder.spec.model_id)):
             ordered.setdefault(hit.row.session_id, None)
         return list(ordered), len(hits) < pool
 

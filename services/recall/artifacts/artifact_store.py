@@ -46,6 +46,14 @@ def reads_stored_rows(table: str) -> Callable[[F], F]:
     return wrap
 
 
+def add_target_order(tx: "Tx") -> None:
+    """Databases made before targets kept the order they were written in: the column, 0 for the
+    targets they hold (shown in their former order, by role, kind and id)."""
+    if "written_order" not in tx.columns("artifact_targets"):
+        tx.q("ALTER TABLE artifact_targets ADD COLUMN " + ("IF NOT EXISTS " if tx.pg else "")
+             + "written_order INTEGER NOT NULL DEFAULT 0")
+
+
 SCHEMA = [
     """CREATE TABLE IF NOT EXISTS realm_entities (
         realm_id TEXT NOT NULL, entity_id TEXT NOT NULL, title TEXT NOT NULL, entity_kind TEXT NOT NULL,
@@ -78,6 +86,7 @@ SCHEMA = [
     """CREATE TABLE IF NOT EXISTS artifact_index_outbox (
         change_id TEXT PRIMARY KEY, realm_id TEXT NOT NULL, artifact_id TEXT NOT NULL, at DOUBLE PRECISION NOT NULL)""",
     "CREATE INDEX IF NOT EXISTS artifact_index_outbox_by_realm ON artifact_index_outbox (realm_id, at)",
+    add_target_order,
 ]
 SQLITE_BUSY_S = 30  # how long a SQLite transaction waits for another's write lock
 CONNECT_TIMEOUT_S = 5  # an unreachable server is a quick "unavailable", not a request hanging for minutes
@@ -305,6 +314,24 @@ class ArtifactStore:
                     " AND status IN ('draft', 'proposed') ORDER BY updated_at DESC LIMIT 1", (realm_id, path, author))
         return self._hydrate(tx, rows[0], entries) if rows else None
 
+    def lock_author_at_path(self, tx: Tx, realm_id: str, path: str, author: str) -> None:
+        """One draft creation at a time per realm, path and author, until the transaction ends, so
+        two at once cannot both find no draft there. SQLite's BEGIN IMMEDIATE serialises writers
+        already; PostgreSQL takes a transaction-scoped advisory lock on their hash."""
+        if self.pg:
+            tx.q("SELECT pg_advisory_xact_lock(hashtextextended(?, 0))", (f"{realm_id}\n{path}\n{author}",))
+
+    def own_drafts(self, tx: Tx, realm_id: str, path: str, author: str) -> list[str]:
+        """Ids of the author's drafts (not proposals) at a path, newest first."""
+        return [r[0] for r in tx.q("SELECT artifact_id FROM artifacts WHERE realm_id = ? AND artifact_path = ? AND author = ?"
+                                   " AND status = 'draft' ORDER BY updated_at DESC", (realm_id, path, author))]
+
+    def proposals_at(self, tx: Tx, realm_id: str, path: str) -> list[tuple[str, str | None]]:
+        """(artifact_id, supersedes_artifact_id) of every proposal waiting at a path."""
+        return [(r[0], r[1]) for r in tx.q("SELECT artifact_id, supersedes_artifact_id FROM artifacts WHERE realm_id = ?"
+                                           " AND artifact_path = ? AND status = 'proposed' ORDER BY artifact_id"
+                                           + (" FOR UPDATE" if self.pg else ""), (realm_id, path))]
+
     def listed(self, tx: Tx, realm_id: str, artifact_ids: list[str] | None = None, target_kind: str | None = None,
                target_id: str | None = None, kind: str | None = None, limit: int = 50,
                status: str = "accepted", offset: int = 0, entries: Window = NO_ENTRIES) -> list[Artifact]:
@@ -396,7 +423,8 @@ class ArtifactStore:
         marks = ",".join("?" * len(ids))
         targets: dict[str, list[Target]] = {i: [] for i in ids}
         for aid, kind, tid, role in tx.q("SELECT artifact_id, target_kind, target_id, role FROM artifact_targets"
-                                         f" WHERE artifact_id IN ({marks}) ORDER BY role, target_kind, target_id", tuple(ids)):
+                                         f" WHERE artifact_id IN ({marks}) ORDER BY written_order, role, target_kind, target_id",
+                                         tuple(ids)):
             targets[aid].append(Target(target_kind=kind, target_id=tid, role=role))
         totals = dict.fromkeys(ids, 0)
         for aid, count in tx.q(f"SELECT artifact_id, COUNT(*) FROM artifact_entries WHERE artifact_id IN ({marks})"
@@ -431,9 +459,10 @@ class ArtifactStore:
 
     def replace_targets(self, tx: Tx, artifact_id: str, targets: list[Target]) -> None:
         tx.q("DELETE FROM artifact_targets WHERE artifact_id = ?", (artifact_id,))
-        for t in {(t.target_kind.value, t.target_id, t.role.value) for t in targets}:
-            tx.q("INSERT INTO artifact_targets (artifact_id, target_kind, target_id, role) VALUES (?, ?, ?, ?)",
-                 (artifact_id, *t))
+        # In the order written (an agent lists the primary target first, or the evidence): repeats once.
+        for order, t in enumerate(dict.fromkeys((t.target_kind.value, t.target_id, t.role.value) for t in targets)):
+            tx.q("INSERT INTO artifact_targets (artifact_id, target_kind, target_id, role, written_order) VALUES (?, ?, ?, ?, ?)",
+                 (artifact_id, *t, order))
 
     def update_fields(self, tx: Tx, artifact_id: str, **fields: Any) -> None:
         fields["updated_at"] = time.time()

@@ -15,7 +15,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter, V
 
 from services.recall.artifacts.artifact_store import DamagedRow
 from services.recall.artifacts.models import ARTIFACT_PATH
-from services.recall.artifacts.rules import WRITE_MODE, RuleBroken
+from services.recall.artifacts.rules import WRITE_MODE, RuleBroken, shown
 
 CONSTITUTION_PATH = "population/constitution"
 REGISTRY_PATH = "population/registry"
@@ -204,8 +204,11 @@ def check_new_body(body: Strict | None, constitution: Constitution | None, regis
     if isinstance(body, Charter) and constitution is not None and body.role not in constitution.roles:
         raise RuleBroken("body", f"charter body: role {body.role!r} is not one of the constitution's roles "
                          f"{sorted(constitution.roles)}")
+    if isinstance(body, Constitution) and constitution is not None and registry is not None:
+        check_roles_kept(body, constitution, registry)
     if isinstance(body, AgentRegistry):
         before = {a.principal: a for a in registry.agents} if registry else {}
+        check_agents_kept(body, before)
         holders = {principal_segment(p): p for p in before}
         for a in body.agents:
             was = before.get(a.principal)
@@ -221,6 +224,30 @@ def check_new_body(body: Strict | None, constitution: Constitution | None, regis
                 if other != a.principal:
                     raise RuleBroken("body", f"{where}: its working paths ({PLACEHOLDER} = {segment!r}) are those of "
                                      f"{other!r}; admit it under another principal")
+
+
+def check_agents_kept(body: AgentRegistry, before: dict[str, RegistryEntry]) -> None:
+    """An agent leaves the registry by its status, never by losing its entry: a principal outside
+    the registry is a person, governed by its token's realm role alone, so dropping a misbehaving
+    agent's entry gave it rights its role never had."""
+    kept = {a.principal for a in body.agents}
+    dropped = [p for p in before if p not in kept]
+    if dropped:
+        raise RuleBroken("body", f"agent_registry body: agent {shown(dropped[0])} is in the accepted registry and missing "
+                         f"here{f' (and {len(dropped) - 1} more)' if len(dropped) > 1 else ''}; an agent is never removed "
+                         "(unlisted, the constitution would no longer bind it): set its status to 'suspended' or 'retired'")
+
+
+def check_roles_kept(body: Constitution, constitution: Constitution, registry: AgentRegistry) -> None:
+    """A role the accepted constitution has and a registered agent (not retired) holds stays:
+    without it that agent would be refused everything with nothing to say why it was admitted."""
+    dropped = set(constitution.roles) - set(body.roles)
+    holders = [a for a in registry.agents if a.role in dropped and a.status != "retired"]
+    if holders:
+        names = ", ".join(f"{shown(a.principal)} ({a.role}, {a.status})" for a in holders[:5])
+        more = f" and {len(holders) - 5} more" if len(holders) > 5 else ""
+        raise RuleBroken("body", f"constitution body: roles: {sorted({a.role for a in holders})} are held by registered "
+                         f"agents {names}{more}; retire them or give them another role in population/registry first")
 
 
 def check_place(path: str, body: Strict | None) -> None:

@@ -15,6 +15,11 @@ REALM_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")
 # held every writer of the database for as long as their checks took.
 MAX_TARGETS = 20
 ARTIFACT_ID_MAX = 64  # ids are 32 hex digits; a longer one is refused before any query, and never echoed
+RECORD_ID_MAX = ARTIFACT_ID_MAX  # an AgentMemory record's id: 32 hex digits as well
+REALM_ID_MAX = 128  # as REALM_ID
+PRINCIPAL_MAX = 128  # as kind_schemas.PRINCIPAL
+ENTITY_ID_MAX = 200  # as a target's id
+ARTIFACT_PATH_MAX = 8 * 64 + 7  # as ARTIFACT_PATH: 8 segments of 64 and their slashes
 NOT_BLANK = r"\S"  # a required text holds more than whitespace (pydantic's pattern searches the string)
 ArtifactKind = Literal["worklog", "handoff", "decision", "strategy", "review_protocol", "dossier",
                        "constitution", "agent_registry", "charter"]

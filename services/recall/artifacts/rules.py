@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from services.recall.artifacts.models import ARTIFACT_PATH, ARTIFACT_PATH_RULE, Role, Status
+import re
+
+from services.recall.artifacts.models import ARTIFACT_PATH, ARTIFACT_PATH_RULE, NOT_BLANK, REALM_ID_MAX, Role, Status
 
 JOURNAL_KINDS = {"worklog"}
 # The agent population (constitution, registry, charters) is memory too, with JSON bodies.
@@ -11,6 +13,15 @@ RULE_KINDS = {"constitution", "agent_registry"}  # what binds the realm's agents
 DOCUMENT_KINDS = {"handoff", "decision", "strategy", "review_protocol", "dossier", *POPULATION_KINDS}
 WRITE_MODE = {**{k: "append" for k in JOURNAL_KINDS}, **{k: "replace" for k in DOCUMENT_KINDS}}
 CAN_WRITE = {Role.OWNER, Role.MEMBER}
+TEXT_LIMITS = {"summary": 1000, "source_ref": 500}  # characters, as DraftInput's
+
+
+SHOWN_CHARS = 64  # of a caller's value named in a refusal: a 100 KB id must not come back into an agent's context
+
+
+def shown(value: str, keep: int = SHOWN_CHARS) -> str:
+    """A value named in a refusal, never more than its first `keep` characters."""
+    return repr(value) if len(value) <= keep else repr(value[:keep]) + f"… ({len(value)} characters)"
 
 
 class RuleBroken(Exception):
@@ -27,7 +38,15 @@ def check_kind_and_mode(kind: str, write_mode: str) -> None:
                          f"(journals append, documents replace), not {write_mode!r}")
 
 
+def check_length(field: str, value: str | None, limit: int) -> None:
+    """An id or a name over its bound is refused before any query, and not echoed back: one
+    100,000-character id came back whole in the error, into an agent's context."""
+    if value is not None and len(value) > limit:
+        raise RuleBroken(field, f"at most {limit} characters, not {len(value)} (starts {shown(value, 16)})")
+
+
 def role_in(realms: dict[str, Role], realm_id: str) -> Role:
+    check_length("realm_id", realm_id, REALM_ID_MAX)
     role = realms.get(realm_id)
     if role is None:
         raise RuleBroken("realm_membership", f"you are not a member of realm {realm_id!r}")
@@ -79,13 +98,15 @@ def check_submit(status: Status, author: str, caller: str) -> None:
         raise RuleBroken("lifecycle", f"only a draft can be submitted; this artifact is {status.value}")
 
 
-def check_accept(status: Status, role: Role, kind: str, author: str, caller: str, separate_duties: bool) -> None:
+def check_accept(status: Status, role: Role, kind: str, author: str, caller: str, separate_duties: bool,
+                 revoked_reason: str | None = None) -> None:
     if role not in CAN_WRITE:
         raise RuleBroken("realm_role", "accepting needs the member or owner role")
     if kind in POPULATION_KINDS and role is not Role.OWNER:
         raise RuleBroken("realm_role", f"the {kind} (part of the realm's population rules) is accepted by a realm owner")
     if status is not Status.PROPOSED:
-        raise RuleBroken("lifecycle", f"only a proposed artifact can be accepted; this one is {status.value}")
+        why = f" ({revoked_reason})" if status is Status.REVOKED and revoked_reason else ""
+        raise RuleBroken("lifecycle", f"only a proposed artifact can be accepted; this one is {status.value}{why}")
     if separate_duties and author == caller:
         raise RuleBroken("separation_of_duties", "the realm constitution requires separate author and reviewer; "
                          "someone other than the author accepts this")
@@ -118,7 +139,10 @@ def check_succession(accepted_now: str | None, supersedes: str | None) -> None:
                          "supersedes_artifact_id")
 
 
-def check_revoke(status: Status, author: str, caller: str, role: Role, kind: str) -> None:
+def check_revoke(status: Status, author: str, caller: str, role: Role, kind: str, reason: str | None = None) -> None:
+    """The author withdraws their draft or proposal; a writer of the realm rejects another's
+    proposal, saying why (the constitution's `revoke` action for a registered agent, checked by the
+    service); owners revoke accepted memory. Another's draft is private and stays theirs."""
     if status not in (Status.DRAFT, Status.PROPOSED, Status.ACCEPTED):
         raise RuleBroken("lifecycle", f"a {status.value} artifact cannot be revoked")
     if status is Status.ACCEPTED and kind in RULE_KINDS:
@@ -128,8 +152,54 @@ def check_revoke(status: Status, author: str, caller: str, role: Role, kind: str
                          "(without it the realm's agents would be bound by nothing)")
     if status is Status.ACCEPTED and role is not Role.OWNER:
         raise RuleBroken("realm_role", "revoking accepted memory needs the owner role")
-    if status is not Status.ACCEPTED and author != caller and role is not Role.OWNER:
-        raise RuleBroken("draft_owner", "only the author or a realm owner revokes a draft or proposal")
+    if status is Status.DRAFT and author != caller:
+        raise RuleBroken("draft_owner", "only the author withdraws a draft")
+    if status is Status.PROPOSED and author != caller:
+        check_reject(role, kind, reason)
+
+
+def check_reject(role: Role, kind: str, reason: str | None) -> None:
+    """Rejecting another's proposal: whoever may accept it may reject it, and says why, since the
+    author reads the reason in the audit to draft again."""
+    if role not in CAN_WRITE:
+        raise RuleBroken("realm_role", f"rejecting a proposal needs the member or owner role, not {role.value}")
+    if kind in POPULATION_KINDS and role is not Role.OWNER:
+        raise RuleBroken("realm_role", f"a {kind} proposal (part of the realm's population rules) is accepted or "
+                         "rejected by a realm owner")
+    if reason is None or not re.search(NOT_BLANK, reason):
+        raise RuleBroken("reason", "rejecting another's proposal needs a reason (what is missing or wrong): its author "
+                         "reads it in the audit")
+
+
+def check_not_replacing_journal(current_mode: str | None, current_id: str | None) -> None:
+    """Seed 004: a journal is continued, a decision is replaced. A new version of a journal left its
+    path with none of the entries its readers restore from."""
+    if current_mode == "append":
+        raise RuleBroken("journal", f"the path holds an accepted journal ({current_id}); a journal is continued, never "
+                         f"replaced by a new version: append_memory_artifact(artifact_id={current_id!r}) adds an entry "
+                         "(or a realm owner revokes it, and a new journal starts at the path)")
+
+
+def check_one_draft(existing: list[str], path: str) -> None:
+    """One draft per author and path: get_own_memory_artifact_draft_by_path restores one, and the
+    others were lost to their author (drafts never appear in search). A draft sent for review
+    (proposed) no longer counts: the author may start the next one."""
+    if existing:
+        raise RuleBroken("open_draft", f"you already have a draft at {path!r}: {existing[0]}; update it "
+                         "(update_memory_artifact_draft), submit it, or withdraw it (revoke_memory_artifact)")
+
+
+def check_texts(**fields: str | None) -> None:
+    """body, summary and source_ref on every write as at creation: present, within bounds, not
+    whitespace alone (a tool's schema says so too; a direct call of the service is checked here)."""
+    for name, value in fields.items():
+        if value is None:
+            continue
+        limit = TEXT_LIMITS.get(name)
+        if limit is not None and len(value) > limit:
+            raise RuleBroken(name, f"at most {limit} characters, not {len(value)}")
+        if not re.search(NOT_BLANK, value):
+            raise RuleBroken(name, "must hold more than whitespace")
 
 
 def check_supersede(status: Status, role: Role) -> None:

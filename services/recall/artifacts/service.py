@@ -20,8 +20,8 @@ from services.recall.artifacts.artifact_search import ArtifactSearch
 from services.recall.artifacts.artifact_store import ENTRIES_PAGE, NO_ENTRIES, ArtifactStore, Conflict, Tx, Window
 from services.recall.artifacts.index_queue import IndexQueue
 from services.recall.artifacts.kind_schemas import AgentRegistry, Charter, Constitution
-from services.recall.artifacts.models import (MAX_TARGETS, REALM_ID, Artifact, DraftInput, Entry, Role, Status, Target,
-                                             TargetKind, target_set)
+from services.recall.artifacts.models import (ARTIFACT_ID_MAX, ENTITY_ID_MAX, MAX_TARGETS, REALM_ID, Artifact, DraftInput,
+                                             Entry, Role, Status, Target, TargetKind, target_set)
 from services.recall.artifacts.rules import RuleBroken
 from services.recall.artifacts.text_limits import DEFAULT_MAX_TEXT_BYTES, check_json, check_text
 from shared.engine.fault_injection import fault_point
@@ -107,6 +107,7 @@ class ArtifactService:
     def _load(self, tx: Tx, caller: Caller, realm_id: str, artifact_id: str, lock: bool = False,
               entries: Window = NO_ENTRIES) -> tuple[Artifact, Role]:
         role = rules.role_in(caller.realms, realm_id)
+        rules.check_length("artifact_id", artifact_id, ARTIFACT_ID_MAX)
         artifact = self.store.get(tx, artifact_id, lock=lock, entries=entries)
         if artifact is None or artifact.realm_id != realm_id:
             raise RuleBroken("not_found", f"no artifact {artifact_id!r} in realm {realm_id!r}")
@@ -148,9 +149,26 @@ class ArtifactService:
         (kind_schemas.check_new_body)."""
         if not isinstance(body, (Constitution, AgentRegistry, Charter)):
             return
-        registry = self.store.accepted_at_path(tx, realm_id, kind_schemas.REGISTRY_PATH) if isinstance(body, AgentRegistry) else None
-        kind_schemas.check_new_body(body, self.constitution(tx, realm_id),
-                                    kind_schemas.parse_stored_body("agent_registry", registry.body) if registry else None)  # type: ignore[arg-type]
+        registry = self.store.accepted_at_path(tx, realm_id, kind_schemas.REGISTRY_PATH) \
+            if isinstance(body, (AgentRegistry, Constitution)) else None
+        accepted: AgentRegistry | None = kind_schemas.parse_stored_body("agent_registry", registry.body) if registry else None  # type: ignore[assignment]
+        kind_schemas.check_new_body(body, self.constitution(tx, realm_id), accepted)
+        if isinstance(body, AgentRegistry):
+            self._check_charters_exist(tx, realm_id, body, accepted)
+
+    def _check_charters_exist(self, tx: Tx, realm_id: str, body: AgentRegistry, accepted: AgentRegistry | None) -> None:
+        """An agent admitted (or moved) to a role without an accepted charter could never start
+        (check_population_rules: "no accepted charter"): the admission is refused instead."""
+        before = {a.principal: a.role for a in accepted.agents} if accepted else {}
+        roles = sorted({a.role for a in body.agents if before.get(a.principal) != a.role})
+        if not roles:
+            return
+        have = self.store.accepted_heads(tx, realm_id, [kind_schemas.CHARTER_PREFIX + r for r in roles])
+        missing = [r for r in roles if kind_schemas.CHARTER_PREFIX + r not in have]
+        if missing:
+            raise RuleBroken("body", f"agent_registry body: role {missing[0]!r} has no accepted charter at "
+                             f"{kind_schemas.CHARTER_PREFIX + missing[0]!r}, so its agents could not start; "
+                             "an owner accepts that charter first")
 
     def governed(self, tx: Tx, caller: Caller, realm_id: str, action: str, kind: str | None = None) -> Constitution | None:
         """The constitution's word on a registered agent's action (people are governed by their realm
@@ -166,6 +184,14 @@ class ArtifactService:
                 raise RuleBroken("constitution", "; ".join(refusals))
         return constitution
 
+    def registered_agent(self, tx: Tx, realm_id: str, principal: str) -> kind_schemas.RegistryEntry | None:
+        """The principal's entry in the realm's accepted registry, whatever its status (None: a person)."""
+        registry = self.store.accepted_at_path(tx, realm_id, kind_schemas.REGISTRY_PATH, entries=NO_ENTRIES)
+        if registry is None:
+            return None
+        agents: AgentRegistry = kind_schemas.parse_stored_body("agent_registry", registry.body)  # type: ignore[assignment]
+        return agents.find(principal)
+
     def _retrying(self, fn):
         for attempt in range(CONFLICT_RETRIES):
             try:
@@ -176,6 +202,7 @@ class ArtifactService:
 
     # ---- entities -----------------------------------------------------------------------------------
     def register_entity(self, caller: Caller, realm_id: str, entity_id: str, title: str, entity_kind: str) -> dict:
+        rules.check_length("entity_id", entity_id, ENTITY_ID_MAX)
         rules.check_can_write(rules.role_in(caller.realms, realm_id), realm_id)
         with self.store.transaction() as tx:
             self.governed(tx, caller, realm_id, "create_draft")  # a suspended agent writes nothing
@@ -203,9 +230,12 @@ class ArtifactService:
             self.governed(tx, caller, realm_id, as_action, draft.artifact_kind if as_action == "create_draft" else None)
             self.check_new_body(tx, realm_id, body)
             current = self.store.accepted_at_path(tx, realm_id, draft.artifact_path)
+            rules.check_not_replacing_journal(current.write_mode if current else None, current.artifact_id if current else None)
             rules.check_succession(current.artifact_id if current else None, draft.supersedes_artifact_id)
             rules.check_same_kind(current.artifact_kind if current else None, draft.artifact_kind)
             self.check_targets(tx, caller, realm_id, draft.targets, current.targets if current else None)
+            self.store.lock_author_at_path(tx, realm_id, draft.artifact_path, caller.principal)
+            rules.check_one_draft(self.store.own_drafts(tx, realm_id, draft.artifact_path, caller.principal), draft.artifact_path)
             self.store.insert(tx, artifact)
             self.store.record(tx, artifact.artifact_id, "created", caller.principal, artifact_path=draft.artifact_path)
             return self.store.get(tx, artifact.artifact_id)
@@ -213,6 +243,7 @@ class ArtifactService:
     def update_draft(self, caller: Caller, realm_id: str, artifact_id: str, changes: dict[str, Any]) -> Artifact:
         if not changes:
             raise RuleBroken("fields", "nothing to change: give body, summary, source_ref, source_context or targets")
+        rules.check_texts(body=changes.get("body"), summary=changes.get("summary"), source_ref=changes.get("source_ref"))
         self.check_sizes(changes.get("body"), changes.get("source_context"))
         with self.store.transaction() as tx:
             artifact, role = self._load(tx, caller, realm_id, artifact_id, lock=True)
@@ -237,6 +268,7 @@ class ArtifactService:
             return self.store.get(tx, artifact_id)
 
     def append(self, caller: Caller, realm_id: str, artifact_id: str, body: str, source_ref: str, source_context: dict) -> Artifact:
+        rules.check_texts(body=body, source_ref=source_ref)
         self.check_sizes(body, source_context)
         with self.store.transaction() as tx:
             artifact, role = self._load(tx, caller, realm_id, artifact_id, lock=True)
@@ -267,12 +299,18 @@ class ArtifactService:
                 artifact, role = self._load(tx, caller, realm_id, artifact_id, lock=True)
                 constitution = self.governed(tx, caller, realm_id, "accept")
                 rules.check_accept(artifact.status, role, artifact.artifact_kind, artifact.author, caller.principal,
-                                   bool(constitution and constitution.separate_author_and_reviewer))
+                                   bool(constitution and constitution.separate_author_and_reviewer), artifact.revoked_reason)
                 previous = self.store.accepted_at_path(tx, realm_id, artifact.artifact_path, lock=True)
                 if previous is None:  # PostgreSQL skips a row a concurrent acceptance just superseded: look again
                     previous = self.store.accepted_at_path(tx, realm_id, artifact.artifact_path, lock=True)
+                rules.check_not_replacing_journal(previous.write_mode if previous else None,
+                                                  previous.artifact_id if previous else None)
                 rules.check_succession(previous.artifact_id if previous else None, artifact.supersedes_artifact_id)
                 rules.check_same_kind(previous.artifact_kind if previous else None, artifact.artifact_kind)
+                if artifact.artifact_kind in rules.POPULATION_KINDS:
+                    # Against the population as it is now: the registry may have changed since a new
+                    # constitution was drafted, or a charter been replaced since an admission was.
+                    self.check_new_body(tx, realm_id, kind_schemas.parse_body(artifact.artifact_kind, artifact.body))
                 if previous is not None:
                     self._supersede_row(tx, previous, artifact_id, caller.principal)
                 self.store.update_fields(tx, artifact_id, status=Status.ACCEPTED)
@@ -282,13 +320,14 @@ class ArtifactService:
                 return self.store.get(tx, artifact_id)
 
         accepted = self._retrying(attempt)
+        self._revoke_overtaken(realm_id, accepted.artifact_path, caller.principal)
         self.index_queue.soon(realm_id)  # the answer does not wait for the embedding (index_queue.py)
         return accepted
 
     def revoke(self, caller: Caller, realm_id: str, artifact_id: str, reason: str | None) -> Artifact:
         with self.store.transaction() as tx:
             artifact, role = self._load(tx, caller, realm_id, artifact_id, lock=True)
-            rules.check_revoke(artifact.status, artifact.author, caller.principal, role, artifact.artifact_kind)
+            rules.check_revoke(artifact.status, artifact.author, caller.principal, role, artifact.artifact_kind, reason)
             # Withdrawing one's own draft or proposal takes nothing from memory, so the constitution
             # does not bind it: a suspended agent's draft, private to it, stayed forever. Another's
             # work, or accepted memory, takes the revoke right.
@@ -301,16 +340,19 @@ class ArtifactService:
                 self.store.mark_for_index(tx, realm_id, [artifact_id])
             result = self.store.get(tx, artifact_id)
         if artifact.status is Status.ACCEPTED:
+            self._revoke_overtaken(realm_id, artifact.artifact_path, caller.principal)
             self.index_queue.soon(realm_id)
         return result
 
     def supersede(self, caller: Caller, realm_id: str, artifact_id: str, body: str, summary: str, source_ref: str,
                   source_context: dict, targets: list[Target] | None) -> Artifact:
+        rules.check_texts(body=body, summary=summary, source_ref=source_ref)
         self.check_sizes(body, source_context)
         def attempt() -> Artifact:
             with self.store.transaction() as tx:
                 current, role = self._load(tx, caller, realm_id, artifact_id, lock=True)
                 rules.check_supersede(current.status, role)
+                rules.check_not_replacing_journal(current.write_mode, current.artifact_id)
                 # A new accepted version: what a registered agent needs to draft that kind and to accept.
                 self.governed(tx, caller, realm_id, "create_draft", current.artifact_kind)
                 self.governed(tx, caller, realm_id, "accept")
@@ -334,6 +376,7 @@ class ArtifactService:
                 return self.store.get(tx, new.artifact_id)
 
         new = self._retrying(attempt)
+        self._revoke_overtaken(realm_id, new.artifact_path, caller.principal)
         self.index_queue.soon(realm_id)
         return new
 
@@ -416,6 +459,34 @@ class ArtifactService:
         log.info("recall.artifact_index_catch_up", realm=self.index.home(realm_id).name, behind_s=round(time.time() - oldest, 1))
         if not self.reindex(realm_id, wait=False):
             self._catch_up_not_before[realm_id] = now + CATCH_UP_RETRY_S
+
+    def _revoke_overtaken(self, realm_id: str, path: str, actor: str) -> None:
+        """After a version of the path was accepted or revoked: its proposals that name another
+        version than the current one (none, after a revocation) can never be accepted
+        (rules.check_succession), so they are revoked, the reason in their audit, and the review
+        queue (status=proposed) holds live ones only. In a transaction of its own, after the change
+        committed: inside it, locking a rival proposal that another acceptance holds while it waits
+        for the path's accepted row (which this one holds) would deadlock. A failure here leaves
+        the committed change standing (the proposals go at the path's next change)."""
+        try:
+            with self.store.transaction() as tx:
+                current = self.store.accepted_at_path(tx, realm_id, path, entries=NO_ENTRIES)
+                current_id = current.artifact_id if current else None
+                for proposal_id, supersedes in self.store.proposals_at(tx, realm_id, path):
+                    if supersedes != current_id:
+                        self._revoke_as_overtaken(tx, proposal_id, supersedes, current_id, path, actor)
+        except Exception as exc:  # noqa: BLE001 - the acceptance or revocation itself is committed
+            log.warning("recall.artifact_overtaken_left", **loggable_failure(exc),
+                        hint="proposals overtaken by this change stay proposed until the path's next change")
+
+    def _revoke_as_overtaken(self, tx: Tx, proposal_id: str, supersedes: str | None, current_id: str | None, path: str,
+                             actor: str) -> None:
+        reason = (f"overtaken: {current_id} was accepted at {path!r} and this proposal replaces {supersedes}; "
+                  f"draft again with supersedes_artifact_id={current_id!r}" if current_id else
+                  f"overtaken: the version it replaces ({supersedes}) was revoked and {path!r} has no accepted "
+                  "version; draft again without supersedes_artifact_id")
+        self.store.update_fields(tx, proposal_id, status=Status.REVOKED, revoked_reason=reason)
+        self.store.record(tx, proposal_id, "revoked", actor, reason=reason, was=Status.PROPOSED.value, overtaken=True)
 
     def _supersede_row(self, tx: Tx, previous: Artifact, by: str, actor: str) -> None:
         self.store.update_fields(tx, previous.artifact_id, status=Status.SUPERSEDED, superseded_by_artifact_id=by)

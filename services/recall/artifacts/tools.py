@@ -11,14 +11,16 @@ from typing import Annotated, Any, Literal
 from fastmcp import FastMCP
 from pydantic import Field
 
-from services.recall.artifacts.models import ARTIFACT_ID_MAX, MAX_TARGETS, NOT_BLANK, ArtifactKind, DraftInput, Target, TargetKind, WriteMode
+from services.recall.artifacts.models import (ARTIFACT_ID_MAX, ARTIFACT_PATH_MAX, ENTITY_ID_MAX, PRINCIPAL_MAX, REALM_ID_MAX,
+                                             MAX_TARGETS, NOT_BLANK, ArtifactKind, DraftInput, Target, TargetKind,
+                                             WriteMode)
 from services.recall.artifacts.artifact_store import ENTRIES_PAGE
 from services.recall.artifacts.service import AUDIT_PAGE, MAX_LIMIT, MAX_OFFSET, MAX_TRAIL_OFFSET, ArtifactService, Caller
 from services.recall.artifacts.tool_access import any_realm, owner_somewhere, run, writer_somewhere
 
-RealmId = Annotated[str, Field(description="The realm (team or project space): one of the realms your token names.")]
+RealmId = Annotated[str, Field(min_length=1, max_length=REALM_ID_MAX, description="The realm (team or project space): one of the realms your token names.")]
 ArtifactId = Annotated[str, Field(max_length=ARTIFACT_ID_MAX, description="The artifact's id, as returned by create, search or get.")]
-ArtifactPath = Annotated[str, Field(description="Logical address of the memory inside the realm, not a file: lowercase "
+ArtifactPath = Annotated[str, Field(max_length=ARTIFACT_PATH_MAX, description="Logical address of the memory inside the realm, not a file: lowercase "
                                                 "segments of [a-z0-9._-] separated by '/', e.g. agents/integration-researcher/worklog.")]
 Body = Annotated[str, Field(min_length=1, pattern=NOT_BLANK, description="The content: what was done, found, decided, with the evidence.")]
 Summary = Annotated[str, Field(min_length=1, max_length=1000, pattern=NOT_BLANK, description="One or two sentences shown in search results.")]
@@ -27,7 +29,7 @@ SourceRef = Annotated[str, Field(min_length=1, max_length=500, pattern=NOT_BLANK
 SourceContext = Annotated[dict[str, Any], Field(description="Free provenance details (agent, task, stage) to check the record later.")]
 Targets = Annotated[list[Target], Field(min_length=1, max_length=MAX_TARGETS,
                                         description=f"At least one (at most {MAX_TARGETS}) existing object this memory is anchored to.")]
-TargetId = Annotated[str | None, Field(max_length=200, description="Only artifacts anchored to this target id.")]
+TargetId = Annotated[str | None, Field(max_length=ENTITY_ID_MAX, description="Only artifacts anchored to this target id.")]
 SearchStatus = Literal["accepted", "proposed", "superseded", "revoked"]
 Offset = Annotated[int, Field(ge=0, le=MAX_OFFSET, description="Results to skip: the next_offset of the previous page.")]
 TrailOffset = Annotated[int, Field(ge=0, le=MAX_TRAIL_OFFSET, description="Events to skip: the next_offset of the previous page.")]
@@ -36,7 +38,7 @@ EntriesOffset = Annotated[int, Field(ge=0, le=MAX_TRAIL_OFFSET, description="A j
                                                                             "max(0, entries_total - entries_limit) for the newest.")]
 EntriesLimit = Annotated[int, Field(ge=1, le=MAX_LIMIT, description=f"Most entries returned (1..{MAX_LIMIT}); entries_total "
                                                                     "says how many there are.")]
-AgentPrincipal = Annotated[str | None, Field(description="Optional; when given it must equal your authenticated principal (no impersonation).")]
+AgentPrincipal = Annotated[str | None, Field(max_length=PRINCIPAL_MAX, description="Optional; when given it must equal your authenticated principal (no impersonation).")]
 
 
 def next_offset(page: list, limit: int, offset: int, max_offset: int = MAX_OFFSET) -> int | None:
@@ -54,7 +56,7 @@ def register_artifact_tools(mcp: FastMCP, service: ArtifactService) -> None:
     @mcp.tool(auth=writer_somewhere)
     async def register_realm_entity(
             realm_id: RealmId,
-            entity_id: Annotated[str, Field(min_length=1, max_length=200, description="Stable id of the object (a contract, a machine, a task).")],
+            entity_id: Annotated[str, Field(min_length=1, max_length=ENTITY_ID_MAX, description="Stable id of the object (a contract, a machine, a task).")],
             title: Annotated[str, Field(min_length=1, max_length=300, description="Human-readable name of the object.")],
             entity_kind: Annotated[str, Field(max_length=100, description="Free label of what sort of object it is (e.g. contract); "
                                                                          "template or diagram makes it a target of that kind.")] = "object",
@@ -70,7 +72,7 @@ def register_artifact_tools(mcp: FastMCP, service: ArtifactService) -> None:
                                                                      "constitution, agent_registry and charter take a JSON body.")],
             write_mode: Annotated[WriteMode, Field(description="append for worklog, replace for every other kind (part of the contract).")],
             body: Body, summary: Summary, source_ref: SourceRef, source_context: SourceContext, targets: Targets,
-            supersedes_artifact_id: Annotated[str | None, Field(description="Required when the path already has an accepted version: "
+            supersedes_artifact_id: Annotated[str | None, Field(max_length=ARTIFACT_ID_MAX, description="Required when the path already has an accepted version: "
                                                                             "that version's id (get it with get_memory_artifact_by_path).")] = None,
             agent_principal: AgentPrincipal = None,
     ) -> dict:
@@ -86,9 +88,11 @@ def register_artifact_tools(mcp: FastMCP, service: ArtifactService) -> None:
     @mcp.tool(auth=writer_somewhere)
     async def update_memory_artifact_draft(
             realm_id: RealmId, artifact_id: ArtifactId,
-            body: Annotated[str | None, Field(min_length=1, description="New content; omit to keep.")] = None,
-            summary: Annotated[str | None, Field(min_length=1, max_length=1000, description="New summary; omit to keep.")] = None,
-            source_ref: Annotated[str | None, Field(min_length=1, max_length=500, description="New source reference; omit to keep.")] = None,
+            body: Annotated[str | None, Field(min_length=1, pattern=NOT_BLANK, description="New content; omit to keep.")] = None,
+            summary: Annotated[str | None, Field(min_length=1, max_length=1000, pattern=NOT_BLANK,
+                                                 description="New summary; omit to keep.")] = None,
+            source_ref: Annotated[str | None, Field(min_length=1, max_length=500, pattern=NOT_BLANK,
+                                                    description="New source reference; omit to keep.")] = None,
             source_context: Annotated[dict[str, Any] | None, Field(description="New provenance details; omit to keep.")] = None,
             targets: Annotated[list[Target] | None, Field(min_length=1, max_length=MAX_TARGETS,
                                                           description="New targets (replace all); omit to keep.")] = None,
@@ -119,13 +123,16 @@ def register_artifact_tools(mcp: FastMCP, service: ArtifactService) -> None:
 
     @mcp.tool(auth=writer_somewhere)
     async def revoke_memory_artifact(realm_id: RealmId, artifact_id: ArtifactId,
-                                     reason: Annotated[str | None, Field(max_length=1000, description="Why it is withdrawn (kept in the audit).")] = None) -> dict:
-        """Withdraw your draft or proposal, or (realm owners) an accepted artifact."""
+                                     reason: Annotated[str | None, Field(max_length=1000, description="Why it is withdrawn or rejected (kept in the "
+                                                                                                         "audit; required to reject another's proposal).")] = None) -> dict:
+        """Withdraw your draft or proposal; reject another's proposal (give the reason: its author reads it in the
+        audit; population proposals: owners); or (realm owners) revoke an accepted artifact."""
         return _dump(await run(service.revoke, realm_id, artifact_id, reason))
 
     @mcp.tool(auth=owner_somewhere)
     async def supersede_memory_artifact(realm_id: RealmId,
-                                        artifact_id: Annotated[str, Field(description="The accepted version to replace.")],
+                                        artifact_id: Annotated[str, Field(max_length=ARTIFACT_ID_MAX,
+                                                                          description="The accepted version to replace.")],
                                         body: Body, summary: Summary, source_ref: SourceRef, source_context: SourceContext,
                                         targets: Annotated[list[Target] | None, Field(min_length=1, max_length=MAX_TARGETS, description="Targets of the new version; omit to keep the current ones.")] = None) -> dict:
         """Realm owners: replace the accepted version with an accepted next version in one step (no review; audited)."""

@@ -12,8 +12,8 @@ BASE_ROLES = {
         may=["start", "create_draft", "append", "submit", "propose_admission"],
         may_write_kinds=["worklog", "handoff", "dossier", "decision", "strategy"]),
     "reviewer": RolePolicy(
-        description="Reviews proposals (search_memory_artifacts with status=proposed) and accepts them, or records in a "
-                    "review protocol what is missing; keeps review protocols.",
+        description="Reviews proposals (search_memory_artifacts with status=proposed) and accepts them, or rejects them "
+                    "(revoke_memory_artifact with the reason: what is missing); keeps review protocols.",
         may=["start", "create_draft", "append", "submit", "accept", "revoke"],
         may_write_kinds=["worklog", "handoff", "review_protocol"]),
 }
@@ -35,6 +35,7 @@ CHARTERS = {
         purpose="Keep shared memory trustworthy: accept only what is anchored, sourced and consistent.",
         duties=["Find proposals with search_memory_artifacts(status=\"proposed\"); read them in full, with their targets and sources.",
                 "Accept nothing you wrote yourself (separate author and reviewer).",
+                "Reject what cannot be accepted with revoke_memory_artifact and a reason saying what is missing.",
                 "Record what you checked in a review protocol when a decision is at stake."],
         must_read=[CONSTITUTION_PATH, REGISTRY_PATH],
         sources=["agents/{principal}/worklog"],

@@ -13,12 +13,13 @@ from services.recall.artifacts.kind_schemas import (CONSTITUTION_PATH, PLACEHOLD
                                                     Charter, Constitution, RegistryEntry, agent_refusals, dump, fill_path,
                                                     parse_stored_body, principal_segment)
 from services.recall.artifacts.artifact_store import Conflict, Head, Tx
-from services.recall.artifacts.models import Artifact, DraftInput, Role, Status, Target, rfc3339
+from services.recall.artifacts.models import PRINCIPAL_MAX, Artifact, DraftInput, Role, Status, Target, rfc3339
 from services.recall.artifacts.rules import RuleBroken
 from services.recall.artifacts.service import ArtifactService, Caller, check_page
 from services.recall.population.defaults import CHARTERS, charter_path, default_constitution
 
 
+ROLE_NAME_MAX = 40  # as kind_schemas.ROLE_NAME
 AGENTS_PAGE = 20  # agents listed (each with its charter and sources resolved) unless asked for another page
 
 
@@ -29,25 +30,42 @@ class PopulationService:
 
     # ---- initialisation (owners) ---------------------------------------------------------------------
     def init_population(self, caller: Caller, realm_id: str, separate_author_and_reviewer: bool = True) -> dict[str, Any]:
+        """The default constitution, an empty registry and a charter per role, accepted at once; in a
+        realm whose owner wrote the constitution by hand, whatever is missing next to it (the
+        registry, the charters of its base roles): the admission tools send owners here."""
         if rules.role_in(caller.realms, realm_id) is not Role.OWNER:
             raise RuleBroken("realm_role", "init_population is for realm owners")
-        constitution = default_constitution(realm_id, separate_author_and_reviewer)
-        documents = [("constitution", CONSTITUTION_PATH, dump(constitution), "The realm's constitution: roles, what each may do, review rules."),
-                     ("agent_registry", REGISTRY_PATH, dump(AgentRegistry()), "The agent registry: who may work in this realm, in which role.")]
-        documents += [("charter", charter_path(role), dump(CHARTERS[role]), f"Charter of the {role} role: purpose, duties, sources.")
-                      for role in constitution.roles]
-        already = RuleBroken("population", f"realm {realm_id!r} already has a constitution; change it with a new version")
+        already = RuleBroken("population", f"realm {realm_id!r} already has a constitution and a registry; change them "
+                             "with new versions")
         try:
             with self.store.transaction() as tx:
-                if self.store.accepted_at_path(tx, realm_id, CONSTITUTION_PATH, lock=True) is not None:
+                existing = self.store.accepted_at_path(tx, realm_id, CONSTITUTION_PATH, lock=True)
+                if existing is not None and self.store.accepted_at_path(tx, realm_id, REGISTRY_PATH) is not None:
                     raise already
+                constitution: Constitution = parse_stored_body("constitution", existing.body) if existing else \
+                    default_constitution(realm_id, separate_author_and_reviewer)  # type: ignore[assignment]
+                documents = self._missing_documents(tx, realm_id, constitution, written=existing is not None)
                 made = [self._accepted(tx, caller, realm_id, *doc) for doc in documents]
                 self.store.mark_for_index(tx, realm_id, [a.artifact_id for a in made])
+                charters = self.store.accepted_heads(tx, realm_id, [charter_path(role) for role in constitution.roles])
         except Conflict:  # another owner initialised it at the same moment (the one-accepted-version index)
             raise already from None
         self.artifacts.index_queue.soon(realm_id)
         return {"realm_id": realm_id, "created": [{"artifact_kind": a.artifact_kind, "artifact_path": a.artifact_path,
-                                                   "artifact_id": a.artifact_id} for a in made]}
+                                                   "artifact_id": a.artifact_id} for a in made],
+                "roles_without_charter": [r for r in constitution.roles if charter_path(r) not in charters]}
+
+    def _missing_documents(self, tx: Tx, realm_id: str, constitution: Constitution, written: bool) -> list[tuple[str, str, str, str]]:
+        """(kind, path, body, summary) of each population document the realm lacks: a charter only
+        for a base role (a hand-written role's charter is its owner's to write)."""
+        documents = [] if written else [("constitution", CONSTITUTION_PATH, dump(constitution),
+                                         "The realm's constitution: roles, what each may do, review rules.")]
+        documents.append(("agent_registry", REGISTRY_PATH, dump(AgentRegistry()),
+                          "The agent registry: who may work in this realm, in which role."))
+        documents += [("charter", charter_path(role), dump(CHARTERS[role]), f"Charter of the {role} role: purpose, duties, sources.")
+                      for role in constitution.roles if role in CHARTERS]
+        present = self.store.accepted_heads(tx, realm_id, [path for _, path, _, _ in documents])
+        return [doc for doc in documents if doc[1] not in present]
 
     def _accepted(self, tx: Tx, caller: Caller, realm_id: str, kind: str, path: str, body: str, summary: str) -> Artifact:
         if self.store.accepted_at_path(tx, realm_id, path) is not None:
@@ -68,7 +86,8 @@ class PopulationService:
         heads = self.store.accepted_heads(tx, realm_id, [CONSTITUTION_PATH, REGISTRY_PATH], with_body=True)
         c, r = heads.get(CONSTITUTION_PATH), heads.get(REGISTRY_PATH)
         if c is None or r is None:
-            raise RuleBroken("population", f"realm {realm_id!r} has no population yet (an owner runs init_population)")
+            raise RuleBroken("population", f"realm {realm_id!r} has no population yet: an owner runs init_population, which "
+                             "creates whichever of the constitution and the registry is missing")
         return c, parse_stored_body("constitution", c.body), r, parse_stored_body("agent_registry", r.body)  # type: ignore[return-value]
 
     def list_agents(self, caller: Caller, realm_id: str, principal: str | None = None, limit: int = AGENTS_PAGE,
@@ -76,6 +95,7 @@ class PopulationService:
         """A page of the registry's agents, in its order, each described (charter, sources): the
         page's charters in one query and their sources in another, never their journals' entries."""
         rules.role_in(caller.realms, realm_id)
+        rules.check_length("principal", principal, PRINCIPAL_MAX)
         check_page(limit, offset)
         with self.store.transaction() as tx:
             c, constitution, r, registry = self._state(tx, realm_id)
@@ -116,6 +136,8 @@ class PopulationService:
     def check(self, caller: Caller, realm_id: str, action: str, principal: str | None = None,
               artifact_kind: str | None = None, agent_role: str | None = None) -> dict[str, Any]:
         rules.role_in(caller.realms, realm_id)
+        rules.check_length("principal", principal, PRINCIPAL_MAX)
+        rules.check_length("agent_role", agent_role, ROLE_NAME_MAX)
         who = principal or caller.principal
         with self.store.transaction() as tx:
             c, constitution, r, registry = self._state(tx, realm_id)
@@ -146,6 +168,10 @@ class PopulationService:
                            f"admit it under another principal")
             if agent_role is None or agent_role not in constitution.roles:
                 out.append(f"agent_role must be one of the constitution's roles {sorted(constitution.roles)}")
+            elif self.store.accepted_at_path(tx, realm_id, charter_path(agent_role)) is None:
+                # As the registry's next version is refused (ArtifactService._check_charters_exist).
+                out.append(f"role {agent_role!r} has no accepted charter at {charter_path(agent_role)!r} (an owner accepts "
+                           "one first), so the agent could not start")
             return out
         if entry is None and action != "start":
             return []  # as ArtifactService.governed enforces: the constitution binds the agents it lists
@@ -159,6 +185,9 @@ class PopulationService:
     def propose_admission(self, caller: Caller, realm_id: str, principal: str, agent_role: str, note: str,
                           takes_over_from: str | None = None) -> Artifact:
         rules.check_can_write(rules.role_in(caller.realms, realm_id), realm_id)
+        rules.check_length("principal", principal, PRINCIPAL_MAX)
+        rules.check_length("agent_role", agent_role, ROLE_NAME_MAX)
+        rules.check_length("takes_over_from", takes_over_from, PRINCIPAL_MAX)
         with self.store.transaction() as tx:
             _, constitution, current, registry = self._state(tx, realm_id)
             refusals = self._refusals(tx, realm_id, constitution, registry, principal, "admit", None, agent_role)
