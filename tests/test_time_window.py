@@ -157,6 +157,15 @@ NOW = datetime(2026, 11, 29, 12, tzinfo=timezone.utc)  # a Sunday
     # Russian DD.MM without a year (its last one), kept in the searched text.
     ("что мы обсуждали 03.11", "что мы обсуждали 03.11", "2026-11-03", "2026-11-04"),
     ("насос 3.11", "насос 3.11", "2026-11-03", "2026-11-04"),
+    # Seasons with their year, the week of a date, a day as a Russian ordinal word (a re-check's misses).
+    ("what did we discuss in the summer last year", "what did we discuss", "2025-06-01", "2025-09-01"),
+    ("the summer of 2025", "the summer of 2025", "2025-06-01", "2025-09-01"),
+    ("о чём мы говорили летом прошлого года", "о чём мы говорили", "2025-06-01", "2025-09-01"),
+    ("поездка летом 2025 года", "поездка", "2025-06-01", "2025-09-01"),
+    ("pump in the week of October 5", "pump", "2026-10-05", "2026-10-12"),
+    ("the week of Oct 8th budget", "budget", "2026-10-05", "2026-10-12"),
+    ("что было третьего ноября", "что было третьего ноября", "2026-11-03", "2026-11-04"),
+    ("насос двадцать пятого ноября", "насос двадцать пятого ноября", "2026-11-25", "2026-11-26"),
     ("насос 5.12", "насос 5.12", "2025-12-05", "2025-12-06"),
     # "on the 3rd": this month's, or last month's before it comes.
     ("what did we discuss on the 3rd", "what did we discuss", "2026-11-03", "2026-11-04"),
@@ -184,6 +193,9 @@ def test_time_words_name_a_window(query, rest, start, end):
                                    # seasons, versions, floors and clock times that are no time named
                                    "spring cleaning", "config in Spring Boot", "the fall of Rome", "Python 3.11",
                                    "what changed in 3.11", "on the 3rd floor", "встреча в 10.05", "31.02 насос",
+                                   # Russian rates, discounts and versions are no days (a re-check's misreadings)
+                                   "ипотека под 6.5%", "ставка 6.5", "скидка 2.5%", "что нового в версии 1.12",
+                                   "релиз Python 3.11", "скидка 15.10 %",
                                    "версия 1.2.3 насоса", "последнее обновление", "the 5 hours of video"])
 def test_no_window_without_a_real_date(query):
     assert find_time_window(query, NOW) == (query, None)

@@ -270,6 +270,29 @@ def _named_span(found: tuple[int, int, int | None, DateMention], today: date) ->
 
 
 _PATTERNS.append((_date_span, _named_span, False))
+
+# "the week of October 5", "in the week of Oct 5th": that date's calendar week (from Monday). Taken
+# out of the searched text: the day's term would put that one day's passages first.
+_WEEK_OF = re.compile(r"(?:\b(?:in|during|over)\s+)?\bthe\s+week\s+of\s+(?:the\s+)?$", re.IGNORECASE)
+
+
+def _week_of(query: str) -> _Found | None:
+    for mention in date_mentions(query):
+        before = _WEEK_OF.search(query, max(0, mention.start - 30), mention.start)
+        if before:
+            return _Found(before.start(), _year_end(query, mention), (mention, None))
+    return None
+
+
+def _week_of_window(found: tuple[DateMention, int | None], today: date) -> TimeWindow | None:
+    day = _named_day(found, today)
+    if day is None:
+        return None
+    monday = day.start - timedelta(days=day.start.weekday())
+    return TimeWindow(monday, monday + timedelta(days=7))
+
+
+_PATTERNS.insert(_PATTERNS.index((_date_span, _named_span, False)), (_week_of, _week_of_window, True))
 _PATTERNS.append((_first_date, _named_day, False))
 
 
@@ -300,18 +323,24 @@ def _numeric_date(m: re.Match, today: date) -> TimeWindow | None:
 
 
 # A Russian numeric day without its year, the everyday «03.11» / «3.11» (day first): its last one,
-# as «3 ноября». Only in a query with Cyrillic letters ("Python 3.11" is a version), never after a
-# word of the clock («в 10.05», «к 9.30»), and kept in the searched text (a version is still searched).
-_DAY_MONTH_RU = re.compile(r"(?<![\w.,/:+-])(?<!\bв\s)(?<!\bк\s)(?<!\bдо\s)(?<!\bот\s)(\d{1,2})\.(\d{1,2})"
-                           r"(?![\w,/:-]|\.\d)", re.IGNORECASE)
+# as «3 ноября». Only in a query with Cyrillic letters ("Python 3.11" is a version), with the month
+# in two digits («ставка 6.5» is a rate), never before a percent sign («под 6.5%»), after a word of
+# the clock («в 10.05», «к 9.30») or of a version («версии 1.12», «Python 3.11»), and kept in the
+# searched text (a number that is no date is still searched).
+_DAY_MONTH_RU = re.compile(r"(?<![\w.,/:+-])(?<!\bв\s)(?<!\bк\s)(?<!\bдо\s)(?<!\bот\s)(\d{1,2})\.(\d{2})"
+                           r"(?![\w,/:%-]|\.\d|\s*%)", re.IGNORECASE)
+_VERSION_BEFORE = re.compile(r"(?:верси\w*|релиз\w*|release|version|ver|v|python|java|node|go|php|ruby|rust|"
+                             r"postgres\w*|ubuntu|debian|ios|android|macos|windows)\.?\s*$", re.IGNORECASE)
 _CYRILLIC = re.compile(r"[а-яё]", re.IGNORECASE)
 
 
 def _day_month_ru(query: str) -> _Found | None:
     if not _CYRILLIC.search(query):
         return None
-    m = _DAY_MONTH_RU.search(query)
-    return _Found(m.start(), m.end(), m) if m else None
+    for m in _DAY_MONTH_RU.finditer(query):
+        if not _VERSION_BEFORE.search(query, max(0, m.start() - 20), m.start()):
+            return _Found(m.start(), m.end(), m)
+    return None
 
 
 def _day_month_ru_window(m: re.Match, today: date) -> TimeWindow | None:
@@ -338,6 +367,26 @@ def _day_of_month(m: re.Match, today: date) -> TimeWindow | None:
     if not back and not m[2] and day > calendar.monthrange(year, month)[1]:  # "the 31st" after a 30-day month
         year, month = (year - 1, 12) if month == 1 else (year, month - 1)
     d = date(year, month, day)  # ValueError for "the 31st of last month" in a shorter one: searched as text
+    return TimeWindow(_day(d), _day(d) + timedelta(days=1))
+
+
+# A day as a Russian ordinal word: «третьего ноября», «двадцать пятого ноября прошлого года». Kept in
+# the searched text (its month is a word BM25 matches in the turns' dates).
+_ORDINALS_RU = {"первого": 1, "второго": 2, "третьего": 3, "четвёртого": 4, "четвертого": 4, "пятого": 5, "шестого": 6,
+                "седьмого": 7, "восьмого": 8, "девятого": 9, "десятого": 10, "одиннадцатого": 11, "двенадцатого": 12,
+                "тринадцатого": 13, "четырнадцатого": 14, "пятнадцатого": 15, "шестнадцатого": 16, "семнадцатого": 17,
+                "восемнадцатого": 18, "девятнадцатого": 19, "двадцатого": 20, "тридцатого": 30}
+
+
+@_rule(r"(?<!\w)(?:(двадцать|тридцать)\s+)?(" + "|".join(sorted(_ORDINALS_RU, key=len, reverse=True)) + r")\s+("
+       + "|".join(MONTHS_RU) + r")(?:\s+(\d{4})(?:\s+(?:года|г\.?))?|\s+(прошлого|этого)\s+года)?(?!\w)", strip=False)
+def _ordinal_day_ru(m: re.Match, today: date) -> TimeWindow | None:
+    ones = _ORDINALS_RU[m[2].lower()]
+    if m[1] and ones > 9:  # «двадцать двадцатого» is no day
+        return None
+    day, month = ones + (20 if m[1] and m[1].lower() == "двадцать" else 30 if m[1] else 0), MONTHS_RU.index(m[3].lower()) + 1
+    year = int(m[4]) if m[4] else today.year - _years_back(m[5]) if m[5] else _last_year_of(month, today, day)
+    d = date(year, month, day)  # ValueError for «тридцать первого февраля»: searched as text
     return TimeWindow(_day(d), _day(d) + timedelta(days=1))
 
 
@@ -650,18 +699,27 @@ def _season(today: date, first_month: int, last: bool, year: int | None = None) 
     return bounds(latest.start.year - 1) if last and latest.end > _day(today) else latest
 
 
-# "in the summer", "during the winter of 2025", "last winter", "this spring", "in the fall" (a bare
-# season word is a topic: "spring cleaning", "the fall of Rome"; "in Spring Boot" is a framework),
-# «летом», «прошлой зимой», «этой осенью», «прошлым летом».
-@_rule(r"\b(?:(?:in|during|over|through)\s+(?:the\s+)?|(last|this|past|previous)\s+)(winter|spring|summer|autumn|fall)"
-       r"(?:\s+(?:of\s+)?(\d{4}))?\b(?!\s+(?:boot|framework|cloud|security|mvc|batch|data|integration|shell)\b)(?![.\w])"
-       r"|(?<!\w)(?:(прошл(?:ой|ым)|эт(?:ой|им))\s+)?(зимой|весной|летом|осенью)(?!\w)")
+# "in the summer", "during the winter of 2025", "the summer of 2025", "summer 2025", "in the summer
+# last year", "last winter", "this spring", "in the fall" (a bare season word is a topic: "spring
+# cleaning", "the fall of Rome"; "in Spring Boot" is a framework), «летом», «прошлой зимой», «этой
+# осенью», «прошлым летом», «летом прошлого года», «летом 2025 года».
+_SEASON_YEAR = r"(?:\s+(?:of\s+)?(?P<year>\d{4})|\s+(?P<which_year>last|this)\s+year)?"
+_SEASON_YEAR_RU = r"(?:\s+(?P<year_ru>\d{4})(?:\s+(?:года|г\.?))?|\s+(?P<which_year_ru>прошлого|этого)\s+года)?"
+
+
+@_rule(r"\b(?:(?:in|during|over|through)\s+(?:the\s+)?|(?P<which>last|this|past|previous)\s+|(?:the\s+)?(?=\w+\s+(?:of\s+)?\d{4}\b))"
+       r"(?P<name>winter|spring|summer|autumn|fall)" + _SEASON_YEAR
+       + r"\b(?!\s+(?:boot|framework|cloud|security|mvc|batch|data|integration|shell)\b)(?![.\w])"
+       r"|(?<!\w)(?:(?P<which_ru>прошл(?:ой|ым)|эт(?:ой|им))\s+)?(?P<name_ru>зимой|весной|летом|осенью)" + _SEASON_YEAR_RU + r"(?!\w)")
 def _named_season(m: re.Match, today: date) -> TimeWindow | None:
-    which, name = (m[1], m[2]) if m[2] else (m[4], m[5])
-    if m[3]:
-        return _season(today, _SEASONS[name.casefold()], False, int(m[3]))
-    return _season(today, _SEASONS[name.casefold()], last=bool(which) and which.casefold().startswith(
-        ("last", "past", "previous", "прошл")))
+    first_month = _SEASONS[(m["name"] or m["name_ru"]).casefold()]
+    year, which_year = m["year"] or m["year_ru"], m["which_year"] or m["which_year_ru"]
+    if year:
+        return _season(today, first_month, False, int(year))
+    if which_year:  # the season that began in that year ("the summer last year")
+        return _season(today, first_month, False, today.year - _years_back(which_year))
+    which = m["which"] or m["which_ru"]
+    return _season(today, first_month, last=bool(which) and which.casefold().startswith(("last", "past", "previous", "прошл")))
 
 
 def _year(today: date, this: bool) -> TimeWindow:
