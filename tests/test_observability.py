@@ -253,8 +253,10 @@ async def test_every_series_the_dashboard_rules_autoscaler_and_docs_use_is_expor
     from shared.child_process import stop
 
     env, _, _ = stack_up
+    # The embedded Redis takes the password `recall up` made; its URL is in recall-up.json.
+    redis_url = json.loads((Path(env["RECALL_DATA_DIR"]) / "recall-up.json").read_text())["redis_url"]
     exporter_port = free_port()
-    exporter = subprocess.Popen([REDIS_EXPORTER, "-redis.addr", f"redis://127.0.0.1:{env['RECALL_EMBEDDED_REDIS_PORT']}",
+    exporter = subprocess.Popen([REDIS_EXPORTER, "-redis.addr", redis_url,
                                  "-web.listen-address", f"127.0.0.1:{exporter_port}"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     pg_exporter, pg_exporter_at = _start_postgres_exporter(postgres_url)
@@ -288,7 +290,7 @@ async def test_every_series_the_dashboard_rules_autoscaler_and_docs_use_is_expor
         # the Redis memory alert goes pending on the real exporter's numbers.
         import redis
 
-        r = redis.Redis(port=int(env["RECALL_EMBEDDED_REDIS_PORT"]))
+        r = redis.Redis.from_url(redis_url)
         r.config_set("maxmemory", "1")
         try:
             full = httpx.post(f"{ingest}/turns", headers={"x-ingest-key": INGEST_KEY},
@@ -306,7 +308,7 @@ async def test_every_series_the_dashboard_rules_autoscaler_and_docs_use_is_expor
         # first one: their series were exported at 0 before it, so increase() sees it.
         from shared.stream_schema import deletion_key
 
-        with redis.Redis(port=int(env["RECALL_EMBEDDED_REDIS_PORT"])) as damaged:
+        with redis.Redis.from_url(redis_url) as damaged:
             damaged.hset(deletion_key(receipt), "record", "{}")
         assert httpx.get(f"{ingest}/deletions/{receipt}", headers={"x-ingest-key": INGEST_KEY}).status_code == 500
         with sqlite3.connect(Path(env["RECALL_DATA_DIR"]) / "artifacts.sqlite3") as db:
