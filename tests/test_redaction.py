@@ -46,6 +46,18 @@ def test_prefixed_password_variables_are_redacted(text, secret):
     assert_redacted(text, secret, "password")
 
 
+@pytest.mark.parametrize("text, secret", [
+    ("password=Password@123", "Password@123"),
+    ("password: Secret@2024", "Secret@2024"),
+    ("password=-Xk9mmQ2pLzz7", "-Xk9mmQ2pLzz7"),
+    ("password=Changeme!2024", "Changeme!2024"),
+    ("password=xxxK9mmQ2p", "xxxK9mmQ2p"),
+])
+def test_a_secret_that_starts_like_a_placeholder_is_still_redacted(text, secret):
+    """A re-check found these stored raw: a stand-in was recognised by how a value starts."""
+    assert_redacted(text, secret, "password")
+
+
 def test_aws_sts_json_redacts_secret_access_key_and_session_token():
     """`aws sts assume-role` / `aws configure export-credentials` output: only the key id went."""
     secret, token = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "FwoGZXIvYXdzEBYaDHqa0AP1v2Zk3k9x3yLIAb+/=="

@@ -24,13 +24,16 @@ from dataclasses import dataclass
 # in capitals), code that reads or makes one (os.environ[…], settings.db_password, get_token(),
 # secrets.token_urlsafe(32), uuid.uuid4(), b64encode(…)), an identifier or name of words without digits joined
 # by "_", "." or "-" (sandbox_token, DB_PASSWORD, your-api-key, X-Auth-Token), a shell default
-# (${X:-…} leaves ":-…"), or an earlier rule's replacement ("[REDACTED:…]", counted once). Each
+# (${X:-…} leaves ":-…}"), or an earlier rule's replacement ("[REDACTED:…]", counted once). Each
 # part is bounded and splits one way only, so it costs a constant per candidate value.
 _WORDS = r"_{0,2}[A-Za-z]{1,64}"
+# A stand-in is the whole value, not its start: "Changeme!2024", "-Xk9mmQ2p", "Password@123" are secrets.
+_END = r"(?![^\s\"',;)\]}])"
 _NOT_A_SECRET = (
-    r"(?!(?-i:\$\{|\$[A-Z_][A-Z0-9_]{0,63}(?![^\s\"',;])|<[^\s<>\"',;]{1,64}>|[{(\[%-]"
-    r"|[xX]{3}|\*{3}|\.{3}|[cC]hange[_-]?me|[yY]our[_-]|[A-Z][A-Z_]{0,63}(?![A-Za-z0-9!@#$%^&*+=/~-])"
-    r"|(?:[pP]ass(?:word)?|[pP]asswd|[pP]wd|[sS]ecret)@"
+    r"(?!(?-i:\$\{|\$[A-Z_][A-Z0-9_]{0,63}(?![^\s\"',;])|<[^\s<>\"',;]{1,64}>|[{(\[%]|-(?![A-Za-z0-9])|-[^\s{}]{1,64}\}"
+    r"|[xX*.]{3,64}" + _END + r"|[cC]hange[_-]?me" + _END + r"|[yY]our[_-][A-Za-z_-]{1,64}" + _END
+    + r"|[A-Z][A-Z_]{0,63}(?![A-Za-z0-9!@#$%^&*+=/~-])"
+    r"|(?:[pP]ass(?:word)?|[pP]asswd|[pP]wd|[sS]ecret)@(?=[A-Za-z])"
     r"|" + _WORDS + r"(?:[_.-]{1,2}[A-Za-z]{1,64}){0,8}[(\[]"
     r"|(?:[A-Za-z_][A-Za-z0-9_]{0,63}\.){1,6}[A-Za-z_][A-Za-z0-9_]{0,63}\(|[a-z_][a-z0-9_]{0,63}\("
     r"|" + _WORDS + r"(?:[_.-]{1,2}[A-Za-z]{1,64}){1,8}(?![^\s\"',;)\]}])))")
