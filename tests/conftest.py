@@ -493,3 +493,23 @@ def mcp_server(services, service_env, artifacts_db_url):
     services("indexer")
     services("serve", RECALL_ARTIFACTS_DB_URL=artifacts_db_url)
     return service_env
+
+
+# ---- memory artifacts ---------------------------------------------------------------------
+def realm_draft(realm: str, path: str, kind: str, body: str, supersedes: str | None = None, source_ref: str = "r"):
+    """A draft anchored to its realm, append-mode for a worklog, its summary the body's start."""
+    from services.recall.artifacts.models import DraftInput, Target
+
+    return DraftInput(artifact_path=path, artifact_kind=kind, write_mode="append" if kind == "worklog" else "replace",
+                      body=body, summary=body[:60], source_ref=source_ref, source_context={},
+                      targets=[Target(target_kind="realm", target_id=realm)], supersedes_artifact_id=supersedes)
+
+
+def refused(rule: str, call, *args, **kwargs) -> str:
+    """The message of the RuleBroken `call` raises, which names `rule`."""
+    from services.recall.artifacts.rules import RuleBroken
+
+    with pytest.raises(RuleBroken) as caught:
+        call(*args, **kwargs)
+    assert caught.value.rule == rule, caught.value
+    return str(caught.value)

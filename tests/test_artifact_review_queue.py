@@ -7,29 +7,21 @@ from __future__ import annotations
 
 import pytest
 
-from services.recall.artifacts.models import DraftInput, Role, Status, Target
+from services.recall.artifacts.models import DraftInput, Role, Status
 from services.recall.artifacts.rules import RuleBroken
 from services.recall.artifacts.service import ArtifactService, Caller
 from services.recall.population.service import PopulationService
+from tests.conftest import realm_draft, refused
+
 
 REALM = "acme"
 OWNER = Caller("lead", {REALM: Role.OWNER})
 ALICE = Caller("alice", {REALM: Role.MEMBER})
 BOB = Caller("bob", {REALM: Role.MEMBER})
-ON_REALM = [Target(target_kind="realm", target_id=REALM)]
 
 
 def draft(path: str, kind: str = "dossier", body: str = "Vendor SLA is 99.9%.", supersedes: str | None = None) -> DraftInput:
-    return DraftInput(artifact_path=path, artifact_kind=kind, write_mode="append" if kind == "worklog" else "replace",
-                      body=body, summary=body[:60], source_ref="r", source_context={}, targets=ON_REALM,
-                      supersedes_artifact_id=supersedes)
-
-
-def refused(rule: str, call, *args, **kwargs) -> str:
-    with pytest.raises(RuleBroken) as caught:
-        call(*args, **kwargs)
-    assert caught.value.rule == rule, caught.value
-    return str(caught.value)
+    return realm_draft(REALM, path, kind, body, supersedes)
 
 
 def proposed(service: ArtifactService, author: Caller, made: DraftInput) -> str:

@@ -15,12 +15,13 @@ from services.recall.agent_memory.models import RecordFields, RecordInput
 from services.recall.agent_memory.service import AgentMemoryService
 from services.recall.artifacts.kind_schemas import REGISTRY_PATH, AgentRegistry, RegistryEntry, dump
 from services.recall.artifacts.models import DraftInput, Role, Status, Target
-from services.recall.artifacts.rules import RuleBroken
 from services.recall.artifacts.service import ArtifactService, Caller
 from services.recall.artifacts.text_limits import TextTooLarge
 from services.recall.population.defaults import default_constitution
 from services.recall.population.service import PopulationService
 from shared.tenant_paths import TenantPaths
+from tests.conftest import realm_draft, refused
+
 
 REALM = "plant-7"
 OWNER = Caller("lead", {REALM: Role.OWNER})
@@ -30,16 +31,7 @@ ON_REALM = [Target(target_kind="realm", target_id=REALM)]
 
 
 def draft(path: str, kind: str = "decision", body: str = "Stay on 2.0.", supersedes: str | None = None) -> DraftInput:
-    return DraftInput(artifact_path=path, artifact_kind=kind, write_mode="append" if kind == "worklog" else "replace",
-                      body=body, summary=body[:60], source_ref="thread:t-1", source_context={}, targets=ON_REALM,
-                      supersedes_artifact_id=supersedes)
-
-
-def refused(rule: str, call, *args, **kwargs) -> str:
-    with pytest.raises(RuleBroken) as caught:
-        call(*args, **kwargs)
-    assert caught.value.rule == rule, caught.value
-    return str(caught.value)
+    return realm_draft(REALM, path, kind, body, supersedes, source_ref="thread:t-1")
 
 
 def accepted(service: ArtifactService, author: Caller, made: DraftInput, reviewer: Caller = BOB) -> str:

@@ -11,30 +11,21 @@ import json
 import pytest
 
 from services.recall.artifacts.kind_schemas import CONSTITUTION_PATH, REGISTRY_PATH, Charter, Constitution, RolePolicy, dump
-from services.recall.artifacts.models import DraftInput, Role, Status, Target
-from services.recall.artifacts.rules import RuleBroken
+from services.recall.artifacts.models import DraftInput, Role, Status
 from services.recall.artifacts.service import ArtifactService, Caller
 from services.recall.population.defaults import BASE_ROLES, CHARTERS
 from services.recall.population.service import PopulationService
+from tests.conftest import realm_draft, refused
+
 
 REALM = "acme"
 OWNER = Caller("lead", {REALM: Role.OWNER})
 OWNER_2 = Caller("lead2", {REALM: Role.OWNER})
 ALICE = Caller("alice", {REALM: Role.MEMBER})
-ON_REALM = [Target(target_kind="realm", target_id=REALM)]
 
 
 def draft(path: str, kind: str, body: str, supersedes: str | None = None) -> DraftInput:
-    return DraftInput(artifact_path=path, artifact_kind=kind, write_mode="append" if kind == "worklog" else "replace",
-                      body=body, summary=body[:60], source_ref="r", source_context={}, targets=ON_REALM,
-                      supersedes_artifact_id=supersedes)
-
-
-def refused(rule: str, call, *args, **kwargs) -> str:
-    with pytest.raises(RuleBroken) as caught:
-        call(*args, **kwargs)
-    assert caught.value.rule == rule, caught.value
-    return str(caught.value)
+    return realm_draft(REALM, path, kind, body, supersedes)
 
 
 def admitted(service: ArtifactService, **roles: str) -> PopulationService:
