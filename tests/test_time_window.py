@@ -82,6 +82,8 @@ NOW = datetime(2026, 11, 29, 12, tzinfo=timezone.utc)  # a Sunday
     ("pump last night", "pump", "2026-11-28", "2026-11-29"),
     ("the day before yesterday pump", "pump", "2026-11-27", "2026-11-28"),  # was yesterday, "the day before" searched
     ("что решили вчера вечером", "что решили", "2026-11-28", "2026-11-29"),
+    ("the day before yesterday evening pump", "pump", "2026-11-27", "2026-11-28"),  # "evening" was searched
+    ("насос позавчера вечером", "насос", "2026-11-27", "2026-11-28"),
     ("насос сегодня утром", "насос", "2026-11-29", "2026-11-30"),
     # Weekends (NOW is a Sunday: "the weekend" is this one, "last weekend" the one before).
     ("what did we discuss over the weekend", "what did we discuss", "2026-11-28", "2026-11-30"),
@@ -427,3 +429,60 @@ def test_a_request_to_the_assistant_is_not_searched_when_a_topic_is_left(searche
     from services.recall.time_window import without_request
 
     assert without_request(searched) == kept
+
+
+def _days(window) -> tuple[str, str] | None:
+    """A window as its first day and the day after its last, in its own zone."""
+    return window and (window.start.date().isoformat(), window.end.date().isoformat())
+
+
+@pytest.mark.parametrize("query", ["what did we discuss last night", "pump last night", "что я говорил вчера вечером",
+                                   "what did I say yesterday evening", "вчера ночью", "tonight", "сегодня ночью"])
+def test_the_night_asked_about_just_after_midnight_is_yesterday_and_todays_small_hours(query):
+    """At 00:30 "last night" is the evening before and the hour just gone (turns dated today);
+    it was yesterday alone, so the chat that ran past midnight fell outside it."""
+    from zoneinfo import ZoneInfo
+
+    berlin = ZoneInfo("Europe/Berlin")
+    just_after_midnight = datetime(2026, 11, 24, 23, 30, tzinfo=timezone.utc)  # 00:30 on the 25th in Berlin
+    assert _days(find_time_window(query, just_after_midnight, berlin)[1]) == ("2026-11-24", "2026-11-26")
+    assert _days(find_time_window(query, datetime(2026, 11, 25, 3, 59, tzinfo=berlin))[1]) == ("2026-11-24", "2026-11-26")
+    # From 05:00 the night is over: its day alone.
+    tonight = query in ("tonight", "сегодня ночью")
+    by_day = find_time_window(query, datetime(2026, 11, 25, 5, tzinfo=berlin), berlin)[1]
+    assert _days(by_day) == (("2026-11-25", "2026-11-26") if tonight else ("2026-11-24", "2026-11-25"))
+
+
+@pytest.mark.parametrize("query, zone, days", [
+    ("what did we discuss on 11/03", "America/New_York", ("2026-11-03", "2026-11-04")),  # month first
+    ("what did we discuss on 11/03", "Europe/Berlin", ("2026-03-11", "2026-03-12")),  # day first
+    ("what did we discuss on 11/03", "Asia/Tokyo", ("2026-11-03", "2026-11-04")),  # year, month, day: month first
+    ("pump on 11/3?", "America/Chicago", ("2026-11-03", "2026-11-04")),
+    ("pump since 3/11", "America/Los_Angeles", ("2026-03-11", "2026-11-26")),
+    ("pump on 3/11/26", "Europe/London", ("2026-11-03", "2026-11-04")),
+    ("pump on 3/11/26", "America/New_York", ("2026-03-11", "2026-03-12")),
+    ("pump 10/11/2026", "Europe/Moscow", ("2026-11-10", "2026-11-11")),  # with its year, the same rule
+    ("pump on 25/10 we decided", "UTC", ("2026-10-25", "2026-10-26")),  # one order only: any zone
+    ("pump on 12/25", "Europe/Berlin", ("2025-12-25", "2025-12-26")),  # its last one: not yet come this year
+    ("pump on 4/5/98", "Europe/Berlin", ("1998-05-04", "1998-05-05")),
+])
+def test_a_short_slashed_date_is_read_in_the_order_of_the_users_country(query, zone, days):
+    from zoneinfo import ZoneInfo
+
+    wednesday = datetime(2026, 11, 25, 12, tzinfo=timezone.utc)
+    searched, window = find_time_window(query, wednesday, ZoneInfo(zone))
+    assert _days(window) == days and "/" not in searched
+
+
+@pytest.mark.parametrize("query", [
+    "what did we discuss on 11/03", "pump 10/11/2026", "pump on 3/11/26",  # no country, no order: searched as text
+    "v1/2", "on v1/2", "add 1/2 cup", "on 1/2 cup of flour", "3/4 of the budget", "support 24/7", "we are on 24/7",
+    "a 50/50 split", "on 50/50", "aspect ratio 16/9", "11/3", "see /var/3/4", "on 31/02", "on 13/13", "1/2/3 steps",
+])
+def test_a_slash_that_is_no_date_or_whose_order_is_unknown_names_no_day(query):
+    searched, window = find_time_window(query, datetime(2026, 11, 25, 12, tzinfo=timezone.utc))
+    assert (searched, window) == (query, None)
+    from zoneinfo import ZoneInfo
+
+    if "11/03" not in query and "10/11" not in query and "3/11/26" not in query:
+        assert find_time_window(query, datetime(2026, 11, 25, 12, tzinfo=timezone.utc), ZoneInfo("Europe/Berlin")) == (query, None)

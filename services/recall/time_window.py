@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import date, datetime, timedelta, timezone, tzinfo
 from typing import NamedTuple
 
+from services.recall.time_zones import month_first
 from shared.engine.text_analysis import MONTHS_RU, STOP_WORDS, DateMention, date_mentions, stem, words
 
 MONTHS = {name.lower(): i for i, name in enumerate(calendar.month_name) if name}
@@ -92,8 +93,8 @@ def names_only_a_time(searched: str, named_a_window: bool = True) -> bool:
     as `find_time_window` leaves them: stripped here, "what did we discuss this Friday" was
     answered with the latest conversations."""
     unresolved: set[str] = set()
-    for find, _, _ in _PATTERNS:
-        while found := find(searched):
+    for rule in _PATTERNS:
+        while found := rule.find(searched):
             if not named_a_window:
                 unresolved |= {stem(w) for w in words(searched[found.start:found.end]) if w not in STOP_WORDS}
             searched = f"{searched[:found.start]} {searched[found.end:]}"
@@ -156,11 +157,22 @@ class _Found(NamedTuple):
     what: re.Match | tuple[DateMention, int | None]
 
 
-_PATTERNS: list[tuple[Callable[[str], _Found | None], Callable, bool]] = []
+class _Rule(NamedTuple):
+    """Where a rule finds its words, and how it reads them: `resolve(what, today)`, or with `clock`
+    `resolve(what, today, local)`, `local` the user's wall clock (its hour and zone: "last night" at
+    00:30, "11/3" in a country writing the month first); `strip` drops the words from the searched query."""
+
+    find: Callable[[str], _Found | None]
+    resolve: Callable
+    strip: bool
+    clock: bool = False
 
 
-def _rule(pattern: str, strip: bool = True):
-    """Register a resolver; `strip` drops the matched words from the searched query."""
+_PATTERNS: list[_Rule] = []
+
+
+def _rule(pattern: str, strip: bool = True, clock: bool = False):
+    """Register a resolver (`_Rule`)."""
     compiled = re.compile(pattern, re.IGNORECASE)
 
     def find(query: str) -> _Found | None:
@@ -168,7 +180,7 @@ def _rule(pattern: str, strip: bool = True):
         return _Found(m.start(), m.end(), m) if m else None
 
     def register(fn):
-        _PATTERNS.append((find, fn, strip))
+        _PATTERNS.append(_Rule(find, fn, strip, clock))
         return fn
     return register
 
@@ -269,7 +281,7 @@ def _named_span(found: tuple[int, int, int | None, DateMention], today: date) ->
     return TimeWindow(_day(start), end.end) if _day(start) < end.end else None
 
 
-_PATTERNS.append((_date_span, _named_span, False))
+_PATTERNS.append(_Rule(_date_span, _named_span, False))
 
 # "the week of October 5", "in the week of Oct 5th": that date's calendar week (from Monday). Taken
 # out of the searched text: the day's term would put that one day's passages first.
@@ -292,33 +304,64 @@ def _week_of_window(found: tuple[DateMention, int | None], today: date) -> TimeW
     return TimeWindow(monday, monday + timedelta(days=7))
 
 
-_PATTERNS.insert(_PATTERNS.index((_date_span, _named_span, False)), (_week_of, _week_of_window, True))
-_PATTERNS.append((_first_date, _named_day, False))
+_PATTERNS.insert(_PATTERNS.index(_Rule(_date_span, _named_span, False)), _Rule(_week_of, _week_of_window, True))
+_PATTERNS.append(_Rule(_first_date, _named_day, False))
 
 
 # A numeric date with its year: "25.10.2026" (day first, as every country writing dots does),
-# "2026/10/25", and "25/10/2026" or "10/25/2026" only where one number cannot be a month; "10/11/2026"
-# is the 10th of November or October 11th by country, and is searched as text. Taken out of the
-# searched text: BM25 reads its numbers as three bare numbers, which match any turn's "10".
+# "2026/10/25", and "25/10/2026", "10/25/2026" or "3/11/26"; where both numbers can be the month
+# ("10/11/2026"), the user's zone decides (`_day_and_month`). Taken out of the searched text: BM25
+# reads its numbers as three bare numbers, which match any turn's "10".
 _NUMERIC_DATE = re.compile(r"(?<![\w.,/:+-])(?:(\d{1,2})\.(\d{1,2})\.(\d{4})|(\d{4})/(\d{1,2})/(\d{1,2})"
-                           r"|(\d{1,2})/(\d{1,2})/(\d{4}))(?![\w.,/:-]?\d)")
+                           r"|(\d{1,2})/(\d{1,2})/(\d{4}|\d{2}))(?![\w.,/:-]?\d)")
 
 
-@_rule(r"\b(?:on\s+)?" + _NUMERIC_DATE.pattern)
-def _numeric_date(m: re.Match, today: date) -> TimeWindow | None:
+def _day_and_month(first: int, second: int, local: datetime) -> tuple[int, int] | None:
+    """The day and month of a slashed date: the number that cannot be a month is the day; else the
+    order of the user's country (its time zone: month first in the United States, "11/3" is 3
+    November; day first in most of the world, 11 March); none in a zone of no country (UTC, the
+    default) or of one writing both (Canada): searched as text."""
+    if first == second or first > 12 >= second:
+        return first, second
+    if second > 12 >= first:
+        return second, first
+    order = month_first(local.tzinfo)
+    if order is None:
+        return None
+    return (second, first) if order else (first, second)
+
+
+def _two_digit_year(year: int, today: date) -> int:
+    """"3/11/26" is 2026; a year past this one is last century's ("4/5/98")."""
+    return 2000 + year if 2000 + year <= today.year else 1900 + year
+
+
+@_rule(r"\b(?:on\s+)?" + _NUMERIC_DATE.pattern, clock=True)
+def _numeric_date(m: re.Match, today: date, local: datetime) -> TimeWindow | None:
     if m[1]:
         day, month, year = int(m[1]), int(m[2]), int(m[3])
     elif m[4]:
         year, month, day = int(m[4]), int(m[5]), int(m[6])
     else:
-        first, second, year = int(m[7]), int(m[8]), int(m[9])
-        if first > 12 >= second:
-            day, month = first, second
-        elif second > 12 >= first:
-            day, month = second, first
-        else:
-            return None  # which is the month depends on the country
+        year = int(m[9]) if len(m[9]) == 4 else _two_digit_year(int(m[9]), today)
+        if (read := _day_and_month(int(m[7]), int(m[8]), local)) is None:
+            return None
+        day, month = read
     d = date(year, month, day)  # ValueError for "31.02.2026": no window, searched as text
+    return TimeWindow(_day(d), _day(d) + timedelta(days=1))
+
+
+# A slashed day without its year, "on 11/03", "since 3/11": its last one, the order as above. Only
+# after "on" or "since" and before the question's end or its words: bare, "1/2", "3/4 of", "16/9"
+# are fractions and ratios, "24/7" round the clock, "v1/2" a version, and "on 1/2 cup" a measure.
+@_rule(r"\b(?:on|since)\s+(?<![\w.,/:+-])(?!24/7\b)(\d{1,2})/(\d{1,2})(?![\w.,/:%-]|\s*%)"
+       r"(?=\s*$|\s*[,.?!;]|\s+(?:we|i|you|about|regarding|with|and|or|at|in|the|to|for|morning|afternoon|evening"
+       r"|night)\b)", clock=True)
+def _short_numeric_date(m: re.Match, today: date, local: datetime) -> TimeWindow | None:
+    if (read := _day_and_month(int(m[1]), int(m[2]), local)) is None or not 1 <= read[1] <= 12:
+        return None
+    day, month = read
+    d = date(_last_year_of(month, today, day), month, day)  # ValueError for "on 31/02": searched as text
     return TimeWindow(_day(d), _day(d) + timedelta(days=1))
 
 
@@ -351,7 +394,7 @@ def _day_month_ru_window(m: re.Match, today: date) -> TimeWindow | None:
     return TimeWindow(_day(d), _day(d) + timedelta(days=1))
 
 
-_PATTERNS.append((_day_month_ru, _day_month_ru_window, False))
+_PATTERNS.append(_Rule(_day_month_ru, _day_month_ru_window, False))
 
 
 # "on the 3rd": the 3rd of this month, or of last month before it comes; not "on the 3rd floor"
@@ -446,9 +489,25 @@ _PART_OF_DAY = r"(?:\s+(?:morning|afternoon|evening|night))?"
 _PART_OF_DAY_RU = r"(?:\s+(?:утром|днём|днем|вечером|ночью))?"
 
 
-@_rule(r"\b(?:the\s+)?day\s+before\s+yesterday\b|\bпозавчера\b")
+# "the day before yesterday evening", «позавчера вечером»: a part of the day goes with it (was searched).
+@_rule(r"\b(?:the\s+)?day\s+before\s+yesterday" + _PART_OF_DAY + r"\b|\bпозавчера" + _PART_OF_DAY_RU + r"(?!\w)")
 def _day_before_yesterday(m: re.Match, today: date) -> TimeWindow:
     return _days_back(today, 2)
+
+
+# Before this hour the night is not over: asked at 00:30, "last night" is the evening before and
+# the hour just gone (its chats' turns are dated today), not yesterday alone.
+_NIGHT_ENDS = 5
+
+
+# "last night", "yesterday evening", "tonight", «вчера вечером», «вчера ночью», «сегодня ночью»: asked
+# from midnight to 05:00 (the user's clock), yesterday and today; later, their day as any part of it.
+@_rule(r"\b(?:on\s+)?yesterday\s+(?:evening|night)\b|\blast\s+night\b|\btonight\b"
+       r"|\bвчера\s+(?:вечером|ночью)(?!\w)|\bсегодня\s+ночью(?!\w)", clock=True)
+def _night(m: re.Match, today: date, local: datetime) -> TimeWindow:
+    if local.hour < _NIGHT_ENDS:
+        return TimeWindow(_day(today) - timedelta(days=1), _day(today) + timedelta(days=1))
+    return _days_back(today, 0 if m[0].casefold().startswith(("tonight", "сегодня")) else 1)
 
 
 @_rule(r"\b(?:on\s+|earlier\s+)?today" + _PART_OF_DAY + r"\b|\b(?:this\s+(?:morning|afternoon|evening)|tonight)\b"
@@ -767,14 +826,15 @@ def find_time_window(query: str, now: datetime, zone: tzinfo = timezone.utc) -> 
     """The query without its time words, and the window they name (the first one found), in
     `zone`'s days: the rules build it from the date there as midnights in UTC, which are then
     taken as that zone's midnights (its wall clock, so a day of a DST change is 23 or 25 hours)."""
-    today = now.astimezone(zone).date()
-    for find, resolve, strip in _PATTERNS:
+    local = now.astimezone(zone)
+    today = local.date()
+    for find, resolve, strip, clock in _PATTERNS:
         found = find(query)
         if found:
             since = _SINCE.search(query, 0, found.start)
             begin = since.start() if since else found.start
             try:
-                window = resolve(found.what, today)  # None for a date no calendar has ("2026-02-30")
+                window = resolve(found.what, today, local) if clock else resolve(found.what, today)  # None for a date no calendar has ("2026-02-30")
                 if window is not None and not window.latest and (
                         since or query[found.start:found.end].lower().startswith("since")):
                     window = _since(window, today)
