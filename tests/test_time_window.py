@@ -486,3 +486,59 @@ def test_a_slash_that_is_no_date_or_whose_order_is_unknown_names_no_day(query):
 
     if "11/03" not in query and "10/11" not in query and "3/11/26" not in query:
         assert find_time_window(query, datetime(2026, 11, 25, 12, tzinfo=timezone.utc), ZoneInfo("Europe/Berlin")) == (query, None)
+
+
+@pytest.mark.parametrize("query, days, span", [
+    ("what did I plan for this Friday", ("2026-11-27", "2026-11-28"), "2026-11-27"),
+    ("что я планировала на эту пятницу", ("2026-11-27", "2026-11-28"), "2026-11-27"),
+    ("what did we discuss this Friday evening", ("2026-11-27", "2026-11-28"), "2026-11-27"),
+    ("plans this weekend", ("2026-11-28", "2026-11-30"), "2026-11-28 to 2026-11-29"),
+    ("the party on 2026-12-25", ("2026-12-25", "2026-12-26"), "2026-12-25"),
+])
+def test_a_time_still_to_come_stays_a_topic_and_the_answer_says_it_has_not_come(query, days, span):
+    """"this Friday" asked on a Wednesday names no window (its words are searched, as every time
+    not yet come), yet the answer was older passages about some Friday with nothing saying that
+    none can be from this one."""
+    from services.recall.time_window import read_time
+    from shared.recall_answer_format import looks_like_recall_answer, without_notes
+
+    wednesday = datetime(2026, 11, 25, 12, tzinfo=timezone.utc)
+    searched, window, upcoming = read_time(query, wednesday)
+    assert (searched, window, _days(upcoming)) == (query, None, days)
+    older = "[2026-10-02T10:00:00Z] copilot c0 text  score=0.1\n  → get c0 t --memory m\nFriday: deploy\n---\n"
+    out = render_for_agent(hits_from_funes_text(older), 4000, k=3, upcoming=upcoming)
+    assert out.splitlines()[0] == (f"(The time the query names, {span}, has not come yet; these passages are the "
+                                   "closest matches to its words, from other dates.)")
+    assert looks_like_recall_answer(out) and without_notes(out).startswith("[2026-10-02")
+    # Once the day has come it is a window, and nothing is upcoming.
+    sunday = datetime(2026, 11, 29, 12, tzinfo=timezone.utc)
+    if "2026-12-25" not in query:
+        assert read_time(query, sunday).window is not None and read_time(query, sunday).upcoming is None
+
+
+@pytest.mark.parametrize("query, rest, days", [
+    ("what did we discuss on Oct 6 or Oct 8", "what did we discuss on Oct 6 or Oct 8", ("2026-10-06", "2026-10-09")),
+    ("pump Oct 8 or Oct 6", "pump Oct 8 or Oct 6", ("2026-10-06", "2026-10-09")),  # either order
+    ("pump on Oct 6 or 8", "pump on Oct 6 or 8", ("2026-10-06", "2026-10-09")),
+    ("что решили 5 или 7 ноября", "что решили 5 или 7 ноября", ("2026-11-05", "2026-11-08")),
+    ("насос 5 ноября или 7 ноября", "насос 5 ноября или 7 ноября", ("2026-11-05", "2026-11-08")),
+    ("pump on 6 and 8 October", "pump on 6 and 8 October", ("2026-10-06", "2026-10-09")),
+    ("pump Dec 30 or Jan 2", "pump Dec 30 or Jan 2", ("2025-12-30", "2026-01-03")),  # across the new year
+    ("pump Oct 6, 2025 or Oct 8, 2025", "pump Oct 6, 2025 or Oct 8, 2025", ("2025-10-06", "2025-10-09")),
+    ("what did we discuss on Monday or Tuesday", "what did we discuss", ("2026-11-23", "2026-11-25")),
+    ("pump last Monday and Tuesday", "pump", ("2026-11-23", "2026-11-25")),
+    ("насос в понедельник или во вторник", "насос", ("2026-11-23", "2026-11-25")),
+    ("что решили в понедельник или вторник", "что решили", ("2026-11-23", "2026-11-25")),
+    ("pump this Monday or Friday", "pump", ("2026-11-23", "2026-11-24")),  # Friday is still to come
+])
+def test_days_given_as_alternatives_name_the_span_covering_them(query, rest, days):
+    """Only the first was read: "on Monday or Tuesday" searched "or Tuesday" as a topic over Monday alone."""
+    wednesday = datetime(2026, 11, 25, 12, tzinfo=timezone.utc)
+    searched, window = find_time_window(query, wednesday)
+    assert (searched, _days(window)) == (rest, days)
+
+
+@pytest.mark.parametrize("query", ["Friday the band", "May I ask about the pump", "March of the penguins",
+                                   "on 1/2 or 3/4 cup", "Friday or Saturday night lights", "the 5 or 7 ноутбуков"])
+def test_topics_that_look_like_alternatives_of_days_name_no_time(query):
+    assert find_time_window(query, datetime(2026, 11, 25, 12, tzinfo=timezone.utc)) == (query, None)

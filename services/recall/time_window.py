@@ -305,6 +305,45 @@ def _week_of_window(found: tuple[DateMention, int | None], today: date) -> TimeW
 
 
 _PATTERNS.insert(_PATTERNS.index(_Rule(_date_span, _named_span, False)), _Rule(_week_of, _week_of_window, True))
+
+
+# Days given as alternatives: "Oct 6 or Oct 8", "Oct 6 or 8", «5 или 7 ноября», "6 and 8 October". The
+# window is one span, so it is the span covering them (Oct 6 to Oct 8, the 7th with them): it only
+# reorders, and a day between is nearer the user's memory than any other. Kept in the searched text.
+_EITHER_WORD = r"\s*,?\s*(?:or|and|или|либо|и)\s+(?:on\s+)?(?:the\s+)?"
+_EITHER_JOIN = re.compile(_EITHER_WORD, re.IGNORECASE)
+_EITHER_BARE_AFTER = re.compile(r"\s*,?\s*(?:or|или|либо)\s+(?:the\s+)?" + _BARE_DAY + r"(?![\w.,:/-]?\d)(?!\s+(?:"
+                                + "|".join(_MONTH_NUMBERS_WORDS) + r"))(?!\s*%)", re.IGNORECASE)
+_EITHER_BARE_BEFORE = re.compile(r"(?<![\w.,/:+-])" + _BARE_DAY + _EITHER_WORD + r"$", re.IGNORECASE)
+
+
+def _date_either(query: str) -> _Found | None:
+    """Two dates, or a date and a bare day of its month, joined by "or" / "and" (no "between")."""
+    mentions = date_mentions(query)
+    for i, first in enumerate(mentions):
+        joined = _EITHER_JOIN.match(query, _year_end(query, first))
+        if joined and i + 1 < len(mentions) and mentions[i + 1].start == joined.end():
+            return _Found(first.start, _year_end(query, mentions[i + 1]), (first, mentions[i + 1]))
+        bare = _EITHER_BARE_AFTER.match(query, first.end)
+        if bare and 1 <= int(bare[1]) <= 31:
+            last = first._replace(day=int(bare[1]), end=bare.end())
+            return _Found(first.start, _year_end(query, last), (first, last))
+        before = _EITHER_BARE_BEFORE.search(query, max(0, first.start - 30), first.start)
+        if before and 1 <= int(before[1]) <= 31:
+            return _Found(before.start(), _year_end(query, first), (first._replace(day=int(before[1])), first))
+    return None
+
+
+def _either_window(found: tuple[DateMention, DateMention], today: date) -> TimeWindow | None:
+    """The shorter of the spans from one day to the other: "Oct 8 or Oct 6" is Oct 6 to 8, not a year
+    from Oct 8; "Dec 30 or Jan 2" crosses the new year."""
+    first, last = found
+    spans = [w for w in (_named_span((first.month, first.day, first.year, last), today),
+                         _named_span((last.month, last.day, last.year, first), today)) if w is not None]
+    return min(spans, key=lambda w: w.end - w.start, default=None)
+
+
+_PATTERNS.append(_Rule(_date_either, _either_window, False))
 _PATTERNS.append(_Rule(_first_date, _named_day, False))
 
 
@@ -668,16 +707,20 @@ def _named_month_ru(m: re.Match, today: date) -> TimeWindow:
     return _month(int(m[2]) if m[2] else _last_year_of(month, today), month)
 
 
-def _weekday(today: date, weekday: int, this: bool) -> TimeWindow | None:
+def _weekday(today: date, weekday: int, this: bool) -> TimeWindow:
     """"on Friday", "last Friday": the latest one before today (one to seven days back); "this
-    Friday": this week's (from Monday), none when it has not come yet."""
-    if this:
-        back = today.weekday() - weekday
-        if back < 0:
-            return None
-    else:
-        back = (today.weekday() - weekday - 1) % 7 + 1
+    Friday": this week's (from Monday), which may be still to come (`_until_today`: a time not
+    yet come names no window)."""
+    back = today.weekday() - weekday if this else (today.weekday() - weekday - 1) % 7 + 1
     return _days_back(today, back)
+
+
+def _weekdays(today: date, weekdays: list[int], this: bool) -> TimeWindow:
+    """One weekday, or the span covering alternatives ("on Monday or Tuesday"); of "this Monday or
+    Friday" asked on a Wednesday, those come (Monday); all still to come, the first of them."""
+    days = [_weekday(today, weekday, this) for weekday in weekdays]
+    come = [d for d in days if d.start <= _day(today)] or days[:1]
+    return TimeWindow(min(d.start for d in come), max(d.end for d in come))
 
 
 _WEEKDAY_NAMES = "|".join(_WEEKDAYS)
@@ -685,27 +728,33 @@ _WEEKDAY_NAMES = "|".join(_WEEKDAYS)
 
 # "on Monday", "last Friday", "since Tuesday", "on Wednesday evening" (a part of the day goes with
 # its day, as after "yesterday"); a bare weekday ("the Monday standup") is a topic, and "monday.com" no day.
+# "on Monday or Tuesday", "last Monday and Tuesday": the span covering them (`_weekdays`).
 @_rule(r"\b(on|last|this|past|previous|since)\s+(" + _WEEKDAY_NAMES + r")(?:\b(?!\.\w)" + _PART_OF_DAY
-       + r")?\b(?!\.\w)")
-def _named_weekday(m: re.Match, today: date) -> TimeWindow | None:
-    return _weekday(today, _WEEKDAYS[m[2].casefold()], this=m[1].casefold() == "this")
+       + r")?(?:\s*,?\s*(?:or|and)\s+(?:on\s+)?(" + _WEEKDAY_NAMES + r")(?:\b(?!\.\w)" + _PART_OF_DAY + r")?)?\b(?!\.\w)")
+def _named_weekday(m: re.Match, today: date) -> TimeWindow:
+    named = [_WEEKDAYS[m[2].casefold()], *([_WEEKDAYS[m[3].casefold()]] if m[3] else [])]
+    return _weekdays(today, named, this=m[1].casefold() == "this")
 
 
 _WEEKDAY_NAMES_RU = "|".join(_WEEKDAYS_RU)
 
 
 # «в пятницу», «во вторник», «в прошлую среду», «в эту пятницу», «в среду вечером».
-@_rule(r"\bв[о]?\s+(?:(прошл(?:ый|ую|ое)|эт(?:от|у|о))\s+)?(" + _WEEKDAY_NAMES_RU + r")" + _PART_OF_DAY_RU + r"(?!\w)")
-def _named_weekday_ru(m: re.Match, today: date) -> TimeWindow | None:
-    return _weekday(today, _WEEKDAYS_RU[m[2].lower()], this=bool(m[1]) and m[1].lower().startswith("эт"))
+# «в понедельник или вторник», «в понедельник или во вторник»: the span covering them; «на эту пятницу»
+# (what was planned for it) as «в эту пятницу».
+@_rule(r"\b(?:в[о]?|на(?=\s+эт))\s+(?:(прошл(?:ый|ую|ое)|эт(?:от|у|о))\s+)?(" + _WEEKDAY_NAMES_RU + r")" + _PART_OF_DAY_RU
+       + r"(?:\s*,?\s*(?:или|либо|и)\s+(?:в[о]?\s+)?(" + _WEEKDAY_NAMES_RU + r")" + _PART_OF_DAY_RU + r")?(?!\w)")
+def _named_weekday_ru(m: re.Match, today: date) -> TimeWindow:
+    named = [_WEEKDAYS_RU[m[2].lower()], *([_WEEKDAYS_RU[m[3].lower()]] if m[3] else [])]
+    return _weekdays(today, named, this=bool(m[1]) and m[1].lower().startswith("эт"))
 
 
-def _weekend(today: date, which: str) -> TimeWindow | None:
+def _weekend(today: date, which: str) -> TimeWindow:
     """Saturday and Sunday: "last weekend" the previous week's (weeks from Monday), "this weekend"
-    this week's (none before its Saturday: not yet come), "the weekend" the latest one begun."""
+    this week's (before its Saturday still to come: `_until_today`), "the weekend" the latest one begun."""
     monday = _day(today) - timedelta(days=today.weekday())
     if which == "this" or (which == "the" and today.weekday() >= 5):
-        return TimeWindow(monday + timedelta(days=5), monday + timedelta(days=7)) if today.weekday() >= 5 else None
+        return TimeWindow(monday + timedelta(days=5), monday + timedelta(days=7))
     return TimeWindow(monday - timedelta(days=2), monday)
 
 
@@ -719,7 +768,7 @@ _WEEKEND_WHICH = {"last": "last", "past": "last", "previous": "last", "this": "t
        r"|в\s+позапрошлые\s+выходные)(?!\w)"
        r"|\b(?:over|on|at|during)\s+the\s+weekend\b|\b(last|past|previous|this)\s+weekend\b"
        r"|\bна\s+(?:(прошлых|этих)\s+)?выходных(?!\w)|\bв\s+(?:(прошлые|эти)\s+)?выходные(?!\w)")
-def _named_weekend(m: re.Match, today: date) -> TimeWindow | None:
+def _named_weekend(m: re.Match, today: date) -> TimeWindow:
     if m[0].casefold().endswith(("before last", "позапрошлых выходных", "позапрошлые выходные")):
         last = _weekend(today, "last")
         return TimeWindow(last.start - timedelta(days=7), last.end - timedelta(days=7))
@@ -822,12 +871,30 @@ def _until_today(window: TimeWindow, today: date) -> TimeWindow | None:
     return window
 
 
+class TimeReading(NamedTuple):
+    """What `read_time` found: the query without its time words, the window they name, and, when
+    they name none, the first time they named that is still to come ("this Friday" on a Wednesday)."""
+
+    searched: str
+    window: TimeWindow | None
+    upcoming: TimeWindow | None = None
+
+
 def find_time_window(query: str, now: datetime, zone: tzinfo = timezone.utc) -> tuple[str, TimeWindow | None]:
+    """The query without its time words, and the window they name (`read_time`)."""
+    searched, window, _ = read_time(query, now, zone)
+    return searched, window
+
+
+def read_time(query: str, now: datetime, zone: tzinfo = timezone.utc) -> TimeReading:
     """The query without its time words, and the window they name (the first one found), in
     `zone`'s days: the rules build it from the date there as midnights in UTC, which are then
-    taken as that zone's midnights (its wall clock, so a day of a DST change is 23 or 25 hours)."""
+    taken as that zone's midnights (its wall clock, so a day of a DST change is 23 or 25 hours).
+    A time still to come names no window (its words stay a topic) but is kept as `upcoming`, so
+    the answer can say so: passages about "this Friday" asked on a Wednesday are from other days."""
     local = now.astimezone(zone)
     today = local.date()
+    upcoming = None
     for find, resolve, strip, clock in _PATTERNS:
         found = find(query)
         if found:
@@ -839,6 +906,8 @@ def find_time_window(query: str, now: datetime, zone: tzinfo = timezone.utc) -> 
                         since or query[found.start:found.end].lower().startswith("since")):
                     window = _since(window, today)
                 if window is not None and not window.latest:
+                    if upcoming is None and window.start > _day(today):
+                        upcoming = _in_zone(window, zone)
                     window = _until_today(window, today)
             except (OverflowError, ValueError, KeyError):
                 # A date at the calendar's edge ("9999-12-31", "March 0000") has no window
@@ -846,9 +915,12 @@ def find_time_window(query: str, now: datetime, zone: tzinfo = timezone.utc) -> 
                 # month of the table: the words are still searched as text, never an error.
                 window = None
             if window is not None:
-                if not window.latest:
-                    window = dataclasses.replace(window, start=window.start.replace(tzinfo=zone),
-                                                 end=window.end.replace(tzinfo=zone))
                 rest = " ".join((query[:begin] + " " + query[found.end:]).split()).strip(" ,") if strip else query
-                return rest or query, window  # nothing left: search with the words as given
-    return query, None
+                # Nothing left: search with the words as given.
+                return TimeReading(rest or query, window if window.latest else _in_zone(window, zone))
+    return TimeReading(query, None, upcoming)
+
+
+def _in_zone(window: TimeWindow, zone: tzinfo) -> TimeWindow:
+    """A window the rules built as UTC midnights, as the same wall-clock midnights in `zone`."""
+    return dataclasses.replace(window, start=window.start.replace(tzinfo=zone), end=window.end.replace(tzinfo=zone))
