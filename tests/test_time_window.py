@@ -173,6 +173,23 @@ NOW = datetime(2026, 11, 29, 12, tzinfo=timezone.utc)  # a Sunday
     ("what did we discuss on the 3rd", "what did we discuss", "2026-11-03", "2026-11-04"),
     ("pump on the 30th", "pump", "2026-10-30", "2026-10-31"),
     ("what did we say on the 2nd of last month", "what did we say", "2026-10-02", "2026-10-03"),
+    # Everyday phrasings a round-33 probe found misread: "a year ago" was read inside "half a year ago",
+    # leftovers ("this", "'s", "at lunch", «с утра») were searched as a topic, and the rest named no time.
+    ("pump half a year ago", "pump", "2026-05-05", "2026-06-27"),
+    ("насос полгода назад", "насос", "2026-05-05", "2026-06-27"),
+    ("what did we discuss the other day", "what did we discuss", "2026-11-15", "2026-11-30"),
+    ("pump this past Friday", "pump", "2026-11-27", "2026-11-28"),
+    ("hike this past weekend", "hike", "2026-11-21", "2026-11-23"),
+    ("last week's meeting notes", "meeting notes", "2026-11-16", "2026-11-23"),
+    ("what did we discuss at lunch yesterday", "what did we discuss", "2026-11-28", "2026-11-29"),
+    ("pump yesterday at lunch", "pump", "2026-11-28", "2026-11-29"),
+    ("что обсуждали в обед вчера", "что обсуждали", "2026-11-28", "2026-11-29"),
+    ("насос сегодня с утра", "насос", "2026-11-29", "2026-11-30"),
+    ("pump on Monday at lunch", "pump", "2026-11-23", "2026-11-24"),
+    ("pump earlier in the week", "pump", "2026-11-23", "2026-11-30"),
+    ("pump at the end of last week", "pump", "2026-11-19", "2026-11-23"),
+    ("насос в начале недели", "насос", "2026-11-23", "2026-11-26"),
+    ("насос в середине прошлой недели", "насос", "2026-11-17", "2026-11-20"),
 ])
 def test_time_words_name_a_window(query, rest, start, end):
     searched, window = find_time_window(query, NOW)
@@ -198,7 +215,10 @@ def test_time_words_name_a_window(query, rest, start, end):
                                    # Russian rates, discounts and versions are no days (a re-check's misreadings)
                                    "ипотека под 6.5%", "ставка 6.5", "скидка 2.5%", "что нового в версии 1.12",
                                    "релиз Python 3.11", "скидка 15.10 %",
-                                   "версия 1.2.3 насоса", "последнее обновление", "the 5 hours of video"])
+                                   "версия 1.2.3 насоса", "последнее обновление", "the 5 hours of video",
+                                   # a date in a place's name, a topic that only looks like a time
+                                   "улица 1 мая", "кафе на улице 1 Мая", "проспект 9 января", "take it every other day",
+                                   "Friday the band", "May I ask", "March of the penguins", "in the morning routine"])
 def test_no_window_without_a_real_date(query):
     assert find_time_window(query, NOW) == (query, None)
 
@@ -286,16 +306,24 @@ def _random_queries(seed: int, count: int) -> list[str]:
                 f"in the winter of {y:04d}", f"{rnd.choice(['прошлой', 'этой'])} зимой", "летом",
                 "the week before last", "на позапрошлой неделе", f"the last week of {rnd.choice(month_words)} {y:04d}",
                 f"с {d} {rnd.choice(MONTHS_RU)}", f"между {d} и {rnd.randint(0, 32)} {rnd.choice(MONTHS_RU)}",
-                f"on {rnd.choice(list(calendar.day_name))} evening", "в среду вечером", "the last thing we discussed"]
+                f"on {rnd.choice(list(calendar.day_name))} evening", "в среду вечером", "the last thing we discussed",
+                f"on {d}/{m}", f"since {m}/{d}", f"on {d}/{m}/{y % 100:02d}", f"{rnd.choice(month_words)} {d} or {n % 40}",
+                f"{d} или {rnd.randint(0, 32)} {rnd.choice(MONTHS_RU)}", f"{rnd.choice(month_words)} {d} or "
+                f"{rnd.choice(month_words)} {rnd.randint(0, 32)}, {y:04d}", "last night", "half a year ago",
+                f"this {rnd.choice(list(calendar.day_name))} or {rnd.choice(list(calendar.day_name))}",
+                f"at the {rnd.choice(['start', 'middle', 'end'])} of {rnd.choice(['the', 'last'])} week"]
     return out
 
 
 @pytest.mark.parametrize("now", [NOW, *EXTREME_DAYS], ids=lambda d: d.isoformat())
 def test_any_time_phrase_on_any_day_gives_a_window_or_none_never_an_error(now):
+    from zoneinfo import ZoneInfo
+
     for query in _random_queries(seed=now.toordinal(), count=150):
-        searched, window = find_time_window(query, now)
-        assert searched, query
-        assert window is None or window.start < window.end, (query, window)
+        for zone in (timezone.utc, ZoneInfo("America/New_York")):  # the order of a slashed date is the zone's
+            searched, window = find_time_window(query, now, zone)
+            assert searched, query
+            assert window is None or window.start < window.end, (query, window)
 
 
 def test_an_edge_date_query_renders_as_a_normal_answer():

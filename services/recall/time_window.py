@@ -199,11 +199,21 @@ _YEAR_WORDS = re.compile(r",?\s+(?:(last|this)\s+year|(прошлого|этог
 _YEAR_WRITTEN = re.compile(r",?\s+\d{4}\b")
 
 
+# A date that names a place: «улица 1 Мая», «проспект 9 января», "Calle 5 de Mayo" is no day.
+_PLACE_BEFORE = re.compile(r"(?:улиц[аеуы]|ул\.|проспект\w*|просп\.|пр-т|площад[ьи]|пл\.|переул\w*|пер\.|бульвар\w*"
+                           r"|набережн\w*|станци[яиюей]|метро|street|avenue|square|calle|rue)\s*$", re.IGNORECASE)
+
+
+def _dates(query: str) -> list[DateMention]:
+    """The engine's date mentions in a query, but for those naming a place."""
+    return [m for m in date_mentions(query) if not _PLACE_BEFORE.search(query, max(0, m.start - 20), m.start)]
+
+
 def _first_date(query: str) -> _Found | None:
     """An ISO date or a day beside a month's name, read by the engine's own date grammar
     (text_analysis.date_mentions): kept in the searched text, where BM25 matches it as the day.
     What it reads is the mention and, for words naming its year, how many years back (0 or 1)."""
-    mentions = date_mentions(query)
+    mentions = _dates(query)
     if not mentions:
         return None
     first = mentions[0]
@@ -241,7 +251,7 @@ _SPAN_BEFORE = re.compile(r"(?:\b(?:between|from)|(?<!\w)(?:с|между))\s+(?
 def _date_span(query: str) -> _Found | None:
     """Two dates joined as a span, or a date and a bare day of its month; its year as the
     end's (`_named_day`), the start a year earlier when it would come after the end."""
-    mentions = date_mentions(query)
+    mentions = _dates(query)
     for i, first in enumerate(mentions):
         before = _SPAN_OPEN.search(query, max(0, first.start - 20), first.start)
         joined = re.compile(_SPAN_WORD, re.IGNORECASE).match(query, first.end)
@@ -289,7 +299,7 @@ _WEEK_OF = re.compile(r"(?:\b(?:in|during|over)\s+)?\bthe\s+week\s+of\s+(?:the\s
 
 
 def _week_of(query: str) -> _Found | None:
-    for mention in date_mentions(query):
+    for mention in _dates(query):
         before = _WEEK_OF.search(query, max(0, mention.start - 30), mention.start)
         if before:
             return _Found(before.start(), _year_end(query, mention), (mention, None))
@@ -319,7 +329,7 @@ _EITHER_BARE_BEFORE = re.compile(r"(?<![\w.,/:+-])" + _BARE_DAY + _EITHER_WORD +
 
 def _date_either(query: str) -> _Found | None:
     """Two dates, or a date and a bare day of its month, joined by "or" / "and" (no "between")."""
-    mentions = date_mentions(query)
+    mentions = _dates(query)
     for i, first in enumerate(mentions):
         joined = _EITHER_JOIN.match(query, _year_end(query, first))
         if joined and i + 1 < len(mentions) and mentions[i + 1].start == joined.end():
@@ -524,8 +534,11 @@ def _around(today: date, days: int) -> TimeWindow:
 # A part of the day goes with its day ("yesterday evening", «вчера вечером»): left in the searched
 # text it was a topic, and "what did I say yesterday evening" searched "evening". The window
 # stays the whole day (chats run past a part's edges; the window only reorders).
-_PART_OF_DAY = r"(?:\s+(?:morning|afternoon|evening|night))?"
-_PART_OF_DAY_RU = r"(?:\s+(?:утром|днём|днем|вечером|ночью))?"
+_PART_OF_DAY = r"(?:\s+(?:morning|afternoon|evening|night|at\s+lunch(?:time)?|at\s+noon|over\s+lunch))?"
+_PART_OF_DAY_RU = r"(?:\s+(?:утром|днём|днем|вечером|ночью|в\s+обед|с\s+утра))?"
+# The same before its day: "at lunch yesterday", «в обед вчера».
+_PART_BEFORE = r"(?:(?:at\s+lunch(?:time)?|at\s+noon|over\s+lunch)\s+)?"
+_PART_BEFORE_RU = r"(?:(?:в\s+обед|с\s+утра)\s+)?"
 
 
 # "the day before yesterday evening", «позавчера вечером»: a part of the day goes with it (was searched).
@@ -549,13 +562,14 @@ def _night(m: re.Match, today: date, local: datetime) -> TimeWindow:
     return _days_back(today, 0 if m[0].casefold().startswith(("tonight", "сегодня")) else 1)
 
 
-@_rule(r"\b(?:on\s+|earlier\s+)?today" + _PART_OF_DAY + r"\b|\b(?:this\s+(?:morning|afternoon|evening)|tonight)\b"
-       r"|\bсегодня" + _PART_OF_DAY_RU + r"(?!\w)")
+@_rule(r"\b" + _PART_BEFORE + r"(?:on\s+|earlier\s+)?today" + _PART_OF_DAY + r"\b|\b(?:this\s+(?:morning|afternoon|evening)|tonight)\b"
+       r"|(?<!\w)" + _PART_BEFORE_RU + r"сегодня" + _PART_OF_DAY_RU + r"(?!\w)")
 def _today(m: re.Match, today: date) -> TimeWindow:
     return _days_back(today, 0)
 
 
-@_rule(r"\b(?:on\s+)?yesterday" + _PART_OF_DAY + r"\b|\blast\s+night\b|\bвчера" + _PART_OF_DAY_RU + r"(?!\w)")
+@_rule(r"\b" + _PART_BEFORE + r"(?:on\s+)?yesterday" + _PART_OF_DAY + r"\b|\blast\s+night\b|(?<!\w)" + _PART_BEFORE_RU + r"вчера"
+       + _PART_OF_DAY_RU + r"(?!\w)")
 def _yesterday(m: re.Match, today: date) -> TimeWindow:
     return _days_back(today, 1)
 
@@ -570,8 +584,8 @@ def _last_time(m: re.Match, today: date) -> TimeWindow:
     return LATEST
 
 
-# "recently", "lately", «недавно», «на днях»: the last two weeks.
-@_rule(r"\b(?:recently|lately)\b|\bнедавно\b|\bна\s+днях\b")
+# "recently", "lately", "the other day", «недавно», «на днях»: the last two weeks.
+@_rule(r"\b(?:recently|lately|the\s+other\s+day)\b|\bнедавно\b|\bна\s+днях\b")
 def _recently(m: re.Match, today: date) -> TimeWindow:
     return _up_to_today(today, 14)
 
@@ -617,7 +631,25 @@ def _part_of_month(m: re.Match, today: date) -> TimeWindow:
     return TimeWindow(start, min(whole.end, whole.start + timedelta(days=last)))
 
 
-@_rule(r"\b(this|last|past|previous)\s+(week|month)\b")
+# Part of a week: "earlier in the week" (this week, to today); "at the start / in the middle / at the end
+# of the week" (this week's), "of last week", «в начале / середине / конце (прошлой) недели»: Monday to
+# Wednesday, Tuesday to Thursday, Thursday to Sunday (weeks from Monday). Before "last week", which it holds.
+_WEEK_PARTS = {"start": (0, 3), "beginning": (0, 3), "middle": (1, 4), "end": (3, 7), "начале": (0, 3),
+               "середине": (1, 4), "конце": (3, 7)}
+
+
+@_rule(r"\bearlier\s+in\s+the\s+week\b|\b(?:at|in|by|towards?)\s+the\s+(start|beginning|middle|end)\s+of\s+(the|this|last)"
+       r"\s+week\b|\bв\s+(начале|середине|конце)\s+(?:(этой|прошлой)\s+)?недели(?!\w)")
+def _part_of_week(m: re.Match, today: date) -> TimeWindow:
+    part, which = m[1] or m[3], m[2] or m[4]
+    if part is None:  # "earlier in the week"
+        return _calendar(today, "week", this=True)
+    first, last = _WEEK_PARTS[part.casefold()]
+    monday = _calendar(today, "week", this=which is None or which.casefold() in ("the", "this", "этой")).start
+    return TimeWindow(monday + timedelta(days=first), monday + timedelta(days=last))
+
+
+@_rule(r"\b(this|last|past|previous)\s+(week|month)(?:['’]s)?\b")  # "last week's meeting": "'s" was searched
 def _this_last(m: re.Match, today: date) -> TimeWindow:
     which, unit = m[1].lower(), m[2].lower()
     if which == "past":  # the days up to today, as "past 7 days" ("last week" is the calendar one)
@@ -654,6 +686,12 @@ _UNIT_NAMES_RU = "|".join(sorted(_UNITS_RU, key=len, reverse=True))
 @_rule(r"\bза\s+последн(?:ие\s+" + _COUNT_RU + r"\s+(" + _UNIT_NAMES_RU + r")|(?:юю|ий)\s+(неделю|месяц|день|год))\b")
 def _last_n_ru(m: re.Match, today: date) -> TimeWindow:
     return _up_to_today(today, _count(m[1]) * _UNITS_RU[m[2].lower()] if m[1] else _UNITS_RU[m[3].lower()])
+
+
+# "half a year ago", «полгода назад»: about six months (182 days) ago; "a year ago" was read in the first.
+@_rule(r"\bhalf\s+a\s+year\s+ago\b|(?<!\w)(?:пол\s*года|полгода)\s+назад(?!\w)")
+def _half_a_year_ago(m: re.Match, today: date) -> TimeWindow:
+    return _around(today, 182)
 
 
 @_rule(r"\b" + _COUNT + r"\s+(days?|weeks?|fortnights?|months?|years?)\s+ago\b")
@@ -729,11 +767,11 @@ _WEEKDAY_NAMES = "|".join(_WEEKDAYS)
 # "on Monday", "last Friday", "since Tuesday", "on Wednesday evening" (a part of the day goes with
 # its day, as after "yesterday"); a bare weekday ("the Monday standup") is a topic, and "monday.com" no day.
 # "on Monday or Tuesday", "last Monday and Tuesday": the span covering them (`_weekdays`).
-@_rule(r"\b(on|last|this|past|previous|since)\s+(" + _WEEKDAY_NAMES + r")(?:\b(?!\.\w)" + _PART_OF_DAY
+@_rule(r"\b(on|last|this\s+past|this|past|previous|since)\s+(" + _WEEKDAY_NAMES + r")(?:\b(?!\.\w)" + _PART_OF_DAY
        + r")?(?:\s*,?\s*(?:or|and)\s+(?:on\s+)?(" + _WEEKDAY_NAMES + r")(?:\b(?!\.\w)" + _PART_OF_DAY + r")?)?\b(?!\.\w)")
 def _named_weekday(m: re.Match, today: date) -> TimeWindow:
     named = [_WEEKDAYS[m[2].casefold()], *([_WEEKDAYS[m[3].casefold()]] if m[3] else [])]
-    return _weekdays(today, named, this=m[1].casefold() == "this")
+    return _weekdays(today, named, this=m[1].casefold() == "this")  # "this past Friday" is the last one
 
 
 _WEEKDAY_NAMES_RU = "|".join(_WEEKDAYS_RU)
@@ -758,7 +796,7 @@ def _weekend(today: date, which: str) -> TimeWindow:
     return TimeWindow(monday - timedelta(days=2), monday)
 
 
-_WEEKEND_WHICH = {"last": "last", "past": "last", "previous": "last", "this": "this", "прошлые": "last",
+_WEEKEND_WHICH = {"last": "last", "past": "last", "this past": "last", "previous": "last", "this": "this", "прошлые": "last",
                   "прошлых": "last", "эти": "this", "этих": "this"}
 
 
@@ -766,14 +804,14 @@ _WEEKEND_WHICH = {"last": "last", "past": "last", "previous": "last", "this": "t
 # «в выходные» as «на выходных»; "the weekend before last", «на позапрошлых выходных»: two back.
 @_rule(r"\b(?:(?:over|on|at|during)\s+)?the\s+weekend\s+before\s+last\b|\b(?:на\s+позапрошлых\s+выходных"
        r"|в\s+позапрошлые\s+выходные)(?!\w)"
-       r"|\b(?:over|on|at|during)\s+the\s+weekend\b|\b(last|past|previous|this)\s+weekend\b"
+       r"|\b(?:over|on|at|during)\s+the\s+weekend\b|\b(last|past|previous|this\s+past|this)\s+weekend\b"
        r"|\bна\s+(?:(прошлых|этих)\s+)?выходных(?!\w)|\bв\s+(?:(прошлые|эти)\s+)?выходные(?!\w)")
 def _named_weekend(m: re.Match, today: date) -> TimeWindow:
     if m[0].casefold().endswith(("before last", "позапрошлых выходных", "позапрошлые выходные")):
         last = _weekend(today, "last")
         return TimeWindow(last.start - timedelta(days=7), last.end - timedelta(days=7))
     which = m[1] or m[2] or m[3]
-    return _weekend(today, _WEEKEND_WHICH[which.casefold()] if which else "the")
+    return _weekend(today, _WEEKEND_WHICH[" ".join(which.casefold().split())] if which else "the")
 
 
 # «с понедельника», «со вторника», «с прошлой пятницы»: since that day.
@@ -892,7 +930,10 @@ def read_time(query: str, now: datetime, zone: tzinfo = timezone.utc) -> TimeRea
     taken as that zone's midnights (its wall clock, so a day of a DST change is 23 or 25 hours).
     A time still to come names no window (its words stay a topic) but is kept as `upcoming`, so
     the answer can say so: passages about "this Friday" asked on a Wednesday are from other days."""
-    local = now.astimezone(zone)
+    try:
+        local = now.astimezone(zone)
+    except OverflowError:  # 0001-01-01 00:00 UTC is still year 0 in New York: read in UTC's day
+        local = now.astimezone(timezone.utc)
     today = local.date()
     upcoming = None
     for find, resolve, strip, clock in _PATTERNS:
