@@ -1,5 +1,6 @@
 """Time words in a query ("last week", "in October", "on 9 November", "2026-10-08", "a week ago",
-"last Friday", "over the weekend", "in early October", "between Oct 5 and Oct 10"; in Russian «на прошлой неделе», «в октябре», «9 ноября», «три дня назад», «в пятницу») become a soft
+"last Friday", "over the weekend", "in early October", "between Oct 5 and Oct 10", "on Monday or Tuesday", "on 11/03"
+in the order of the user's country; in Russian «на прошлой неделе», «в октябре», «9 ноября», «три дня назад», «в пятницу») become a soft
 preference for passages from that window. Semantic search is poor at temporal questions, and a
 hard filter loses answers when the user's memory of the date is off, so in-window passages are
 moved first and the rest still fill the remaining places. Resolved in the caller's time zone

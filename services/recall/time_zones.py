@@ -3,6 +3,7 @@
 A token may name its user's zone in OIDC's standard `zoneinfo` claim (an IANA name such as
 `Europe/Berlin`); without one the replica's `RECALL_DEFAULT_TIME_ZONE` (UTC) applies. The data
 comes from the `tzdata` package when the system has no zone database (slim container images).
+The zone's country also says in which order its people write a short date ("11/3": `month_first`).
 """
 
 from __future__ import annotations
