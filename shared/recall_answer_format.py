@@ -30,6 +30,8 @@ NEIGHBOUR_PREFIX = "  ~ "
 CITE_LINE = "  cite: session_id={} turn_uuid={}"
 _SPAN = r"\d{4}-\d{2}-\d{2}(?: to \d{4}-\d{2}-\d{2})?"
 _NOTE_LINE = re.compile(rf"^\(None of these passages is from {_SPAN}, the time the query names; they are the closest matches from other dates\.\)$")
+_UPCOMING_LINE = re.compile(rf"^\(The time the query names, {_SPAN}, has not come yet; these passages are the closest "
+                            r"matches to its words, from other dates\.\)$")
 # "they match the rest of it" is round 29's wording, still in echoes of answers given then.
 _UNNAMED_LINE = re.compile(r"^\(None of these passages mentions [^\n]+, which the query names; they (?:match the rest "
                            r"of it|are the closest matches to the rest of it)\.\)$")
@@ -56,6 +58,14 @@ def outside_window_note(first: datetime, last: datetime) -> str:
     does not present an older passage as what was said then."""
     return (f"(None of these passages is from {_span(first, last)}, the time the query names; they are the "
             "closest matches from other dates.)")
+
+
+def upcoming_note(first: datetime, last: datetime) -> str:
+    """Above the passages when the only time the query names is still to come ("what did we plan
+    for this Friday" on a Wednesday): its words were searched as a topic, and no passage can be
+    from it, so the agent does not present one as what was said then."""
+    return (f"(The time the query names, {_span(first, last)}, has not come yet; these passages are the closest "
+            "matches to its words, from other dates.)")
 
 
 def unnamed_note(identifiers: list[str]) -> str:
@@ -92,7 +102,7 @@ def nothing_then(first: datetime, last: datetime) -> str:
 def without_notes(answer: str) -> str:
     """The passages of an answer: its note lines (which repeat what the query named) taken off."""
     lines = answer.split("\n")
-    while lines and any(note.match(lines[0]) for note in (_NOTE_LINE, _MORE_THEN_LINE, _UNNAMED_LINE)):
+    while lines and any(note.match(lines[0]) for note in (_NOTE_LINE, _MORE_THEN_LINE, _UNNAMED_LINE, _UPCOMING_LINE)):
         lines = lines[1:]
     return "\n".join(lines)
 

@@ -677,6 +677,10 @@ async def test_time_words_prefer_passages_from_that_window(stack):
     month = long_ago.strftime("%B %Y")
     older = await call_recall(env, token, f"N-11 upgrade plan budget {month}")
     assert "40k" in older.split("---")[0], f"{month}: {older}"
+    # A day still to come names no window: its words are searched, and the answer says none can be from it.
+    coming = (now + timedelta(days=10)).strftime("%Y-%m-%d")
+    planned = await call_recall(env, token, f"N-11 upgrade plan budget for {coming}")
+    assert planned.startswith(f"(The time the query names, {coming}, has not come yet;") and "N-11" in planned, planned
 
 
 @pytest.mark.parametrize("stack", ["embedded"], indirect=True)

@@ -82,6 +82,8 @@ NOW = datetime(2026, 11, 29, 12, tzinfo=timezone.utc)  # a Sunday
     ("pump last night", "pump", "2026-11-28", "2026-11-29"),
     ("the day before yesterday pump", "pump", "2026-11-27", "2026-11-28"),  # was yesterday, "the day before" searched
     ("что решили вчера вечером", "что решили", "2026-11-28", "2026-11-29"),
+    ("the day before yesterday evening pump", "pump", "2026-11-27", "2026-11-28"),  # "evening" was searched
+    ("насос позавчера вечером", "насос", "2026-11-27", "2026-11-28"),
     ("насос сегодня утром", "насос", "2026-11-29", "2026-11-30"),
     # Weekends (NOW is a Sunday: "the weekend" is this one, "last weekend" the one before).
     ("what did we discuss over the weekend", "what did we discuss", "2026-11-28", "2026-11-30"),
@@ -171,6 +173,23 @@ NOW = datetime(2026, 11, 29, 12, tzinfo=timezone.utc)  # a Sunday
     ("what did we discuss on the 3rd", "what did we discuss", "2026-11-03", "2026-11-04"),
     ("pump on the 30th", "pump", "2026-10-30", "2026-10-31"),
     ("what did we say on the 2nd of last month", "what did we say", "2026-10-02", "2026-10-03"),
+    # Everyday phrasings a round-33 probe found misread: "a year ago" was read inside "half a year ago",
+    # leftovers ("this", "'s", "at lunch", «с утра») were searched as a topic, and the rest named no time.
+    ("pump half a year ago", "pump", "2026-05-05", "2026-06-27"),
+    ("насос полгода назад", "насос", "2026-05-05", "2026-06-27"),
+    ("what did we discuss the other day", "what did we discuss", "2026-11-15", "2026-11-30"),
+    ("pump this past Friday", "pump", "2026-11-27", "2026-11-28"),
+    ("hike this past weekend", "hike", "2026-11-21", "2026-11-23"),
+    ("last week's meeting notes", "meeting notes", "2026-11-16", "2026-11-23"),
+    ("what did we discuss at lunch yesterday", "what did we discuss", "2026-11-28", "2026-11-29"),
+    ("pump yesterday at lunch", "pump", "2026-11-28", "2026-11-29"),
+    ("что обсуждали в обед вчера", "что обсуждали", "2026-11-28", "2026-11-29"),
+    ("насос сегодня с утра", "насос", "2026-11-29", "2026-11-30"),
+    ("pump on Monday at lunch", "pump", "2026-11-23", "2026-11-24"),
+    ("pump earlier in the week", "pump", "2026-11-23", "2026-11-30"),
+    ("pump at the end of last week", "pump", "2026-11-19", "2026-11-23"),
+    ("насос в начале недели", "насос", "2026-11-23", "2026-11-26"),
+    ("насос в середине прошлой недели", "насос", "2026-11-17", "2026-11-20"),
 ])
 def test_time_words_name_a_window(query, rest, start, end):
     searched, window = find_time_window(query, NOW)
@@ -196,7 +215,10 @@ def test_time_words_name_a_window(query, rest, start, end):
                                    # Russian rates, discounts and versions are no days (a re-check's misreadings)
                                    "ипотека под 6.5%", "ставка 6.5", "скидка 2.5%", "что нового в версии 1.12",
                                    "релиз Python 3.11", "скидка 15.10 %",
-                                   "версия 1.2.3 насоса", "последнее обновление", "the 5 hours of video"])
+                                   "версия 1.2.3 насоса", "последнее обновление", "the 5 hours of video",
+                                   # a date in a place's name, a topic that only looks like a time
+                                   "улица 1 мая", "кафе на улице 1 Мая", "проспект 9 января", "take it every other day",
+                                   "Friday the band", "May I ask", "March of the penguins", "in the morning routine"])
 def test_no_window_without_a_real_date(query):
     assert find_time_window(query, NOW) == (query, None)
 
@@ -284,16 +306,24 @@ def _random_queries(seed: int, count: int) -> list[str]:
                 f"in the winter of {y:04d}", f"{rnd.choice(['прошлой', 'этой'])} зимой", "летом",
                 "the week before last", "на позапрошлой неделе", f"the last week of {rnd.choice(month_words)} {y:04d}",
                 f"с {d} {rnd.choice(MONTHS_RU)}", f"между {d} и {rnd.randint(0, 32)} {rnd.choice(MONTHS_RU)}",
-                f"on {rnd.choice(list(calendar.day_name))} evening", "в среду вечером", "the last thing we discussed"]
+                f"on {rnd.choice(list(calendar.day_name))} evening", "в среду вечером", "the last thing we discussed",
+                f"on {d}/{m}", f"since {m}/{d}", f"on {d}/{m}/{y % 100:02d}", f"{rnd.choice(month_words)} {d} or {n % 40}",
+                f"{d} или {rnd.randint(0, 32)} {rnd.choice(MONTHS_RU)}", f"{rnd.choice(month_words)} {d} or "
+                f"{rnd.choice(month_words)} {rnd.randint(0, 32)}, {y:04d}", "last night", "half a year ago",
+                f"this {rnd.choice(list(calendar.day_name))} or {rnd.choice(list(calendar.day_name))}",
+                f"at the {rnd.choice(['start', 'middle', 'end'])} of {rnd.choice(['the', 'last'])} week"]
     return out
 
 
 @pytest.mark.parametrize("now", [NOW, *EXTREME_DAYS], ids=lambda d: d.isoformat())
 def test_any_time_phrase_on_any_day_gives_a_window_or_none_never_an_error(now):
+    from zoneinfo import ZoneInfo
+
     for query in _random_queries(seed=now.toordinal(), count=150):
-        searched, window = find_time_window(query, now)
-        assert searched, query
-        assert window is None or window.start < window.end, (query, window)
+        for zone in (timezone.utc, ZoneInfo("America/New_York")):  # the order of a slashed date is the zone's
+            searched, window = find_time_window(query, now, zone)
+            assert searched, query
+            assert window is None or window.start < window.end, (query, window)
 
 
 def test_an_edge_date_query_renders_as_a_normal_answer():
@@ -427,3 +457,116 @@ def test_a_request_to_the_assistant_is_not_searched_when_a_topic_is_left(searche
     from services.recall.time_window import without_request
 
     assert without_request(searched) == kept
+
+
+def _days(window) -> tuple[str, str] | None:
+    """A window as its first day and the day after its last, in its own zone."""
+    return window and (window.start.date().isoformat(), window.end.date().isoformat())
+
+
+@pytest.mark.parametrize("query", ["what did we discuss last night", "pump last night", "что я говорил вчера вечером",
+                                   "what did I say yesterday evening", "вчера ночью", "tonight", "сегодня ночью"])
+def test_the_night_asked_about_just_after_midnight_is_yesterday_and_todays_small_hours(query):
+    """At 00:30 "last night" is the evening before and the hour just gone (turns dated today);
+    it was yesterday alone, so the chat that ran past midnight fell outside it."""
+    from zoneinfo import ZoneInfo
+
+    berlin = ZoneInfo("Europe/Berlin")
+    just_after_midnight = datetime(2026, 11, 24, 23, 30, tzinfo=timezone.utc)  # 00:30 on the 25th in Berlin
+    assert _days(find_time_window(query, just_after_midnight, berlin)[1]) == ("2026-11-24", "2026-11-26")
+    assert _days(find_time_window(query, datetime(2026, 11, 25, 3, 59, tzinfo=berlin))[1]) == ("2026-11-24", "2026-11-26")
+    # From 05:00 the night is over: its day alone.
+    tonight = query in ("tonight", "сегодня ночью")
+    by_day = find_time_window(query, datetime(2026, 11, 25, 5, tzinfo=berlin), berlin)[1]
+    assert _days(by_day) == (("2026-11-25", "2026-11-26") if tonight else ("2026-11-24", "2026-11-25"))
+
+
+@pytest.mark.parametrize("query, zone, days", [
+    ("what did we discuss on 11/03", "America/New_York", ("2026-11-03", "2026-11-04")),  # month first
+    ("what did we discuss on 11/03", "Europe/Berlin", ("2026-03-11", "2026-03-12")),  # day first
+    ("what did we discuss on 11/03", "Asia/Tokyo", ("2026-11-03", "2026-11-04")),  # year, month, day: month first
+    ("pump on 11/3?", "America/Chicago", ("2026-11-03", "2026-11-04")),
+    ("pump since 3/11", "America/Los_Angeles", ("2026-03-11", "2026-11-26")),
+    ("pump on 3/11/26", "Europe/London", ("2026-11-03", "2026-11-04")),
+    ("pump on 3/11/26", "America/New_York", ("2026-03-11", "2026-03-12")),
+    ("pump 10/11/2026", "Europe/Moscow", ("2026-11-10", "2026-11-11")),  # with its year, the same rule
+    ("pump on 25/10 we decided", "UTC", ("2026-10-25", "2026-10-26")),  # one order only: any zone
+    ("pump on 12/25", "Europe/Berlin", ("2025-12-25", "2025-12-26")),  # its last one: not yet come this year
+    ("pump on 4/5/98", "Europe/Berlin", ("1998-05-04", "1998-05-05")),
+])
+def test_a_short_slashed_date_is_read_in_the_order_of_the_users_country(query, zone, days):
+    from zoneinfo import ZoneInfo
+
+    wednesday = datetime(2026, 11, 25, 12, tzinfo=timezone.utc)
+    searched, window = find_time_window(query, wednesday, ZoneInfo(zone))
+    assert _days(window) == days and "/" not in searched
+
+
+@pytest.mark.parametrize("query", [
+    "what did we discuss on 11/03", "pump 10/11/2026", "pump on 3/11/26",  # no country, no order: searched as text
+    "v1/2", "on v1/2", "add 1/2 cup", "on 1/2 cup of flour", "3/4 of the budget", "support 24/7", "we are on 24/7",
+    "a 50/50 split", "on 50/50", "aspect ratio 16/9", "11/3", "see /var/3/4", "on 31/02", "on 13/13", "1/2/3 steps",
+])
+def test_a_slash_that_is_no_date_or_whose_order_is_unknown_names_no_day(query):
+    searched, window = find_time_window(query, datetime(2026, 11, 25, 12, tzinfo=timezone.utc))
+    assert (searched, window) == (query, None)
+    from zoneinfo import ZoneInfo
+
+    if "11/03" not in query and "10/11" not in query and "3/11/26" not in query:
+        assert find_time_window(query, datetime(2026, 11, 25, 12, tzinfo=timezone.utc), ZoneInfo("Europe/Berlin")) == (query, None)
+
+
+@pytest.mark.parametrize("query, days, span", [
+    ("what did I plan for this Friday", ("2026-11-27", "2026-11-28"), "2026-11-27"),
+    ("что я планировала на эту пятницу", ("2026-11-27", "2026-11-28"), "2026-11-27"),
+    ("what did we discuss this Friday evening", ("2026-11-27", "2026-11-28"), "2026-11-27"),
+    ("plans this weekend", ("2026-11-28", "2026-11-30"), "2026-11-28 to 2026-11-29"),
+    ("the party on 2026-12-25", ("2026-12-25", "2026-12-26"), "2026-12-25"),
+])
+def test_a_time_still_to_come_stays_a_topic_and_the_answer_says_it_has_not_come(query, days, span):
+    """"this Friday" asked on a Wednesday names no window (its words are searched, as every time
+    not yet come), yet the answer was older passages about some Friday with nothing saying that
+    none can be from this one."""
+    from services.recall.time_window import read_time
+    from shared.recall_answer_format import looks_like_recall_answer, without_notes
+
+    wednesday = datetime(2026, 11, 25, 12, tzinfo=timezone.utc)
+    searched, window, upcoming = read_time(query, wednesday)
+    assert (searched, window, _days(upcoming)) == (query, None, days)
+    older = "[2026-10-02T10:00:00Z] copilot c0 text  score=0.1\n  → get c0 t --memory m\nFriday: deploy\n---\n"
+    out = render_for_agent(hits_from_funes_text(older), 4000, k=3, upcoming=upcoming)
+    assert out.splitlines()[0] == (f"(The time the query names, {span}, has not come yet; these passages are the "
+                                   "closest matches to its words, from other dates.)")
+    assert looks_like_recall_answer(out) and without_notes(out).startswith("[2026-10-02")
+    # Once the day has come it is a window, and nothing is upcoming.
+    sunday = datetime(2026, 11, 29, 12, tzinfo=timezone.utc)
+    if "2026-12-25" not in query:
+        assert read_time(query, sunday).window is not None and read_time(query, sunday).upcoming is None
+
+
+@pytest.mark.parametrize("query, rest, days", [
+    ("what did we discuss on Oct 6 or Oct 8", "what did we discuss on Oct 6 or Oct 8", ("2026-10-06", "2026-10-09")),
+    ("pump Oct 8 or Oct 6", "pump Oct 8 or Oct 6", ("2026-10-06", "2026-10-09")),  # either order
+    ("pump on Oct 6 or 8", "pump on Oct 6 or 8", ("2026-10-06", "2026-10-09")),
+    ("что решили 5 или 7 ноября", "что решили 5 или 7 ноября", ("2026-11-05", "2026-11-08")),
+    ("насос 5 ноября или 7 ноября", "насос 5 ноября или 7 ноября", ("2026-11-05", "2026-11-08")),
+    ("pump on 6 and 8 October", "pump on 6 and 8 October", ("2026-10-06", "2026-10-09")),
+    ("pump Dec 30 or Jan 2", "pump Dec 30 or Jan 2", ("2025-12-30", "2026-01-03")),  # across the new year
+    ("pump Oct 6, 2025 or Oct 8, 2025", "pump Oct 6, 2025 or Oct 8, 2025", ("2025-10-06", "2025-10-09")),
+    ("what did we discuss on Monday or Tuesday", "what did we discuss", ("2026-11-23", "2026-11-25")),
+    ("pump last Monday and Tuesday", "pump", ("2026-11-23", "2026-11-25")),
+    ("насос в понедельник или во вторник", "насос", ("2026-11-23", "2026-11-25")),
+    ("что решили в понедельник или вторник", "что решили", ("2026-11-23", "2026-11-25")),
+    ("pump this Monday or Friday", "pump", ("2026-11-23", "2026-11-24")),  # Friday is still to come
+])
+def test_days_given_as_alternatives_name_the_span_covering_them(query, rest, days):
+    """Only the first was read: "on Monday or Tuesday" searched "or Tuesday" as a topic over Monday alone."""
+    wednesday = datetime(2026, 11, 25, 12, tzinfo=timezone.utc)
+    searched, window = find_time_window(query, wednesday)
+    assert (searched, _days(window)) == (rest, days)
+
+
+@pytest.mark.parametrize("query", ["Friday the band", "May I ask about the pump", "March of the penguins",
+                                   "on 1/2 or 3/4 cup", "Friday or Saturday night lights", "the 5 or 7 ноутбуков"])
+def test_topics_that_look_like_alternatives_of_days_name_no_time(query):
+    assert find_time_window(query, datetime(2026, 11, 25, 12, tzinfo=timezone.utc)) == (query, None)

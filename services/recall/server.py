@@ -35,7 +35,7 @@ from services.recall.fd_budget import raise_open_file_limit, readers_within
 from services.recall.metrics import RECALL_BUSY, RECALL_CONCURRENCY_LIMIT, RECALL_IN_FLIGHT, RECALL_LATENCY
 from services.recall.process_pool import ProcessPool
 from services.recall.settings import RecallSettings
-from services.recall.time_window import TimeWindow, asked_conversations, find_time_window, without_request
+from services.recall.time_window import TimeWindow, asked_conversations, read_time, without_request
 from services.recall.time_zones import time_zone
 from services.recall.token_errors import RejectedTokenText
 from services.recall.tokens import bearer_admitted, build_verifier
@@ -125,7 +125,7 @@ class RecallService:
         if all(unicodedata.category(c) in ("Cc", "Cf", "Zs") for c in query):  # control or format characters alone
             return "empty", EMPTY_QUERY
         paths = TenantPaths.for_user(self.s.data_dir, user)
-        search_query, window = find_time_window(query, datetime.now(timezone.utc), zone)
+        search_query, window, upcoming = read_time(query, datetime.now(timezone.utc), zone)
         # The conversations of a time answer a question without a topic (their passages are wanted
         # for their date, whatever their words); "last time" and no time at all ask for the latest.
         dated = asked_conversations(search_query, window)
@@ -168,7 +168,7 @@ class RecallService:
             text = render_for_agent(raw.hits, self.s.max_result_chars, self.s.k, window, raw.conversations, zone=zone)
         else:
             text = render_for_agent(raw, self.s.max_result_chars, self.s.k, window,
-                                    identifiers=query_codes(search_query), zone=zone)
+                                    identifiers=query_codes(search_query), zone=zone, upcoming=upcoming)
         if text == NOTHING:
             return "empty", await self._unless_indexing(paths, text)
         return "hit", text

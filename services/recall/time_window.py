@@ -1,5 +1,6 @@
 """Time words in a query ("last week", "in October", "on 9 November", "2026-10-08", "a week ago",
-"last Friday", "over the weekend", "in early October", "between Oct 5 and Oct 10"; in Russian «на прошлой неделе», «в октябре», «9 ноября», «три дня назад», «в пятницу») become a soft
+"last Friday", "over the weekend", "in early October", "between Oct 5 and Oct 10", "on Monday or Tuesday", "on 11/03"
+in the order of the user's country; in Russian «на прошлой неделе», «в октябре», «9 ноября», «три дня назад», «в пятницу») become a soft
 preference for passages from that window. Semantic search is poor at temporal questions, and a
 hard filter loses answers when the user's memory of the date is off, so in-window passages are
 moved first and the rest still fill the remaining places. Resolved in the caller's time zone
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from datetime import date, datetime, timedelta, timezone, tzinfo
 from typing import NamedTuple
 
+from services.recall.time_zones import month_first
 from shared.engine.text_analysis import MONTHS_RU, STOP_WORDS, DateMention, date_mentions, stem, words
 
 MONTHS = {name.lower(): i for i, name in enumerate(calendar.month_name) if name}
@@ -92,8 +94,8 @@ def names_only_a_time(searched: str, named_a_window: bool = True) -> bool:
     as `find_time_window` leaves them: stripped here, "what did we discuss this Friday" was
     answered with the latest conversations."""
     unresolved: set[str] = set()
-    for find, _, _ in _PATTERNS:
-        while found := find(searched):
+    for rule in _PATTERNS:
+        while found := rule.find(searched):
             if not named_a_window:
                 unresolved |= {stem(w) for w in words(searched[found.start:found.end]) if w not in STOP_WORDS}
             searched = f"{searched[:found.start]} {searched[found.end:]}"
@@ -156,11 +158,22 @@ class _Found(NamedTuple):
     what: re.Match | tuple[DateMention, int | None]
 
 
-_PATTERNS: list[tuple[Callable[[str], _Found | None], Callable, bool]] = []
+class _Rule(NamedTuple):
+    """Where a rule finds its words, and how it reads them: `resolve(what, today)`, or with `clock`
+    `resolve(what, today, local)`, `local` the user's wall clock (its hour and zone: "last night" at
+    00:30, "11/3" in a country writing the month first); `strip` drops the words from the searched query."""
+
+    find: Callable[[str], _Found | None]
+    resolve: Callable
+    strip: bool
+    clock: bool = False
 
 
-def _rule(pattern: str, strip: bool = True):
-    """Register a resolver; `strip` drops the matched words from the searched query."""
+_PATTERNS: list[_Rule] = []
+
+
+def _rule(pattern: str, strip: bool = True, clock: bool = False):
+    """Register a resolver (`_Rule`)."""
     compiled = re.compile(pattern, re.IGNORECASE)
 
     def find(query: str) -> _Found | None:
@@ -168,7 +181,7 @@ def _rule(pattern: str, strip: bool = True):
         return _Found(m.start(), m.end(), m) if m else None
 
     def register(fn):
-        _PATTERNS.append((find, fn, strip))
+        _PATTERNS.append(_Rule(find, fn, strip, clock))
         return fn
     return register
 
@@ -187,11 +200,21 @@ _YEAR_WORDS = re.compile(r",?\s+(?:(last|this)\s+year|(прошлого|этог
 _YEAR_WRITTEN = re.compile(r",?\s+\d{4}\b")
 
 
+# A date that names a place: «улица 1 Мая», «проспект 9 января», "Calle 5 de Mayo" is no day.
+_PLACE_BEFORE = re.compile(r"(?:улиц[аеуы]|ул\.|проспект\w*|просп\.|пр-т|площад[ьи]|пл\.|переул\w*|пер\.|бульвар\w*"
+                           r"|набережн\w*|станци[яиюей]|метро|street|avenue|square|calle|rue)\s*$", re.IGNORECASE)
+
+
+def _dates(query: str) -> list[DateMention]:
+    """The engine's date mentions in a query, but for those naming a place."""
+    return [m for m in date_mentions(query) if not _PLACE_BEFORE.search(query, max(0, m.start - 20), m.start)]
+
+
 def _first_date(query: str) -> _Found | None:
     """An ISO date or a day beside a month's name, read by the engine's own date grammar
     (text_analysis.date_mentions): kept in the searched text, where BM25 matches it as the day.
     What it reads is the mention and, for words naming its year, how many years back (0 or 1)."""
-    mentions = date_mentions(query)
+    mentions = _dates(query)
     if not mentions:
         return None
     first = mentions[0]
@@ -229,7 +252,7 @@ _SPAN_BEFORE = re.compile(r"(?:\b(?:between|from)|(?<!\w)(?:с|между))\s+(?
 def _date_span(query: str) -> _Found | None:
     """Two dates joined as a span, or a date and a bare day of its month; its year as the
     end's (`_named_day`), the start a year earlier when it would come after the end."""
-    mentions = date_mentions(query)
+    mentions = _dates(query)
     for i, first in enumerate(mentions):
         before = _SPAN_OPEN.search(query, max(0, first.start - 20), first.start)
         joined = re.compile(_SPAN_WORD, re.IGNORECASE).match(query, first.end)
@@ -269,7 +292,7 @@ def _named_span(found: tuple[int, int, int | None, DateMention], today: date) ->
     return TimeWindow(_day(start), end.end) if _day(start) < end.end else None
 
 
-_PATTERNS.append((_date_span, _named_span, False))
+_PATTERNS.append(_Rule(_date_span, _named_span, False))
 
 # "the week of October 5", "in the week of Oct 5th": that date's calendar week (from Monday). Taken
 # out of the searched text: the day's term would put that one day's passages first.
@@ -277,7 +300,7 @@ _WEEK_OF = re.compile(r"(?:\b(?:in|during|over)\s+)?\bthe\s+week\s+of\s+(?:the\s
 
 
 def _week_of(query: str) -> _Found | None:
-    for mention in date_mentions(query):
+    for mention in _dates(query):
         before = _WEEK_OF.search(query, max(0, mention.start - 30), mention.start)
         if before:
             return _Found(before.start(), _year_end(query, mention), (mention, None))
@@ -292,33 +315,103 @@ def _week_of_window(found: tuple[DateMention, int | None], today: date) -> TimeW
     return TimeWindow(monday, monday + timedelta(days=7))
 
 
-_PATTERNS.insert(_PATTERNS.index((_date_span, _named_span, False)), (_week_of, _week_of_window, True))
-_PATTERNS.append((_first_date, _named_day, False))
+_PATTERNS.insert(_PATTERNS.index(_Rule(_date_span, _named_span, False)), _Rule(_week_of, _week_of_window, True))
+
+
+# Days given as alternatives: "Oct 6 or Oct 8", "Oct 6 or 8", «5 или 7 ноября», "6 and 8 October". The
+# window is one span, so it is the span covering them (Oct 6 to Oct 8, the 7th with them): it only
+# reorders, and a day between is nearer the user's memory than any other. Kept in the searched text.
+_EITHER_WORD = r"\s*,?\s*(?:or|and|или|либо|и)\s+(?:on\s+)?(?:the\s+)?"
+_EITHER_JOIN = re.compile(_EITHER_WORD, re.IGNORECASE)
+_EITHER_BARE_AFTER = re.compile(r"\s*,?\s*(?:or|или|либо)\s+(?:the\s+)?" + _BARE_DAY + r"(?![\w.,:/-]?\d)(?!\s+(?:"
+                                + "|".join(_MONTH_NUMBERS_WORDS) + r"))(?!\s*%)", re.IGNORECASE)
+_EITHER_BARE_BEFORE = re.compile(r"(?<![\w.,/:+-])" + _BARE_DAY + _EITHER_WORD + r"$", re.IGNORECASE)
+
+
+def _date_either(query: str) -> _Found | None:
+    """Two dates, or a date and a bare day of its month, joined by "or" / "and" (no "between")."""
+    mentions = _dates(query)
+    for i, first in enumerate(mentions):
+        joined = _EITHER_JOIN.match(query, _year_end(query, first))
+        if joined and i + 1 < len(mentions) and mentions[i + 1].start == joined.end():
+            return _Found(first.start, _year_end(query, mentions[i + 1]), (first, mentions[i + 1]))
+        bare = _EITHER_BARE_AFTER.match(query, first.end)
+        if bare and 1 <= int(bare[1]) <= 31:
+            last = first._replace(day=int(bare[1]), end=bare.end())
+            return _Found(first.start, _year_end(query, last), (first, last))
+        before = _EITHER_BARE_BEFORE.search(query, max(0, first.start - 30), first.start)
+        if before and 1 <= int(before[1]) <= 31:
+            return _Found(before.start(), _year_end(query, first), (first._replace(day=int(before[1])), first))
+    return None
+
+
+def _either_window(found: tuple[DateMention, DateMention], today: date) -> TimeWindow | None:
+    """The shorter of the spans from one day to the other: "Oct 8 or Oct 6" is Oct 6 to 8, not a year
+    from Oct 8; "Dec 30 or Jan 2" crosses the new year."""
+    first, last = found
+    spans = [w for w in (_named_span((first.month, first.day, first.year, last), today),
+                         _named_span((last.month, last.day, last.year, first), today)) if w is not None]
+    return min(spans, key=lambda w: w.end - w.start, default=None)
+
+
+_PATTERNS.append(_Rule(_date_either, _either_window, False))
+_PATTERNS.append(_Rule(_first_date, _named_day, False))
 
 
 # A numeric date with its year: "25.10.2026" (day first, as every country writing dots does),
-# "2026/10/25", and "25/10/2026" or "10/25/2026" only where one number cannot be a month; "10/11/2026"
-# is the 10th of November or October 11th by country, and is searched as text. Taken out of the
-# searched text: BM25 reads its numbers as three bare numbers, which match any turn's "10".
+# "2026/10/25", and "25/10/2026", "10/25/2026" or "3/11/26"; where both numbers can be the month
+# ("10/11/2026"), the user's zone decides (`_day_and_month`). Taken out of the searched text: BM25
+# reads its numbers as three bare numbers, which match any turn's "10".
 _NUMERIC_DATE = re.compile(r"(?<![\w.,/:+-])(?:(\d{1,2})\.(\d{1,2})\.(\d{4})|(\d{4})/(\d{1,2})/(\d{1,2})"
-                           r"|(\d{1,2})/(\d{1,2})/(\d{4}))(?![\w.,/:-]?\d)")
+                           r"|(\d{1,2})/(\d{1,2})/(\d{4}|\d{2}))(?![\w.,/:-]?\d)")
 
 
-@_rule(r"\b(?:on\s+)?" + _NUMERIC_DATE.pattern)
-def _numeric_date(m: re.Match, today: date) -> TimeWindow | None:
+def _day_and_month(first: int, second: int, local: datetime) -> tuple[int, int] | None:
+    """The day and month of a slashed date: the number that cannot be a month is the day; else the
+    order of the user's country (its time zone: month first in the United States, "11/3" is 3
+    November; day first in most of the world, 11 March); none in a zone of no country (UTC, the
+    default) or of one writing both (Canada): searched as text."""
+    if first == second or first > 12 >= second:
+        return first, second
+    if second > 12 >= first:
+        return second, first
+    order = month_first(local.tzinfo)
+    if order is None:
+        return None
+    return (second, first) if order else (first, second)
+
+
+def _two_digit_year(year: int, today: date) -> int:
+    """"3/11/26" is 2026; a year past this one is last century's ("4/5/98")."""
+    return 2000 + year if 2000 + year <= today.year else 1900 + year
+
+
+@_rule(r"\b(?:on\s+)?" + _NUMERIC_DATE.pattern, clock=True)
+def _numeric_date(m: re.Match, today: date, local: datetime) -> TimeWindow | None:
     if m[1]:
         day, month, year = int(m[1]), int(m[2]), int(m[3])
     elif m[4]:
         year, month, day = int(m[4]), int(m[5]), int(m[6])
     else:
-        first, second, year = int(m[7]), int(m[8]), int(m[9])
-        if first > 12 >= second:
-            day, month = first, second
-        elif second > 12 >= first:
-            day, month = second, first
-        else:
-            return None  # which is the month depends on the country
+        year = int(m[9]) if len(m[9]) == 4 else _two_digit_year(int(m[9]), today)
+        if (read := _day_and_month(int(m[7]), int(m[8]), local)) is None:
+            return None
+        day, month = read
     d = date(year, month, day)  # ValueError for "31.02.2026": no window, searched as text
+    return TimeWindow(_day(d), _day(d) + timedelta(days=1))
+
+
+# A slashed day without its year, "on 11/03", "since 3/11": its last one, the order as above. Only
+# after "on" or "since" and before the question's end or its words: bare, "1/2", "3/4 of", "16/9"
+# are fractions and ratios, "24/7" round the clock, "v1/2" a version, and "on 1/2 cup" a measure.
+@_rule(r"\b(?:on|since)\s+(?<![\w.,/:+-])(?!24/7\b)(\d{1,2})/(\d{1,2})(?![\w.,/:%-]|\s*%)"
+       r"(?=\s*$|\s*[,.?!;]|\s+(?:we|i|you|about|regarding|with|and|or|at|in|the|to|for|morning|afternoon|evening"
+       r"|night)\b)", clock=True)
+def _short_numeric_date(m: re.Match, today: date, local: datetime) -> TimeWindow | None:
+    if (read := _day_and_month(int(m[1]), int(m[2]), local)) is None or not 1 <= read[1] <= 12:
+        return None
+    day, month = read
+    d = date(_last_year_of(month, today, day), month, day)  # ValueError for "on 31/02": searched as text
     return TimeWindow(_day(d), _day(d) + timedelta(days=1))
 
 
@@ -351,7 +444,7 @@ def _day_month_ru_window(m: re.Match, today: date) -> TimeWindow | None:
     return TimeWindow(_day(d), _day(d) + timedelta(days=1))
 
 
-_PATTERNS.append((_day_month_ru, _day_month_ru_window, False))
+_PATTERNS.append(_Rule(_day_month_ru, _day_month_ru_window, False))
 
 
 # "on the 3rd": the 3rd of this month, or of last month before it comes; not "on the 3rd floor"
@@ -442,22 +535,42 @@ def _around(today: date, days: int) -> TimeWindow:
 # A part of the day goes with its day ("yesterday evening", «вчера вечером»): left in the searched
 # text it was a topic, and "what did I say yesterday evening" searched "evening". The window
 # stays the whole day (chats run past a part's edges; the window only reorders).
-_PART_OF_DAY = r"(?:\s+(?:morning|afternoon|evening|night))?"
-_PART_OF_DAY_RU = r"(?:\s+(?:утром|днём|днем|вечером|ночью))?"
+_PART_OF_DAY = r"(?:\s+(?:morning|afternoon|evening|night|at\s+lunch(?:time)?|at\s+noon|over\s+lunch))?"
+_PART_OF_DAY_RU = r"(?:\s+(?:утром|днём|днем|вечером|ночью|в\s+обед|с\s+утра))?"
+# The same before its day: "at lunch yesterday", «в обед вчера».
+_PART_BEFORE = r"(?:(?:at\s+lunch(?:time)?|at\s+noon|over\s+lunch)\s+)?"
+_PART_BEFORE_RU = r"(?:(?:в\s+обед|с\s+утра)\s+)?"
 
 
-@_rule(r"\b(?:the\s+)?day\s+before\s+yesterday\b|\bпозавчера\b")
+# "the day before yesterday evening", «позавчера вечером»: a part of the day goes with it (was searched).
+@_rule(r"\b(?:the\s+)?day\s+before\s+yesterday" + _PART_OF_DAY + r"\b|\bпозавчера" + _PART_OF_DAY_RU + r"(?!\w)")
 def _day_before_yesterday(m: re.Match, today: date) -> TimeWindow:
     return _days_back(today, 2)
 
 
-@_rule(r"\b(?:on\s+|earlier\s+)?today" + _PART_OF_DAY + r"\b|\b(?:this\s+(?:morning|afternoon|evening)|tonight)\b"
-       r"|\bсегодня" + _PART_OF_DAY_RU + r"(?!\w)")
+# Before this hour the night is not over: asked at 00:30, "last night" is the evening before and
+# the hour just gone (its chats' turns are dated today), not yesterday alone.
+_NIGHT_ENDS = 5
+
+
+# "last night", "yesterday evening", "tonight", «вчера вечером», «вчера ночью», «сегодня ночью»: asked
+# from midnight to 05:00 (the user's clock), yesterday and today; later, their day as any part of it.
+@_rule(r"\b(?:on\s+)?yesterday\s+(?:evening|night)\b|\blast\s+night\b|\btonight\b"
+       r"|\bвчера\s+(?:вечером|ночью)(?!\w)|\bсегодня\s+ночью(?!\w)", clock=True)
+def _night(m: re.Match, today: date, local: datetime) -> TimeWindow:
+    if local.hour < _NIGHT_ENDS:
+        return TimeWindow(_day(today) - timedelta(days=1), _day(today) + timedelta(days=1))
+    return _days_back(today, 0 if m[0].casefold().startswith(("tonight", "сегодня")) else 1)
+
+
+@_rule(r"\b" + _PART_BEFORE + r"(?:on\s+|earlier\s+)?today" + _PART_OF_DAY + r"\b|\b(?:this\s+(?:morning|afternoon|evening)|tonight)\b"
+       r"|(?<!\w)" + _PART_BEFORE_RU + r"сегодня" + _PART_OF_DAY_RU + r"(?!\w)")
 def _today(m: re.Match, today: date) -> TimeWindow:
     return _days_back(today, 0)
 
 
-@_rule(r"\b(?:on\s+)?yesterday" + _PART_OF_DAY + r"\b|\blast\s+night\b|\bвчера" + _PART_OF_DAY_RU + r"(?!\w)")
+@_rule(r"\b" + _PART_BEFORE + r"(?:on\s+)?yesterday" + _PART_OF_DAY + r"\b|\blast\s+night\b|(?<!\w)" + _PART_BEFORE_RU + r"вчера"
+       + _PART_OF_DAY_RU + r"(?!\w)")
 def _yesterday(m: re.Match, today: date) -> TimeWindow:
     return _days_back(today, 1)
 
@@ -472,8 +585,8 @@ def _last_time(m: re.Match, today: date) -> TimeWindow:
     return LATEST
 
 
-# "recently", "lately", «недавно», «на днях»: the last two weeks.
-@_rule(r"\b(?:recently|lately)\b|\bнедавно\b|\bна\s+днях\b")
+# "recently", "lately", "the other day", «недавно», «на днях»: the last two weeks.
+@_rule(r"\b(?:recently|lately|the\s+other\s+day)\b|\bнедавно\b|\bна\s+днях\b")
 def _recently(m: re.Match, today: date) -> TimeWindow:
     return _up_to_today(today, 14)
 
@@ -519,7 +632,25 @@ def _part_of_month(m: re.Match, today: date) -> TimeWindow:
     return TimeWindow(start, min(whole.end, whole.start + timedelta(days=last)))
 
 
-@_rule(r"\b(this|last|past|previous)\s+(week|month)\b")
+# Part of a week: "earlier in the week" (this week, to today); "at the start / in the middle / at the end
+# of the week" (this week's), "of last week", «в начале / середине / конце (прошлой) недели»: Monday to
+# Wednesday, Tuesday to Thursday, Thursday to Sunday (weeks from Monday). Before "last week", which it holds.
+_WEEK_PARTS = {"start": (0, 3), "beginning": (0, 3), "middle": (1, 4), "end": (3, 7), "начале": (0, 3),
+               "середине": (1, 4), "конце": (3, 7)}
+
+
+@_rule(r"\bearlier\s+in\s+the\s+week\b|\b(?:at|in|by|towards?)\s+the\s+(start|beginning|middle|end)\s+of\s+(the|this|last)"
+       r"\s+week\b|\bв\s+(начале|середине|конце)\s+(?:(этой|прошлой)\s+)?недели(?!\w)")
+def _part_of_week(m: re.Match, today: date) -> TimeWindow:
+    part, which = m[1] or m[3], m[2] or m[4]
+    if part is None:  # "earlier in the week"
+        return _calendar(today, "week", this=True)
+    first, last = _WEEK_PARTS[part.casefold()]
+    monday = _calendar(today, "week", this=which is None or which.casefold() in ("the", "this", "этой")).start
+    return TimeWindow(monday + timedelta(days=first), monday + timedelta(days=last))
+
+
+@_rule(r"\b(this|last|past|previous)\s+(week|month)(?:['’]s)?\b")  # "last week's meeting": "'s" was searched
 def _this_last(m: re.Match, today: date) -> TimeWindow:
     which, unit = m[1].lower(), m[2].lower()
     if which == "past":  # the days up to today, as "past 7 days" ("last week" is the calendar one)
@@ -556,6 +687,12 @@ _UNIT_NAMES_RU = "|".join(sorted(_UNITS_RU, key=len, reverse=True))
 @_rule(r"\bза\s+последн(?:ие\s+" + _COUNT_RU + r"\s+(" + _UNIT_NAMES_RU + r")|(?:юю|ий)\s+(неделю|месяц|день|год))\b")
 def _last_n_ru(m: re.Match, today: date) -> TimeWindow:
     return _up_to_today(today, _count(m[1]) * _UNITS_RU[m[2].lower()] if m[1] else _UNITS_RU[m[3].lower()])
+
+
+# "half a year ago", «полгода назад»: about six months (182 days) ago; "a year ago" was read in the first.
+@_rule(r"\bhalf\s+a\s+year\s+ago\b|(?<!\w)(?:пол\s*года|полгода)\s+назад(?!\w)")
+def _half_a_year_ago(m: re.Match, today: date) -> TimeWindow:
+    return _around(today, 182)
 
 
 @_rule(r"\b" + _COUNT + r"\s+(days?|weeks?|fortnights?|months?|years?)\s+ago\b")
@@ -609,16 +746,20 @@ def _named_month_ru(m: re.Match, today: date) -> TimeWindow:
     return _month(int(m[2]) if m[2] else _last_year_of(month, today), month)
 
 
-def _weekday(today: date, weekday: int, this: bool) -> TimeWindow | None:
+def _weekday(today: date, weekday: int, this: bool) -> TimeWindow:
     """"on Friday", "last Friday": the latest one before today (one to seven days back); "this
-    Friday": this week's (from Monday), none when it has not come yet."""
-    if this:
-        back = today.weekday() - weekday
-        if back < 0:
-            return None
-    else:
-        back = (today.weekday() - weekday - 1) % 7 + 1
+    Friday": this week's (from Monday), which may be still to come (`_until_today`: a time not
+    yet come names no window)."""
+    back = today.weekday() - weekday if this else (today.weekday() - weekday - 1) % 7 + 1
     return _days_back(today, back)
+
+
+def _weekdays(today: date, weekdays: list[int], this: bool) -> TimeWindow:
+    """One weekday, or the span covering alternatives ("on Monday or Tuesday"); of "this Monday or
+    Friday" asked on a Wednesday, those come (Monday); all still to come, the first of them."""
+    days = [_weekday(today, weekday, this) for weekday in weekdays]
+    come = [d for d in days if d.start <= _day(today)] or days[:1]
+    return TimeWindow(min(d.start for d in come), max(d.end for d in come))
 
 
 _WEEKDAY_NAMES = "|".join(_WEEKDAYS)
@@ -626,31 +767,37 @@ _WEEKDAY_NAMES = "|".join(_WEEKDAYS)
 
 # "on Monday", "last Friday", "since Tuesday", "on Wednesday evening" (a part of the day goes with
 # its day, as after "yesterday"); a bare weekday ("the Monday standup") is a topic, and "monday.com" no day.
-@_rule(r"\b(on|last|this|past|previous|since)\s+(" + _WEEKDAY_NAMES + r")(?:\b(?!\.\w)" + _PART_OF_DAY
-       + r")?\b(?!\.\w)")
-def _named_weekday(m: re.Match, today: date) -> TimeWindow | None:
-    return _weekday(today, _WEEKDAYS[m[2].casefold()], this=m[1].casefold() == "this")
+# "on Monday or Tuesday", "last Monday and Tuesday": the span covering them (`_weekdays`).
+@_rule(r"\b(on|last|this\s+past|this|past|previous|since)\s+(" + _WEEKDAY_NAMES + r")(?:\b(?!\.\w)" + _PART_OF_DAY
+       + r")?(?:\s*,?\s*(?:or|and)\s+(?:on\s+)?(" + _WEEKDAY_NAMES + r")(?:\b(?!\.\w)" + _PART_OF_DAY + r")?)?\b(?!\.\w)")
+def _named_weekday(m: re.Match, today: date) -> TimeWindow:
+    named = [_WEEKDAYS[m[2].casefold()], *([_WEEKDAYS[m[3].casefold()]] if m[3] else [])]
+    return _weekdays(today, named, this=m[1].casefold() == "this")  # "this past Friday" is the last one
 
 
 _WEEKDAY_NAMES_RU = "|".join(_WEEKDAYS_RU)
 
 
 # «в пятницу», «во вторник», «в прошлую среду», «в эту пятницу», «в среду вечером».
-@_rule(r"\bв[о]?\s+(?:(прошл(?:ый|ую|ое)|эт(?:от|у|о))\s+)?(" + _WEEKDAY_NAMES_RU + r")" + _PART_OF_DAY_RU + r"(?!\w)")
-def _named_weekday_ru(m: re.Match, today: date) -> TimeWindow | None:
-    return _weekday(today, _WEEKDAYS_RU[m[2].lower()], this=bool(m[1]) and m[1].lower().startswith("эт"))
+# «в понедельник или вторник», «в понедельник или во вторник»: the span covering them; «на эту пятницу»
+# (what was planned for it) as «в эту пятницу».
+@_rule(r"\b(?:в[о]?|на(?=\s+эт))\s+(?:(прошл(?:ый|ую|ое)|эт(?:от|у|о))\s+)?(" + _WEEKDAY_NAMES_RU + r")" + _PART_OF_DAY_RU
+       + r"(?:\s*,?\s*(?:или|либо|и)\s+(?:в[о]?\s+)?(" + _WEEKDAY_NAMES_RU + r")" + _PART_OF_DAY_RU + r")?(?!\w)")
+def _named_weekday_ru(m: re.Match, today: date) -> TimeWindow:
+    named = [_WEEKDAYS_RU[m[2].lower()], *([_WEEKDAYS_RU[m[3].lower()]] if m[3] else [])]
+    return _weekdays(today, named, this=bool(m[1]) and m[1].lower().startswith("эт"))
 
 
-def _weekend(today: date, which: str) -> TimeWindow | None:
+def _weekend(today: date, which: str) -> TimeWindow:
     """Saturday and Sunday: "last weekend" the previous week's (weeks from Monday), "this weekend"
-    this week's (none before its Saturday: not yet come), "the weekend" the latest one begun."""
+    this week's (before its Saturday still to come: `_until_today`), "the weekend" the latest one begun."""
     monday = _day(today) - timedelta(days=today.weekday())
     if which == "this" or (which == "the" and today.weekday() >= 5):
-        return TimeWindow(monday + timedelta(days=5), monday + timedelta(days=7)) if today.weekday() >= 5 else None
+        return TimeWindow(monday + timedelta(days=5), monday + timedelta(days=7))
     return TimeWindow(monday - timedelta(days=2), monday)
 
 
-_WEEKEND_WHICH = {"last": "last", "past": "last", "previous": "last", "this": "this", "прошлые": "last",
+_WEEKEND_WHICH = {"last": "last", "past": "last", "this past": "last", "previous": "last", "this": "this", "прошлые": "last",
                   "прошлых": "last", "эти": "this", "этих": "this"}
 
 
@@ -658,14 +805,14 @@ _WEEKEND_WHICH = {"last": "last", "past": "last", "previous": "last", "this": "t
 # «в выходные» as «на выходных»; "the weekend before last", «на позапрошлых выходных»: two back.
 @_rule(r"\b(?:(?:over|on|at|during)\s+)?the\s+weekend\s+before\s+last\b|\b(?:на\s+позапрошлых\s+выходных"
        r"|в\s+позапрошлые\s+выходные)(?!\w)"
-       r"|\b(?:over|on|at|during)\s+the\s+weekend\b|\b(last|past|previous|this)\s+weekend\b"
+       r"|\b(?:over|on|at|during)\s+the\s+weekend\b|\b(last|past|previous|this\s+past|this)\s+weekend\b"
        r"|\bна\s+(?:(прошлых|этих)\s+)?выходных(?!\w)|\bв\s+(?:(прошлые|эти)\s+)?выходные(?!\w)")
-def _named_weekend(m: re.Match, today: date) -> TimeWindow | None:
+def _named_weekend(m: re.Match, today: date) -> TimeWindow:
     if m[0].casefold().endswith(("before last", "позапрошлых выходных", "позапрошлые выходные")):
         last = _weekend(today, "last")
         return TimeWindow(last.start - timedelta(days=7), last.end - timedelta(days=7))
     which = m[1] or m[2] or m[3]
-    return _weekend(today, _WEEKEND_WHICH[which.casefold()] if which else "the")
+    return _weekend(today, _WEEKEND_WHICH[" ".join(which.casefold().split())] if which else "the")
 
 
 # «с понедельника», «со вторника», «с прошлой пятницы»: since that day.
@@ -763,22 +910,46 @@ def _until_today(window: TimeWindow, today: date) -> TimeWindow | None:
     return window
 
 
+class TimeReading(NamedTuple):
+    """What `read_time` found: the query without its time words, the window they name, and, when
+    they name none, the first time they named that is still to come ("this Friday" on a Wednesday)."""
+
+    searched: str
+    window: TimeWindow | None
+    upcoming: TimeWindow | None = None
+
+
 def find_time_window(query: str, now: datetime, zone: tzinfo = timezone.utc) -> tuple[str, TimeWindow | None]:
+    """The query without its time words, and the window they name (`read_time`)."""
+    searched, window, _ = read_time(query, now, zone)
+    return searched, window
+
+
+def read_time(query: str, now: datetime, zone: tzinfo = timezone.utc) -> TimeReading:
     """The query without its time words, and the window they name (the first one found), in
     `zone`'s days: the rules build it from the date there as midnights in UTC, which are then
-    taken as that zone's midnights (its wall clock, so a day of a DST change is 23 or 25 hours)."""
-    today = now.astimezone(zone).date()
-    for find, resolve, strip in _PATTERNS:
+    taken as that zone's midnights (its wall clock, so a day of a DST change is 23 or 25 hours).
+    A time still to come names no window (its words stay a topic) but is kept as `upcoming`, so
+    the answer can say so: passages about "this Friday" asked on a Wednesday are from other days."""
+    try:
+        local = now.astimezone(zone)
+    except OverflowError:  # 0001-01-01 00:00 UTC is still year 0 in New York: read in UTC's day
+        local = now.astimezone(timezone.utc)
+    today = local.date()
+    upcoming = None
+    for find, resolve, strip, clock in _PATTERNS:
         found = find(query)
         if found:
             since = _SINCE.search(query, 0, found.start)
             begin = since.start() if since else found.start
             try:
-                window = resolve(found.what, today)  # None for a date no calendar has ("2026-02-30")
+                window = resolve(found.what, today, local) if clock else resolve(found.what, today)  # None for a date no calendar has ("2026-02-30")
                 if window is not None and not window.latest and (
                         since or query[found.start:found.end].lower().startswith("since")):
                     window = _since(window, today)
                 if window is not None and not window.latest:
+                    if upcoming is None and window.start > _day(today):
+                        upcoming = _in_zone(window, zone)
                     window = _until_today(window, today)
             except (OverflowError, ValueError, KeyError):
                 # A date at the calendar's edge ("9999-12-31", "March 0000") has no window
@@ -786,9 +957,12 @@ def find_time_window(query: str, now: datetime, zone: tzinfo = timezone.utc) -> 
                 # month of the table: the words are still searched as text, never an error.
                 window = None
             if window is not None:
-                if not window.latest:
-                    window = dataclasses.replace(window, start=window.start.replace(tzinfo=zone),
-                                                 end=window.end.replace(tzinfo=zone))
                 rest = " ".join((query[:begin] + " " + query[found.end:]).split()).strip(" ,") if strip else query
-                return rest or query, window  # nothing left: search with the words as given
-    return query, None
+                # Nothing left: search with the words as given.
+                return TimeReading(rest or query, window if window.latest else _in_zone(window, zone))
+    return TimeReading(query, None, upcoming)
+
+
+def _in_zone(window: TimeWindow, zone: tzinfo) -> TimeWindow:
+    """A window the rules built as UTC midnights, as the same wall-clock midnights in `zone`."""
+    return dataclasses.replace(window, start=window.start.replace(tzinfo=zone), end=window.end.replace(tzinfo=zone))

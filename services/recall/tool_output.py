@@ -30,7 +30,8 @@ from shared.engine.hybrid_search import NEIGHBOUR_PREVIEW_CHARS, Hit
 from shared.engine.identifiers import IdentifierPattern
 from shared.engine.transcript import parse_ts
 from shared.recall_answer_format import (CITE_LINE, NEIGHBOUR_PREFIX, NOTHING, SEPARATOR, date_header, more_latest_note,
-                                         more_then_note, outside_window_note, unnamed_note)
+                                         more_then_note, outside_window_note, unnamed_note,
+                                         upcoming_note)
 
 
 class Neighbour(BaseModel):
@@ -151,13 +152,15 @@ def _with_left_out_neighbours(shown: list[AgentHit], left_out: list[AgentHit]) -
 
 
 def render_for_agent(hits: list[AgentHit], max_chars: int, k: int, window: TimeWindow | None = None,
-                     conversations_then: int = 0, identifiers: Sequence[str] = (), zone: tzinfo = timezone.utc) -> str:
+                     conversations_then: int = 0, identifiers: Sequence[str] = (), zone: tzinfo = timezone.utc,
+                     upcoming: TimeWindow | None = None) -> str:
     """At most k passages, whole ones only, within max_chars; passages holding the query's words,
     those from its time window (if it named one) first, then that time's passages let in for their
     date alone, in engine order within each group. Note lines come first
     when the passages are not what the query names: none from its time, fewer than the
     `conversations_then` of a question naming only a time, none holding one of its
-    `identifiers` (a passage's previews count: they are read too). Dates are shown in `zone`
+    `identifiers` (a passage's previews count: they are read too), or a query whose only time is
+    `upcoming` (still to come: none can be from it). Dates are shown in `zone`
     (the one the query's time words were read in)."""
     hits = list(hits)
     if window is not None:
@@ -179,6 +182,8 @@ def render_for_agent(hits: list[AgentHit], max_chars: int, k: int, window: TimeW
         notes = []
         if unnamed := [p.ident for p in named if not any(_holds(h, p) for h in shown)]:
             notes.append(unnamed_note(unnamed))
+        if upcoming is not None and window is None:
+            notes.append(upcoming_note(upcoming.start, upcoming.end - timedelta(microseconds=1)))
         if window is not None:
             last = window.end - timedelta(microseconds=1)
             if not any(_in_window(h, window) for h in shown):
