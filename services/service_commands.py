@@ -1,5 +1,6 @@
 """`recall ingest`, `recall indexer`, `recall serve`: one service each (what `recall up` starts,
-and what each container runs). Settings are checked before the service starts."""
+and what each container runs). Settings are checked before the service starts, and each makes
+the files it will write its user's alone first, however it was started (shared/private_dir.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from services.ingest.settings import IngestSettings
 from services.port_check import port_problems
 from services.recall.settings import RecallSettings
 from shared.engine.embedder import EmbedderSettings
+from shared.private_dir import close_to_others, log_tightening, private_files
 from shared.settings_base import CommonSettings
 
 
@@ -44,6 +46,7 @@ def _ingest(args: argparse.Namespace) -> int:
     from shared.http_serving import serve_http
     from shared.logging_setup import configure_logging
 
+    private_files()
     s = load_settings(IngestSettings)
     problems = port_problems([("RECALL_INGEST_PORT", s.ingest_host, s.ingest_port)]) + _redis_problems(s, "ingest")
     if not s.ingest_key.get_secret_value():
@@ -61,20 +64,24 @@ def _indexer(args: argparse.Namespace) -> int:
     from services.indexer.worker import run_worker
     from shared.logging_setup import configure_logging
 
+    private_files()
     s = load_settings(IndexerSettings)
     load_settings(EmbedderSettings)  # read when the model loads: a bad RECALL_EMBEDDER is a line now, not a traceback then
     problems = (port_problems([("RECALL_INDEXER_PORT", s.indexer_host, s.indexer_port)]) + _redis_problems(s, "the indexer")
                 + engine_problems(s.engine, s.funes_bin))
     if problems:
         raise ConfigProblem(*problems)
-    _check_shared_data_dir(s, required=True)
     configure_logging(s.log_level)
+    _check_shared_data_dir(s, required=True)
     asyncio.run(run_worker(s))
     return 0
 
 
 def _serve(args: argparse.Namespace) -> int:
     from services.recall.server import serve
+    from shared.logging_setup import configure_logging
+
+    private_files()
     s = load_settings(RecallSettings)
     load_settings(EmbedderSettings)
     # Before the model and the app are built (seconds): a taken port is one line, not a traceback after them.
@@ -82,21 +89,27 @@ def _serve(args: argparse.Namespace) -> int:
                 + auth_problems(s.jwt_secret.get_secret_value(), s.jwks_url))
     if problems:
         raise ConfigProblem(*problems)
+    configure_logging(s.log_level)
     _check_shared_data_dir(s, required=False)
     serve()
     return 0
 
 
 def _check_shared_data_dir(s: CommonSettings, required: bool) -> None:
-    """The data directory is writable and the one the other services on this Redis share
-    (shared/data_dir_identity.py; an indexer, `required`, names it there first). Redis not
+    """The data directory is writable, closed to other local users, and the one the other
+    services on this Redis share (shared/data_dir_identity.py; an indexer, `required`, names it
+    there first). Redis not
     answering stops an indexer, which needs it to start; a recall replica starts without the
     check and answers from what it finds."""
     import redis
 
     from shared.data_dir_identity import shared_dir_problem
+    from shared.logging_setup import get_logger
 
     data_dir = check_writable_dir(s.data_dir)
+    # A data dir an earlier version made keeps its 0755 directories and 0644 files: closing the
+    # directory itself closes them all (and what `recall up` or a container made there).
+    log_tightening(get_logger("recall.data_dir"), "data_dir", close_to_others(data_dir))
     if not s.redis_url:
         return
     try:

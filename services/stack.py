@@ -40,6 +40,7 @@ from services.config_check import (
     warn_misspelled_variables,
     without_password,
 )
+from services.dev_secrets import FILE as DEV_SECRETS_FILE
 from services.dev_secrets import export_defaults
 from services.indexer.settings import IndexerSettings
 from services.ingest.settings import IngestSettings
@@ -49,6 +50,7 @@ from services.stack_state import DataDirLock, StackInfo, remove_info, write_info
 from services.supervisor import RESTART_WINDOW_S, Child, Supervisor, exit_reason
 from shared.child_process import die_with_parent, ready, stop_together
 from shared.huge_pages import with_huge_pages
+from shared.private_dir import close_to_others, private_files, tightening_line
 from shared.settings_base import CommonSettings
 
 if TYPE_CHECKING:
@@ -130,8 +132,13 @@ def run_stack() -> int:
 
     # The stack's files are its user's alone: conversations, memories, Redis's AOF and the
     # artifacts database were 0644 and readable by every local user (a security review).
-    os.umask(0o077)
+    private_files()
     s, data_dir = check_config()
+    # ... and so are those an earlier version left (0755 directories, 0644 files).
+    for path in (data_dir, data_dir / "redis", data_dir / DEV_SECRETS_FILE):
+        if (tightening := close_to_others(path)) is not None:
+            print(f"recall up: {tightening_line(tightening)}", file=sys.stderr if tightening.now is None else sys.stdout,
+                  flush=True)
     lock = DataDirLock(data_dir)
     lock.acquire()
     stopping = False

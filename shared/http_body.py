@@ -1,40 +1,102 @@
-"""A request body read with a size limit: the services' JSON endpoints never buffer more than
-they would accept."""
+"""A request body read with a size limit and a deadline: the services' JSON endpoints never
+buffer more than they would accept, nor wait for it longer than the request may take to arrive.
+
+The deadline is the one `shared/http_serving.py` sets on each request (RECALL_REQUEST_READ_TIMEOUT_S
+from its first byte), handed over in the scope. Before, a caller with a valid key or token that
+sent its headers and part of its body, then nothing, held what it had sent (up to the body
+limit, 1 MiB at /mcp) until that deadline closed the connection; the MCP endpoint then logged
+the disconnect as an error with its stack, and no metric counted it. Now such a body is a 408
+(`body_timeout`), one warning line and `recall_http_bodies_refused_total{reason="stalled"}`.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import codecs
 import json
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
+from prometheus_client import Counter
 from starlette.datastructures import Headers
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from shared.logging_setup import get_logger
+from shared.unexpected_http import route_of
+
+log = get_logger("recall.http")
+
+# The scope key under which the server puts the loop time by which the request must have arrived whole.
+READ_DEADLINE = "recall.read_deadline"
+
+# Every process defines it once (ingest and the recall service each export their own).
+BODIES_REFUSED = Counter("recall_http_bodies_refused_total",
+                         "Request bodies not read whole, by reason: stalled (answered 408: not whole by "
+                         "RECALL_REQUEST_READ_TIMEOUT_S), too_large (413), client_closed (the caller hung up mid-body).",
+                         ["reason"])
+for _reason in ("stalled", "too_large", "client_closed"):
+    BODIES_REFUSED.labels(_reason)
 
 
 class BodyTooLarge(Exception):
     pass
 
 
+class BodyStalled(Exception):
+    """The body had not arrived whole by the request's read deadline; `detail` says how far it got."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+
 async def read_body(request: Request, limit: int) -> bytes:
     """The body, read no further than `limit` bytes; BodyTooLarge past it (a declared
-    Content-Length over the limit is refused before anything is read)."""
+    Content-Length over the limit is refused before anything is read), BodyStalled when it has not
+    arrived by the request's read deadline."""
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
+        BODIES_REFUSED.labels("too_large").inc()
         raise BodyTooLarge
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise BodyTooLarge
+    try:
+        async with _until_read_deadline(request.scope):
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > limit:
+                    BODIES_REFUSED.labels("too_large").inc()
+                    raise BodyTooLarge
+    except TimeoutError:
+        raise BodyStalled(_stalled(request.scope, route_of(request.scope), len(body))) from None
+    except ClientDisconnect:
+        BODIES_REFUSED.labels("client_closed").inc()
+        raise
     return bytes(body)
+
+
+def _until_read_deadline(scope: Scope) -> asyncio.Timeout:
+    """A timeout at the request's read deadline; none for a request that came without one (an
+    in-process test client)."""
+    return asyncio.timeout_at(scope.get("extensions", {}).get(READ_DEADLINE))
+
+
+def _stalled(scope: Scope, route: str, received: int) -> str:
+    """Counts and logs a body that stalled (one line, no stack: nothing failed here); the detail
+    for its 408. `route`: a template or a fixed path, never the path itself (it may name a user)."""
+    BODIES_REFUSED.labels("stalled").inc()
+    declared = Headers(scope=scope).get("content-length")
+    log.warning("http.body_timeout", route=route, received_bytes=received, declared_bytes=declared)
+    promised = f" of the {declared} its Content-Length announced" if declared and declared.isdigit() else ""
+    return (f"the request body did not arrive in time: {received:,} bytes{promised} within the read timeout "
+            "(RECALL_REQUEST_READ_TIMEOUT_S)")
 
 
 class BodyLimit:
     """ASGI middleware: a request to `path` whose body passes `limit` bytes is answered 413
-    (`body_size`) before the app sees any of it. The endpoint behind it buffers and parses
+    (`body_size`) before the app sees any of it, and one whose body has not arrived by the
+    request's read deadline 408 (`body_timeout`). The endpoint behind it buffers and parses
     whole bodies (the MCP SDK takes 4 MiB), so its own limit would let every caller spend
     CPU parsing megabytes no tool argument can hold.
 
@@ -56,16 +118,24 @@ class BodyLimit:
             return await self._refuse(scope, receive, send)
         messages: list[Message] = []
         size = 0
-        while True:
-            message = await receive()
-            messages.append(message)
-            if message["type"] != "http.request":
-                break  # the client went away: the app hears it as it would have
-            size += len(message.get("body", b""))
-            if size > self.limit:
-                return await self._refuse(scope, receive, send)
-            if not message.get("more_body", False):
-                break
+        try:
+            async with _until_read_deadline(scope):
+                async for message in _messages(receive):
+                    messages.append(message)
+                    size += len(message.get("body", b""))
+                    if size > self.limit:
+                        return await self._refuse(scope, receive, send)
+        except TimeoutError:
+            messages.clear()  # not held while the answer is sent
+            detail = _stalled(scope, self.path, size)
+            # The rest of the body may still come: the connection ends with this answer.
+            return await JSONResponse({"error": "body_timeout", "detail": detail}, status_code=408,
+                                      headers={"connection": "close"})(scope, receive, send)
+        except ClientDisconnect:
+            # The caller hung up before its body arrived: nobody to answer. The MCP SDK, given the
+            # disconnect, logged it as an error with its stack.
+            BODIES_REFUSED.labels("client_closed").inc()
+            return
 
         async def replay() -> Message:
             return messages.pop(0) if messages else await receive()
@@ -73,8 +143,20 @@ class BodyLimit:
         await self.app(scope, replay, send)
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+        BODIES_REFUSED.labels("too_large").inc()
         detail = f"the request body is over {self.limit:,} bytes, the most {self.path} reads"
         await JSONResponse({"error": "body_size", "detail": detail}, status_code=413)(scope, receive, send)
+
+
+async def _messages(receive: Receive) -> AsyncIterator[Message]:
+    """The request's body messages up to its last; ClientDisconnect if the client goes first."""
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            raise ClientDisconnect
+        yield message
+        if not message.get("more_body", False):
+            return
 
 
 class BodyNotUtf8(Exception):

@@ -15,7 +15,11 @@ a response, so a connection that sends nothing, half its headers or half its bod
 for good, and ~20,000 of them (no key or token needed) took every file descriptor: /healthz
 and every caller got connection resets. Each request now has `read_timeout_s`
 (RECALL_REQUEST_READ_TIMEOUT_S) from its first byte, or from the connection's opening, to
-arrive whole; then the connection is closed.
+arrive whole; then the connection is closed. A request whose headers came but whose body did
+not is the app's to answer (408, `shared/http_body.py`, which reads the deadline from the scope):
+the connection is closed only if no answer has started `ANSWER_GRACE_S` later. Closed at once,
+a caller with a valid key or token that stalled its body got no answer, the MCP endpoint logged
+the disconnect as an error with its stack, and nothing counted it.
 
 After a graceful stop uvicorn re-raises the signal that asked for it, so a stopped ingest or
 recall service exited 143 (-15) and an orchestrator saw a clean stop as an error, unlike the
@@ -29,6 +33,10 @@ import contextlib
 from collections.abc import Iterator
 
 from starlette.types import ASGIApp
+
+from shared.http_body import READ_DEADLINE
+
+ANSWER_GRACE_S = 2.0  # for the app's 408 once the read deadline has passed
 
 
 def serve_http(app: ASGIApp, host: str, port: int, stop_grace_s: float, read_timeout_s: float) -> None:
@@ -53,6 +61,7 @@ def bounded_read_protocol(read_timeout_s: float) -> type[asyncio.Protocol]:
 
     class BoundedReadProtocol(HttpToolsProtocol):
         _read_deadline: asyncio.TimerHandle | None = None
+        _answer_grace = False  # the app was given ANSWER_GRACE_S past this request's deadline
 
         def connection_made(self, transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -60,7 +69,9 @@ def bounded_read_protocol(read_timeout_s: float) -> type[asyncio.Protocol]:
 
         def on_message_begin(self) -> None:  # a request's first byte (a kept-alive connection's next one too)
             super().on_message_begin()
+            self._answer_grace = False
             self._arm()
+            self.scope["extensions"] = {READ_DEADLINE: self._read_deadline.when()}
 
         def on_message_complete(self) -> None:
             self._disarm()
@@ -70,9 +81,9 @@ def bounded_read_protocol(read_timeout_s: float) -> type[asyncio.Protocol]:
             self._disarm()
             super().connection_lost(exc)
 
-        def _arm(self) -> None:
+        def _arm(self, delay_s: float = read_timeout_s) -> None:
             self._disarm()
-            self._read_deadline = self.loop.call_later(read_timeout_s, self._read_timed_out)
+            self._read_deadline = self.loop.call_later(delay_s, self._read_timed_out)
 
         def _disarm(self) -> None:
             if self._read_deadline is not None:
@@ -81,7 +92,17 @@ def bounded_read_protocol(read_timeout_s: float) -> type[asyncio.Protocol]:
 
         def _read_timed_out(self) -> None:
             self._read_deadline = None
+            if self._awaits_answer():
+                self._answer_grace = True
+                self._arm(ANSWER_GRACE_S)
+                return
             if not self.transport.is_closing():
-                self.transport.close()  # a handler reading the body sees the client gone
+                self.transport.close()  # a handler still reading the body sees the client gone
+
+        def _awaits_answer(self) -> bool:
+            """This request's headers arrived (its cycle runs the app) and nothing is answered yet:
+            the app is timing its body out too, once."""
+            cycle = self.cycle
+            return not self._answer_grace and cycle is not None and cycle.scope is self.scope and not cycle.response_started
 
     return BoundedReadProtocol

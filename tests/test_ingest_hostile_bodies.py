@@ -15,7 +15,7 @@ import pytest
 
 from shared.stream_schema import RETENTION_OVERRIDES
 from shared.tenant_paths import user_hash
-from tests.conftest import INGEST_KEY, conversation_payload, ingest_url, mint
+from tests.conftest import INGEST_KEY, conversation_payload, ingest_url, mint, wait_until
 
 
 @pytest.fixture
@@ -176,18 +176,22 @@ def test_an_integer_of_5000_digits_is_422_naming_its_field_in_the_projects_words
     assert r.xlen("recall:turns") == 0 and r.hlen(RETENTION_OVERRIDES) == 0
 
 
+def stalled_head(path: str, declared: int) -> str:
+    """A request with a valid key and token that announces `declared` bytes of body."""
+    return (f"POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+            f"accept: application/json, text/event-stream\r\nx-ingest-key: {INGEST_KEY}\r\n"
+            f"authorization: Bearer {mint('alice')}\r\ncontent-length: {declared}\r\n")
+
+
 @pytest.mark.parametrize("command, port_var, path", [("ingest", "RECALL_INGEST_PORT", "/turns"),
                                                      ("serve", "RECALL_RECALL_PORT", "/mcp")])
-def test_connections_that_send_nothing_half_headers_or_half_a_body_are_closed_after_the_read_timeout(services, service_env,
-                                                                                                    command, port_var, path):
+def test_connections_that_send_nothing_or_half_their_headers_are_closed_after_the_read_timeout(services, service_env,
+                                                                                             command, port_var, path):
     """uvicorn's keep-alive timer starts only after a response: such connections stayed open for
     good, and enough of them (no key or token needed) took every file descriptor."""
     service = services(command, RECALL_REQUEST_READ_TIMEOUT_S="1.5")
     port = int(service_env[port_var])
-    head = (f"POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
-            f"accept: application/json, text/event-stream\r\nx-ingest-key: {INGEST_KEY}\r\n"
-            f"authorization: Bearer {mint('alice')}\r\ncontent-length: 1000\r\n")
-    sent = {"nothing": b"", "half the headers": head.encode()[:60], "half the body": (head + '\r\n{"user": ').encode()}
+    sent = {"nothing": b"", "half the headers": stalled_head(path, 1000).encode()[:60]}
     opened = {what: socket.create_connection(("127.0.0.1", port)) for what in sent}
     try:
         for what, data in sent.items():
@@ -204,6 +208,63 @@ def test_connections_that_send_nothing_half_headers_or_half_a_body_are_closed_af
             conn.close()
 
 
+def read_answer(conn: socket.socket) -> tuple[bytes, bytes]:
+    """(status line and headers, body) of the one answer, read until the service closes."""
+    conn.settimeout(15)
+    answer = b""
+    while chunk := conn.recv(65536):
+        answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return head, body
+
+
+def bodies_refused(port: int, reason: str) -> float:
+    metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    [value] = [line.split()[-1] for line in metrics.splitlines()
+               if line.startswith(f'recall_http_bodies_refused_total{{reason="{reason}"}}')]
+    return float(value)
+
+
+@pytest.mark.parametrize("command, port_var, path", [("ingest", "RECALL_INGEST_PORT", "/turns"),
+                                                     ("serve", "RECALL_RECALL_PORT", "/mcp")])
+def test_a_caller_with_a_valid_key_that_stalls_its_body_gets_a_408_counted_and_logged_in_one_line(
+        services, service_env, command, port_var, path):
+    """Headers, a Content-Length and part of the body, then nothing: the connection was closed
+    without an answer at the read timeout, holding what was sent until then (up to the body limit,
+    1 MiB at /mcp), and the MCP endpoint logged the disconnect as an error with its stack while no
+    metric counted it (docs/benchmarks.md, round 33)."""
+    service = services(command, RECALL_REQUEST_READ_TIMEOUT_S="2")
+    port = int(service_env[port_var])
+    part = b'{"user": "alice", "turns": ["' + b"x" * 200_000
+    with socket.create_connection(("127.0.0.1", port)) as stalled:
+        started = time.monotonic()
+        stalled.sendall((stalled_head(path, 2**20) + "\r\n").encode() + part)
+        head, body = read_answer(stalled)
+        waited = time.monotonic() - started
+    assert head.startswith(b"HTTP/1.1 408 "), head + body
+    assert b"connection: close" in head.lower()
+    assert 1.5 < waited < 5, waited
+    detail = json.dumps(json.loads(body))
+    assert f"{len(part):,} bytes of the 1048576 its Content-Length announced" in detail
+    assert "RECALL_REQUEST_READ_TIMEOUT_S" in detail
+    assert bodies_refused(port, "stalled") == 1
+    [line] = [json.loads(line) for line in service.output().splitlines() if "body_timeout" in line]
+    assert line["level"] == "warning" and line["route"] == path and line["received_bytes"] == len(part)
+    assert not [line for line in service.output().splitlines() if '"exception"' in line or "Traceback" in line]
+    assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200
+
+
+def test_a_caller_that_hangs_up_mid_body_at_mcp_is_counted_not_logged_with_a_stack(services, service_env):
+    """The MCP SDK, handed the disconnect, logged 'Error handling POST request' with its stack."""
+    service = services("serve")
+    port = int(service_env["RECALL_RECALL_PORT"])
+    with socket.create_connection(("127.0.0.1", port)) as gone:
+        gone.sendall((stalled_head("/mcp", 1000) + '\r\n{"jsonrpc": ').encode())
+        time.sleep(0.5)
+    assert wait_until(lambda: bodies_refused(port, "client_closed") == 1, 10)
+    assert "Error handling POST request" not in service.output() and '"exception"' not in service.output()
+
+
 @pytest.mark.parametrize("command, port_var, path", [("ingest", "RECALL_INGEST_PORT", "/turns"),
                                                      ("serve", "RECALL_RECALL_PORT", "/mcp")])
 def test_a_client_stalled_in_the_middle_of_its_body_does_not_hold_a_service_past_its_stop_grace(services, service_env,
@@ -212,9 +273,7 @@ def test_a_client_stalled_in_the_middle_of_its_body_does_not_hold_a_service_past
     client stopped sending its body held the process until it was killed."""
     service = services(command, RECALL_STOP_GRACE_S="2")
     with socket.create_connection(("127.0.0.1", int(service_env[port_var]))) as stalled:
-        stalled.sendall(f"POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
-                        f"accept: application/json, text/event-stream\r\nx-ingest-key: {INGEST_KEY}\r\n"
-                        f"authorization: Bearer {mint('alice')}\r\ncontent-length: 1000\r\n\r\n{{\"user\": ".encode())
+        stalled.sendall((stalled_head(path, 1000) + '\r\n{"user": ').encode())
         time.sleep(0.5)  # in flight: its handler waits for the other 990 bytes
         started = time.monotonic()
         service.proc.terminate()

@@ -459,6 +459,11 @@ def test_a_killed_embedded_redis_is_started_again_and_the_stack_carries_on(tmp_p
 
     ports = free_ports()
     clean = {k: v for k, v in os.environ.items() if not k.startswith("RECALL_")}
+    # The data dir as a release before umask 077 left it: 0755 directories, a 0644 secrets file.
+    (tmp_path / "data" / "redis").mkdir(parents=True)
+    (tmp_path / "data" / "dev-secrets.json").write_text("{}")
+    for path, mode in (("data", 0o755), ("data/redis", 0o755), ("data/dev-secrets.json", 0o644)):
+        (tmp_path / path).chmod(mode)
     log_path = tmp_path / "up.log"
     with open(log_path, "wb") as log:
         up = subprocess.Popen([str(BIN / "recall"), "up"], cwd=tmp_path, env={**clean, **ports}, stdout=log,
@@ -467,6 +472,9 @@ def test_a_killed_embedded_redis_is_started_again_and_the_stack_carries_on(tmp_p
     try:
         assert wait_until(lambda: "Ctrl-C stops everything." in output() or up.poll() is not None, 240, 0.2), output()
         assert up.poll() is None, output()[-3000:]
+        data = (tmp_path / "data").resolve()
+        for path, mode in ((data, "0755 -> 0700"), (data / "redis", "0755 -> 0700"), (data / "dev-secrets.json", "0644 -> 0600")):
+            assert f"recall up: made {path} private (mode {mode})" in output(), output()[-3000:]
         key = json.loads((tmp_path / "data" / "dev-secrets.json").read_text())["RECALL_INGEST_KEY"]
         turns = f"http://127.0.0.1:{ports['RECALL_INGEST_PORT']}/turns"
         post = lambda cid: httpx.post(turns, headers={"x-ingest-key": key}, timeout=10, json={  # noqa: E731
@@ -505,7 +513,8 @@ def _embedded_redis_and_files_are_this_users_alone(data: Path, server, port: int
     assert redis_py.Redis.from_url(url, socket_timeout=5).ping()
     password = url.split("@")[0].rsplit(":", 1)[1]
     assert password not in " ".join(server.cmdline()), "every local user reads a command line"
-    private = [data / "recall-up.json", data / "redis" / "auth.conf", *data.rglob("*.funes.jsonl"), *data.rglob("*.aof")]
+    private = [data, data / "redis", data / "recall-up.json", data / "dev-secrets.json", data / "redis" / "auth.conf",
+               *data.rglob("*.funes.jsonl"), *data.rglob("*.aof")]
     assert all(p.stat().st_mode & 0o077 == 0 for p in private), {str(p): oct(p.stat().st_mode) for p in private}
 
 

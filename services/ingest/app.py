@@ -41,7 +41,7 @@ from services.ingest.redaction import Redactor
 from services.ingest.settings import IngestSettings
 from services.ingest.stream_readers import StreamReaders, group_readers
 from shared.error_site import exception_site, new_incident
-from shared.http_body import BodyNotUtf8, BodyTooLarge, huge_integer, read_body, utf8_text
+from shared.http_body import BodyNotUtf8, BodyStalled, BodyTooLarge, huge_integer, read_body, utf8_text
 from shared.logging_setup import get_logger
 from shared.metrics_http import metrics_endpoint
 from shared.raw_url import NOT_UTF8, not_utf8_parameters, query_pairs
@@ -271,7 +271,8 @@ class IngestAPI:
                     {"field": "server", "message": f"unexpected error, logged as incident {incident}"}]}
             INGEST_REQUESTS.labels(path, str(status)).inc()
             INGEST_LATENCY.labels(path).observe(time.perf_counter() - started)
-            return JSONResponse(body, status_code=status)
+            # After a 408 the rest of the body may still come: the connection ends with the answer.
+            return JSONResponse(body, status_code=status, headers={"connection": "close"} if status == 408 else None)
 
         return Route(path, endpoint, methods=methods)
 
@@ -287,6 +288,8 @@ class IngestAPI:
             raw = await read_body(request, limit)
         except BodyTooLarge:
             raise HTTPProblem(413, "request body too large", [("body", f"at most {limit} bytes")]) from None
+        except BodyStalled as exc:
+            raise HTTPProblem(408, "request body timeout", [("body", exc.detail)]) from None
         if not raw and not required:
             return None
         if not _is_json(request.headers.get("content-type", "")):

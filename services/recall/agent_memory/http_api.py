@@ -39,10 +39,11 @@ from services.recall.artifacts.text_limits import TextTooLarge, request_bytes_fo
 from services.recall.artifacts.tool_access import CONCURRENT_CHANGE
 from services.recall.artifacts.tools import next_offset
 from services.recall.metrics import REALM_CALLS
-from shared.http_body import BodyNotUtf8, BodyTooLarge, huge_integer, read_body, utf8_text
+from shared.http_body import BodyNotUtf8, BodyStalled, BodyTooLarge, huge_integer, read_body, utf8_text
 from shared.raw_url import NOT_UTF8, not_utf8_parameters
 
-STATUS = {"realm_membership": 403, "realm_role": 403, "record_author": 403, "people_write": 403, "not_found": 404, "body_size": 413, "body_encoding": 415}
+STATUS = {"realm_membership": 403, "realm_role": 403, "record_author": 403, "people_write": 403, "not_found": 404,
+          "body_timeout": 408, "body_size": 413, "body_encoding": 415}
 MIN_BODY_BYTES = 2**20  # a valid record is far smaller, whatever the text limit
 Handler = Callable[[Request, Caller, str], Awaitable[Any]]
 
@@ -75,6 +76,8 @@ async def _json(request: Request, model: type[BaseModel], limit: int) -> Any:
         body = await read_body(request, limit)  # read no further than a record can be
     except BodyTooLarge:
         raise RuleBroken("body_size", f"the request body is over {limit} bytes") from None
+    except BodyStalled as exc:
+        raise RuleBroken("body_timeout", exc.detail) from None
     try:
         raw = json.loads(utf8_text(body), parse_int=_convertible_int)
     except BodyNotUtf8 as exc:

@@ -1,0 +1,111 @@
+"""What callers that stall their request bodies cost a service, and how each ends.
+
+    .venv/bin/python -m bench.stalled_bodies_bench [--service serve|ingest] [--connections 200]
+        [--sent-bytes 1048575] [--read-timeout 30]
+
+Starts the service as production does (`recall serve` or `recall ingest`, with an embedded
+redis-server), then opens `--connections` connections that each send a valid token and ingest
+key, a Content-Length of 1 MiB (/mcp's limit) and `--sent-bytes` of body, then nothing. Reports
+the service's RSS idle, once every connection has sent its part (the peak), and after the read
+timeout has passed; how each connection ended (an HTTP status, or closed without an answer);
+and the log lines that carry a stack (`exception`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+from bench.stack_processes import start, stop_all
+from shared.child_process import free_port
+from shared.redis_server import EmbeddedRedis
+
+KEY = "bench-stalled-ingest-key-0123456789"
+JWT_SECRET = "bench-stalled-jwt-secret-0123456789abcdef"
+DECLARED = 2**20
+PATHS = {"serve": ("/mcp", "RECALL_RECALL_PORT"), "ingest": ("/turns", "RECALL_INGEST_PORT")}
+
+
+def mint(user: str) -> str:
+    from joserfc import jwt
+    from joserfc.jwk import OctKey
+
+    now = int(time.time())
+    return jwt.encode({"alg": "HS256"}, {"sub": user, "iat": now, "exp": now + 3600}, OctKey.import_key(JWT_SECRET))
+
+
+def how_it_ended(conn: socket.socket, wait_s: float) -> str:
+    conn.settimeout(wait_s)
+    try:
+        answer = conn.recv(256)
+    except TimeoutError:
+        return "still open"
+    except ConnectionResetError:
+        return "reset"
+    return answer.split(b"\r\n", 1)[0].decode(errors="replace") if answer else "closed without an answer"
+
+
+def rss_mib(proc: psutil.Process) -> float:
+    return proc.memory_info().rss / 2**20
+
+
+def run(service: str, connections: int, sent: int, read_timeout: float, work: Path) -> dict:
+    redis = EmbeddedRedis(work / "redis")
+    redis.start()
+    path, port_var = PATHS[service]
+    port = free_port()
+    env = {"RECALL_DATA_DIR": str(work / "data"), "RECALL_REDIS_URL": redis.url, "RECALL_INGEST_KEY": KEY,
+           "RECALL_JWT_SECRET": JWT_SECRET, "RECALL_REQUEST_READ_TIMEOUT_S": str(read_timeout),
+           "FASTMCP_LOG_ENABLED": "false", port_var: str(port)}
+    proc = start(service, env, port, work)
+    ps = psutil.Process(proc.pid)
+    head = (f"POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+            f"accept: application/json, text/event-stream\r\nx-ingest-key: {KEY}\r\nauthorization: Bearer {mint('alice')}\r\n"
+            f"content-length: {DECLARED}\r\n\r\n").encode()
+    try:
+        time.sleep(2)
+        idle = rss_mib(ps)
+        opened = []
+        started = time.monotonic()
+        for _ in range(connections):
+            conn = socket.create_connection(("127.0.0.1", port))
+            conn.sendall(head + b"x" * sent)
+            opened.append(conn)
+        time.sleep(3)  # the service reads what was sent
+        peak = rss_mib(ps)
+        ends: dict[str, int] = {}
+        for conn in opened:
+            end = how_it_ended(conn, max(1.0, read_timeout + 10 - (time.monotonic() - started)))
+            ends[end] = ends.get(end, 0) + 1
+            conn.close()
+        time.sleep(2)
+        after = rss_mib(ps)
+    finally:
+        stop_all(proc)
+        redis.stop()
+    log = (work / f"{service}-{port}.log").read_text(errors="replace").splitlines()
+    stacks = sum(1 for line in log if line.startswith("{") and "exception" in json.loads(line))
+    return {"service": service, "connections": connections, "sent_bytes": sent, "rss_idle_mib": round(idle),
+            "rss_stalled_mib": round(peak), "per_connection_kib": round((peak - idle) * 1024 / connections),
+            "rss_after_mib": round(after), "ended": ends, "log_lines_with_a_stack": stacks}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--service", choices=sorted(PATHS), default="serve")
+    ap.add_argument("--connections", type=int, default=200)
+    ap.add_argument("--sent-bytes", type=int, default=DECLARED - 1)
+    ap.add_argument("--read-timeout", type=float, default=30.0)
+    args = ap.parse_args()
+    print(json.dumps(run(args.service, args.connections, args.sent_bytes, args.read_timeout,
+                         Path(tempfile.mkdtemp(prefix="recall-stalled-")))))
+
+
+if __name__ == "__main__":
+    main()
