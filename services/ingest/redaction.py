@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 # A value after a secret's name that is no secret, so pasted code, config templates and docs stay
 # as written: a variable or template reference (${DB_PASSWORD}, $DB_PASSWORD, {{ … }}, {key},
-# %(…)s, (…)), a <placeholder>, a mask or stand-in (********, xxx…, changeme, [password], a NAME
+# %(…)s, (…)), a shell command substitution that makes one when run ($(openssl rand -base64 32),
+# `pass show db`), a <placeholder>, a mask or stand-in (********, xxx…, changeme, [password], a NAME
 # in capitals), code that reads or makes one (os.environ[…], settings.db_password, get_token(),
 # secrets.token_urlsafe(32), uuid.uuid4(), b64encode(…)), an identifier or name of words without digits joined
 # by "_", "." or "-" (sandbox_token, DB_PASSWORD, your-api-key, X-Auth-Token), a shell default
@@ -30,13 +31,34 @@ _WORDS = r"_{0,2}[A-Za-z]{1,64}"
 # A stand-in is the whole value, not its start: "Changeme!2024", "-Xk9mmQ2p", "Password@123" are secrets.
 _END = r"(?![^\s\"',;)\]}])"
 _NOT_A_SECRET = (
-    r"(?!(?-i:\$\{|\$[A-Z_][A-Z0-9_]{0,63}(?![^\s\"',;])|<[^\s<>\"',;]{1,64}>|[{(\[%]|-(?![A-Za-z0-9])|-[^\s{}]{1,64}\}"
+    r"(?!(?-i:\$\{|\$\(|`|\$[A-Z_][A-Z0-9_]{0,63}(?![^\s\"',;])|<[^\s<>\"',;]{1,64}>|[{(\[%]|-(?![A-Za-z0-9])|-[^\s{}]{1,64}\}"
     r"|[xX*.]{3,64}" + _END + r"|[cC]hange[_-]?me" + _END + r"|[yY]our[_-][A-Za-z_-]{1,64}" + _END
     + r"|[A-Z][A-Z_]{0,63}(?![A-Za-z0-9!@#$%^&*+=/~-])"
     r"|(?:[pP]ass(?:word)?|[pP]asswd|[pP]wd|[sS]ecret)@(?=[A-Za-z])"
     r"|" + _WORDS + r"(?:[_.-]{1,2}[A-Za-z]{1,64}){0,8}[(\[]"
     r"|(?:[A-Za-z_][A-Za-z0-9_]{0,63}\.){1,6}[A-Za-z_][A-Za-z0-9_]{0,63}\(|[a-z_][a-z0-9_]{0,63}\("
     r"|" + _WORDS + r"(?:[_.-]{1,2}[A-Za-z]{1,64}){1,8}(?![^\s\"',;)\]}])))")
+
+# The words a password follows; a token's or key's name takes only the long values above.
+_PASSWORD_WORD = r"(?:password|passwd|passphrase|(?<![a-z0-9])(?:pwd|pw)|(?<=[_-])pass)"
+_RU_PASSWORD_WORD = r"(?<!\w)(?:пароль|пароля|паролем|паролю|пароли|парольная\s+фраза)"
+_RU_TOKEN_WORD = r"(?<!\w)(?:токен|токена|токеном|секрет|секретный\s+ключ|(?:api|апи)[- ]?ключ|ключ\s+(?:api|апи|доступа))"
+# Russian: a name and ":", "=" or a dash ("пароль: …", "пароль — …", also after up to three words:
+# "пароль от почты: …"), or a name and only the next word ("мой пароль …", "пароль это …").
+_RU_MARKED = r"[\"']?(?:[^\S\n]+[^\s:=—–]{1,40}){0,3}?[^\S\n]*(?:[:=]|[^\S\n][—–-])[^\S\n]*[\"'«]?"
+_RU_BARE = r"(?:[^\S\n]+это)?[^\S\n]+[\"'«]?"
+_ASCII = r"[\x21\x23-\x26\x28-\x2b\x2d-\x3a\x3c-\x7e]"  # printable ASCII but quotes, "," and ";"
+
+
+def _passphrase(words: int) -> str:
+    """`words` to 8 words of 3+ letters, all small or all capitalised, joined by "-", and not a
+    stand-in (your-…, xxx-xxx-xxx, enter-the-password): "correct-horse-battery-staple", not
+    "X-Auth-Token" (a one-letter word) or "out-of-band". _NOT_A_SECRET takes words joined by "-" for
+    an identifier, so a passphrase is matched without it."""
+    more = f"{{{words - 1},7}}"
+    return (r"(?!(?:[A-Za-z]{3,24}-){0,7}(?i:x{3,}|your|example|password|passphrase|secret|changeme|placeholder|here)(?![A-Za-z]))"
+            r"(?-i:[a-z]{3,24}(?:-[a-z]{3,24})" + more + r"|[A-Z][a-z]{2,23}(?:-[A-Z][a-z]{2,23})" + more + r")"
+            r"(?![^\s\"',;.!?)\]}])")
 
 # (kind, pattern, group to replace: 0 = the whole match)
 SECRET_RULES: list[tuple[str, re.Pattern[str], int]] = [
@@ -90,15 +112,51 @@ SECRET_RULES: list[tuple[str, re.Pattern[str], int]] = [
     # with a digit or symbol and must not be a placeholder, a reference or code (_NOT_A_SECRET).
     ("password", re.compile(
         r"(?i)(?:password|passwd|passphrase|secret(?:[_-]?key)?|api[_-]?key|access[_-]?token|auth[_-]?token|client[_-]?secret"
-        r"|(?<![a-z0-9])(?:pwd|ingest[_-]?key)|(?<=[_-])(?:pass|token))"
+        r"|(?<![a-z0-9])(?:pwd|pw|ingest[_-]?key)|(?<=[_-])(?:pass|token))"
         r"\b[\"']?\s*(?:[:=]|\bis\b)\s*[\"']?" + _NOT_A_SECRET
         + r"((?=[^\s\"',;]{0,255}[0-9!@#$%^&*_+=-])[^\s\"',;]{8,})"), 1),
+    # After a password word, also a short value with a digit or symbol ("password: hunter2",
+    # "pw=abc123"; "password: see 1Password" and "password reset link" have none) …
+    ("password", re.compile(r"(?i)" + _PASSWORD_WORD + r"\b[\"']?\s*(?:[:=]|\bis\b)\s*[\"']?" + _NOT_A_SECRET
+                            + r"((?=[^\s\"',;]{0,6}[0-9!@#%^&*+=])[^\s\"',;]{4,7}(?![^\s\"',;]))"), 1),
+    # … and a passphrase: 3+ words after ":" or "=", 4+ after "is" ("the password is one-time-use" is prose).
+    ("password", re.compile(r"(?i)" + _PASSWORD_WORD + r"\b[\"']?\s*(?:[:=]\s*[\"']?(?=" + _passphrase(3) + r")|\bis\s+[\"']?(?="
+                            + _passphrase(4) + "))(" + _passphrase(3) + ")"), 1),
+    # Russian: "пароль: qwerty123", "пароль — Tr0ub4dor", "мой пароль hunter2", "токен: …". The value
+    # is ASCII with a digit or symbol, so «пароль от почты я забыл» and «пароль 8-значный» stay;
+    # a passphrase as in English (3+ words after a mark, 4+ after the name alone).
+    ("password", re.compile(r"(?i)" + _RU_PASSWORD_WORD + "(?:" + _RU_MARKED + "|" + _RU_BARE + ")" + _NOT_A_SECRET
+                            + r"((?=" + _ASCII + r"{0,6}[0-9!@#%^&*+=])" + _ASCII + r"{4,256}(?!" + _ASCII + r"))"), 1),
+    ("password", re.compile(r"(?i)" + _RU_PASSWORD_WORD + "(?:" + _RU_MARKED + "(?=" + _passphrase(3) + ")|" + _RU_BARE
+                            + "(?=" + _passphrase(4) + "))(" + _passphrase(3) + ")"), 1),
+    ("password", re.compile(r"(?i)" + _RU_TOKEN_WORD + "(?:" + _RU_MARKED + "|" + _RU_BARE + ")" + _NOT_A_SECRET
+                            + r"((?=" + _ASCII + r"{0,255}[0-9!@#%^&*+=])" + _ASCII + r"{8,256}(?!" + _ASCII + r"))"), 1),
+    # Registry and cluster logins take the password after a space as well: docker/podman/helm
+    # registry login -p …, --password …, az/oc/argocd/cf login -p … (--password-stdin reads stdin).
+    ("password", re.compile(r"(?<![\w/.-])(?:docker|podman|nerdctl|buildah|skopeo|oras|helm|oc|argocd|az|cf)"
+                            r"(?:[^\S\n]+[^\s;|&]{1,256}){0,2}?[^\S\n]+(?:login|repo[^\S\n]+add)"
+                            r"(?:[^\S\n]+[^\s;|&]{1,256}){0,30}?[^\S\n]+(?:-p|--password)(?:[^\S\n]+|=)[\"']?" + _NOT_A_SECRET
+                            + r"([^\s\"']{1,256})"), 1),
+    # Azure: a storage or Service Bus connection string's key, and a SAS URL's or token's signature.
+    ("azure_key", re.compile(r"\b(?:AccountKey|SharedAccessKey)=([A-Za-z0-9+/]{20,256}+={0,2})"), 1),
+    ("azure_sas", re.compile(r"(?<![^?&;\s\"'])sig=([A-Za-z0-9%+/=]{20,256}+)"), 1),
+    # Twilio: an auth token or API key secret beside its account (AC…) or key (SK…) SID, as a
+    # client's two arguments or curl's -u SID:token.
+    ("twilio", re.compile(r"\b(?:AC|SK)[0-9a-f]{32}[\"']?[^\S\n]*[:,][^\S\n]*[\"']?([A-Za-z0-9]{32})(?![A-Za-z0-9])"), 1),
+    ("sendgrid_key", re.compile(r"\bSG\.[A-Za-z0-9_-]{16,32}\.[A-Za-z0-9_-]{32,64}(?![A-Za-z0-9_-])"), 0),
 ]
 PII_RULES: list[tuple[str, re.Pattern[str], int]] = [
     ("email", re.compile(r"(?<![/:])\b[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}\b"), 0),
     # International or grouped national numbers with at least 9 digits; not dates, ids or versions.
     ("phone", re.compile(r"(?<![\w.-])(?:\+\d{1,3}[\s.-]?)?(?:\(\d{2,4}\)[\s.-]?|\d{2,4}[\s.-])\d{3,4}[\s.-]\d{3,4}(?![\w.-])"), 0),
 ]
+
+
+def find_secret(text: str) -> str | None:
+    """The kind of the first secret in `text`, or None: for ids, which are refused rather than
+    redacted (api_models.py). PII is not asked: an id is the client's name for a record, and
+    ids like "2026-1108-100" have a phone number's shape."""
+    return next((kind for kind, pattern, _ in SECRET_RULES if pattern.search(text)), None)
 
 
 @dataclass(frozen=True)
