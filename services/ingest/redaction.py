@@ -23,10 +23,11 @@ from dataclasses import dataclass
 # %(…)s, (…)), a shell command substitution that makes one when run ($(openssl rand -base64 32),
 # `pass show db`), a <placeholder>, a mask or stand-in (********, xxx…, changeme, [password], a NAME
 # in capitals), code that reads or makes one (os.environ[…], settings.db_password, get_token(),
-# secrets.token_urlsafe(32), uuid.uuid4(), b64encode(…)), an identifier or name of words without digits joined
-# by "_", "." or "-" (sandbox_token, DB_PASSWORD, your-api-key, X-Auth-Token), a shell default
-# (${X:-…} leaves ":-…}"), or an earlier rule's replacement ("[REDACTED:…]", counted once). Each
-# part is bounded and splits one way only, so it costs a constant per candidate value.
+# secrets.token_urlsafe(32), uuid.uuid4(), b64encode(…)), an identifier or name of words without
+# digits joined by "_", "." or "-", also ending a sentence (sandbox_token, DB_PASSWORD, your-api-key,
+# X-Auth-Token, "is one-time-use."), a shell default (${X:-…} leaves ":-…}"), or an earlier rule's
+# replacement ("[REDACTED:…]", counted once). Each part is bounded and splits one way only, so it
+# costs a constant per candidate value.
 _WORDS = r"_{0,2}[A-Za-z]{1,64}"
 # A stand-in is the whole value, not its start: "Changeme!2024", "-Xk9mmQ2p", "Password@123" are secrets.
 _END = r"(?![^\s\"',;)\]}])"
@@ -37,7 +38,7 @@ _NOT_A_SECRET = (
     r"|(?:[pP]ass(?:word)?|[pP]asswd|[pP]wd|[sS]ecret)@(?=[A-Za-z])"
     r"|" + _WORDS + r"(?:[_.-]{1,2}[A-Za-z]{1,64}){0,8}[(\[]"
     r"|(?:[A-Za-z_][A-Za-z0-9_]{0,63}\.){1,6}[A-Za-z_][A-Za-z0-9_]{0,63}\(|[a-z_][a-z0-9_]{0,63}\("
-    r"|" + _WORDS + r"(?:[_.-]{1,2}[A-Za-z]{1,64}){1,8}(?![^\s\"',;)\]}])))")
+    r"|" + _WORDS + r"(?:[_.-]{1,2}[A-Za-z]{1,64}){1,8}[.!?:]?(?![^\s\"',;)\]}])))")
 
 # The words a password follows; a token's or key's name takes only the long values above.
 _PASSWORD_WORD = r"(?:password|passwd|passphrase|(?<![a-z0-9])(?:pwd|pw)|(?<=[_-])pass)"
