@@ -9,6 +9,7 @@ import time
 import pytest
 
 from services.ingest.redaction import Redactor
+from tests.data.secret_corpus import LOOK_ALIKES, PII, PII_LOOK_ALIKES, SECRETS
 
 PLAIN = Redactor(pii=False)
 
@@ -331,3 +332,23 @@ def test_a_200k_character_hostile_line_is_redacted_in_under_a_second(unit):
     started = time.process_time()
     Redactor(pii=True).redact(text)
     assert time.process_time() - started < 1.0, unit
+
+
+CASE_EDGES = [
+    "PAſſWORD: hunter2",  # (?i) matches the long s to "s"
+    "Authorİzation: token 3f9a0c1e5b7d2468ace0bdf13579bdf02468ace0",  # and "İ" to "i"
+    "AUTHORıZATION: Basic YWRtaW46aHVudGVyMi12ZXJ5LXNlY3JldA==",
+    "ПАРОЛЬ: QWERTY123, ТОКЕН — 9F8E7D6C5B4A3928",
+    "DB_PASS=abc1 and PASSPHRASE: Correct-Horse-Battery-Staple",
+    "AKIAIOSFODNN7EXAMPLQ then password: [REDACTED:password] is: hunter2",
+]
+
+
+@pytest.mark.parametrize("text", [t for _, t, _ in SECRETS + PII] + LOOK_ALIKES + PII_LOOK_ALIKES + CASE_EDGES)
+def test_a_rule_skipped_for_want_of_its_words_could_not_have_matched(text):
+    """Each rule names words every match of it holds, and a text without them skips it (a short
+    snapshot's redaction went from 0.79 to 0.15 ms). Skipping must change nothing, in any case."""
+    every_rule = Redactor(pii=True)
+    every_rule.rules = [rule._replace(needles=()) for rule in every_rule.rules]
+    for variant in (text, text.upper(), text.swapcase()):
+        assert Redactor(pii=True).redact(variant) == every_rule.redact(variant), variant
