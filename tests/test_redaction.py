@@ -150,6 +150,7 @@ def test_a_command_substitution_or_variable_for_a_password_stays_as_written(text
     ("DB_PW=abc123", "abc123"),
     ('{"password": "x9!k"}', "x9!k"),
     ("pwd: 1234", "1234"),
+    ("pw=Xk9mmQ2pLzz7abc", "Xk9mmQ2pLzz7abc"),
 ])
 def test_short_passwords_after_a_password_word_are_redacted(text, secret):
     """Only values of 8+ characters were taken: the short passwords people actually paste
@@ -341,6 +342,15 @@ CASE_EDGES = [
     "ПАРОЛЬ: QWERTY123, ТОКЕН — 9F8E7D6C5B4A3928",
     "DB_PASS=abc1 and PASSPHRASE: Correct-Horse-Battery-Staple",
     "AKIAIOSFODNN7EXAMPLQ then password: [REDACTED:password] is: hunter2",
+    # one text for each name a rule's pattern alternates over, so each of its words is needed
+    "passwd: Xk9mmQ2pLzz7", "PWD=Xk9mmQ2pLzz7", "pw=Xk9mmQ2pLzz7abc", "x-ingest-key: Xk9mmQ2pLzz7abcd",
+    "access_token=Xk9mmQ2pLzz7abc", "auth-token: Xk9mmQ2pLzz7abc", "apikey=Xk9mmQ2pLzz7", "client_secret=Xk9mmQ2pLzz7",
+    "aws_session_token=IQoJb3JpZ2luX2VjEHoaCXVzLWVhc3QtMSJHMEUCIQD", "SECRET_ACCESS_KEY=wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+    "API-ключ: Xk9mmQ2pLzz7", "секретный ключ: Xk9mmQ2pLzz7", "ключ доступа — Xk9mmQ2pLzz7", "секрет: Xk9mmQ2pLzz7",
+    "паролем Xk9mm", "парольная фраза: correct-horse-battery-staple",
+    "SharedAccessKey=Zm9vYmFyYmF6cXV4Zm9vYmFyYmF6cXV4Zm9vYmFyYmF6", "?sv=1&sig=rV2t%2B0kYq7Zx3mN1pL8sW4uE6aB9cD0fG2hJ5iK7oQ%3D",
+    "helm repo add x https://c.example --password S3cr3t!", "mariadb -pXk9mm", "sshpass -p Xk9 ssh h", "--passwd=Xk9mm",
+    "gho_" + "Xk9mmQ2pLzz7" * 3, "ghs_" + "Xk9mmQ2pLzz7" * 3, "rk_live_Xk9mmQ2pLzz7abcd", "xoxp-1234567890-abc",
 ]
 
 

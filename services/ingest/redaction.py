@@ -62,6 +62,7 @@ def _passphrase(words: int) -> str:
             r"(?-i:[a-z]{3,24}(?:-[a-z]{3,24})" + more + r"|[A-Z][a-z]{2,23}(?:-[A-Z][a-z]{2,23})" + more + r")"
             r"(?![^\s\"',;.!?)\]}])")
 
+
 class Rule(NamedTuple):
     kind: str
     pattern: re.Pattern[str]
@@ -128,7 +129,7 @@ SECRET_RULES: list[Rule] = [Rule(*rule) for rule in [
         r"(?i)(?:password|passwd|passphrase|secret(?:[_-]?key)?|api[_-]?key|access[_-]?token|auth[_-]?token|client[_-]?secret"
         r"|(?<![a-z0-9])(?:pwd|pw|ingest[_-]?key)|(?<=[_-])(?:pass|token))"
         r"\b[\"']?\s*(?:[:=]|\bis\b)\s*[\"']?" + _NOT_A_SECRET
-        + r"((?=[^\s\"',;]{0,255}[0-9!@#$%^&*_+=-])[^\s\"',;]{8,})"), 1, ("pass", "secret", "key", "token", "pwd")),
+        + r"((?=[^\s\"',;]{0,255}[0-9!@#$%^&*_+=-])[^\s\"',;]{8,})"), 1, ("pass", "secret", "key", "token", "pw")),
     # After a password word, also a short value with a digit or symbol ("password: hunter2",
     # "pw=abc123"; "password: see 1Password" and "password reset link" have none) …
     ("password", re.compile(r"(?i)" + _PASSWORD_WORD + r"\b[\"']?\s*(?:[:=]|\bis\b)\s*[\"']?" + _NOT_A_SECRET
