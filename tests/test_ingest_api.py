@@ -90,6 +90,39 @@ def test_turn_ids_in_any_script_and_with_punctuation_are_accepted(ingest, r):
     assert post(ingest, body).status_code == 202
 
 
+GITHUB_TOKEN = "ghp_" + "Xk9mmQ2pLzz7" * 3
+
+
+@pytest.mark.parametrize("field, secret_id", [
+    ("conversation_id", GITHUB_TOKEN),
+    ("turns[1].id", GITHUB_TOKEN),
+    ("turns[1].id", "password=hunter2"),
+    ("turns[1].id", "AKIAIOSFODNN7EXAMPLQ"),
+])
+def test_an_id_holding_a_secret_is_422_naming_it_without_repeating_it(ingest, r, field, secret_id):
+    """Ids are stored and shown as written (a turn's text is redacted, its id was not): a token
+    pasted as an id reached the stream raw. Redacting an id would change what it names, so it is
+    refused, and the refusal does not echo the secret."""
+    body = conversation_payload("alice", "conv-1", ["hi", "hello"])
+    body["turns"][0]["id"], body["turns"][1]["id"] = "t0", "t1"
+    if field == "conversation_id":
+        body["conversation_id"] = secret_id
+    else:
+        body["turns"][1]["id"] = secret_id
+    resp = post(ingest, body)
+    assert resp.status_code == 422 and fields_of(resp) == {field}, resp.text
+    assert secret_id not in resp.text and "holds a secret" in resp.text, resp.text
+    assert r.xlen("recall:turns") == 0
+
+
+def test_ids_shaped_like_vendor_message_ids_are_accepted(ingest, r):
+    """The secret check must not refuse the ids gateways really send (Anthropic, OpenAI, dated)."""
+    body = conversation_payload("alice", "2026-1108", ["hi", "hello", "again"])
+    body["turns"][0]["id"], body["turns"][1]["id"] = "msg_01XFDUDYJgAACzvnptvVoYEL", "chatcmpl-9x8Y7z6W5v4U3t2S1r0Qabcd"
+    del body["turns"][2]["id"]  # stored as 2026-1108-2
+    assert post(ingest, body).status_code == 202
+
+
 def test_duplicate_turn_ids_are_422_naming_the_second(ingest, r):
     body = conversation_payload("alice", "conv-1", ["hi", "hello"])
     body["turns"][1]["id"] = body["turns"][0]["id"]
@@ -435,8 +468,8 @@ def test_every_documented_operation_answers_as_its_schema_says(services, service
             # schemathesis then reported the 202 as "schema-violating request accepted").
             for name in [h for h in case.headers or {} if h.lower() == "x-ingest-key"]:
                 case.headers[name] = INGEST_KEY
-            # Two documented rules are not expressible in JSON Schema (unique turn ids, the body
-            # size limit), so a schema-valid request may still get a 4xx naming them.
+            # Three documented rules are not expressible in JSON Schema (unique turn ids, ids that
+            # hold no secret, the body size limit), so a schema-valid request may still get a 4xx naming them.
             case.call_and_validate(timeout=10, excluded_checks=[positive_data_acceptance])
 
         try:

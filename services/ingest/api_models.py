@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from services.ingest.redaction import find_secret
 from shared.stream_schema import MAX_RETENTION_DAYS
 from shared.tenant_paths import CONVERSATION_ID
 
@@ -71,14 +72,25 @@ def _one_token(value: str) -> str:
     return value
 
 
-TurnId = Annotated[Name, AfterValidator(_one_token)]
+def _no_secret(value: str) -> str:
+    # Ids are stored, logged and shown as written: the conversation id names its file and its
+    # forget, the agent cites a turn by its id. Redacting one would change what it names (two
+    # turns' ids could become one), so an id holding what a turn's text would lose to redaction
+    # is refused, and the message does not repeat it.
+    if kind := find_secret(value):
+        raise ValueError(f"looks like it holds a secret ({kind}): ids are stored and shown as written, "
+                         "so they are never redacted; use an opaque id")
+    return value
+
+
+TurnId = Annotated[Name, AfterValidator(_one_token), AfterValidator(_no_secret)]
 TURN_ID_PATTERN = r"^[^\s\x00-\x1f\x7f-\x9f]+$"  # the same rule, for the OpenAPI document
 
 
 class IngestTurn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     id: TurnId | None = Field(None, min_length=1, max_length=128, json_schema_extra={"pattern": TURN_ID_PATTERN},
-                              description="Stable turn id, without whitespace or control characters; defaults to <conversation_id>-<index>.")
+                              description="Stable turn id, without whitespace or control characters or a secret; defaults to <conversation_id>-<index>.")
     role: Literal["user", "assistant", "system", "tool"]
     text: Text
     ts: datetime = Field(description="ISO-8601 date-time of the turn (a string); without a zone it is taken as UTC.")
@@ -109,7 +121,8 @@ class IngestTurn(BaseModel):
 class IngestRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     user: User = Field(min_length=1, max_length=256, description="The end user this conversation belongs to.")
-    conversation_id: str = Field(pattern=f"^{CONVERSATION_ID.pattern}$", description="[A-Za-z0-9_-]{1,128}; names a file.")
+    conversation_id: Annotated[str, AfterValidator(_no_secret)] = Field(
+        pattern=f"^{CONVERSATION_ID.pattern}$", description="[A-Za-z0-9_-]{1,128}; names a file. One holding a secret (a token) is refused.")
     # At least one: the newest snapshot replaces the stored one, so an empty list would erase
     # the conversation (forgetting is DELETE /conversations/{id}, with a receipt).
     turns: list[IngestTurn] = Field(min_length=1, description="The whole conversation so far, oldest first.")

@@ -98,6 +98,41 @@ def _secrets() -> list[tuple[str, str, str]]:
     items.append(("password", f"curl -H 'x-ingest-key: {k}9' http://127.0.0.1:18301/turns", k))
     k = _s(40, "0123456789abcdef")
     items.append(("authorization", f"curl -H 'Authorization: token {k}' https://api.github.com/user", k))
+    # Shapes the r33 re-check found stored raw (appended, so the values above stay the same).
+    k = _s(6, string.ascii_lowercase) + "2"
+    items.append(("password", f"password: {k}", k))
+    k = _s(4, string.ascii_lowercase) + _s(2, string.digits)
+    items.append(("password", f"my password is {k}", k))
+    k = _s(3, string.ascii_lowercase) + _s(3, string.digits)
+    items.append(("password", f"pw={k}", k))
+    k = "-".join(_s(_rng.randint(4, 7), string.ascii_lowercase) for _ in range(4))
+    items.append(("password", f"password: {k}", k))
+    k = _s(6, string.ascii_lowercase) + _s(3, string.digits)
+    items.append(("password", f"пароль: {k}", k))
+    k = _s(9) + "4"
+    items.append(("password", f"пароль — {k}", k))
+    k = _s(6, string.ascii_lowercase) + "7"
+    items.append(("password", f"мой пароль {k}", k))
+    k = _s(24, string.ascii_lowercase + string.digits)
+    items.append(("password", f"токен: {k}", k))
+    k = base64.b64encode(_rng.randbytes(64)).decode()
+    items.append(("azure_key", f"DefaultEndpointsProtocol=https;AccountName=acme;AccountKey={k};EndpointSuffix=core.windows.net", k))
+    k = base64.b64encode(_rng.randbytes(32)).decode().replace("+", "%2B").replace("/", "%2F").replace("=", "%3D")
+    items.append(("azure_sas", f"https://acme.blob.core.windows.net/exports/q3.csv?sv=2022-11-02&sp=r&se=2026-12-01T00:00:00Z&sig={k}", k))
+    k = _s(32, "0123456789abcdef")
+    items.append(("twilio", f"curl -u AC{_s(32, '0123456789abcdef')}:{k} https://api.twilio.com/2010-04-01/Accounts.json", k))
+    k = "SG." + _s(22, _AZ09 + "_-") + "." + _s(43, _AZ09 + "_-")
+    items.append(("sendgrid_key", f"sendgrid key {k}", k))
+    k = _s(10) + "!"
+    items.append(("password", f"docker login -u deploy -p {k} registry.example.com", k))
+    k = _s(12)
+    items.append(("password", f"docker login -u deploy --password {k}", k))
+    k = _s(10)
+    items.append(("password", f"mysql -p{k}", k))
+    k = _s(9)
+    items.append(("password", f"sshpass -p '{k}' ssh deploy@host", k))
+    k = _s(24)
+    items.append(("password", f"kubectl create secret generic db --from-literal=password={k}", k))
     return items
 
 
@@ -144,6 +179,24 @@ LOOK_ALIKES = [
     "Authorization: token based auth is used here.",
     "The file starts with -----BEGIN RSA PRIVATE KEY----- and ends with an END line.",
     "http://localhost:5173/@vite/client is served by the dev server.",
+    # Look-alikes of the r33 rules: prose after a password word, headers and identifiers of words,
+    # Russian prose, Azure/Twilio/SendGrid names, logins reading the password elsewhere.
+    "The password is stored in vault.",
+    "password: see 1Password",
+    "Send the password reset link again.",
+    "password: 12 characters minimum",
+    "The password is one-time-use.",
+    "X-Auth-Token: your-api-key",
+    "password: your-api-key",
+    "Пароль от почты я забыл.",
+    "Пароль 8-значный, из 8 символов.",
+    "Токен GitHub истёк, токен OAuth2 тоже.",
+    "The SAS URL's sig=1 flag is documented; AccountKey is in the portal.",
+    "AC0123456789abcdef0123456789abcdef is our Twilio account SID.",
+    "SG.1 and SG.2 are sections of the style guide.",
+    "docker login -u deploy --password-stdin registry.example.com",
+    'docker login -u deploy -p "$REGISTRY_PASSWORD" registry.example.com',
+    "kubectl create secret generic db --from-literal=password=$(openssl rand -base64 32)",
 ]
 
 PII = [
