@@ -26,6 +26,7 @@ import redis.asyncio as aioredis
 
 from services.indexer import redis_keys as keys
 from services.indexer.index_job import IndexJob
+from services.indexer.memory_return import return_free_memory
 from services.indexer.metrics import (INDEX_HEAVY_RUNNING, INDEX_JOB_FAILURES, INDEX_JOB_SECONDS, INDEX_RUNNING,
                                       INGEST_TO_SEARCHABLE)
 from shared.engine.memory_lock import MemoryBusy
@@ -180,10 +181,14 @@ class IndexScheduler:
             INDEX_JOB_SECONDS.labels(outcome).observe(time.monotonic() - started)
             await lock.release()
             self.running.pop(uhash, None)
-            self.heavy.discard(uhash)
             INDEX_RUNNING.set(len(self.running))
-            INDEX_HEAVY_RUNNING.set(len(self.heavy))
             log.info("index.run", user_hash=uhash, outcome=outcome, seconds=round(time.monotonic() - started, 3))
+            if uhash in self.heavy:
+                try:  # before the next heavy run: what this one freed stays resident otherwise (memory_return.py)
+                    await asyncio.to_thread(return_free_memory)
+                finally:
+                    self.heavy.discard(uhash)
+                    INDEX_HEAVY_RUNNING.set(len(self.heavy))
 
     async def _stay_due(self, uhash: str, delay_s: float) -> None:
         """Put the next run `delay_s` out. With Redis down the user simply stays due as it was
