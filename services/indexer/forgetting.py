@@ -240,7 +240,7 @@ class Forgetter:
 
     async def _forget_user(self, paths: TenantPaths, entry_id: str, event: ForgetEvent) -> None:
         await asyncio.to_thread(tombstone_user, self.s.data_dir, paths.uhash, entry_id)
-        await self.client.delete(keys.dirty(paths.uhash), keys.received(paths.uhash))
+        await self.client.delete(keys.dirty(paths.uhash), keys.received(paths.uhash), keys.pending_bytes(paths.uhash))
         await self.client.zrem(keys.DUE, paths.uhash)
         await self.client.srem(keys.REEMBED_PENDING, paths.uhash)
         aside = aside_of(paths.root)

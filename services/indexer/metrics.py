@@ -17,6 +17,8 @@ STREAM_LENGTH = Gauge("recall_stream_length", "Entries in the ingest stream (ack
 STREAM_PENDING = Gauge("recall_stream_pending", "Entries delivered to a worker and not yet acked.")
 INDEX_DUE = Gauge("recall_index_due_users", "Users whose memory waits for an index run.")
 INDEX_RUNNING = Gauge("recall_index_jobs_running", "Index jobs running in this worker.")
+INDEX_HEAVY_RUNNING = Gauge("recall_index_heavy_jobs_running",
+                            "Heavy index jobs running in this worker (their user's transcripts grew by RECALL_INDEX_HEAVY_BYTES or more since its last run; at most 1).")
 FORGETS_HELD = Gauge("recall_indexer_forgets_held",
                      "Forget events this worker holds beside its message slots: running, or waiting for room, their "
                      "user's earlier forget, its index lock or a free forget slot (their stream entries stay pending until done).")

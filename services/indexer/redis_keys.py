@@ -18,6 +18,12 @@ def received(uhash: str) -> str:
     return f"recall:index:received:{uhash}"
 
 
+def pending_bytes(uhash: str) -> str:
+    """How many bytes the user's transcript files grew by since its last finished index run: the
+    scheduler's estimate of the next run's work, read before the run starts (a heavy run)."""
+    return f"recall:index:pending-bytes:{uhash}"
+
+
 def index_lock(uhash: str) -> str:
     return f"recall:lock:index:{uhash}"
 

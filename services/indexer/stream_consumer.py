@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 
 import redis.asyncio as aioredis
 from pydantic import ValidationError
@@ -54,10 +55,26 @@ async def store_snapshot(client: aioredis.Redis, s: IndexerSettings, event: Turn
     paths = TenantPaths.for_hash(s.data_dir, event.user_hash)
     lock = RedisLock(client, keys.conversation_lock(event.user_hash, event.conversation_id), 30)
     async with lock.held(wait_s=wait_s):
-        result = await asyncio.to_thread(write_snapshot, paths, event, entry_id, s.engine == "funes")
+        result, grown = await asyncio.to_thread(_write_measured, paths, event, entry_id, s.engine == "funes")
     if result is not WriteResult.STALE:
-        await mark_dirty(client, event.user_hash, event.received_at, s.index_debounce_s)
+        await mark_dirty(client, event.user_hash, event.received_at, s.index_debounce_s, grown)
     return result
+
+
+def _write_measured(paths: TenantPaths, event: TurnsEvent, entry_id: str, tell_rewrites: bool) -> tuple[WriteResult, int]:
+    """write_snapshot, and how many bytes the conversation's file grew by: what the next index
+    run embeds, roughly (the scheduler's heavy runs), known without parsing anything."""
+    target = paths.transcript(event.conversation_id)
+    before = _size(target)
+    result = write_snapshot(paths, event, entry_id, tell_rewrites)
+    return result, max(0, _size(target) - before)
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
 
 
 class StreamConsumer:

@@ -156,7 +156,7 @@ async def run_worker(settings: IndexerSettings) -> None:
     client = async_redis(settings.redis, socket_timeout=10)
     job = make_index_job(settings.engine, settings.funes_bin, settings.index_timeout_s)
     scheduler = IndexScheduler(client, job, settings.data_dir, settings.index_debounce_s, settings.index_lock_ttl_s,
-                               settings.index_concurrency)
+                               settings.index_concurrency, settings.index_heavy_bytes)
     consumer = StreamConsumer(client, settings, Forgetter(client, settings, job))
     broker = build_broker(settings, consumer)
     storage = StorageProbe(client, settings.data_dir, settings.consumer)

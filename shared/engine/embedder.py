@@ -150,6 +150,10 @@ class Embedder(Protocol):
         per character of its best split, or None for a tokenizer without piece scores."""
         ...
 
+    def release_arena(self) -> None:
+        """Hand the model's working memory that no run holds now back to the allocator."""
+        ...
+
 
 def query_model_busy(embedder: Embedder) -> bool:
     """Whether a query embedded now would wait for other calls' model runs (query_batching.py);
@@ -269,6 +273,24 @@ class OnnxEmbedder:
 
     def embed_query(self, text: str) -> np.ndarray:
         return self.query_cache.get(text, self._query_vector)
+
+    def release_arena(self) -> None:
+        """onnxruntime's CPU arena keeps the largest run's buffers for the session's life: a huge
+        paste's batches of 512-token rows left ~250 MB there after its run. A one-token run that
+        asks for the arena's shrinkage frees every region no run holds (a concurrent run keeps
+        its own); the next large run allocates them again (docs/benchmarks.md, round 33: the same
+        CPU per run). Only after a heavy run: shrinking after each run costs a run's allocations."""
+        import onnxruntime as ort
+
+        shrink = ort.RunOptions()
+        shrink.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+        ids = np.ones((1, 1), dtype=np.int64)
+        feeds = {"input_ids": ids, "attention_mask": ids}
+        if "token_type_ids" in self._inputs:
+            feeds["token_type_ids"] = np.zeros_like(ids)
+        sessions = {id(s): s for s in (self._query_session, self._lone_batch_session) if s is not None}
+        for session in sessions.values():
+            session.run(None, feeds, shrink)
 
     def text_log_prob(self, text: str) -> float | None:
         with self._tok_lock:
