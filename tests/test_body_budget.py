@@ -6,15 +6,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 
 import pytest
 from prometheus_client import REGISTRY
+from pydantic import ValidationError
 from starlette.requests import ClientDisconnect, Request
 from structlog.testing import capture_logs
 
+from services.ingest.settings import IngestSettings
+from services.recall.settings import RecallSettings
 from shared.body_budget import BodyBudget
-from shared.settings_base import CommonSettings
 from shared.http_body import READ_DEADLINE, BodyBusy, BodyLimit, BodyStalled, BodyTooLarge, read_body
+from shared.settings_base import CommonSettings
 
 KIB = 1024
 
@@ -170,3 +174,13 @@ async def test_mcp_request_cancelled_while_its_body_arrives_gives_its_bytes_back
     with pytest.raises(asyncio.CancelledError):
         await task
     assert budget.held == 0
+
+
+@pytest.mark.parametrize("settings, named", [
+    (lambda: IngestSettings(body_buffer_bytes=2 * 2**20), "RECALL_INGEST_MAX_BODY_BYTES (4194304)"),
+    (lambda: RecallSettings(body_buffer_bytes=2 * 2**20, realm_max_text_bytes=512 * KIB), "the largest request /mcp reads"),
+])
+def test_a_budget_smaller_than_the_largest_body_is_refused_at_start(settings, named):
+    """Such a body could never be read: every caller sending one would be told 'busy' for good."""
+    with pytest.raises(ValidationError, match=re.escape(named)):
+        settings()

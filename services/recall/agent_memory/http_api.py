@@ -12,7 +12,8 @@ Errors are JSON `{"error": <rule or field>, "detail": …}`: 401 without a valid
 realm or role refusal, 404 for an unknown record, 413 for a body over 1 MiB or a field over RECALL_REALM_MAX_TEXT_BYTES (naming it), 422 for invalid
 input (naming the field; a body nested too deeply to parse is `body`; text holding a NUL
 character, which PostgreSQL cannot store, is refused on either database), 503 `database` while the
-artifacts database cannot be reached.
+artifacts database cannot be reached, 503 `busy` when the request bodies still arriving hold the
+process's RECALL_BODY_BUFFER_BYTES (`shared/body_budget.py`).
 """
 
 from __future__ import annotations
