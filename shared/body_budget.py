@@ -3,10 +3,10 @@
 Each body the services read before answering (ingest's endpoints, `/mcp`, AgentMemory's HTTP
 API) is held until its last byte comes: up to its own limit (4 MiB at ingest, 1 MiB at `/mcp`),
 for up to RECALL_REQUEST_READ_TIMEOUT_S. Nothing bounded their sum: 200 callers with a valid key
-or token that stalled took ingest from 70 to 288 MiB and a recall replica from 288 to 479 MiB
-(docs/benchmarks.md, round 33), and more of them would pass a pod's memory limit. A body whose
-next chunk would take the process past RECALL_BODY_BUFFER_BYTES is refused at once instead
-(`shared/http_body.py` answers it 503, "busy").
+or token that stalled took a recall replica from 288 to 479 MiB (1 MiB each) and ingest from 70
+to 567 MiB (4 MiB each), past its pod's 512 MiB limit (docs/benchmarks.md, round 33). A body
+whose next chunk would take the process past RECALL_BODY_BUFFER_BYTES is refused at once instead
+(`shared/http_body.py` answers it 503, "busy"); with it, 344 and 140 MiB.
 
 All of it runs on the event loop's thread: a check and the count it guards cannot interleave.
 """

@@ -26,8 +26,8 @@ from services.recall.admission import Admission, Busy
 from services.recall.artifacts.artifact_search import ArtifactSearch
 from services.recall.artifacts.artifact_store import ArtifactStore, StoreUnavailable
 from services.recall.artifacts.service import ArtifactService
-from services.recall.artifacts.text_limits import max_body_bytes
 from services.recall.artifacts.surface import register_realm_surface
+from services.recall.artifacts.text_limits import max_body_bytes
 from services.recall.artifacts.tool_access import refusal
 from services.recall.backend import BackendOverloaded, BackendUnavailable, MemoryNeedsRebuild, RecallBackend
 from services.recall.embedded_backend import EmbeddedBackend
@@ -41,10 +41,10 @@ from services.recall.token_errors import RejectedTokenText
 from services.recall.tokens import bearer_admitted, build_verifier
 from services.recall.tool_output import RECALL_TOOL, TOOL_DESCRIPTION, AgentHit, DatedAnswer, render_for_agent
 from services.recall.unexpected_errors import UnexpectedToolErrors, record_http_failure
+from shared.body_budget import BodyBudget
 from shared.data_dir_identity import SharedDirWatch
 from shared.engine.api import Engine, MemoryState, NoIndex
 from shared.engine.identifiers import query_codes
-from shared.body_budget import BodyBudget
 from shared.http_body import BodyLimit
 from shared.http_serving import serve_http
 from shared.index_requests import IndexRequests
