@@ -1,11 +1,12 @@
 """What callers that stall their request bodies cost a service, and how each ends.
 
     .venv/bin/python -m bench.stalled_bodies_bench [--service serve|ingest] [--connections 200]
-        [--sent-bytes 1048575] [--read-timeout 30]
+        [--declared 1048576] [--sent-bytes DECLARED-1] [--read-timeout 30] [--budget BYTES]
 
 Starts the service as production does (`recall serve` or `recall ingest`, with an embedded
 redis-server), then opens `--connections` connections that each send a valid token and ingest
-key, a Content-Length of 1 MiB (/mcp's limit) and `--sent-bytes` of body, then nothing. Reports
+key, a Content-Length of `--declared` bytes (1 MiB, /mcp's limit; ingest's is 4 MiB) and
+`--sent-bytes` of body, then nothing; `--budget` sets RECALL_BODY_BUFFER_BYTES. Reports
 the service's RSS idle, once every connection has sent its part (the peak), and after the read
 timeout has passed; how each connection ended (an HTTP status, or closed without an answer);
 and the log lines that carry a stack (`exception`).
@@ -55,7 +56,8 @@ def rss_mib(proc: psutil.Process) -> float:
     return proc.memory_info().rss / 2**20
 
 
-def run(service: str, connections: int, sent: int, read_timeout: float, work: Path) -> dict:
+def run(service: str, connections: int, declared: int, sent: int, read_timeout: float, budget: int | None,
+        work: Path) -> dict:
     redis = EmbeddedRedis(work / "redis")
     redis.start()
     path, port_var = PATHS[service]
@@ -63,11 +65,13 @@ def run(service: str, connections: int, sent: int, read_timeout: float, work: Pa
     env = {"RECALL_DATA_DIR": str(work / "data"), "RECALL_REDIS_URL": redis.url, "RECALL_INGEST_KEY": KEY,
            "RECALL_JWT_SECRET": JWT_SECRET, "RECALL_REQUEST_READ_TIMEOUT_S": str(read_timeout),
            "FASTMCP_LOG_ENABLED": "false", port_var: str(port)}
+    if budget is not None:
+        env["RECALL_BODY_BUFFER_BYTES"] = str(budget)
     proc = start(service, env, port, work)
     ps = psutil.Process(proc.pid)
     head = (f"POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
             f"accept: application/json, text/event-stream\r\nx-ingest-key: {KEY}\r\nauthorization: Bearer {mint('alice')}\r\n"
-            f"content-length: {DECLARED}\r\n\r\n").encode()
+            f"content-length: {declared}\r\n\r\n").encode()
     try:
         time.sleep(2)
         idle = rss_mib(ps)
@@ -91,7 +95,8 @@ def run(service: str, connections: int, sent: int, read_timeout: float, work: Pa
         redis.stop()
     log = (work / f"{service}-{port}.log").read_text(errors="replace").splitlines()
     stacks = sum(1 for line in log if line.startswith("{") and "exception" in json.loads(line))
-    return {"service": service, "connections": connections, "sent_bytes": sent, "rss_idle_mib": round(idle),
+    return {"service": service, "connections": connections, "declared_bytes": declared, "sent_bytes": sent,
+            "budget_bytes": budget, "rss_idle_mib": round(idle),
             "rss_stalled_mib": round(peak), "per_connection_kib": round((peak - idle) * 1024 / connections),
             "rss_after_mib": round(after), "ended": ends, "log_lines_with_a_stack": stacks}
 
@@ -100,10 +105,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--service", choices=sorted(PATHS), default="serve")
     ap.add_argument("--connections", type=int, default=200)
-    ap.add_argument("--sent-bytes", type=int, default=DECLARED - 1)
+    ap.add_argument("--declared", type=int, default=DECLARED, help="the Content-Length each connection announces")
+    ap.add_argument("--sent-bytes", type=int, help="body bytes each sends (default: all but the last)")
     ap.add_argument("--read-timeout", type=float, default=30.0)
+    ap.add_argument("--budget", type=int, help="RECALL_BODY_BUFFER_BYTES (default: the service's)")
     args = ap.parse_args()
-    print(json.dumps(run(args.service, args.connections, args.sent_bytes, args.read_timeout,
+    sent = args.declared - 1 if args.sent_bytes is None else args.sent_bytes
+    print(json.dumps(run(args.service, args.connections, args.declared, sent, args.read_timeout, args.budget,
                          Path(tempfile.mkdtemp(prefix="recall-stalled-")))))
 
 

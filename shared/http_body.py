@@ -7,6 +7,10 @@ sent its headers and part of its body, then nothing, held what it had sent (up t
 limit, 1 MiB at /mcp) until that deadline closed the connection; the MCP endpoint then logged
 the disconnect as an error with its stack, and no metric counted it. Now such a body is a 408
 (`body_timeout`), one warning line and `recall_http_bodies_refused_total{reason="stalled"}`.
+
+What the bodies still arriving hold, together, is bounded by the process's `BodyBudget`
+(`shared/body_budget.py`, RECALL_BODY_BUFFER_BYTES): a body whose next chunk would pass it is a
+503 "busy" at once, one warning line (`http.body_budget`) and `reason="budget"`.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from shared.body_budget import BodyBudget, BudgetSpent
 from shared.logging_setup import get_logger
 from shared.unexpected_http import route_of
 
@@ -34,14 +39,23 @@ READ_DEADLINE = "recall.read_deadline"
 # Every process defines it once (ingest and the recall service each export their own).
 BODIES_REFUSED = Counter("recall_http_bodies_refused_total",
                          "Request bodies not read whole, by reason: stalled (answered 408: not whole by "
-                         "RECALL_REQUEST_READ_TIMEOUT_S), too_large (413), client_closed (the caller hung up mid-body).",
+                         "RECALL_REQUEST_READ_TIMEOUT_S), too_large (413), client_closed (the caller hung up mid-body), "
+                         "budget (503: the bodies arriving held RECALL_BODY_BUFFER_BYTES).",
                          ["reason"])
-for _reason in ("stalled", "too_large", "client_closed"):
+for _reason in ("stalled", "too_large", "client_closed", "budget"):
     BODIES_REFUSED.labels(_reason)
 
 
 class BodyTooLarge(Exception):
     pass
+
+
+class BodyBusy(Exception):
+    """The bodies arriving hold the process's whole budget; `detail` says so, for a 503."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
 
 
 class BodyStalled(Exception):
@@ -52,24 +66,28 @@ class BodyStalled(Exception):
         self.detail = detail
 
 
-async def read_body(request: Request, limit: int) -> bytes:
+async def read_body(request: Request, limit: int, budget: BodyBudget) -> bytes:
     """The body, read no further than `limit` bytes; BodyTooLarge past it (a declared
     Content-Length over the limit is refused before anything is read), BodyStalled when it has not
-    arrived by the request's read deadline."""
+    arrived by the request's read deadline, BodyBusy when its next chunk would pass `budget`."""
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
         BODIES_REFUSED.labels("too_large").inc()
         raise BodyTooLarge
     body = bytearray()
     try:
-        async with _until_read_deadline(request.scope):
-            async for chunk in request.stream():
-                body += chunk
-                if len(body) > limit:
-                    BODIES_REFUSED.labels("too_large").inc()
-                    raise BodyTooLarge
+        with budget.lease() as lease:
+            async with _until_read_deadline(request.scope):
+                async for chunk in request.stream():
+                    if len(body) + len(chunk) > limit:
+                        BODIES_REFUSED.labels("too_large").inc()
+                        raise BodyTooLarge
+                    lease.take(len(chunk))
+                    body += chunk
     except TimeoutError:
         raise BodyStalled(_stalled(request.scope, route_of(request.scope), len(body))) from None
+    except BudgetSpent as spent:
+        raise BodyBusy(_over_budget(route_of(request.scope), len(body), spent.held, budget.limit)) from None
     except ClientDisconnect:
         BODIES_REFUSED.labels("client_closed").inc()
         raise
@@ -93,6 +111,15 @@ def _stalled(scope: Scope, route: str, received: int) -> str:
             "(RECALL_REQUEST_READ_TIMEOUT_S)")
 
 
+def _over_budget(route: str, received: int, held: int, limit: int) -> str:
+    """Counts and logs a body refused for the budget (one line, no stack: load, not a failure);
+    the detail for its 503. `held`: what every body arriving held then, this one's included."""
+    BODIES_REFUSED.labels("budget").inc()
+    log.warning("http.body_budget", route=route, received_bytes=received, held_bytes=held, budget_bytes=limit)
+    return (f"busy right now: the request bodies arriving hold the {limit:,} bytes this service keeps for "
+            "them (RECALL_BODY_BUFFER_BYTES); retry in a moment")
+
+
 class BodyLimit:
     """ASGI middleware: a request to `path` whose body passes `limit` bytes is answered 413
     (`body_size`) before the app sees any of it, and one whose body has not arrived by the
@@ -102,11 +129,12 @@ class BodyLimit:
 
     A request `admit` turns away (no valid bearer token) goes to the app unread, which refuses it
     (401) without its body: buffered first, 1,500 stalled callers without a token held up to a
-    MiB each and took a replica from 362 MB to 1.75 GB (a security review's trial)."""
+    MiB each and took a replica from 362 MB to 1.75 GB (a security review's trial). One admitted
+    is buffered within `budget`, shared with the process's other bodies: past it, 503 `busy`."""
 
-    def __init__(self, app: ASGIApp, path: str, limit: int,
+    def __init__(self, app: ASGIApp, path: str, limit: int, budget: BodyBudget,
                  admit: Callable[[Scope], Awaitable[bool]] | None = None) -> None:
-        self.app, self.path, self.limit, self.admit = app, path, limit, admit
+        self.app, self.path, self.limit, self.budget, self.admit = app, path, limit, budget, admit
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"].rstrip("/") != self.path:
@@ -119,12 +147,22 @@ class BodyLimit:
         messages: list[Message] = []
         size = 0
         try:
-            async with _until_read_deadline(scope):
-                async for message in _messages(receive):
-                    messages.append(message)
-                    size += len(message.get("body", b""))
-                    if size > self.limit:
-                        return await self._refuse(scope, receive, send)
+            with self.budget.lease() as lease:  # given back once the body is whole, before the app parses it
+                async with _until_read_deadline(scope):
+                    async for message in _messages(receive):
+                        chunk = len(message.get("body", b""))
+                        if size + chunk > self.limit:
+                            raise BodyTooLarge
+                        lease.take(chunk)
+                        messages.append(message)
+                        size += chunk
+        except BodyTooLarge:
+            messages.clear()
+            return await self._refuse(scope, receive, send)
+        except BudgetSpent as spent:
+            messages.clear()
+            detail = _over_budget(self.path, size, spent.held, self.budget.limit)
+            return await JSONResponse({"error": "busy", "detail": detail}, status_code=503)(scope, receive, send)
         except TimeoutError:
             messages.clear()  # not held while the answer is sent
             detail = _stalled(scope, self.path, size)

@@ -28,6 +28,11 @@ class CommonSettings(BaseSettings):
     request_read_timeout_s: float = Field(30.0, gt=0, description="How long ingest and the recall service wait for a request "
                                           "to arrive whole (headers and body, from its first byte or the connection's opening) "
                                           "before closing the connection: idle or stalled connections cannot pile up.")
+    body_buffer_bytes: int = Field(64 * 2**20, ge=2**20, description="Bytes that the request bodies still arriving may hold "
+                                   "together in ingest or a recall replica (each until it is whole, refused, or "
+                                   "RECALL_REQUEST_READ_TIMEOUT_S): a body whose next chunk would pass it is refused at "
+                                   "once, 503 'busy'. At least the largest body the service reads; the default leaves "
+                                   "room within the Kubernetes memory limits (ingest 512 MiB, recall 3 GiB).")
 
     @field_validator("log_level")
     @classmethod

@@ -255,7 +255,9 @@ def _mib(quantity: str) -> float:
 
 def test_memory_requests_hold_the_measured_footprint_and_limits_the_reader_cache_on_top(overlay):
     """docs/benchmarks.md, service-footprint-bench: each service's peak RSS fits its memory
-    request; a recall replica's limit holds that plus its reader-cache byte bound."""
+    request; a recall replica's limit holds that plus its reader-cache byte bound, and ingest's and
+    recall's limits the bodies still arriving on top (RECALL_BODY_BUFFER_BYTES: before it, 200
+    stalled 4 MiB bodies took ingest to 567 MiB, past its 512 MiB limit)."""
     doc = (REPO / "docs" / "benchmarks.md").read_text()
     section = doc[doc.index("<!-- service-footprint-bench:start -->"):doc.index("<!-- service-footprint-bench:end -->")]
     rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in section.splitlines()
@@ -268,7 +270,13 @@ def test_memory_requests_hold_the_measured_footprint_and_limits_the_reader_cache
         assert _mib(c["resources"]["requests"]["memory"]) >= peak[service], (deployment, c["resources"], peak[service])
     [recall] = deployments["recall"]["spec"]["template"]["spec"]["containers"]
     cache = int(next(e["value"] for e in recall["env"] if e["name"] == "RECALL_READER_CACHE_BYTES")) / 2**20
-    assert peak["serve"] + cache <= _mib(recall["resources"]["limits"]["memory"])
+    bodies = CommonSettings.model_fields["body_buffer_bytes"].default / 2**20  # no manifest sets another
+    assert not [e for s in pod_specs(overlay).values() for c in s["containers"] for e in c.get("env", [])
+                if e["name"] == "RECALL_BODY_BUFFER_BYTES"]
+    assert not [m for m in objects(overlay, "ConfigMap").values() if "RECALL_BODY_BUFFER_BYTES" in m.get("data", {})]
+    assert peak["serve"] + cache + bodies <= _mib(recall["resources"]["limits"]["memory"])
+    [ingest] = deployments["recall-ingest"]["spec"]["template"]["spec"]["containers"]
+    assert peak["ingest"] + bodies <= _mib(ingest["resources"]["limits"]["memory"])
 
 
 def test_images_come_from_the_overlays_registry_pinned_by_digest(overlay):
@@ -639,7 +647,7 @@ def test_dashboard_is_valid_grafana_json_with_variables_and_every_topic():
     titles = " ".join(p["title"] for p in dash["panels"]).lower()
     for topic in ("latency", "calls per second", "unavailable", "pool", "stream", "index job", "ingest to searchable",
                   "dead letters", "ingest request latency", "jobs running", "forget", "retention", "per instance",
-                  "unexpected errors"):
+                  "unexpected errors", "request bodies refused", "request body bytes held"):
         assert topic in titles, topic
 
 

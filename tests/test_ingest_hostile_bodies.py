@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import codecs
 import json
+import re
 import signal
 import socket
 import time
@@ -263,6 +264,65 @@ def test_a_caller_that_hangs_up_mid_body_at_mcp_is_counted_not_logged_with_a_sta
         time.sleep(0.5)
     assert wait_until(lambda: bodies_refused(port, "client_closed") == 1, 10)
     assert "Error handling POST request" not in service.output() and '"exception"' not in service.output()
+
+
+def one_answer(conn: socket.socket) -> tuple[int, dict]:
+    """The status and JSON body of the answer, read by its Content-Length (the service may keep
+    the connection open after it)."""
+    conn.settimeout(15)
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        answer += conn.recv(65536) or pytest.fail(f"closed after {answer!r}")
+    head, _, body = answer.partition(b"\r\n\r\n")
+    length = int(re.search(rb"\r\ncontent-length: *(\d+)", head, re.IGNORECASE).group(1))
+    while len(body) < length:
+        body += conn.recv(65536) or pytest.fail(f"closed after {head + body!r}")
+    return int(head.split()[1]), json.loads(body)
+
+
+def body_bytes_held(port: int) -> float:
+    metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    [value] = [line.split()[-1] for line in metrics.splitlines() if line.startswith("recall_http_body_buffer_bytes ")]
+    return float(value)
+
+
+@pytest.mark.parametrize("command, port_var, paths", [("ingest", "RECALL_INGEST_PORT", ["/turns"]),
+                                                      ("serve", "RECALL_RECALL_PORT", ["/mcp", "/realms/r1/memory"])])
+def test_a_body_past_the_process_budget_is_a_busy_503_at_once_and_what_each_body_held_goes_back(
+        services, service_env, command, port_var, paths):
+    """Until round 33's read deadline each stalled caller held what it sent, up to the body limit,
+    and nothing bounded the sum (200 such callers: ingest 70 -> 567 MiB with 4 MiB each, past its
+    512 MiB pod limit). A second body past RECALL_BODY_BUFFER_BYTES is refused at once, and the
+    bytes of a refused body, a caller that hung up and a stalled one go back to the budget."""
+    service = services(command, RECALL_BODY_BUFFER_BYTES=str(3 * 2**19), RECALL_INGEST_MAX_BODY_BYTES=str(2**20),
+                       RECALL_REQUEST_READ_TIMEOUT_S="8")
+    port = int(service_env[port_var])
+    nearly_whole = b"x" * (2**20 - 1)
+    with socket.create_connection(("127.0.0.1", port)) as holder:
+        holder.sendall((stalled_head(paths[0], 2**20) + "\r\n").encode() + nearly_whole)
+        assert wait_until(lambda: body_bytes_held(port) == len(nearly_whole), 10)
+        for path in paths:
+            with socket.create_connection(("127.0.0.1", port)) as late:
+                started = time.monotonic()
+                late.sendall((stalled_head(path, 2**20) + "\r\n").encode() + b"y" * 700_000)
+                status, body = one_answer(late)
+                assert status == 503 and time.monotonic() - started < 4, (path, status, body)  # not at the deadline
+            said = body["fields"][0]["message"] if command == "ingest" else body["detail"]
+            assert body == ({"error": "busy, retry later", "fields": [{"field": "body", "message": said}]}
+                            if command == "ingest" else {"error": "busy", "detail": said}), body
+            assert "RECALL_BODY_BUFFER_BYTES" in said and "retry" in said
+            assert body_bytes_held(port) == len(nearly_whole), f"{path}: the refused body's part went back"
+        assert bodies_refused(port, "budget") == len(paths)
+    assert wait_until(lambda: bodies_refused(port, "client_closed") == 1, 10)
+    assert body_bytes_held(port) == 0, "the caller that hung up gave its part back"
+    with socket.create_connection(("127.0.0.1", port)) as stalled:  # the budget has room for it again
+        stalled.sendall((stalled_head(paths[0], 2**20) + "\r\n").encode() + nearly_whole)
+        assert one_answer(stalled)[0] == 408
+    assert body_bytes_held(port) == 0, "the stalled body gave its part back"
+    lines = [json.loads(line) for line in service.output().splitlines() if "http.body_budget" in line]
+    assert [(line["level"], line["received_bytes"] < 700_000, line["budget_bytes"]) for line in lines] == \
+        [("warning", True, 3 * 2**19)] * len(paths)
+    assert not [line for line in service.output().splitlines() if '"exception"' in line or "Traceback" in line]
 
 
 @pytest.mark.parametrize("command, port_var, path", [("ingest", "RECALL_INGEST_PORT", "/turns"),

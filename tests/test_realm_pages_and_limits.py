@@ -15,7 +15,6 @@ from fastmcp import Client
 from fastmcp.client.auth import BearerAuth
 from fastmcp.exceptions import ToolError
 
-from services.recall.agent_memory.http_api import max_body_bytes
 from services.recall.agent_memory.memory_store import MemoryStore
 from services.recall.agent_memory.models import RecordFields, RecordInput
 from services.recall.agent_memory.service import AgentMemoryService
@@ -25,7 +24,7 @@ from services.recall.artifacts.kind_schemas import REGISTRY_PATH, AgentRegistry,
 from services.recall.artifacts.models import DraftInput, Role, Target
 from services.recall.artifacts.rules import RuleBroken
 from services.recall.artifacts.service import ArtifactService, Caller
-from services.recall.artifacts.text_limits import DEFAULT_MAX_TEXT_BYTES, TextTooLarge
+from services.recall.artifacts.text_limits import DEFAULT_MAX_TEXT_BYTES, TextTooLarge, max_body_bytes
 from services.recall.population.service import PopulationService
 from services.recall.settings import RecallSettings
 from shared.engine.api import Engine

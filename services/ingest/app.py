@@ -41,7 +41,8 @@ from services.ingest.redaction import Redactor
 from services.ingest.settings import IngestSettings
 from services.ingest.stream_readers import StreamReaders, group_readers
 from shared.error_site import exception_site, new_incident
-from shared.http_body import BodyNotUtf8, BodyStalled, BodyTooLarge, huge_integer, read_body, utf8_text
+from shared.body_budget import BodyBudget
+from shared.http_body import BodyBusy, BodyNotUtf8, BodyStalled, BodyTooLarge, huge_integer, read_body, utf8_text
 from shared.logging_setup import get_logger
 from shared.metrics_http import metrics_endpoint
 from shared.raw_url import NOT_UTF8, not_utf8_parameters, query_pairs
@@ -229,6 +230,7 @@ class IngestAPI:
         self.redactor = Redactor(pii=settings.redact_pii)
         self._memory_unknown_logged = False
         self.readers = StreamReaders(settings.stream, settings.group)
+        self.bodies = BodyBudget(settings.body_buffer_bytes)  # what every body still arriving holds, together
 
     # ---- plumbing -------------------------------------------------------------------------------
     def route(self, path: str, handler, methods: list[str], query: frozenset[str] = frozenset()) -> Route:
@@ -285,11 +287,13 @@ class IngestAPI:
     async def _json(self, request: Request, required: bool = True) -> Any:
         limit = self.s.ingest_max_body_bytes
         try:
-            raw = await read_body(request, limit)
+            raw = await read_body(request, limit, self.bodies)
         except BodyTooLarge:
             raise HTTPProblem(413, "request body too large", [("body", f"at most {limit} bytes")]) from None
         except BodyStalled as exc:
             raise HTTPProblem(408, "request body timeout", [("body", exc.detail)]) from None
+        except BodyBusy as exc:  # load, not a failure: the gateway retries a 503
+            raise HTTPProblem(503, "busy, retry later", [("body", exc.detail)]) from None
         if not raw and not required:
             return None
         if not _is_json(request.headers.get("content-type", "")):

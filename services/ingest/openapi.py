@@ -33,7 +33,7 @@ def openapi_document() -> dict:
                           "400": err("Malformed JSON body"), "401": err("Missing or wrong ingest key"),
                           "413": err("Body too large"), "415": err("A body that is not application/json, or not UTF-8 (UTF-16, UTF-32, a byte order mark)"),
                           "422": err(unprocessable),
-                          "503": err("Redis unreachable; retry")},
+                          "503": err("Redis unreachable, or busy (the bodies arriving hold RECALL_BODY_BUFFER_BYTES); retry")},
         }
 
     return {
@@ -56,7 +56,8 @@ def openapi_document() -> dict:
                     "413": err("Over a configured limit (body size, turn count, turn text)"),
                     "415": err("The body is not application/json, or not UTF-8 (UTF-16, UTF-32, a byte order mark)"),
                     "422": err("A field is invalid; `fields` names it"),
-                    "503": err("Redis unreachable, or the data dir is not writable; retry"),
+                    "503": err("Redis unreachable, the data dir not writable, or busy (the bodies arriving hold "
+                               "RECALL_BODY_BUFFER_BYTES); retry"),
                 },
             }},
             "/conversations/{conversation_id}": {"delete": forget_naming_the_user(
@@ -85,7 +86,7 @@ def openapi_document() -> dict:
                               "400": err("Malformed JSON"), "401": err("Missing or wrong ingest key"),
                               "413": err("Body too large"), "415": err("The body is not application/json, or not UTF-8 (UTF-16, UTF-32, a byte order mark)"),
                               "422": err("Invalid days (1-36500 or null) or user"),
-                              "503": err("Redis unreachable; retry")},
+                              "503": err("Redis unreachable, or busy (the bodies arriving hold RECALL_BODY_BUFFER_BYTES); retry")},
             }, "delete": {
                 "summary": "Clear a user's retention override (the service default applies again)",
                 "security": [{"ingestKey": []}],

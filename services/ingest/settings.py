@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from shared.secret_policy import check_secret
@@ -29,3 +29,11 @@ class IngestSettings(CommonSettings):
         if v.get_secret_value():
             check_secret(f"RECALL_{info.field_name.upper()}", v.get_secret_value(), min_length=24)
         return v
+
+    @model_validator(mode="after")
+    def _budget_holds_a_whole_body(self) -> "IngestSettings":
+        # Below the largest body, one caller alone could never post it: refused as busy, for good.
+        if self.body_buffer_bytes < self.ingest_max_body_bytes:
+            raise ValueError(f"RECALL_BODY_BUFFER_BYTES ({self.body_buffer_bytes}) must be at least "
+                             f"RECALL_INGEST_MAX_BODY_BYTES ({self.ingest_max_body_bytes})")
+        return self

@@ -23,11 +23,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from services.recall.admission import Admission, Busy
-from services.recall.agent_memory.http_api import max_body_bytes
 from services.recall.artifacts.artifact_search import ArtifactSearch
 from services.recall.artifacts.artifact_store import ArtifactStore, StoreUnavailable
 from services.recall.artifacts.service import ArtifactService
 from services.recall.artifacts.surface import register_realm_surface
+from services.recall.artifacts.text_limits import max_body_bytes
 from services.recall.artifacts.tool_access import refusal
 from services.recall.backend import BackendOverloaded, BackendUnavailable, MemoryNeedsRebuild, RecallBackend
 from services.recall.embedded_backend import EmbeddedBackend
@@ -41,6 +41,7 @@ from services.recall.token_errors import RejectedTokenText
 from services.recall.tokens import bearer_admitted, build_verifier
 from services.recall.tool_output import RECALL_TOOL, TOOL_DESCRIPTION, AgentHit, DatedAnswer, render_for_agent
 from services.recall.unexpected_errors import UnexpectedToolErrors, record_http_failure
+from shared.body_budget import BodyBudget
 from shared.data_dir_identity import SharedDirWatch
 from shared.engine.api import Engine, MemoryState, NoIndex
 from shared.engine.identifiers import query_codes
@@ -296,8 +297,10 @@ def build_app(settings: RecallSettings | None = None):
             query: Annotated[str, Field(description="Short search words: identifiers, key nouns, optional time words.")]) -> str:
         return await service.recall_for(caller_user(), query, caller_zone())
 
+    # One for the process: /mcp and AgentMemory's HTTP API buffer their bodies within the same bound.
+    bodies = BodyBudget(s.body_buffer_bytes)
     artifacts = build_artifact_service(s)
-    register_realm_surface(mcp, artifacts)
+    register_realm_surface(mcp, artifacts, bodies)
     check_artifacts_db(artifacts)
 
     @mcp.custom_route("/healthz", methods=["GET"])
@@ -320,7 +323,8 @@ def build_app(settings: RecallSettings | None = None):
     # a JSON response is an ordinary request uvicorn lets finish. The tools send no progress.
     app = mcp.http_app(path="/mcp", stateless_http=True, json_response=True)
     # The largest MCP request is a realm write whose text is at its limit (1 MiB by default).
-    app.add_middleware(BodyLimit, path="/mcp", limit=max_body_bytes(s.realm_max_text_bytes), admit=bearer_admitted(verifier))
+    app.add_middleware(BodyLimit, path="/mcp", limit=max_body_bytes(s.realm_max_text_bytes), budget=bodies,
+                       admit=bearer_admitted(verifier))
     for status in (404, 405):  # in the JSON shape of the service's other errors, not Starlette's text
         app.add_exception_handler(status, _no_such_endpoint)
     # Outermost: an exception while a bearer token is verified (an identity provider's JWKS

@@ -5,6 +5,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from services.recall.artifacts.text_limits import max_body_bytes
 from services.recall.time_zones import time_zone
 from shared.engine.native_threads import usable_cores
 from shared.secret_policy import check_secret
@@ -87,4 +88,13 @@ class RecallSettings(CommonSettings):
         if self.replicas > 1 and not (self.artifacts_db_url or "").startswith(("postgresql://", "postgres://")):
             raise ValueError(f"RECALL_REPLICAS={self.replicas} needs RECALL_ARTIFACTS_DB_URL=postgresql://… "
                              "(a SQLite artifacts database is one host's file)")
+        return self
+
+    @model_validator(mode="after")
+    def _budget_holds_a_whole_body(self) -> "RecallSettings":
+        # Below the largest body /mcp reads, a realm write at the text limit could never be sent.
+        largest = max_body_bytes(self.realm_max_text_bytes)
+        if self.body_buffer_bytes < largest:
+            raise ValueError(f"RECALL_BODY_BUFFER_BYTES ({self.body_buffer_bytes}) must be at least the largest "
+                             f"request /mcp reads ({largest}, from RECALL_REALM_MAX_TEXT_BYTES)")
         return self

@@ -12,7 +12,8 @@ Errors are JSON `{"error": <rule or field>, "detail": …}`: 401 without a valid
 realm or role refusal, 404 for an unknown record, 413 for a body over 1 MiB or a field over RECALL_REALM_MAX_TEXT_BYTES (naming it), 422 for invalid
 input (naming the field; a body nested too deeply to parse is `body`; text holding a NUL
 character, which PostgreSQL cannot store, is refused on either database), 503 `database` while the
-artifacts database cannot be reached.
+artifacts database cannot be reached, 503 `busy` when the request bodies still arriving hold the
+process's RECALL_BODY_BUFFER_BYTES (`shared/body_budget.py`).
 """
 
 from __future__ import annotations
@@ -35,28 +36,21 @@ from services.recall.artifacts.nul_text import NulText, refuse_nul
 from services.recall.artifacts.realm_threads import in_realm_thread
 from services.recall.artifacts.rules import RuleBroken
 from services.recall.artifacts.service import AUDIT_PAGE, MAX_TRAIL_OFFSET, Caller
-from services.recall.artifacts.text_limits import TextTooLarge, request_bytes_for
+from services.recall.artifacts.text_limits import TextTooLarge, max_body_bytes
 from services.recall.artifacts.tool_access import CONCURRENT_CHANGE
 from services.recall.artifacts.tools import next_offset
 from services.recall.metrics import REALM_CALLS
-from shared.http_body import BodyNotUtf8, BodyStalled, BodyTooLarge, huge_integer, read_body, utf8_text
+from shared.body_budget import BodyBudget
+from shared.http_body import BodyBusy, BodyNotUtf8, BodyStalled, BodyTooLarge, huge_integer, read_body, utf8_text
 from shared.raw_url import NOT_UTF8, not_utf8_parameters
 
 STATUS = {"realm_membership": 403, "realm_role": 403, "record_author": 403, "people_write": 403, "not_found": 404,
-          "body_timeout": 408, "body_size": 413, "body_encoding": 415}
-MIN_BODY_BYTES = 2**20  # a valid record is far smaller, whatever the text limit
+          "body_timeout": 408, "body_size": 413, "body_encoding": 415, "busy": 503}
 Handler = Callable[[Request, Caller, str], Awaitable[Any]]
 
 
 def _error(status: int, error: str, detail: str) -> JSONResponse:
     return JSONResponse({"error": error, "detail": detail}, status_code=status)
-
-
-def max_body_bytes(max_text_bytes: int) -> int:
-    """The largest request read: one that can carry a record whose content is at the text limit
-    (RECALL_REALM_MAX_TEXT_BYTES), however it is escaped, so such a record is refused naming
-    `content`, not the body; at least 1 MiB."""
-    return max(MIN_BODY_BYTES, request_bytes_for(max_text_bytes))
 
 
 class _HugeInteger(ValueError):
@@ -71,13 +65,15 @@ def _convertible_int(digits: str) -> int:
     return int(digits)
 
 
-async def _json(request: Request, model: type[BaseModel], limit: int) -> Any:
+async def _json(request: Request, model: type[BaseModel], limit: int, bodies: BodyBudget) -> Any:
     try:
-        body = await read_body(request, limit)  # read no further than a record can be
+        body = await read_body(request, limit, bodies)  # read no further than a record can be
     except BodyTooLarge:
         raise RuleBroken("body_size", f"the request body is over {limit} bytes") from None
     except BodyStalled as exc:
         raise RuleBroken("body_timeout", exc.detail) from None
+    except BodyBusy as exc:
+        raise RuleBroken("busy", exc.detail) from None
     try:
         raw = json.loads(utf8_text(body), parse_int=_convertible_int)
     except BodyNotUtf8 as exc:
@@ -92,13 +88,13 @@ async def _json(request: Request, model: type[BaseModel], limit: int) -> Any:
     return model.model_validate(raw)
 
 
-async def _retire_reason(request: Request, limit: int) -> str | None:
+async def _retire_reason(request: Request, limit: int, bodies: BodyBudget) -> str | None:
     """The reason of a retirement, from `?reason=` or a JSON body {"reason": …}: one sent in the
     body was dropped without a word (the audit said null). Both at once is refused naming it."""
     in_query = request.query_params.get("reason")
     if not await _has_body(request):
         return in_query
-    in_body = (await _json(request, RetireInput, limit)).reason
+    in_body = (await _json(request, RetireInput, limit, bodies)).reason
     if in_query is not None and in_body is not None:
         raise RuleBroken("reason", "give the reason once: in ?reason= or in the JSON body, not both")
     return in_body if in_body is not None else in_query
@@ -110,7 +106,7 @@ async def _has_body(request: Request) -> bool:
     return "chunked" in request.headers.get("transfer-encoding", "").lower()
 
 
-def register_agent_memory_routes(mcp: FastMCP, service: AgentMemoryService) -> None:
+def register_agent_memory_routes(mcp: FastMCP, service: AgentMemoryService, bodies: BodyBudget) -> None:
     verifier = mcp.auth
     body_limit = max_body_bytes(service.artifacts.max_text_bytes)
 
@@ -161,7 +157,7 @@ def register_agent_memory_routes(mcp: FastMCP, service: AgentMemoryService) -> N
 
     @route(base, "POST", 201)
     async def create_memory(request: Request, caller: Caller, realm_id: str) -> Any:
-        data = await _json(request, RecordInput, body_limit)
+        data = await _json(request, RecordInput, body_limit, bodies)
         return await in_realm_thread(service.create, caller, realm_id, data)
 
     @route(base, "GET")
@@ -178,13 +174,13 @@ def register_agent_memory_routes(mcp: FastMCP, service: AgentMemoryService) -> N
 
     @route(base + "/{record_id}", "PATCH")
     async def change_memory(request: Request, caller: Caller, realm_id: str) -> Any:
-        patch = await _json(request, RecordFields, body_limit)
+        patch = await _json(request, RecordFields, body_limit, bodies)
         return await in_realm_thread(service.update, caller, realm_id, request.path_params["record_id"], patch)
 
     @route(base + "/{record_id}", "DELETE")
     async def retire_memory(request: Request, caller: Caller, realm_id: str) -> Any:
         return await in_realm_thread(service.retire, caller, realm_id, request.path_params["record_id"],
-                                     await _retire_reason(request, body_limit))
+                                     await _retire_reason(request, body_limit, bodies))
 
     @route(base + "/{record_id}/audit", "GET")
     async def memory_audit(request: Request, caller: Caller, realm_id: str) -> Any:

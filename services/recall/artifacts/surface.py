@@ -14,12 +14,13 @@ from services.recall.artifacts.service import ArtifactService
 from services.recall.artifacts.tools import register_artifact_tools
 from services.recall.population.service import PopulationService
 from services.recall.population.tools import register_population_tools
+from shared.body_budget import BodyBudget
 
 
-def register_realm_surface(mcp: FastMCP, artifacts: ArtifactService) -> None:
+def register_realm_surface(mcp: FastMCP, artifacts: ArtifactService, bodies: BodyBudget) -> None:
     mcp.add_middleware(RefuseNulInRealmTools())
     register_artifact_tools(mcp, artifacts)
     register_population_tools(mcp, PopulationService(artifacts))
     memory = AgentMemoryService(MemoryStore(artifacts.store), artifacts, artifacts.data_dir)
     register_agent_memory_tools(mcp, memory)
-    register_agent_memory_routes(mcp, memory)
+    register_agent_memory_routes(mcp, memory, bodies)

@@ -21,6 +21,7 @@ DEFAULT_MAX_TEXT_BYTES = 64 * 1024
 SETTING = "RECALL_REALM_MAX_TEXT_BYTES"
 # A JSON request carries a stored byte as at most 6 (a control character is sent as \u0001).
 JSON_ESCAPE_FACTOR = 6
+MIN_BODY_BYTES = 2**20  # a valid record is far smaller, whatever the text limit
 MAX_JSON_DEPTH = 32  # provenance details are a few flat fields; a deeper value is a mistake or an attack
 
 
@@ -73,3 +74,10 @@ def request_bytes_for(limit: int, overhead: int = 64 * 1024) -> int:
     """The largest HTTP request that may carry one field of `limit` bytes (escaped at worst)
     beside the small fields of a record."""
     return JSON_ESCAPE_FACTOR * limit + overhead
+
+
+def max_body_bytes(max_text_bytes: int) -> int:
+    """The largest request read (`/mcp`, AgentMemory's HTTP API): one that can carry a record
+    whose content is at the text limit (RECALL_REALM_MAX_TEXT_BYTES), however it is escaped, so
+    such a record is refused naming `content`, not the body; at least 1 MiB."""
+    return max(MIN_BODY_BYTES, request_bytes_for(max_text_bytes))
