@@ -4,6 +4,7 @@ and what each container runs). Settings are checked before the service starts.""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from services.cli_problem import ConfigProblem, Problem
 from services.config_check import (ENGINE_VARIABLES, auth_problems, check_writable_dir, engine_problems, load_settings,
@@ -50,6 +51,7 @@ def _ingest(args: argparse.Namespace) -> int:
         problems.append("RECALL_INGEST_KEY is not set: the ingest API never runs without a key (`recall up` makes one)")
     if problems:
         raise ConfigProblem(*problems)
+    _settle_user_hash(s, None, register=True)
     configure_logging(s.log_level)
     serve_http(create_app(s), s.ingest_host, s.ingest_port, s.stop_grace_s, s.request_read_timeout_s)
     return 0
@@ -67,7 +69,8 @@ def _indexer(args: argparse.Namespace) -> int:
                 + engine_problems(s.engine, s.funes_bin))
     if problems:
         raise ConfigProblem(*problems)
-    _check_shared_data_dir(s, required=True)
+    data_dir = _check_shared_data_dir(s, required=True)
+    _settle_user_hash(s, data_dir, register=True)
     configure_logging(s.log_level)
     asyncio.run(run_worker(s))
     return 0
@@ -82,12 +85,12 @@ def _serve(args: argparse.Namespace) -> int:
                 + auth_problems(s.jwt_secret.get_secret_value(), s.jwks_url))
     if problems:
         raise ConfigProblem(*problems)
-    _check_shared_data_dir(s, required=False)
+    _settle_user_hash(s, _check_shared_data_dir(s, required=False), register=False)
     serve()
     return 0
 
 
-def _check_shared_data_dir(s: CommonSettings, required: bool) -> None:
+def _check_shared_data_dir(s: CommonSettings, required: bool) -> Path:
     """The data directory is writable and the one the other services on this Redis share
     (shared/data_dir_identity.py; an indexer, `required`, names it there first). Redis not
     answering stops an indexer, which needs it to start; a recall replica starts without the
@@ -98,13 +101,46 @@ def _check_shared_data_dir(s: CommonSettings, required: bool) -> None:
 
     data_dir = check_writable_dir(s.data_dir)
     if not s.redis_url:
-        return
+        return data_dir
     try:
         problem = shared_dir_problem(s.redis_url, data_dir, register=required)
     except redis.RedisError as exc:
         if required:
             raise Problem(f"RECALL_REDIS_URL: Redis does not answer ({type(exc).__name__}: {exc}); "
                           "start the indexer again once it does (an orchestrator restarts it)") from None
-        return
+        return data_dir
     if problem:
         raise ConfigProblem(problem)
+    return data_dir
+
+
+def _settle_user_hash(s: CommonSettings, data_dir: Path | None, register: bool) -> None:
+    """Hash users with RECALL_USER_HASH_KEY in this process, once the data directory (when the
+    service has one) and the Redis record no other scheme (shared/user_hash_scheme.py); the
+    first to start records its own, the data directory last, so that a refused service records
+    nothing. `register`: this service may record it in Redis (a recall replica's Redis user
+    reads only). A Redis that does not answer is not checked (the indexer has already stopped on
+    it; ingest answers 503 until it does, a replica answers from the data directory)."""
+    import redis
+
+    from shared.tenant_paths import use_user_hash_key
+    from shared.user_hash_scheme import data_dir_scheme, mismatch, record_data_dir_scheme, redis_scheme, scheme
+
+    key = s.user_hash_key.get_secret_value()
+    ours = scheme(key)
+    where = f"the data directory {data_dir}"
+    recorded = data_dir_scheme(data_dir) if data_dir else None
+    problem = mismatch(ours, recorded, where)
+    if not problem and s.redis_url:
+        client = redis.Redis.from_url(s.redis_url, socket_connect_timeout=5, socket_timeout=10)
+        try:
+            problem = mismatch(ours, redis_scheme(client, s.stream, ours, register), "the deployment's Redis")
+        except (redis.ConnectionError, redis.TimeoutError):
+            pass  # a refused command (an ACL without the key) is a deployment mistake: it is raised
+        finally:
+            client.close()
+    if not problem and data_dir and recorded is None:
+        problem = mismatch(ours, record_data_dir_scheme(data_dir, ours), where)
+    if problem:
+        raise ConfigProblem(problem)
+    use_user_hash_key(key)
