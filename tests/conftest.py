@@ -367,6 +367,19 @@ def post_conversation(env: dict[str, str], user: str, conversation_id: str, mess
     assert resp.status_code == 202, resp.text
 
 
+def user_hash_under(key: str, user: str) -> str:
+    """user_hash(user) as a service holding RECALL_USER_HASH_KEY=key computes it (this process
+    keeps its own scheme)."""
+    from shared import tenant_paths
+
+    saved = tenant_paths._keyed
+    tenant_paths.use_user_hash_key(key)
+    try:
+        return tenant_paths.user_hash(user)
+    finally:
+        tenant_paths._keyed = saved
+
+
 def indexed_chunks(env: dict[str, str], user: str) -> int:
     import sqlite3
 
