@@ -124,7 +124,7 @@ def _settle_user_hash(s: CommonSettings, data_dir: Path | None, register: bool) 
     import redis
 
     from shared.tenant_paths import use_user_hash_key
-    from shared.user_hash_scheme import data_dir_scheme, mismatch, record_data_dir_scheme, redis_scheme, scheme
+    from shared.user_hash_scheme import FILE, data_dir_scheme, mismatch, record_data_dir_scheme, redis_scheme, scheme
 
     key = s.user_hash_key.get_secret_value()
     ours = scheme(key)
@@ -139,8 +139,8 @@ def _settle_user_hash(s: CommonSettings, data_dir: Path | None, register: bool) 
             pass  # a refused command (an ACL without the key) is a deployment mistake: it is raised
         finally:
             client.close()
-    if not problem and data_dir and recorded is None:
-        problem = mismatch(ours, record_data_dir_scheme(data_dir, ours), where)
+    if not problem and data_dir and not (data_dir / FILE).exists():  # an older release's tenants: unkeyed, now said
+        problem = mismatch(ours, record_data_dir_scheme(data_dir, recorded or ours), where)
     if problem:
         raise ConfigProblem(problem)
     use_user_hash_key(key)

@@ -385,7 +385,8 @@ def indexed_chunks(env: dict[str, str], user: str) -> int:
 
     from shared.tenant_paths import user_hash
 
-    db = Path(env["RECALL_DATA_DIR"]) / user_hash(user) / "memory" / "chunks.sqlite3"
+    key = env.get("RECALL_USER_HASH_KEY")  # the services' key, when a test gives them one
+    db = Path(env["RECALL_DATA_DIR"]) / (user_hash_under(key, user) if key else user_hash(user)) / "memory" / "chunks.sqlite3"
     if not db.exists():
         return 0
     conn = sqlite3.connect(db)

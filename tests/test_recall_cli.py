@@ -268,6 +268,29 @@ def test_a_key_given_to_an_unkeyed_deployment_is_refused_naming_why(tmp_path, re
         r.flushdb()
 
 
+async def test_an_unkeyed_deployment_of_an_older_release_keeps_working_without_a_key(services, service_env, r):
+    from shared.user_hash_scheme import FILE, KEY, UNKEYED
+    from tests.conftest import call_recall, indexed_chunks, mint, post_conversation
+
+    data = Path(service_env["RECALL_DATA_DIR"])
+    ingest, indexer = services("ingest"), services("indexer")
+    post_conversation(service_env, "alice", "c1", ["The pump P-7 overheats at noon.", "noted"])
+    assert wait_until(lambda: indexed_chunks(service_env, "alice") == 2, 30)
+    indexer.kill()
+    ingest.kill()
+    (data / FILE).unlink()  # as an older release left it: tenants under sha256, nothing recorded
+    r.delete(KEY)
+    refused = recall("indexer", cwd=data.parent, timeout=60, RECALL_REDIS_URL=service_env["RECALL_REDIS_URL"],
+                     RECALL_DATA_DIR=str(data), RECALL_USER_HASH_KEY=secrets.token_urlsafe(32),
+                     RECALL_INDEXER_PORT=str(free_port()))
+    assert refused.returncode == 2 and "memories would become unreachable" in one_line(refused)
+    services("indexer"), services("ingest"), services("serve")
+    assert (data / FILE).read_text().strip() == UNKEYED and r.get(KEY) == UNKEYED
+    assert "P-7 overheats" in await call_recall(service_env, mint("alice"), "pump P-7")
+    post_conversation(service_env, "alice", "c2", ["The valve V-2 leaks.", "noted"])
+    assert wait_until(lambda: indexed_chunks(service_env, "alice") == 4, 30), "new turns join the old tenant"
+
+
 def test_recall_up_keys_a_new_data_dir_and_leaves_an_older_unkeyed_one_unkeyed(tmp_path, monkeypatch):
     from services.dev_secrets import FILE, export_defaults
 
