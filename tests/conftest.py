@@ -283,6 +283,7 @@ def service_env(tmp_path: Path, redis_url: str) -> dict[str, str]:
         "RECALL_REDIS_URL": redis_url,
         "RECALL_INGEST_KEY": INGEST_KEY,
         "RECALL_JWT_SECRET": JWT_SECRET,
+        "RECALL_USER_HASH_KEY": "",  # unkeyed, as this process's user_hash, also under a key in the shell
         "RECALL_INGEST_PORT": str(free_port()),
         "RECALL_INDEXER_PORT": str(free_port()),
         "RECALL_RECALL_PORT": str(free_port()),
