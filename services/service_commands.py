@@ -124,6 +124,7 @@ def _settle_user_hash(s: CommonSettings, data_dir: Path | None, register: bool) 
     import redis
 
     from shared.tenant_paths import use_user_hash_key
+    from shared import user_hash_scheme
     from shared.user_hash_scheme import FILE, data_dir_scheme, mismatch, record_data_dir_scheme, redis_scheme, scheme
 
     key = s.user_hash_key.get_secret_value()
@@ -132,11 +133,15 @@ def _settle_user_hash(s: CommonSettings, data_dir: Path | None, register: bool) 
     recorded = data_dir_scheme(data_dir) if data_dir else None
     problem = mismatch(ours, recorded, where)
     if not problem and s.redis_url:
-        client = redis.Redis.from_url(s.redis_url, socket_connect_timeout=5, socket_timeout=10)
+        # Short: ingest starts on a Redis that does not answer (and answers 503 until it does).
+        client = redis.Redis.from_url(s.redis_url, socket_connect_timeout=2, socket_timeout=3)
         try:
             problem = mismatch(ours, redis_scheme(client, s.stream, ours, register), "the deployment's Redis")
         except (redis.ConnectionError, redis.TimeoutError):
-            pass  # a refused command (an ACL without the key) is a deployment mistake: it is raised
+            pass
+        except redis.ResponseError as exc:  # an ACL without the key: a deployment mistake, not a key to skip
+            problem = (f"RECALL_REDIS_URL: its Redis user may not read or record {user_hash_scheme.KEY} ({exc}); "
+                       "give it the key as deploy/k8s/base/redis/users.acl.template does")
         finally:
             client.close()
     if not problem and data_dir and not (data_dir / FILE).exists():  # an older release's tenants: unkeyed, now said

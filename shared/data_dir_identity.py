@@ -78,8 +78,8 @@ class SharedDirWatch:
     FLUSHALL, a restart without its AOF) named no directory until the next start, so an indexer on
     a mistyped path could name its own and lock the right ones out at their restart; a replica
     started before any indexer had nothing to compare with. An indexer (`register`) names its
-    directory (and its user hash scheme) again; a service whose directory is not the named one says so (`problem`, for its
-    /readyz, and one log line when that changes)."""
+    directory (and its user hash scheme) again; a service whose directory is not the named one
+    says so (`problem`, for its /readyz, and one log line when that changes)."""
 
     def __init__(self, client: aioredis.Redis, data_dir: Path, register: bool, var: str = "RECALL_DATA_DIR") -> None:
         self.client, self.data_dir, self.register, self.var = client, data_dir, register, var
