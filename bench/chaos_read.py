@@ -357,7 +357,8 @@ def run_config(cfg: ReadConfig, data: Path, work: Path, tenants: list[Tenant], c
     redis_server = EmbeddedRedis(work / f"redis-{port}") if cfg.forgets_per_s or cfg.writes_per_s else None
     if redis_server:
         redis_server.start()
-    env = {**os.environ, "RECALL_DATA_DIR": str(data), "RECALL_JWT_SECRET": SECRET, "RECALL_RECALL_PORT": str(port),
+    env = {**os.environ, "RECALL_USER_HASH_KEY": "",  # unkeyed: this process writes the tenants' paths
+           "RECALL_DATA_DIR": str(data), "RECALL_JWT_SECRET": SECRET, "RECALL_RECALL_PORT": str(port),
            "RECALL_ENGINE": "embedded", "RECALL_LOG_LEVEL": "INFO", **cfg.env}  # INFO: one line per recall with its ms
     if redis_server:
         env["RECALL_REDIS_URL"] = redis_server.url

@@ -97,7 +97,8 @@ async def load(url: str, users: list[str], queries: list[str], clients: int, sec
 def run_variant(name: str, recall_bin: Path, data: Path, work: Path, users: list[str], queries: list[str],
                 clients: int, seconds: float) -> list[object]:
     port = free_port()
-    env = {**os.environ, "RECALL_DATA_DIR": str(data), "RECALL_JWT_SECRET": SECRET, "RECALL_RECALL_PORT": str(port),
+    env = {**os.environ, "RECALL_USER_HASH_KEY": "",  # unkeyed: this process writes the tenants' paths
+           "RECALL_DATA_DIR": str(data), "RECALL_JWT_SECRET": SECRET, "RECALL_RECALL_PORT": str(port),
            "RECALL_ENGINE": "embedded", "RECALL_LOG_LEVEL": "ERROR"}
     log = open(work / f"serve-{name}.log", "wb")
     proc = subprocess.Popen([str(recall_bin), "serve"], env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)

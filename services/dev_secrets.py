@@ -2,7 +2,9 @@
 
 When RECALL_INGEST_KEY or RECALL_JWT_SECRET is unset (or empty), `recall up` generates one and
 writes it to `DATA_DIR/dev-secrets.json` (mode 0600); `recall token`, `recall demo` and
-`recall status` read it back. A secret `recall up` took from its environment is named in the
+`recall status` read it back. RECALL_USER_HASH_KEY likewise, but only for a new (empty) data
+dir or one it was generated for before: an older data dir's tenants are named by unkeyed hashes
+that cannot be re-hashed (shared/user_hash_scheme.py), so it keeps running unkeyed. A secret `recall up` took from its environment is named in the
 file instead (never its value), so those commands ask for the same value rather than use a
 generated one the stack refuses. Production sets both explicitly (Kubernetes Secrets, compose
 `.env`), and this file is never used.
@@ -20,7 +22,8 @@ from dotenv import dotenv_values
 from services.cli_problem import Problem
 
 FILE = "dev-secrets.json"
-WANTED = {"RECALL_INGEST_KEY": 24, "RECALL_JWT_SECRET": 32}
+USER_HASH_KEY = "RECALL_USER_HASH_KEY"
+WANTED = {"RECALL_INGEST_KEY": 24, "RECALL_JWT_SECRET": 32, USER_HASH_KEY: 32}
 FROM_ENVIRONMENT = "set_by_environment"  # the secrets `recall up` took from its environment, by name
 
 
@@ -34,17 +37,25 @@ def _read(path: Path) -> dict:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
+def _wanted(data_dir: Path, stored: dict) -> dict[str, int]:
+    """The secrets `recall up` generates here: the user hash key only for a data dir that is new
+    (nothing in it yet) or got one before, so a newcomer's old `data/` keeps working unkeyed."""
+    keyed = USER_HASH_KEY in stored or not (data_dir.is_dir() and any(data_dir.iterdir()))
+    return {name: n for name, n in WANTED.items() if keyed or name != USER_HASH_KEY}
+
+
 def export_defaults(data_dir: Path, create: bool) -> None:
-    """Fill unset RECALL_INGEST_KEY / RECALL_JWT_SECRET from the dev file; `recall up` (create)
-    first writes it: a generated value for each secret its environment leaves unset (kept from
-    an earlier run), and the names of those it sets (FROM_ENVIRONMENT)."""
+    """Fill unset RECALL_INGEST_KEY / RECALL_JWT_SECRET / RECALL_USER_HASH_KEY from the dev file;
+    `recall up` (create) first writes it: a generated value for each secret its environment
+    leaves unset (kept from an earlier run), and the names of those it sets (FROM_ENVIRONMENT)."""
     path = data_dir / FILE
     stored = _read(path)
     if create:
+        wanted = _wanted(data_dir, stored)
         from_environment = [name for name in WANTED if _configured(name)]
-        if len(from_environment) == len(WANTED) and not path.exists():
+        if set(wanted) <= set(from_environment) and not path.exists():
             return  # nothing generated, and no earlier dev secret a second shell could pick up
-        stored = {name: stored.get(name) or secrets.token_urlsafe(n) for name, n in WANTED.items()
+        stored = {name: stored.get(name) or secrets.token_urlsafe(n) for name, n in wanted.items()
                   if name not in from_environment} | {FROM_ENVIRONMENT: from_environment}
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

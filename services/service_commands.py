@@ -5,6 +5,7 @@ the files it will write its user's alone first, however it was started (shared/p
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from services.cli_problem import ConfigProblem, Problem
 from services.config_check import (ENGINE_VARIABLES, auth_problems, check_writable_dir, engine_problems, load_settings,
@@ -53,6 +54,7 @@ def _ingest(args: argparse.Namespace) -> int:
         problems.append("RECALL_INGEST_KEY is not set: the ingest API never runs without a key (`recall up` makes one)")
     if problems:
         raise ConfigProblem(*problems)
+    _settle_user_hash(s, None, register=True)
     configure_logging(s.log_level)
     serve_http(create_app(s), s.ingest_host, s.ingest_port, s.stop_grace_s, s.request_read_timeout_s)
     return 0
@@ -72,7 +74,7 @@ def _indexer(args: argparse.Namespace) -> int:
     if problems:
         raise ConfigProblem(*problems)
     configure_logging(s.log_level)
-    _check_shared_data_dir(s, required=True)
+    _settle_user_hash(s, _check_shared_data_dir(s, required=True), register=True)
     asyncio.run(run_worker(s))
     return 0
 
@@ -90,12 +92,12 @@ def _serve(args: argparse.Namespace) -> int:
     if problems:
         raise ConfigProblem(*problems)
     configure_logging(s.log_level)
-    _check_shared_data_dir(s, required=False)
+    _settle_user_hash(s, _check_shared_data_dir(s, required=False), register=False)
     serve()
     return 0
 
 
-def _check_shared_data_dir(s: CommonSettings, required: bool) -> None:
+def _check_shared_data_dir(s: CommonSettings, required: bool) -> Path:
     """The data directory is writable, closed to other local users, and the one the other
     services on this Redis share (shared/data_dir_identity.py; an indexer, `required`, names it
     there first). Redis not
@@ -111,13 +113,51 @@ def _check_shared_data_dir(s: CommonSettings, required: bool) -> None:
     # directory itself closes them all (and what `recall up` or a container made there).
     log_tightening(get_logger("recall.data_dir"), "data_dir", close_to_others(data_dir))
     if not s.redis_url:
-        return
+        return data_dir
     try:
         problem = shared_dir_problem(s.redis_url, data_dir, register=required)
     except redis.RedisError as exc:
         if required:
             raise Problem(f"RECALL_REDIS_URL: Redis does not answer ({type(exc).__name__}: {exc}); "
                           "start the indexer again once it does (an orchestrator restarts it)") from None
-        return
+        return data_dir
     if problem:
         raise ConfigProblem(problem)
+    return data_dir
+
+
+def _settle_user_hash(s: CommonSettings, data_dir: Path | None, register: bool) -> None:
+    """Hash users with RECALL_USER_HASH_KEY in this process, once the data directory (when the
+    service has one) and the Redis record no other scheme (shared/user_hash_scheme.py); the
+    first to start records its own, the data directory last, so that a refused service records
+    nothing. `register`: this service may record it in Redis (a recall replica's Redis user
+    reads only). A Redis that does not answer is not checked (the indexer has already stopped on
+    it; ingest answers 503 until it does, a replica answers from the data directory)."""
+    import redis
+
+    from shared.tenant_paths import use_user_hash_key
+    from shared import user_hash_scheme
+    from shared.user_hash_scheme import FILE, data_dir_scheme, mismatch, record_data_dir_scheme, redis_scheme, scheme
+
+    key = s.user_hash_key.get_secret_value()
+    ours = scheme(key)
+    where = f"the data directory {data_dir}"
+    recorded = data_dir_scheme(data_dir) if data_dir else None
+    problem = mismatch(ours, recorded, where)
+    if not problem and s.redis_url:
+        # Short: ingest starts on a Redis that does not answer (and answers 503 until it does).
+        client = redis.Redis.from_url(s.redis_url, socket_connect_timeout=2, socket_timeout=3)
+        try:
+            problem = mismatch(ours, redis_scheme(client, s.stream, ours, register), "the deployment's Redis")
+        except (redis.ConnectionError, redis.TimeoutError):
+            pass
+        except redis.ResponseError as exc:  # an ACL without the key: a deployment mistake, not a key to skip
+            problem = (f"RECALL_REDIS_URL: its Redis user may not read or record {user_hash_scheme.KEY} ({exc}); "
+                       "give it the key as deploy/k8s/base/redis/users.acl.template does")
+        finally:
+            client.close()
+    if not problem and data_dir and not (data_dir / FILE).exists():  # an older release's tenants: unkeyed, now said
+        problem = mismatch(ours, record_data_dir_scheme(data_dir, recorded or ours), where)
+    if problem:
+        raise ConfigProblem(problem)
+    use_user_hash_key(key)

@@ -97,10 +97,19 @@ def check_config() -> tuple[StackSettings, Path]:
         raise ConfigProblem(*problems)
     export_defaults(data_dir, create=True)
     s = load_settings(StackSettings)
-    problems = auth_problems(s.jwt_secret.get_secret_value(), s.jwks_url)
+    problems = auth_problems(s.jwt_secret.get_secret_value(), s.jwks_url) + user_hash_problems(s, data_dir)
     if problems:
         raise ConfigProblem(*problems)
     return s, data_dir
+
+
+def user_hash_problems(s: StackSettings, data_dir: Path) -> list[str]:
+    """The data dir's user hash is this key's (the services check the Redis too, and record it
+    when new): an old data dir given a key is one line now, not a child dying at its start."""
+    from shared.user_hash_scheme import data_dir_scheme, mismatch, scheme
+
+    problem = mismatch(scheme(s.user_hash_key.get_secret_value()), data_dir_scheme(data_dir), f"the data directory {data_dir}")
+    return [problem] if problem else []
 
 
 def embedder_problems() -> None:

@@ -78,8 +78,8 @@ class SharedDirWatch:
     FLUSHALL, a restart without its AOF) named no directory until the next start, so an indexer on
     a mistyped path could name its own and lock the right ones out at their restart; a replica
     started before any indexer had nothing to compare with. An indexer (`register`) names its
-    directory again; a service whose directory is not the named one says so (`problem`, for its
-    /readyz, and one log line when that changes)."""
+    directory (and its user hash scheme) again; a service whose directory is not the named one
+    says so (`problem`, for its /readyz, and one log line when that changes)."""
 
     def __init__(self, client: aioredis.Redis, data_dir: Path, register: bool, var: str = "RECALL_DATA_DIR") -> None:
         self.client, self.data_dir, self.register, self.var = client, data_dir, register, var
@@ -90,10 +90,20 @@ class SharedDirWatch:
         self.ours = self.ours or local_id(self.data_dir)
         if self.register:
             await self.client.set(KEY, self.ours, nx=True)
+            await self._record_user_hash_scheme()
         problem = _problem(self.data_dir, self.ours, await self.client.get(KEY), self.var)
         if problem and problem != self.problem:
             log.error("data_dir.not_shared", ours=self.ours[:8])
         self.problem = problem
+
+    async def _record_user_hash_scheme(self) -> None:
+        # The directory's user hash scheme too (shared/user_hash_scheme.py): after Redis lost it,
+        # an ingest started with another key would otherwise record its own.
+        from shared.user_hash_scheme import FILE as SCHEME_FILE
+        from shared.user_hash_scheme import KEY as SCHEME_KEY
+
+        with contextlib.suppress(FileNotFoundError):
+            await self.client.set(SCHEME_KEY, (self.data_dir / SCHEME_FILE).read_text().strip(), nx=True)
 
     async def run_forever(self) -> None:
         while True:

@@ -6,13 +6,17 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from shared.secret_policy import check_secret
 
 
 class CommonSettings(BaseSettings):
     # `inf` or `nan` for a timeout or an interval is a typo, never a setting (it would never expire).
-    model_config = SettingsConfigDict(env_prefix="RECALL_", env_file=".env", extra="ignore", allow_inf_nan=False)
+    # hide_input_in_errors: a refused secret must not reach the logs.
+    model_config = SettingsConfigDict(env_prefix="RECALL_", env_file=".env", extra="ignore", allow_inf_nan=False,
+                                      hide_input_in_errors=True)
 
     data_dir: Path = Field(Path("data"), description="Root of every tenant's files (shared volume in production).")
     redis_url: str | None = Field(None, description="Redis URL; unset under `recall up` starts an embedded redis-server.")
@@ -33,6 +37,19 @@ class CommonSettings(BaseSettings):
                                    "RECALL_REQUEST_READ_TIMEOUT_S): a body whose next chunk would pass it is refused at "
                                    "once, 503 'busy'. At least the largest body the service reads; the default leaves "
                                    "room within the Kubernetes memory limits (ingest 512 MiB, recall 3 GiB).")
+
+    user_hash_key: SecretStr = Field(SecretStr(""), description="Key of the user hash that names tenants' directories, "
+                                     "Redis keys and log lines: HMAC-SHA256(key, user)[:24], useless without the key (at least 32 "
+                                     "random characters; the same for every service). `recall up` generates one for a new data dir; "
+                                     "unset = sha256(user)[:24], kept by a deployment that started without one (its tenants "
+                                     "cannot be re-hashed: a key added to it is refused).")
+
+    @field_validator("user_hash_key")
+    @classmethod
+    def _no_weak_user_hash_key(cls, v: SecretStr) -> SecretStr:
+        if v.get_secret_value():
+            check_secret("RECALL_USER_HASH_KEY", v.get_secret_value(), min_length=32)
+        return v
 
     @field_validator("log_level")
     @classmethod

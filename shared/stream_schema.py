@@ -24,7 +24,7 @@ class TurnsEvent(BaseModel):
     """The whole conversation so far; the newest accepted snapshot wins."""
 
     kind: Literal["turns"] = "turns"
-    user_hash: str = Field(description="sha256(user)[:24]; the raw user id never reaches Redis.")
+    user_hash: str = Field(description="user_hash(user) (shared/tenant_paths.py: keyed by RECALL_USER_HASH_KEY); the raw user id never reaches Redis.")
     conversation_id: str
     turns: list[StreamTurn]
     received_at: float = Field(description="Unix time the ingest service accepted it.")

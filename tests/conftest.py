@@ -283,6 +283,7 @@ def service_env(tmp_path: Path, redis_url: str) -> dict[str, str]:
         "RECALL_REDIS_URL": redis_url,
         "RECALL_INGEST_KEY": INGEST_KEY,
         "RECALL_JWT_SECRET": JWT_SECRET,
+        "RECALL_USER_HASH_KEY": "",  # unkeyed, as this process's user_hash, also under a key in the shell
         "RECALL_INGEST_PORT": str(free_port()),
         "RECALL_INDEXER_PORT": str(free_port()),
         "RECALL_RECALL_PORT": str(free_port()),
@@ -367,12 +368,26 @@ def post_conversation(env: dict[str, str], user: str, conversation_id: str, mess
     assert resp.status_code == 202, resp.text
 
 
+def user_hash_under(key: str, user: str) -> str:
+    """user_hash(user) as a service holding RECALL_USER_HASH_KEY=key computes it (this process
+    keeps its own scheme)."""
+    from shared import tenant_paths
+
+    saved = tenant_paths._keyed
+    tenant_paths.use_user_hash_key(key)
+    try:
+        return tenant_paths.user_hash(user)
+    finally:
+        tenant_paths._keyed = saved
+
+
 def indexed_chunks(env: dict[str, str], user: str) -> int:
     import sqlite3
 
     from shared.tenant_paths import user_hash
 
-    db = Path(env["RECALL_DATA_DIR"]) / user_hash(user) / "memory" / "chunks.sqlite3"
+    key = env.get("RECALL_USER_HASH_KEY")  # the services' key, when a test gives them one
+    db = Path(env["RECALL_DATA_DIR"]) / (user_hash_under(key, user) if key else user_hash(user)) / "memory" / "chunks.sqlite3"
     if not db.exists():
         return 0
     conn = sqlite3.connect(db)

@@ -42,7 +42,7 @@ FOREIGN_ENV = {"HF_HUB_OFFLINE", "HF_HOME", "FASTMCP_LOG_ENABLED", "PYTHONDONTWR
 SETTINGS = {"ingest": IngestSettings, "indexer": IndexerSettings, "recall": RecallSettings}
 # Fresh values of the right shape for the compose file's required variables.
 COMPOSE_ENV = {name: f"Zq8v{name.lower().replace('_', '')}Xk29bT7" for name in (
-    "RECALL_INGEST_KEY", "RECALL_JWT_SECRET", "REDIS_INGEST_PASSWORD", "REDIS_INDEXER_PASSWORD", "REDIS_RECALL_PASSWORD",
+    "RECALL_INGEST_KEY", "RECALL_JWT_SECRET", "RECALL_USER_HASH_KEY", "REDIS_INGEST_PASSWORD", "REDIS_INDEXER_PASSWORD", "REDIS_RECALL_PASSWORD",
     "REDIS_EXPORTER_PASSWORD", "POSTGRES_PASSWORD", "GF_SECURITY_ADMIN_PASSWORD")}
 
 
@@ -584,6 +584,17 @@ def test_compose_scrapes_a_postgresql_exporter_logged_in_as_the_database_owner()
 def test_compose_refuses_to_start_without_its_secrets():
     out = compose_config({k: v for k, v in COMPOSE_ENV.items() if k != "GF_SECURITY_ADMIN_PASSWORD"})
     assert out.returncode != 0 and "GF_SECURITY_ADMIN_PASSWORD" in out.stderr
+
+
+@needs_compose
+def test_compose_gives_every_service_the_user_hash_key_and_refuses_to_start_without_one():
+    services = json.loads(compose_config(COMPOSE_ENV).stdout)["services"]
+    assert {services[name]["environment"]["RECALL_USER_HASH_KEY"] for name in ("ingest", "indexer", "recall")} \
+        == {COMPOSE_ENV["RECALL_USER_HASH_KEY"]}
+    out = compose_config({k: v for k, v in COMPOSE_ENV.items() if k != "RECALL_USER_HASH_KEY"})
+    assert out.returncode != 0 and "RECALL_USER_HASH_KEY" in out.stderr
+    # Set but empty: a deployment that started before keyed user hashes keeps them.
+    assert compose_config({**COMPOSE_ENV, "RECALL_USER_HASH_KEY": ""}).returncode == 0
 
 
 @needs_compose

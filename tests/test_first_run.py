@@ -9,6 +9,7 @@ as a terminal sends it.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -20,7 +21,8 @@ from pathlib import Path
 
 import psutil
 
-from tests.conftest import REPO, free_port, wait_until
+from shared.tenant_paths import USER_HASH
+from tests.conftest import REPO, free_port, user_hash_under, wait_until
 
 README = (REPO / "README.md").read_text()
 
@@ -123,6 +125,11 @@ async def test_first_run_as_the_readme_tells_it(tmp_path):
         status = _run_line(status_line, clone, env)
         assert status.returncode == 0, status.stdout + status.stderr
         assert re.search(r"ingest\s+ready", status.stdout) and "tenants: 1" in status.stdout, status.stdout
+        # A new data dir is keyed: its user hash key is generated, kept, and names the one tenant.
+        hash_key = json.loads((clone / "data" / "dev-secrets.json").read_text())["RECALL_USER_HASH_KEY"]
+        assert (clone / "data" / ".recall-user-hash").read_text().startswith("hmac-sha256:")
+        tenants = [p.name for p in (clone / "data").iterdir() if USER_HASH.fullmatch(p.name)]
+        assert tenants == [user_hash_under(hash_key, "demo-user")], tenants
 
         # A second stack on this host: the same data dir, or the same ports, is refused before it starts.
         again = _run_line(".venv/bin/recall up", clone, _newcomer_env({k: free_port() for k in ports}), timeout=60)

@@ -21,7 +21,7 @@ from shared.engine.text_analysis import stem
 from shared.recall_answer_format import NO_MEMORY, looks_like_recall_answer, without_notes
 from shared.tenant_paths import TenantPaths, user_hash
 from tests.conftest import (INGEST_KEY, call_recall, engine_cli, files_on_disk, indexed_chunks, ingest_url, mint,
-                            post_conversation, wait_until)
+                            post_conversation, user_hash_under, wait_until)
 from tests.data.secret_corpus import LOOK_ALIKES, PII, PII_LOOK_ALIKES, SECRETS
 
 SECRET_PLAN = ["What did we decide for the Q-731 vault migration?", "Vault migration Q-731: codename BLUEHERON, budget 48k.", "ok"]
@@ -103,6 +103,30 @@ async def test_forget_a_user(stack, r):
     post_conversation(env, "alice", "fresh", ["A new start: ticket Z-1 opened."])
     assert wait_until(lambda: indexed_chunks(env, "alice") == 1, 30), "a turn after the delete is a new memory"
     assert "Z-1" in await call_recall(env, mint("alice"), "Z-1 ticket")
+
+
+async def test_a_forgotten_users_tombstone_under_a_keyed_hash_cannot_be_confirmed_by_hashing_their_id(services, service_env, r):
+    """Unkeyed, sha256 of a guessable id (an e-mail) found its tombstone, its log lines and its
+    stream fields: who once stored memories here stayed provable after the forget."""
+    import hashlib
+    import secrets
+
+    user = "ursula@example.com"
+    service_env["RECALL_USER_HASH_KEY"] = secrets.token_urlsafe(32)
+    running = [services("ingest"), services("indexer"), services("serve")]
+    post_conversation(service_env, user, "secret-plan", SECRET_PLAN)
+    assert wait_until(lambda: indexed_chunks(service_env, user) == 3, 30)
+    assert "BLUEHERON" in await call_recall(service_env, mint(user), "Q-731")
+    receipt = delete(service_env, f"/users/{user}")
+    assert wait_until(lambda: receipt_done(service_env, receipt["receipt"]) is not None, 30)
+    data = Path(service_env["RECALL_DATA_DIR"])
+    keyed = user_hash_under(service_env["RECALL_USER_HASH_KEY"], user)
+    assert (data / ".tombstones" / keyed).exists(), "the tombstone is under the keyed hash"
+    guess = hashlib.sha256(user.encode()).hexdigest()[:24]
+    assert not [p for p in data.rglob("*") if guess in p.name]
+    logs = "".join(p.output() for p in running)
+    assert keyed in logs and guess not in logs and user not in logs
+    assert guess not in json.dumps([r.xrange("recall:turns"), r.keys("*")])
 
 
 def test_unprocessed_stream_entries_are_purged(services, service_env, r):

@@ -21,7 +21,7 @@ from services.stack import StackSettings
 from shared.engine.embedder import EmbedderSettings
 from shared.redis_server import EmbeddedRedis, RedisStartError
 from shared.tenant_paths import user_hash
-from tests.conftest import BIN, REPO, free_port, wait_until
+from tests.conftest import BIN, REPO, free_port, user_hash_under, wait_until
 
 JWT = secrets.token_urlsafe(32)
 INGEST_KEY = secrets.token_urlsafe(24)
@@ -187,6 +187,128 @@ def test_an_indexer_or_replica_on_another_data_dir_than_the_deployments_is_refus
         assert shared_dir_problem(redis_url, shared, register=False) is None
     finally:
         r.delete(KEY)
+
+
+def test_a_keyed_user_hash_is_an_hmac_under_the_key_not_the_guessable_sha256():
+    import hashlib
+    import hmac
+
+    key = secrets.token_urlsafe(32)
+    keyed = user_hash_under(key, "ursula@example.com")
+    assert keyed == hmac.new(key.encode(), b"ursula@example.com", hashlib.sha256).hexdigest()[:24]
+    assert keyed != hashlib.sha256(b"ursula@example.com").hexdigest()[:24] == user_hash("ursula@example.com")
+    assert user_hash_under(secrets.token_urlsafe(32), "ursula@example.com") != keyed
+    assert len(user_hash_under(key, "\udc80 lone surrogate")) == 24  # total, as unkeyed
+
+
+def test_a_service_with_another_user_hash_key_than_the_deployments_is_refused_in_one_line(tmp_path, redis_url, r):
+    """Every process must hash users alike, or a tenant's turns land where its reads never look:
+    the first service records its key's fingerprint (never the key), a later one with another
+    key, or none, is refused naming RECALL_USER_HASH_KEY."""
+    from shared.user_hash_scheme import FILE, KEY
+
+    first, other = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
+    data = tmp_path / "data"
+    r.flushdb()
+    base = dict(RECALL_REDIS_URL=redis_url, RECALL_DATA_DIR=str(data), RECALL_JWT_SECRET=JWT, RECALL_INGEST_KEY=INGEST_KEY)
+    indexer = subprocess.Popen([str(BIN / "recall"), "indexer"], cwd=tmp_path, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True,
+                               env={**{k: v for k, v in os.environ.items() if not k.startswith("RECALL_")}, **base,
+                                    "RECALL_USER_HASH_KEY": first, "RECALL_INDEXER_PORT": str(free_port())})
+    try:
+        assert wait_until(lambda: (data / FILE).exists() and r.get(KEY) is not None or indexer.poll() is not None, 60)
+        assert indexer.poll() is None, indexer.stderr.read()
+        recorded = (data / FILE).read_text().strip()
+        assert r.get(KEY) == recorded and recorded.startswith("hmac-sha256:") and first not in recorded
+        for command, port in (("indexer", "RECALL_INDEXER_PORT"), ("serve", "RECALL_RECALL_PORT"), ("ingest", "RECALL_INGEST_PORT")):
+            for key in (other, ""):
+                result = recall(command, cwd=tmp_path, timeout=60, **base, RECALL_USER_HASH_KEY=key, **{port: str(free_port())})
+                assert result.returncode == 2, result.stderr[-2000:]
+                line = one_line(result)
+                assert line.startswith(f"recall {command}: RECALL_USER_HASH_KEY is not"), line
+                assert first not in line and other not in line
+        assert (data / FILE).read_text().strip() == recorded and r.get(KEY) == recorded, "a refused one records nothing"
+    finally:
+        indexer.kill()
+        indexer.wait()
+        r.flushdb()
+
+
+def _unkeyed_data_dir_of_an_older_release(data: Path) -> None:
+    """A data dir as releases before the keyed hash left it: tenants under sha256, no record."""
+    (data / user_hash("alice") / "src").mkdir(parents=True)
+    (data / user_hash("alice") / "src" / "c1.funes.jsonl").write_text("")
+
+
+def test_a_key_given_to_an_unkeyed_deployment_is_refused_naming_why(tmp_path, redis_url, r):
+    data = tmp_path / "data"
+    _unkeyed_data_dir_of_an_older_release(data)
+    r.flushdb()
+    key = secrets.token_urlsafe(32)
+    try:
+        for command, port in (("indexer", "RECALL_INDEXER_PORT"), ("serve", "RECALL_RECALL_PORT")):
+            result = recall(command, cwd=tmp_path, timeout=60, RECALL_REDIS_URL=redis_url, RECALL_DATA_DIR=str(data),
+                            RECALL_JWT_SECRET=JWT, RECALL_USER_HASH_KEY=key, **{port: str(free_port())})
+            assert result.returncode == 2, result.stderr[-2000:]
+            line = one_line(result)
+            assert line.startswith(f"recall {command}: RECALL_USER_HASH_KEY is set, but the data directory {data} holds "
+                                   "tenants under unkeyed user hashes"), line
+            assert "memories would become unreachable" in line and "Keying the user hash" in line
+        # `recall up` says so before it starts anything.
+        up = recall("up", cwd=tmp_path, timeout=60, RECALL_USER_HASH_KEY=key, **free_ports())
+        assert up.returncode == 2 and "RECALL_USER_HASH_KEY is set, but" in one_line(up), up.stderr[-2000:]
+        assert not (data / "redis").exists()
+        # A Redis whose stream holds events of an older release: ingest has no data dir to tell it.
+        r.xadd("recall:turns", {"kind": "turns", "user_hash": user_hash("alice"), "conversation_id": "c1", "event": "{}"})
+        result = recall("ingest", cwd=tmp_path, timeout=60, RECALL_REDIS_URL=redis_url, RECALL_INGEST_KEY=INGEST_KEY,
+                        RECALL_USER_HASH_KEY=key, RECALL_INGEST_PORT=str(free_port()))
+        assert result.returncode == 2 and "RECALL_USER_HASH_KEY is set, but the deployment's Redis holds tenants under " \
+            "unkeyed" in one_line(result), result.stderr[-2000:]
+    finally:
+        r.flushdb()
+
+
+async def test_an_unkeyed_deployment_of_an_older_release_keeps_working_without_a_key(services, service_env, r):
+    from shared.user_hash_scheme import FILE, KEY, UNKEYED
+    from tests.conftest import call_recall, indexed_chunks, mint, post_conversation
+
+    data = Path(service_env["RECALL_DATA_DIR"])
+    ingest, indexer = services("ingest"), services("indexer")
+    post_conversation(service_env, "alice", "c1", ["The pump P-7 overheats at noon.", "noted"])
+    assert wait_until(lambda: indexed_chunks(service_env, "alice") == 2, 30)
+    indexer.kill()
+    ingest.kill()
+    (data / FILE).unlink()  # as an older release left it: tenants under sha256, nothing recorded
+    r.delete(KEY)
+    refused = recall("indexer", cwd=data.parent, timeout=60, RECALL_REDIS_URL=service_env["RECALL_REDIS_URL"],
+                     RECALL_DATA_DIR=str(data), RECALL_USER_HASH_KEY=secrets.token_urlsafe(32),
+                     RECALL_INDEXER_PORT=str(free_port()))
+    assert refused.returncode == 2 and "memories would become unreachable" in one_line(refused)
+    services("indexer"), services("ingest"), services("serve")
+    assert (data / FILE).read_text().strip() == UNKEYED and r.get(KEY) == UNKEYED
+    assert "P-7 overheats" in await call_recall(service_env, mint("alice"), "pump P-7")
+    post_conversation(service_env, "alice", "c2", ["The valve V-2 leaks.", "noted"])
+    assert wait_until(lambda: indexed_chunks(service_env, "alice") == 4, 30), "new turns join the old tenant"
+
+
+def test_recall_up_keys_a_new_data_dir_and_leaves_an_older_unkeyed_one_unkeyed(tmp_path, monkeypatch):
+    from services.dev_secrets import FILE, export_defaults
+
+    monkeypatch.chdir(tmp_path)  # no .env here
+    for name in ("RECALL_INGEST_KEY", "RECALL_JWT_SECRET", "RECALL_USER_HASH_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    new = tmp_path / "new"
+    export_defaults(new, create=True)
+    key = json.loads((new / FILE).read_text())["RECALL_USER_HASH_KEY"]
+    assert os.environ.pop("RECALL_USER_HASH_KEY") == key and len(key) >= 32
+    export_defaults(new, create=True)  # the next start keeps it
+    assert os.environ.pop("RECALL_USER_HASH_KEY") == key
+
+    old = tmp_path / "old"  # what `recall up` of an older release left: its dev secrets and unkeyed tenants
+    _unkeyed_data_dir_of_an_older_release(old)
+    (old / FILE).write_text(json.dumps({"RECALL_INGEST_KEY": INGEST_KEY, "RECALL_JWT_SECRET": JWT, "set_by_environment": []}))
+    export_defaults(old, create=True)
+    assert "RECALL_USER_HASH_KEY" not in json.loads((old / FILE).read_text()) and "RECALL_USER_HASH_KEY" not in os.environ
 
 
 def test_a_service_that_dies_at_start_stops_recall_up_with_its_reason(tmp_path):
@@ -490,7 +612,9 @@ def test_a_killed_embedded_redis_is_started_again_and_the_stack_carries_on(tmp_p
         [again] = [p for p in psutil.Process(up.pid).children() if "redis-server" in p.name()]
         assert again.pid != redis.pid and again.status() != psutil.STATUS_ZOMBIE
         assert any(c.laddr.port == redis_port for c in again.net_connections("tcp") if c.status == psutil.CONN_LISTEN)
-        src = tmp_path / "data" / user_hash("alice") / "src"
+        hash_key = json.loads((tmp_path / "data" / "dev-secrets.json").read_text())["RECALL_USER_HASH_KEY"]
+        src = tmp_path / "data" / user_hash_under(hash_key, "alice") / "src"
+        assert not (tmp_path / "data" / user_hash("alice")).exists(), "a new data dir's stack hashes users with a key"
         assert wait_until(lambda: {p.name for p in src.glob("*.funes.jsonl")} == {"before.funes.jsonl", "after.funes.jsonl"}, 30)
         assert up.poll() is None
         _embedded_redis_and_files_are_this_users_alone(tmp_path / "data", again, redis_port)  # the restarted one too

@@ -817,16 +817,23 @@ def test_the_shared_data_dir_is_named_again_after_redis_lost_it_and_a_replica_on
     on the wrong directory."""
     from shared.data_dir_identity import KEY, local_id
 
-    indexer = services("indexer")
+    import secrets
+
+    from shared import user_hash_scheme
+
+    key = secrets.token_urlsafe(32)
+    indexer = services("indexer", RECALL_USER_HASH_KEY=key)
     shared = local_id(Path(service_env["RECALL_DATA_DIR"]))
-    assert r.get(KEY) == shared
+    assert r.get(KEY) == shared and r.get(user_hash_scheme.KEY) == user_hash_scheme.scheme(key)
     r.flushall()
     assert wait_until(lambda: r.get(KEY) == shared, 30), "a running indexer names its directory again"
+    assert r.get(user_hash_scheme.KEY) == user_hash_scheme.scheme(key), "and its user hash scheme, before an ingest " \
+        "with another key records its own"
 
     indexer.terminate(timeout=30)
     elsewhere = Path(service_env["RECALL_DATA_DIR"]).parent / "elsewhere"
     elsewhere.mkdir()
-    r.delete(KEY)  # a fresh deployment: the replica starts before any indexer
+    r.delete(KEY, user_hash_scheme.KEY)  # a fresh deployment: the replica starts before any indexer
     services("serve", RECALL_DATA_DIR=str(elsewhere))
     assert httpx.get(f"{recall_url(service_env)}/readyz").status_code == 200
     r.set(KEY, shared)  # the first indexer, on the shared volume

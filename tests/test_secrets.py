@@ -32,6 +32,9 @@ def test_fresh_random_secrets_pass():
     ("ingest", "RECALL_INGEST_KEY", "change-me-local-ingest-key"),
     ("serve", "RECALL_JWT_SECRET", "replace-me-with-at-least-32-random-characters"),
     ("serve", "RECALL_JWT_SECRET", "0000000000000000000000000000000000000000"),
+    ("indexer", "RECALL_USER_HASH_KEY", "replace-me-with-a-long-random-key"),
+    ("ingest", "RECALL_USER_HASH_KEY", "short-but-random-9x"),  # under 32 characters
+    ("serve", "RECALL_USER_HASH_KEY", "ab" * 20),
 ])
 def test_a_service_with_a_weak_secret_refuses_to_start_naming_the_variable(service_env, command, variable, value):
     out = subprocess.run([str(BIN / "recall"), command], env={**service_env, variable: value},
