@@ -35,13 +35,19 @@ def local_id(data_dir: Path) -> str:
     try:
         return marker.read_text().strip()
     except FileNotFoundError:
-        pass
-    draft = data_dir / f"{FILE}.{os.getpid()}.{secrets.token_hex(4)}"
-    draft.write_text(secrets.token_hex(16) + "\n")
+        return write_once(marker, secrets.token_hex(16))
+
+
+def write_once(marker: Path, text: str) -> str:
+    """Write `text` to `marker` unless it holds something already; returns what it holds. A
+    temporary file linked into place, so that two services starting at once on a fresh volume
+    agree on the first one's."""
+    draft = marker.with_name(f"{marker.name}.{os.getpid()}.{secrets.token_hex(4)}")
+    draft.write_text(text + "\n")
     try:
         os.link(draft, marker)
     except FileExistsError:
-        pass  # another service's id is in place: it is the directory's
+        pass  # another service's record is in place: it is the directory's
     finally:
         draft.unlink()
     return marker.read_text().strip()

@@ -19,10 +19,9 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import os
-import secrets
 from pathlib import Path
 
+from shared.data_dir_identity import write_once
 from shared.tenant_paths import USER_HASH
 
 KEY = "recall:user-hash"
@@ -55,19 +54,9 @@ def data_dir_scheme(data_dir: Path) -> str | None:
 
 
 def record_data_dir_scheme(data_dir: Path, ours: str) -> str:
-    """Record `ours` as the directory's scheme unless one is; returns the recorded one. A
-    temporary file linked into place, so that two services starting at once on a fresh volume
-    agree on the first one's."""
-    marker = data_dir / FILE
-    draft = data_dir / f"{FILE}.{os.getpid()}.{secrets.token_hex(4)}"
-    draft.write_text(ours + "\n")
-    try:
-        os.link(draft, marker)
-    except FileExistsError:
-        pass  # another service's record is in place: it is the directory's
-    finally:
-        draft.unlink()
-    return marker.read_text().strip()
+    """Record `ours` as the directory's scheme unless one is; returns the recorded one (the
+    first of services starting at once on a fresh volume)."""
+    return write_once(data_dir / FILE, ours)
 
 
 def redis_scheme(client, stream: str, ours: str, register: bool) -> str | None:

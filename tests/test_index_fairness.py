@@ -5,6 +5,7 @@ run the worker gives the memory it used back (memory_return.py)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -81,54 +82,61 @@ class BlockingJob:
         await self.release.wait()
 
 
+@contextlib.asynccontextmanager
+async def blocking_scheduler(redis_url: str, data_dir: Path):
+    """A scheduler over the suite's Redis whose runs are a BlockingJob (two slots, heavy from
+    10 kB); yields (client, job, scheduler, start), `start()` beginning its polling."""
+    import redis.asyncio as aioredis
+
+    from services.indexer.index_scheduler import IndexScheduler
+
+    client = aioredis.Redis.from_url(redis_url)
+    job = BlockingJob()
+    scheduler = IndexScheduler(client, job, data_dir, 0, 30, concurrency=2, heavy_bytes=10_000)
+    tasks: list[asyncio.Task] = []
+    try:
+        yield client, job, scheduler, lambda: tasks.append(asyncio.create_task(scheduler.run_forever()))
+    finally:
+        job.release.set()
+        await scheduler.stop()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await client.aclose()
+
+
 async def test_a_light_user_behind_many_waiting_heavy_users_still_gets_the_free_slot(tmp_path, redis_url, r):
     """40 heavy users due before it (more than one page of the due list), one heavy run going: the
     light user is found and run, and the other heavy users wait for the heavy run's turn."""
-    import redis.asyncio as aioredis
-
-    from services.indexer.index_scheduler import IndexScheduler, mark_dirty
+    from services.indexer.index_scheduler import mark_dirty
 
     r.flushdb()
-    client = aioredis.Redis.from_url(redis_url)
-    job = BlockingJob()
-    scheduler = IndexScheduler(client, job, tmp_path, 0, 30, concurrency=2, heavy_bytes=10_000)
-    heavy = [user_hash(f"heavy-{i}") for i in range(40)]
-    light = user_hash("light")
-    for uh in heavy:
-        await mark_dirty(client, uh, None, 0, grown_bytes=450_000)
-    await asyncio.sleep(0.01)
-    await mark_dirty(client, light, None, 0, grown_bytes=120)
-    loop = asyncio.create_task(scheduler.run_forever())
-    try:
+    async with blocking_scheduler(redis_url, tmp_path) as (client, job, scheduler, start):
+        heavy = [user_hash(f"heavy-{i}") for i in range(40)]
+        light = user_hash("light")
+        for uh in heavy:
+            await mark_dirty(client, uh, None, 0, grown_bytes=450_000)
+        await asyncio.sleep(0.01)
+        await mark_dirty(client, light, None, 0, grown_bytes=120)
+        start()
         assert await asyncio.to_thread(wait_until, lambda: light in job.started, 5), job.started
         assert sorted(job.started) == sorted([heavy[0], light]), "the first heavy user and the light one; the rest wait"
         assert scheduler.heavy == {heavy[0]}
         job.release.set()  # both end: the next heavy user in line runs next
         assert await asyncio.to_thread(wait_until, lambda: heavy[1] in job.started, 5), job.started
         assert r.get(keys.pending_bytes(heavy[0])) is None and r.get(keys.pending_bytes(light)) is None
-    finally:
-        job.release.set()
-        await scheduler.stop()
-        loop.cancel()
-        await asyncio.gather(loop, return_exceptions=True)
-        await client.aclose()
 
 
 async def test_bytes_written_during_a_run_stay_for_the_next_one(tmp_path, redis_url, r):
     """A paste that lands while the user's light run goes makes its next run heavy: a run clears
     only the bytes it saw at its start."""
-    import redis.asyncio as aioredis
-
-    from services.indexer.index_scheduler import IndexScheduler, mark_dirty
+    from services.indexer.index_scheduler import mark_dirty
 
     r.flushdb()
-    client = aioredis.Redis.from_url(redis_url)
-    job = BlockingJob()
-    scheduler = IndexScheduler(client, job, tmp_path, 0, 30, concurrency=2, heavy_bytes=10_000)
-    uh = user_hash("writer")
-    await mark_dirty(client, uh, None, 0, grown_bytes=300)
-    loop = asyncio.create_task(scheduler.run_forever())
-    try:
+    async with blocking_scheduler(redis_url, tmp_path) as (client, job, scheduler, start):
+        uh = user_hash("writer")
+        await mark_dirty(client, uh, None, 0, grown_bytes=300)
+        start()
         assert await asyncio.to_thread(wait_until, lambda: uh in job.started, 5)
         assert not scheduler.heavy
         await mark_dirty(client, uh, None, 0, grown_bytes=450_000)
@@ -140,9 +148,3 @@ async def test_bytes_written_during_a_run_stay_for_the_next_one(tmp_path, redis_
         job.release.set()
         assert await asyncio.to_thread(wait_until, lambda: not scheduler.running and r.zscore(keys.DUE, uh) is None, 5)
         assert r.get(keys.pending_bytes(uh)) is None
-    finally:
-        job.release.set()
-        await scheduler.stop()
-        loop.cancel()
-        await asyncio.gather(loop, return_exceptions=True)
-        await client.aclose()
