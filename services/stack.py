@@ -5,8 +5,8 @@ nothing is started); then starts an embedded redis-server (AOF in DATA_DIR/redis
 port unless RECALL_EMBEDDED_REDIS_PORT is set, verified to be our own) unless RECALL_REDIS_URL
 is set, and the ingest API, one indexer and the recall MCP service as child processes sharing
 every RECALL_* setting. When all of them are ready it prints the URLs, a dev token and a ready
-curl line, last; it stops everything on Ctrl-C or SIGTERM (ingest and the recall service
-together, then the indexer; a part still running 5 s past RECALL_STOP_GRACE_S after its
+curl line, last; it stops everything on Ctrl-C or SIGTERM (ingest, then the recall service and
+the indexer together; a part still running 5 s past RECALL_STOP_GRACE_S after its
 SIGTERM is killed, named on stderr). A part that dies before the stack is up stops
 everything; after that, a service that exits is started again after a backoff (1, 2, 4, 8,
 16 s) unless it already was RECALL_CHILD_RESTART_LIMIT times within two minutes, which stops
@@ -205,10 +205,12 @@ def run_stack() -> int:
             print(f"recall up: {exc}; stopping everything", file=sys.stderr)
             code = 1
     finally:
-        # recall and ingest together first: nothing new reaches the indexer, which finishes its job last
+        # Ingest first, so nothing new reaches the indexer; then the recall service and the indexer
+        # together: they do not wait on each other, and one after the other (the recall service
+        # takes seconds to exit once its calls are done) a stop ran past 30 s in a soak trial.
         grace = s.stop_grace_s + STOP_MARGIN_S
-        stop_children([c for c in children if c.name != "indexer"], grace)
-        stop_children([c for c in children if c.name == "indexer"], grace)
+        stop_children([c for c in children if c.name == "ingest"], grace)
+        stop_children([c for c in children if c.name != "ingest"], grace)
         if redis_server is not None and not redis_server.stop(REDIS_STOP_S):
             print(f"recall up: the embedded redis-server did not stop within {REDIS_STOP_S:g} s of SIGTERM; killed it "
                   "(its AOF may lack the last second of writes)", file=sys.stderr, flush=True)

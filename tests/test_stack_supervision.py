@@ -161,6 +161,21 @@ def test_ctrl_c_kills_a_part_that_does_not_stop_within_the_grace_and_names_it(st
     assert not alive and not stack.leftovers(), [p.cmdline() for p in alive]
 
 
+def test_ctrl_c_stops_the_indexer_beside_the_recall_service_not_after_it(start_stack):
+    """A soak trial's stops ran past 30 s: the indexer got its SIGTERM only once the recall
+    service had exited. Ingest stops first (nothing new reaches the indexer), then the recall
+    service and the indexer together, so a recall service slow to stop delays the indexer no more."""
+    stack = start_stack(RECALL_STOP_GRACE_S="3")
+    indexer = stack.child("indexer")
+    stack.child("serve").suspend()  # it stops only when killed, 8 s after its SIGTERM
+    exited: dict[str, float] = {}
+    started = time.monotonic()
+    os.killpg(stack.proc.pid, signal.SIGINT)
+    psutil.wait_procs([indexer], timeout=30, callback=lambda p: exited.setdefault("indexer", time.monotonic() - started))
+    assert exited.get("indexer", 99) < 6, (exited, stack.output()[-3000:])
+    assert stack.proc.wait(60) == 0, stack.output()[-3000:]
+
+
 def _thp_mode() -> str:
     try:
         return re.search(r"\[(\w+)\]", Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text())[1]
