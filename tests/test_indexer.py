@@ -910,3 +910,34 @@ async def test_a_renewal_still_running_when_its_lock_is_released_is_no_lost_lock
     await asyncio.sleep(0.6)
     assert not lock.lost and LOCKS_LOST._value.get() == lost_before
     await client.aclose()
+
+
+async def test_the_longest_a_user_has_been_due_is_sampled_as_well_as_how_many_are(redis_url, r, tmp_path):
+    """A soak trial's backlog grew from seconds to 25 minutes while recall_index_due_users sat at
+    its ceiling, every tenant: the wait itself is now a gauge."""
+    import redis.asyncio as aioredis
+
+    from services.indexer import redis_keys
+    from prometheus_client import REGISTRY
+
+    from services.indexer.worker import _sample_stream
+    from shared.stream_schema import ensure_group_async
+
+    r.flushdb()
+    settings = IndexerSettings(data_dir=tmp_path, redis_url=redis_url)
+    client = aioredis.Redis.from_url(redis_url)
+    await ensure_group_async(client, settings.stream, settings.group)
+    r.zadd(redis_keys.DUE, {user_hash("waited"): time.time() - 600, user_hash("just-now"): time.time() + 1})
+    sampler = asyncio.create_task(_sample_stream(client, settings))
+    try:
+        def gauge(name: str) -> float | None:
+            return REGISTRY.get_sample_value(name)
+
+        assert await asyncio.to_thread(wait_until, lambda: gauge("recall_index_due_users") == 2, 5)
+        assert 600 <= gauge("recall_index_due_oldest_seconds") < 660
+        r.delete(redis_keys.DUE)
+        assert await asyncio.to_thread(wait_until, lambda: gauge("recall_index_due_oldest_seconds") == 0, 5)
+    finally:
+        sampler.cancel()
+        await asyncio.gather(sampler, return_exceptions=True)
+        await client.aclose()

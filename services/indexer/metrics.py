@@ -16,6 +16,10 @@ DEAD_LETTERS = Counter("recall_indexer_dead_letters_total", "Messages moved to t
 STREAM_LENGTH = Gauge("recall_stream_length", "Entries in the ingest stream (acked ones are deleted).")
 STREAM_PENDING = Gauge("recall_stream_pending", "Entries delivered to a worker and not yet acked.")
 INDEX_DUE = Gauge("recall_index_due_users", "Users whose memory waits for an index run.")
+# Users due says how many wait, not how long: in a soak trial it sat at every tenant (40) while
+# the backlog grew from seconds to 25 minutes.
+INDEX_DUE_OLDEST = Gauge("recall_index_due_oldest_seconds",
+                         "How long the user longest due has been due for an index run (a run in progress counts; 0 when none is).")
 INDEX_RUNNING = Gauge("recall_index_jobs_running", "Index jobs running in this worker.")
 INDEX_HEAVY_RUNNING = Gauge("recall_index_heavy_jobs_running",
                             "Heavy index jobs running in this worker (their user's transcripts grew by RECALL_INDEX_HEAVY_BYTES or more since its last run; at most 1).")

@@ -8,6 +8,7 @@ import asyncio
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import redis.asyncio as aioredis
@@ -26,7 +27,7 @@ from services.indexer.consumer_reaper import reap_forever
 from services.indexer.forgetting import Forgetter
 from services.indexer.index_job import EmbeddedIndexJob, make_index_job
 from services.indexer.index_scheduler import FINISH_ON_STOP_S, IndexScheduler
-from services.indexer.metrics import INDEX_DUE, REEMBED_PENDING, STREAM_LENGTH, STREAM_PENDING, UNEXPECTED_ERRORS
+from services.indexer.metrics import INDEX_DUE, INDEX_DUE_OLDEST, REEMBED_PENDING, STREAM_LENGTH, STREAM_PENDING, UNEXPECTED_ERRORS
 from services.indexer.reembed_job import schedule_stale_tenants
 from services.indexer.retention import RetentionSweeper
 from services.indexer.settings import IndexerSettings
@@ -84,6 +85,8 @@ async def _sample_stream(client: aioredis.Redis, settings: IndexerSettings) -> N
             STREAM_LENGTH.set(await client.xlen(settings.stream))
             STREAM_PENDING.set((await client.xpending(settings.stream, settings.group))["pending"])
             INDEX_DUE.set(await client.zcard(redis_keys.DUE))
+            oldest = await client.zrange(redis_keys.DUE, 0, 0, withscores=True)  # scores: when each run may start
+            INDEX_DUE_OLDEST.set(max(0.0, time.time() - oldest[0][1]) if oldest else 0.0)
             REEMBED_PENDING.set(await client.scard(redis_keys.REEMBED_PENDING))
         except aioredis.RedisError:
             pass
