@@ -116,7 +116,7 @@ async def test_ids_and_names_are_bounded_and_never_echoed_back_whole(realm_serve
     async with Client(f"{recall_url(env)}/mcp", auth=BearerAuth(mint("lead", realms={REALM: "owner"}))) as client:
         tools = await client.list_tools()
     unbounded = [f"{tool.name}.{name}" for tool in tools if tool.name != "recall_my_conversations"  # not a realm tool
-                 for name, schema in tool.inputSchema["properties"].items() if name in BOUNDED and "maxLength" not in str(schema)]
+                 for name, schema in tool.input_schema["properties"].items() if name in BOUNDED and "maxLength" not in str(schema)]
     assert not unbounded, unbounded
 
     huge = "a" * 100_000
