@@ -21,6 +21,7 @@ import json
 import re
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import Any, NamedTuple
 
@@ -231,6 +232,12 @@ class IngestAPI:
         self._memory_unknown_logged = False
         self.readers = StreamReaders(settings.stream, settings.group)
         self.bodies = BodyBudget(settings.body_buffer_bytes)  # what every body still arriving holds, together
+        # Snapshots are checked and redacted one at a time, in one thread of their own. That work
+        # holds the GIL (regular expressions, pydantic), so more threads clean no faster; through
+        # asyncio's default pool (min(32, cores + 4) threads, the node's cores in a pod) every post
+        # in flight took a thread, and the event loop, one more GIL waiter among them, answered
+        # /healthz in up to 0.6 s on 2 cores (docs/benchmarks.md, round 34).
+        self.cleaner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ingest-clean")
 
     # ---- plumbing -------------------------------------------------------------------------------
     def route(self, path: str, handler, methods: list[str], query: frozenset[str] = frozenset()) -> Route:
@@ -317,9 +324,9 @@ class IngestAPI:
     # ---- POST /turns ------------------------------------------------------------------------------
     async def post_turns(self, request: Request) -> tuple[int, dict]:
         payload = await self._json(request)
-        # Checking and redacting is CPU work in proportion to the body (~2 s for 4 MiB): in a
-        # worker thread, the event loop goes on answering probes and other posts between turns.
-        req, turns, redactions = await asyncio.to_thread(self._clean_snapshot, payload)
+        # Checking and redacting is CPU work in proportion to the body (~2 s for 4 MiB): in the
+        # cleaning thread, the event loop goes on answering probes and other posts between turns.
+        req, turns, redactions = await asyncio.get_running_loop().run_in_executor(self.cleaner, self._clean_snapshot, payload)
         event = TurnsEvent(user_hash=user_hash(req.user), conversation_id=req.conversation_id, turns=turns,
                            received_at=time.time())
         await self._refuse_if_unable_to_store()
@@ -511,6 +518,7 @@ def create_app(settings: IngestSettings) -> Starlette:
         finally:
             sync.close()
         yield
+        api.cleaner.shutdown(wait=False)
         await api.redis.aclose()
 
     async def healthz(request: Request) -> Response:
