@@ -1,7 +1,9 @@
 """Probe latency under load (round 34): how long /healthz and /readyz take while a service is busy.
 
+    .venv/bin/python -m bench.probe_latency_bench build --data DIR [--conversations 20000]
     .venv/bin/python -m bench.probe_latency_bench recall --data DIR [--clients 8 16 32] [--seconds 30]
-    .venv/bin/python -m bench.probe_latency_bench sigterm --data DIR [--clients 16]
+    .venv/bin/python -m bench.probe_latency_bench sigterm --data DIR [--clients 16] [--redis] [--keep-calling]
+    .venv/bin/python -m bench.probe_latency_bench stack [--clients 16] [--big-bodies] [--pastes 4] [--bin BIN ...]
 
 Kubernetes restarts a pod whose liveness probe (GET /healthz, 5 s timeout) fails three times in
 a row, and a probe that times out because the pod is busy restarts exactly the busy pods. This
@@ -10,12 +12,19 @@ interpreter, so the load generator's own event loop does not delay it) asks /hea
 /readyz every 0.5 s while N real MCP clients (fastmcp, each its own session and HS256 token)
 call `recall_my_conversations` on one big tenant as fast as they are answered.
 
-`--data`: a data dir whose tenant `bench-user` (unkeyed hash) is already indexed, e.g. by
-`bench.recall_cpu_bench`'s ReusingEmbedder over `bench.corpus.generate(n)`; the questions are
-read from `queries.json` beside it.
+`--data`: a data dir whose tenant `bench-user` (unkeyed hash) is indexed, as `build` makes it:
+`bench.corpus.generate(n)` indexed by the real engine with `bench.recall_cpu_bench`'s
+ReusingEmbedder (3,000 real e5 vectors reused, ~1.5 minutes at 20,000 conversations); the
+questions are written to `queries.json` beside it.
 
 `sigterm`: the same load with `--clients` in flight, then SIGTERM; the time the process takes to
-exit, and when the last in-flight call was answered.
+exit, and when the last in-flight call was answered (`--keep-calling`: the clients go on
+calling after the signal; `--redis`: with Redis, as deployed).
+
+`stack`: embedded Redis, ingest and the indexer; ingest under `--clients` connections posting
+conversations back to back for `--seconds` (`--big-bodies`: ~3.6 MB each, 19 turns of ~190,000
+characters), then the indexer for `--seconds` while `--pastes` users' 150,000-character pastes
+index. `--bin` runs the services of other checkouts' venvs in turn (before and after, same run).
 """
 
 from __future__ import annotations
@@ -142,17 +151,17 @@ def fmt(p: dict) -> str:
             f">1s={p['over_1s']} no_answer={p['no_answer']} statuses={p['statuses']}")
 
 
-def serve(data: Path, work: Path, extra: dict[str, str]) -> tuple[subprocess.Popen, int]:
+def serve(data: Path, work: Path, extra: dict[str, str], bin_dir: Path = BIN) -> tuple[subprocess.Popen, int]:
     port = free_port()
     env = {"RECALL_DATA_DIR": str(data), "RECALL_JWT_SECRET": SECRET, "RECALL_RECALL_PORT": str(port),
            "RECALL_LOG_LEVEL": "WARNING", "FASTMCP_LOG_ENABLED": "false", **extra}
-    return start("serve", env, port, work), port
+    return start("serve", env, port, work, bin_dir), port
 
 
 def recall(args) -> None:
     queries = json.loads((args.data.parent / "queries.json").read_text())
     work = Path(tempfile.mkdtemp(prefix="probe-bench-"))
-    proc, port = serve(args.data, work, {})
+    proc, port = serve(args.data, work, dict(kv.split("=", 1) for kv in args.service_env), args.bin[0])
     out = work / "probes.jsonl"
     prober = start_prober(port, ["/healthz", "/readyz"], out)
     try:
@@ -184,7 +193,8 @@ def sigterm(args) -> None:
         redis = EmbeddedRedis(work / "redis")
         redis.start()
     for attempt in range(args.rounds):
-        proc, port = serve(args.data, work, {"RECALL_REDIS_URL": redis.url} if redis else {})
+        extra = {**({"RECALL_REDIS_URL": redis.url} if redis else {}), **dict(kv.split("=", 1) for kv in args.service_env)}
+        proc, port = serve(args.data, work, extra, args.bin[0])
 
         async def run() -> tuple[dict, float, float]:
             stop = asyncio.Event()
@@ -192,7 +202,8 @@ def sigterm(args) -> None:
             await asyncio.sleep(args.warm_s)
             signalled = time.time()
             proc.send_signal(signal.SIGTERM)
-            stop.set()  # the clients send nothing more; the calls in flight run to their end
+            if not args.keep_calling:
+                stop.set()  # the clients send nothing more; the calls in flight run to their end
             while proc.poll() is None:
                 await asyncio.sleep(0.02)
             exited = time.time()
@@ -219,7 +230,7 @@ def turns_payload(user: str, conversation_id: str, texts: list[str]) -> dict:
 
 async def post_burst(url: str, clients: int, seconds: float, big: bool = False) -> dict:
     """`clients` connections posting whole conversations back to back: 20 turns of ~600
-    characters, or (`big`) 19 turns of 200,000 (~3.8 MB, under the 4 MiB body limit: what a
+    characters, or (`big`) 19 turns of ~190,000 (~3.6 MB, under the 4 MiB body limit: what a
     gateway posts for a conversation of pasted logs)."""
     import httpx
 
@@ -279,7 +290,7 @@ def stack_once(args, bin_dir: Path) -> None:
         t0 = time.time()
         burst = asyncio.run(post_burst(f"http://127.0.0.1:{ingest_port}", args.clients[0], args.seconds, args.big_bodies))
         t1 = time.time()
-        print(f"ingest burst, {args.clients[0]} clients{', ~3.8 MB bodies' if args.big_bodies else ''}: posts={burst['calls']} p50={burst['p50'] * 1000:.0f}ms "
+        print(f"ingest burst, {args.clients[0]} clients{', ~3.6 MB bodies' if args.big_bodies else ''}: posts={burst['calls']} p50={burst['p50'] * 1000:.0f}ms "
               f"p99={burst['p99'] * 1000:.0f}ms codes={burst['codes']} load1={os.getloadavg()[0]:.1f}", flush=True)
         for name, f in (("ingest", out.with_suffix(".ingest")), ("indexer", out.with_suffix(".indexer"))):
             for p, s in probe_summary(f, t0, t1).items():
@@ -291,10 +302,17 @@ def stack_once(args, bin_dir: Path) -> None:
             body = turns_payload(seed, "dump", [(seed + " " + "漢字の文章" * (PASTE_CHARS // 5))[:PASTE_CHARS]])
             resp = httpx.post(f"http://127.0.0.1:{ingest_port}/turns", json=body, headers={"x-ingest-key": INGEST_KEY}, timeout=60)
             assert resp.status_code == 202, resp.text
-        time.sleep(args.seconds)
+        heavy_seen = 0  # samples of the indexer's /metrics that showed a heavy run going
+        samples = 0
+        while time.time() < t2 + args.seconds:
+            time.sleep(2.0)
+            metrics = httpx.get(f"http://127.0.0.1:{indexer_port}/metrics", timeout=30).text
+            samples += 1
+            heavy_seen += any(line.startswith("recall_index_heavy_jobs_running ") and float(line.split()[1]) > 0
+                              for line in metrics.splitlines())
         t3 = time.time()
         print(f"indexer, {args.pastes} pastes of {PASTE_CHARS} characters (2 index slots), {args.seconds:.0f}s:"
-              f" load1={os.getloadavg()[0]:.1f}", flush=True)
+              f" a heavy run going in {heavy_seen} of {samples} samples; load1={os.getloadavg()[0]:.1f}", flush=True)
         for p, s in probe_summary(out.with_suffix(".indexer"), t2, t3).items():
             print(f"    indexer {p} {fmt(s)}", flush=True)
     finally:
@@ -304,23 +322,40 @@ def stack_once(args, bin_dir: Path) -> None:
         redis.stop()
 
 
+def build(args) -> None:
+    from bench.recall_cpu_bench import ReusingEmbedder, write_src
+    from shared.engine.embedder import shared_embedder
+    from shared.engine.index_run import index_tree
+    from shared.tenant_paths import TenantPaths
+
+    paths = TenantPaths.for_user(args.data, USER)  # unkeyed, as bench/stack_processes.py starts the service
+    started = time.perf_counter()
+    queries = write_src(paths.src, args.conversations)
+    (args.data.parent / "queries.json").write_text(json.dumps(queries))
+    index_tree(paths.root, paths.src, ReusingEmbedder(shared_embedder()))
+    print(f"built {args.conversations} conversations in {time.perf_counter() - started:.0f}s", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["recall", "sigterm", "stack"])
+    ap.add_argument("mode", choices=["build", "recall", "sigterm", "stack"])
     ap.add_argument("--data", type=Path)
     ap.add_argument("--pastes", type=int, default=4)
+    ap.add_argument("--conversations", type=int, default=20000)
     ap.add_argument("--clients", type=int, nargs="+", default=[8, 16, 32])
     ap.add_argument("--seconds", type=float, default=30)
     ap.add_argument("--warm-s", type=float, default=5)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--session-per-call", action="store_true")
+    ap.add_argument("--keep-calling", action="store_true", help="sigterm: the clients go on calling after the signal")
+    ap.add_argument("--service-env", nargs="*", default=[], help="recall, sigterm: KEY=VALUE settings of the service")
     ap.add_argument("--bin", type=Path, nargs="+", default=[BIN], help="stack: venv bin dirs whose `recall` to run, in turn")
-    ap.add_argument("--big-bodies", action="store_true", help="stack: the ingest burst posts ~3.8 MB conversations")
+    ap.add_argument("--big-bodies", action="store_true", help="stack: the ingest burst posts ~3.6 MB conversations")
     ap.add_argument("--redis", action="store_true", help="sigterm: the service with Redis, as deployed")
     args = ap.parse_args()
     if args.mode == "sigterm":
         args.clients = args.clients[0]
-    {"recall": recall, "sigterm": sigterm, "stack": stack}[args.mode](args)
+    {"build": build, "recall": recall, "sigterm": sigterm, "stack": stack}[args.mode](args)
 
 
 if __name__ == "__main__":
