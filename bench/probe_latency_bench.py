@@ -231,7 +231,7 @@ def turns_payload(user: str, conversation_id: str, texts: list[str]) -> dict:
 async def post_burst(url: str, clients: int, seconds: float, big: bool = False) -> dict:
     """`clients` connections posting whole conversations back to back: 20 turns of ~600
     characters, or (`big`) 19 turns of ~190,000 (~3.6 MB, under the 4 MiB body limit: what a
-    gateway posts for a conversation of pasted logs)."""
+    gateway posts for a conversation of pasted logs); beside them, small posts' latency."""
     import httpx
 
     lat: list[float] = []
@@ -251,8 +251,22 @@ async def post_burst(url: str, clients: int, seconds: float, big: bool = False) 
                 lat.append(time.perf_counter() - t0)
                 codes[resp.status_code] = codes.get(resp.status_code, 0) + 1
 
-    await asyncio.gather(*[one(i) for i in range(clients)])
-    return {"calls": len(lat), "p50": pct(lat, 0.5), "p99": pct(lat, 0.99), "codes": codes}
+    small: list[float] = []
+
+    async def small_poster() -> None:
+        """One more connection posting a six-turn conversation every 0.2 s: how long a small post
+        waits behind the burst's."""
+        async with httpx.AsyncClient(timeout=60, headers={"x-ingest-key": INGEST_KEY}) as http:
+            while time.monotonic() < deadline:
+                t0 = time.perf_counter()
+                resp = await http.post(f"{url}/turns", json=turns_payload("small", "chat", [text[:80]] * 6))
+                assert resp.status_code == 202, resp.text
+                small.append(time.perf_counter() - t0)
+                await asyncio.sleep(0.2)
+
+    await asyncio.gather(small_poster(), *[one(i) for i in range(clients)])
+    return {"calls": len(lat), "p50": pct(lat, 0.5), "p99": pct(lat, 0.99), "codes": codes,
+            "small": f"n={len(small)} p50={pct(small, 0.5) * 1000:.0f}ms p99={pct(small, 0.99) * 1000:.0f}ms"}
 
 
 def stack(args) -> None:
@@ -291,7 +305,8 @@ def stack_once(args, bin_dir: Path) -> None:
         burst = asyncio.run(post_burst(f"http://127.0.0.1:{ingest_port}", args.clients[0], args.seconds, args.big_bodies))
         t1 = time.time()
         print(f"ingest burst, {args.clients[0]} clients{', ~3.6 MB bodies' if args.big_bodies else ''}: posts={burst['calls']} p50={burst['p50'] * 1000:.0f}ms "
-              f"p99={burst['p99'] * 1000:.0f}ms codes={burst['codes']} load1={os.getloadavg()[0]:.1f}", flush=True)
+              f"p99={burst['p99'] * 1000:.0f}ms codes={burst['codes']} load1={os.getloadavg()[0]:.1f}; "
+              f"small posts beside them {burst['small']}", flush=True)
         for name, f in (("ingest", out.with_suffix(".ingest")), ("indexer", out.with_suffix(".indexer"))):
             for p, s in probe_summary(f, t0, t1).items():
                 print(f"    {name} {p} {fmt(s)}", flush=True)
