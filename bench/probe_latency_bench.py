@@ -35,6 +35,7 @@ import contextlib
 import http.client
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -335,6 +336,8 @@ def stack_once(args, bin_dir: Path) -> None:
             p.kill()
         stop_all(ingest, indexer)
         redis.stop()
+        for d in (data, work / "redis"):  # hundreds of MB of posted text; the logs stay
+            shutil.rmtree(d, ignore_errors=True)
 
 
 def build(args) -> None:
