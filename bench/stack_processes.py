@@ -14,12 +14,13 @@ from shared.child_process import stop, wait_healthy
 BIN = Path(sys.executable).parent
 
 
-def start(command: str, env: dict[str, str], port: int, log_dir: Path) -> subprocess.Popen:
+def start(command: str, env: dict[str, str], port: int, log_dir: Path, bin_dir: Path = BIN) -> subprocess.Popen:
+    """`recall <command>` from `bin_dir` (another checkout's venv runs that checkout's code)."""
     log = open(log_dir / f"{command}-{port}.log", "wb")
     # Unkeyed user hashes (also over a key in the shell or ./.env): the benchmarks compute tenant
     # paths themselves, in this process, and their data dirs are throwaway.
     env = {**os.environ, "RECALL_USER_HASH_KEY": "", **env}
-    proc = subprocess.Popen([str(BIN / "recall"), command], env=env, stdout=log, stderr=subprocess.STDOUT,
+    proc = subprocess.Popen([str(bin_dir / "recall"), command], env=env, stdout=log, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL)
     try:
         wait_healthy(proc, f"http://127.0.0.1:{port}/healthz")

@@ -21,6 +21,8 @@ import json
 import re
 import time
 from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import Any, NamedTuple
 
@@ -37,7 +39,7 @@ from starlette.routing import Route
 from services.ingest.api_models import Accepted, ForgetUser, IngestRequest, IngestTurn, RetentionOverride
 from services.ingest.metrics import INGEST_LATENCY, INGEST_REDACTIONS, INGEST_REQUESTS, INGEST_TURNS
 from services.ingest.openapi import openapi_document
-from services.ingest.redaction import Redactor
+from services.ingest.redaction import Redacted, Redactor
 from services.ingest.settings import IngestSettings
 from services.ingest.stream_readers import StreamReaders, group_readers
 from shared.error_site import exception_site, new_incident
@@ -88,6 +90,9 @@ class StorageState(NamedTuple):
 # thousands of unknown query parameters) must not earn a reply several times its own size.
 MAX_LISTED_FIELDS = 20
 REDIS_TIMEOUT_S = 2.0  # any other command's answer
+# Text one step of cleaning redacts (a few ms of CPU): the posts in flight take turns in the
+# cleaning thread at this grain (IngestAPI._clean_snapshot).
+CLEANING_STEP_CHARS = 50_000
 
 
 class HTTPProblem(Exception):
@@ -231,6 +236,13 @@ class IngestAPI:
         self._memory_unknown_logged = False
         self.readers = StreamReaders(settings.stream, settings.group)
         self.bodies = BodyBudget(settings.body_buffer_bytes)  # what every body still arriving holds, together
+        # Snapshots are checked and redacted in one thread of their own. That work holds the GIL
+        # (regular expressions, pydantic), so more threads clean no faster; through asyncio's
+        # default pool (min(32, cores + 4) threads, the node's cores in a pod) every post in
+        # flight took a thread, and the event loop, one more GIL waiter among them, answered
+        # /healthz in up to 0.95 s and /readyz in up to 2.3 s on 2 cores (docs/benchmarks.md,
+        # round 34). The posts in flight take turns in it a step at a time (_clean_snapshot).
+        self.cleaner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ingest-clean")
 
     # ---- plumbing -------------------------------------------------------------------------------
     def route(self, path: str, handler, methods: list[str], query: frozenset[str] = frozenset()) -> Route:
@@ -317,9 +329,7 @@ class IngestAPI:
     # ---- POST /turns ------------------------------------------------------------------------------
     async def post_turns(self, request: Request) -> tuple[int, dict]:
         payload = await self._json(request)
-        # Checking and redacting is CPU work in proportion to the body (~2 s for 4 MiB): in a
-        # worker thread, the event loop goes on answering probes and other posts between turns.
-        req, turns, redactions = await asyncio.to_thread(self._clean_snapshot, payload)
+        req, turns, redactions = await self._clean_snapshot(payload)
         event = TurnsEvent(user_hash=user_hash(req.user), conversation_id=req.conversation_id, turns=turns,
                            received_at=time.time())
         await self._refuse_if_unable_to_store()
@@ -364,23 +374,40 @@ class IngestAPI:
         readers = None if isinstance(groups, Exception) else group_readers(groups, self.s.group)
         return StorageState(reason, backlog, int(memory.get("used_memory", 0)), int(memory.get("maxmemory", 0)), readers)
 
-    def _clean_snapshot(self, payload: dict) -> tuple[IngestRequest, list[StreamTurn], Counter]:
+    async def _clean_snapshot(self, payload: dict) -> tuple[IngestRequest, list[StreamTurn], Counter]:
         """The request validated, and its turns as they are stored: recall echoes dropped,
-        secrets (and PII if configured) redacted; with the redactions made, by kind."""
+        secrets (and PII if configured) redacted; with the redactions made, by kind.
+
+        CPU work in proportion to the body (~2 s for 4 MiB), done in the cleaning thread a step at
+        a time (the check, then runs of turns: _cleaning_steps), so the posts in flight take turns
+        in it and a small post waits for a step of each large one, not for all of them: behind 8
+        connections posting ~3.6 MB, a small post took a median 0.2 s (0.5 s through the default
+        pool; 1.5 s with each snapshot cleaned whole in one step), ingest alone on 2 cores."""
+        loop = asyncio.get_running_loop()
+        req = await loop.run_in_executor(self.cleaner, self._checked_request, payload)
+        turns, redactions = [], Counter()
+        for step in _cleaning_steps(req.turns):
+            for i, clean in await loop.run_in_executor(self.cleaner, self._clean_turns, req.turns, step):
+                if clean is None:
+                    continue
+                redactions.update(clean.kinds)
+                t = req.turns[i]
+                turns.append(StreamTurn(id=req.turn_id(i), role=t.role, text=clean.text, ts=t.ts))
+        return req, turns, redactions
+
+    def _checked_request(self, payload: dict) -> IngestRequest:
         if isinstance(payload.get("turns"), list) and len(payload["turns"]) > self.s.ingest_max_turns:
             raise HTTPProblem(413, "too many turns", [("turns", f"at most {self.s.ingest_max_turns} turns")])
         req: IngestRequest = _validate(IngestRequest, payload)
         for i, t in enumerate(req.turns):
             if len(t.text) > self.s.ingest_max_turn_chars:
                 raise HTTPProblem(413, "turn text too long", [(f"turns[{i}].text", f"at most {self.s.ingest_max_turn_chars} characters")])
-        turns, redactions = [], Counter()
-        for i, t in enumerate(req.turns):
-            if self.s.drop_recall_echoes and self._is_recall_echo(t):
-                continue
-            clean = self.redactor.redact(t.text)
-            redactions.update(clean.kinds)
-            turns.append(StreamTurn(id=req.turn_id(i), role=t.role, text=clean.text, ts=t.ts))
-        return req, turns, redactions
+        return req
+
+    def _clean_turns(self, turns: list[IngestTurn], step: range) -> list[tuple[int, Redacted | None]]:
+        """Each turn of `step` with its text redacted; None for a recall echo (dropped)."""
+        return [(i, None if self.s.drop_recall_echoes and self._is_recall_echo(turns[i]) else self.redactor.redact(turns[i].text))
+                for i in step]
 
     async def _refuse_if_unable_to_store(self) -> None:
         """503 when an indexer reports the data dir unwritable, the backlog is full or Redis's
@@ -496,6 +523,19 @@ class IngestAPI:
         return JSONResponse({"status": "ready"})
 
 
+def _cleaning_steps(turns: list[IngestTurn]) -> Iterator[range]:
+    """The turns in runs of about CLEANING_STEP_CHARS of text (a turn longer than that is a step
+    of its own): a step per turn would cost a post of 2,000 short turns 2,000 hand-offs."""
+    start, chars = 0, 0
+    for i, t in enumerate(turns):
+        chars += len(t.text)
+        if chars >= CLEANING_STEP_CHARS:
+            yield range(start, i + 1)
+            start, chars = i + 1, 0
+    if start < len(turns):
+        yield range(start, len(turns))
+
+
 def create_app(settings: IngestSettings) -> Starlette:
     api = IngestAPI(settings)
 
@@ -511,6 +551,7 @@ def create_app(settings: IngestSettings) -> Starlette:
         finally:
             sync.close()
         yield
+        api.cleaner.shutdown(wait=False)
         await api.redis.aclose()
 
     async def healthz(request: Request) -> Response:
