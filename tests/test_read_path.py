@@ -287,3 +287,61 @@ def test_turns_read_only_to_judge_their_conversation_are_not_read_from_sqlite(me
         skipped += len(judged_only)
     assert skipped > 20, "the questions judge turns the legs did not find"
     reader.close()
+
+
+def test_conversation_candidates_equal_the_loop_they_replace(memory):
+    """The array form of conversation evidence's candidates gives the reference loop's
+    conversations, order, turns and sums: on the memory's own BM25 lists and on made-up ones
+    with tied scores, zero sums, rows the view does not hold and many turns of one conversation."""
+    import random
+
+    from shared.engine.hybrid_search import conversation_candidates_reference
+
+    reader = MemoryReader(memory)
+    reader.refresh()
+    mask = reader.filter_mask(None, None)
+    checked = 0
+    for question in QUESTIONS:
+        deep = bm25_leg(reader, bm25_query_text(question, reader.fts_analyzer), CONVERSATION_DEPTH, mask)
+        assert (list(conversation_candidates(reader, deep, mask).turns.items())
+                == list(conversation_candidates_reference(reader, deep, mask).turns.items())), question
+        checked += bool(deep)
+    assert checked > 5
+    rng = random.Random(7)
+    ids = reader.view.ids.tolist()
+    for trial in range(2000):
+        pool = ids[:rng.choice([6, 12, 40, len(ids)])]  # a few conversations (6 turns each) or all
+        deep = [(rng.choice(pool) if rng.random() < 0.9 else 10**9 + trial, rng.choice([0.0, 1.0, 1.5, 2.25, 7.0]))
+                for _ in range(rng.randint(0, 80))]
+        deep.sort(key=lambda hit: -hit[1])
+        assert (list(conversation_candidates(reader, deep, mask).turns.items())
+                == list(conversation_candidates_reference(reader, deep, mask).turns.items())), deep
+    reader.close()
+
+
+def test_a_views_position_table_agrees_with_a_binary_search_of_its_ids():
+    from shared.engine.memory_reader import ReaderView, _locate
+
+    rng = np.random.default_rng(3)
+    for ids in (np.arange(1, 501), np.sort(rng.choice(1000, 400, replace=False)) + 7,  # dense: a table
+                np.sort(rng.choice(10**6, 300, replace=False)), np.array([42]), np.zeros(0, np.int64)):  # sparse, one, none
+        ids = ids.astype(np.int64)
+        view = ReaderView(generation=0, max_row_id=int(ids[-1]) if len(ids) else 0, base=None, ids=ids,
+                          alive=np.ones(len(ids), bool), block=np.zeros(len(ids), np.int32),
+                          harness=np.zeros(len(ids), np.int32), epoch=np.zeros(len(ids)), delta_vecs=np.zeros((len(ids), 4)))
+        wanted = np.concatenate([ids, rng.integers(-5, (int(ids[-1]) if len(ids) else 0) + 10, 500), [-(10**12), 10**12]])
+        rng.shuffle(wanted)
+        pos, found = view.locate(wanted)
+        ref_pos, ref_found = _locate(ids, wanted)
+        assert found.tolist() == ref_found.tolist()
+        assert pos[found].tolist() == ref_pos[ref_found].tolist()
+        assert ((pos >= 0) & (pos < max(len(ids), 1))).all()  # a valid index even where the id is absent
+
+
+def test_epochs_of_many_rows_equal_each_rows_own(memory):
+    reader = MemoryReader(memory)
+    reader.refresh()
+    ids = [-3, 0, *range(1, reader.n + 3), 10**12]
+    assert reader.epochs_of(ids) == [reader.epoch_of(i) for i in ids]
+    assert reader.epochs_of([]) == []
+    reader.close()
