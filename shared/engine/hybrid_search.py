@@ -309,44 +309,6 @@ class ConversationEvidence:
 
 
 def conversation_candidates(reader: MemoryReader, deep: list[tuple[int, float]], mask: Mask) -> ConversationEvidence:
-    """Array operations over the ~300 hits (a loop step per hit cost ~0.1 ms); the same lists and
-    sums as `conversation_candidates_reference`, which says what they are."""
-    ids = np.fromiter((rid for rid, _ in deep), np.int64, len(deep))
-    scores = np.fromiter((score for _, score in deep), np.float64, len(deep))
-    codes = reader.sessions_of(ids, mask)
-    at = np.flatnonzero(codes > 0)  # hits of a known conversation, best first
-    if not len(at):
-        return ConversationEvidence({})
-    # Each conversation's hits together, in rank order within it (a stable sort by code).
-    grouped = at[np.argsort(codes[at], kind="stable")]
-    code_of = codes[grouped]
-    starts = np.flatnonzero(np.concatenate(([True], code_of[1:] != code_of[:-1])))
-    place = np.arange(len(grouped)) - np.repeat(starts, np.diff(np.append(starts, len(grouped))))
-    # Its best CONVERSATION_TURNS hits, summed one after another as floats (0.0 + s1 + s2 + s3).
-    first = grouped[starts]
-    totals = scores[first]
-    judged = [first]
-    for n in range(1, CONVERSATION_TURNS):
-        nth = np.flatnonzero(place == n)  # the conversations with an n-th hit: their position in `starts`
-        group = np.searchsorted(starts, nth, side="right") - 1
-        totals[group] += scores[grouped[nth]]
-        judged.append((group, grouped[nth]))
-    # Conversations in the order of their best hit (dict order in the reference), then by their
-    # sum, best first; a stable sort keeps that order among equal sums, as `sorted(reverse=True)` does.
-    by_best = np.argsort(first, kind="stable")
-    ranked = by_best[np.argsort(-totals[by_best], kind="stable")][:CONVERSATION_SESSIONS]
-    ranked = ranked[totals[ranked] > 0].tolist()
-    turns: dict[int, list[int]] = {g: [int(ids[first[g]])] for g in ranked}
-    for group, hits in judged[1:]:
-        for g, hit in zip(group.tolist(), hits.tolist()):
-            if g in turns:
-                turns[g].append(int(ids[hit]))
-    codes_of = code_of[starts]
-    return ConversationEvidence({int(codes_of[g]): turns[g] for g in ranked})
-
-
-def conversation_candidates_reference(reader: MemoryReader, deep: list[tuple[int, float]], mask: Mask) -> ConversationEvidence:
-    """What `conversation_candidates` computes, a loop step per hit (kept for its test)."""
     codes = reader.sessions_of([rid for rid, _ in deep], mask).tolist()
     # Hits come best first, so each conversation's turns are listed best first, and conversations
     # in the order their best turn ranks (dicts keep insertion order; the sort below is stable).
@@ -433,7 +395,7 @@ def recall(
             check_deadline(deadline)  # the cross-encoder is the costliest stage
             reranked = dict(zip(pool, reranker.scores(query, [rows[r].text for r in pool]).tolist()))
         base = reranked or {rid: fused[rid] + boost.get(rid, 0.0) for rid in pool}
-        recency = {rid: _recency(epoch, now, params.half_life_days) for rid, epoch in zip(pool, reader.epochs_of(pool))}
+        recency = {rid: _recency(reader.epoch_of(rid), now, params.half_life_days) for rid in pool}
         scored = {rid: base[rid] * recency[rid] for rid in pool}
         ranked = sorted(pool, key=scored.__getitem__, reverse=True)
         if first is not None:
@@ -501,20 +463,17 @@ def _first_mention(reader: MemoryReader, query: str, idents: list[str], deep: li
     identifier, so the chatter that mentions a ticket outranks the turn that opened it; the
     first mention is where a ticket, an order or an incident was said to be what it is. It is
     added to the rows read (`rows`, `boost`) when the ranking had not read it."""
-    named = {frozenset(phrase(i).split()) for i in idents}
-    rest = [c for c in (frozenset(c.split()) for c in query_clauses(query)) if c not in named]
+    rest = [frozenset(c.split()) for c in query_clauses(query)]
+    rest = [c for c in rest if c not in {frozenset(phrase(i).split()) for i in idents}]
     holding = {rid: rows[rid] for rid, b in boost.items() if b >= IDENTIFIER_BOOST}
     if rest and holding:
         stems = frozenset().union(*rest)
         if any(c <= held for held in reader.held_stems(holding, stems, mask).values() for c in rest):
             return None
     patterns = [IdentifierPattern(i) for i in idents]
-    deep_ids = [rid for rid, _ in deep]
-    earliest = sorted((e, rid) for rid, e in zip(deep_ids, reader.epochs_of(deep_ids)) if e is not None)
-    tries = [rid for _, rid in earliest[:FIRST_MENTION_TRIES]]
-    unread = reader.store.rows([rid for rid in tries if rid not in rows])  # one statement, not one a turn
-    for rid in tries:
-        row = rows.get(rid) or unread.get(rid)
+    earliest = sorted((e, rid) for rid, _ in deep if (e := reader.epoch_of(rid)) is not None)
+    for _, rid in earliest[:FIRST_MENTION_TRIES]:
+        row = rows.get(rid) or reader.store.rows([rid]).get(rid)
         if row is not None and all(p.search(row.text) for p in patterns):
             rows[rid] = row
             boost[rid] = IDENTIFIER_BOOST

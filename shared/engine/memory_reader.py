@@ -50,10 +50,6 @@ BM25_SLACK = 10  # hits read beyond the limit before reading the full depth (Mem
 # is address space, not memory: the pages are the page cache.
 SQLITE_MMAP_BYTES = 1 << 34
 SAMPLE_STRIDE = 16  # largest_positions: every 16th score estimates the threshold of the best few
-# A view finds a row id's position through a table of every id from its first to its last (one
-# read each) while that span is at most this many times its rows (ids are dense unless most rows
-# were deleted); past it, a binary search of its ids (`_locate`).
-POSITION_TABLE_SPAN = 4
 
 
 def largest_positions(values: np.ndarray, k: int) -> np.ndarray:
@@ -115,9 +111,6 @@ class ReaderView:
     # Each row's conversation as a code (`conversation_codes`), made on first use: only a recall
     # with conversation evidence needs it, so opening a memory does not pay for it.
     _codes: list = field(default_factory=list, compare=False, repr=False)
-    # The position of each row id from the first to the last (-1: no such row), made on first use
-    # (`locate`); empty when the ids are too sparse for one.
-    _table: list = field(default_factory=list, compare=False, repr=False)
 
     @property
     def n(self) -> int:
@@ -131,32 +124,9 @@ class ReaderView:
         i = int(np.searchsorted(self.ids, row_id))
         return i if i < len(self.ids) and int(self.ids[i]) == row_id else None
 
-    def locate(self, wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """`_locate(self.ids, wanted)`: where each wanted row id sits (a valid index even when it
-        is not there), and whether it is. A search asks this of ~1,000 ids in five batches; after
-        the dense scan has evicted the caches, a binary search of 60k ids costs ~0.5 us an id and
-        one read of the table ~0.3."""
-        if not self._table:
-            n = len(self.ids)
-            span = int(self.ids[-1]) - int(self.ids[0]) + 1 if n else 0
-            table = None
-            if n and span <= POSITION_TABLE_SPAN * n:
-                table = np.full(span, -1, np.int32)
-                table[self.ids - self.ids[0]] = np.arange(n, dtype=np.int32)
-            self._table[:] = [table]  # racing callers build the same table: no lock
-        table = self._table[0]
-        if table is None:
-            return _locate(self.ids, wanted)
-        offset = wanted - self.ids[0]
-        inside = (offset >= 0) & (offset < len(table))
-        pos = table[np.where(inside, offset, 0)]
-        found = inside & (pos >= 0)
-        return np.where(found, pos, 0), found
-
     def ram_bytes(self) -> int:
         """Bytes this view owns (views on the mapped snapshot own none)."""
-        arrays = (self.ids, self.alive, self.block, self.harness, self.epoch, self.delta_vecs, *self._codes,
-                  *(t for t in self._table if t is not None))
+        arrays = (self.ids, self.alive, self.block, self.harness, self.epoch, self.delta_vecs, *self._codes)
         return sum(a.nbytes for a in arrays if a.flags.owndata)
 
 
@@ -317,9 +287,10 @@ class MemoryReader:
 
     def passing(self, row_ids: list[int], mask: Mask) -> list[bool]:
         """`passes` for many rows at once (one search of the id array)."""
-        if not row_ids or not mask.view.n:
+        ids, n = mask.view.ids, mask.view.n
+        if not row_ids or not n:
             return [False] * len(row_ids)
-        pos, found = mask.view.locate(np.asarray(row_ids, np.int64))
+        pos, found = _locate(ids, np.asarray(row_ids, np.int64))
         return (found & mask.bits[pos]).tolist()
 
     def bm25(self, query, depth: int, limit: int, mask: Mask) -> list[tuple[int, float]]:
@@ -385,12 +356,12 @@ class MemoryReader:
         view._codes[:] = [codes]
         return codes
 
-    def sessions_of(self, row_ids: list[int] | np.ndarray, mask: Mask) -> np.ndarray:
+    def sessions_of(self, row_ids: list[int], mask: Mask) -> np.ndarray:
         """The session code of each row (0 for a row the view does not hold)."""
         view = mask.view
-        if not len(row_ids) or not view.n:
+        if not row_ids or not view.n:
             return np.zeros(len(row_ids), np.int64)
-        pos, found = view.locate(np.asarray(row_ids, np.int64))
+        pos, found = _locate(view.ids, np.asarray(row_ids, np.int64))
         return np.where(found, self.conversation_codes(view)[pos], 0)
 
     def snapshot_held(self, row_ids: list[int], stems: frozenset[str], mask: Mask) -> dict[int, frozenset[str]]:
@@ -403,11 +374,10 @@ class MemoryReader:
         vocabulary = base.vocabulary()
         asked = {vocabulary[s]: s for s in stems if s in vocabulary}
         wanted = np.fromiter(row_ids, np.int64, len(row_ids))
-        pos, found = mask.view.locate(wanted)
+        pos, found = _locate(mask.view.ids, wanted)
         mapped = found & (pos < base.n)
         pos = pos[mapped]
-        keys = wanted[mapped].tolist()
-        out = dict.fromkeys(keys, frozenset())  # most rows hold none of the few stems asked
+        held: list[set[str]] = [set() for _ in range(len(pos))]
         if asked and len(pos):
             starts = base.stem_start[pos]
             counts = base.stem_start[pos + 1] - starts
@@ -420,12 +390,9 @@ class MemoryReader:
             for stem_id in asked:
                 hit |= ids == stem_id
             at = np.flatnonzero(hit)  # each one's row: the first whose run ends after it
-            held: dict[int, set[str]] = {}
             for j, stem_id in zip(np.searchsorted(ends, at, side="right").tolist(), ids[at].tolist()):
-                held.setdefault(j, set()).add(asked[stem_id])
-            for j, found_stems in held.items():
-                out[keys[j]] = frozenset(found_stems)
-        return out
+                held[j].add(asked[stem_id])
+        return dict(zip(wanted[mapped].tolist(), map(frozenset, held)))
 
     def held_stems(self, rows: dict[int, Row], stems: frozenset[str], mask: Mask) -> dict[int, frozenset[str]]:
         """Which of `stems` BM25 holds for each row: from the snapshot (`snapshot_held`), from the
@@ -435,14 +402,6 @@ class MemoryReader:
             if rid not in out:
                 out[rid] = held_stems(row.text, row.ts, stems)
         return out
-
-    def epochs_of(self, row_ids: list[int]) -> list[float | None]:
-        """`epoch_of` for many rows at once."""
-        view = self._view
-        if not row_ids or not view.n:
-            return [None] * len(row_ids)
-        pos, found = view.locate(np.asarray(row_ids, np.int64))
-        return [None if not f or math.isnan(e) else e for f, e in zip(found.tolist(), view.epoch[pos].tolist())]
 
     def epoch_of(self, row_id: int) -> float | None:
         view = self._view
