@@ -16,6 +16,8 @@ import time
 
 import redis
 
+from services.ingest.app import CLEANING_STEP_CHARS
+from services.ingest.redaction import Redactor
 from tests.conftest import INGEST_KEY, conversation_payload
 
 BIG_TURN_CHARS = 200_000  # ingest's longest turn (RECALL_INGEST_MAX_TURN_CHARS)
@@ -114,13 +116,27 @@ def test_a_small_post_is_not_held_behind_large_posts_being_redacted(services, se
         assert post(conn, small) == 202
         waits.append(time.perf_counter() - started)
         time.sleep(PROBE_EVERY_S)
+    # The machine's pace at this moment: one step of each of the 8 large posts, redacted here
+    # (~18 ms beside the posters on 2 otherwise idle cores; ~100 ms with six busy processes too).
+    step = text[:CLEANING_STEP_CHARS]
+    redactor = Redactor(pii=False)
+    paces = []
+    for _ in range(3):
+        started = time.perf_counter()
+        for _ in range(8):
+            redactor.redact(step)
+        paces.append(time.perf_counter() - started)
     stop.set()
     for t in posters:
         t.join(120)
     redis.Redis.from_url(service_env["RECALL_REDIS_URL"]).flushdb()
-    # Ingest alone on 2 loaded cores: a median of ~0.2 s; 1.5-1.7 s when each snapshot was
-    # cleaned whole, so a small post waited for every large one queued before it; 0.46-0.57 s
-    # through asyncio's default pool, where its thread waited for the GIL among theirs.
-    median = statistics.median(waits)
-    print(f"small post behind 8 large posters: median {median * 1000:.0f} ms, max {max(waits) * 1000:.0f} ms")
-    assert median < 0.4, f"a small post took a median {median * 1000:.0f} ms behind large ones ({len(waits)} posts)"
+    # A median of ~0.2 s with the posters alone on 2 cores, 0.68 s with six busy processes beside
+    # them (the hand-offs between the loop and the cleaning thread wait for a core: hence a limit
+    # that grows with the pace); 1.5-1.7 s with the posters alone when each snapshot was cleaned
+    # whole, so a small post waited for every large one queued before it. (Through asyncio's
+    # default pool, 0.46-0.57 s: the /healthz test above is the one that catches that.)
+    median, pace = statistics.median(waits), statistics.median(paces)
+    print(f"small post behind 8 large posters: median {median * 1000:.0f} ms, max {max(waits) * 1000:.0f} ms, "
+          f"pace {pace * 1000:.0f} ms")
+    assert median < max(0.4, 10 * pace), \
+        f"a small post took a median {median * 1000:.0f} ms behind large ones ({len(waits)} posts; pace {pace * 1000:.0f} ms)"
