@@ -138,5 +138,5 @@ def test_a_small_post_is_not_held_behind_large_posts_being_redacted(services, se
     median, pace = statistics.median(waits), statistics.median(paces)
     print(f"small post behind 8 large posters: median {median * 1000:.0f} ms, max {max(waits) * 1000:.0f} ms, "
           f"pace {pace * 1000:.0f} ms")
-    assert median < max(0.4, 10 * pace), \
+    assert median < max(0.4, 15 * pace), \
         f"a small post took a median {median * 1000:.0f} ms behind large ones ({len(waits)} posts; pace {pace * 1000:.0f} ms)"
