@@ -44,6 +44,7 @@ import httpx
 import psutil
 
 from bench.report import ms, pct, table
+from bench.stack_processes import hs256_token
 from shared.child_process import free_port, stop, wait_healthy
 from shared.recall_answer_format import BUSY, NO_MEMORY, NOTHING, UNAVAILABLE
 from shared.tenant_paths import TenantPaths, user_hash
@@ -99,13 +100,6 @@ def build_tenants(data: Path, n: int, conversations: int, seed: int = 11) -> tup
         tenants.append(t)
     return tenants, time.perf_counter() - t0
 
-
-def token(user: str) -> str:
-    from joserfc import jwt
-    from joserfc.jwk import OctKey
-
-    now = int(time.time())
-    return jwt.encode({"alg": "HS256"}, {"sub": user, "iat": now, "exp": now + 3600}, OctKey.import_key(SECRET))
 
 
 def zipf_weights(n: int, s: float) -> list[float]:
@@ -366,7 +360,7 @@ def run_config(cfg: ReadConfig, data: Path, work: Path, tenants: list[Tenant], c
     proc = subprocess.Popen([str(Path(sys.executable).parent / "recall"), "serve"], env=env,
                             stdout=open(log_path, "wb"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}/mcp"
-    tokens = {t.user: token(t.user) for t in tenants}
+    tokens = {t.user: hs256_token(t.user, SECRET) for t in tenants}
     weights = zipf_weights(len(tenants), zipf_s)
     try:
         wait_healthy(proc, f"http://127.0.0.1:{port}/healthz", 120)

@@ -31,6 +31,7 @@ import psutil
 
 from bench.corpus import conversation_lines, generate
 from bench.report import ms, pct, table, write_section
+from bench.stack_processes import hs256_token
 from shared.child_process import free_port, stop, wait_healthy
 from shared.engine.embedder import shared_embedder
 from shared.engine.index_run import index_tree
@@ -40,13 +41,6 @@ from shared.tenant_paths import TenantPaths
 SECRET = "bench-secret-0123456789abcdef0123456789"
 BUSY_PREFIX = "Conversation memory is busy"
 
-
-def token(user: str) -> str:
-    from joserfc import jwt
-    from joserfc.jwk import OctKey
-
-    now = int(time.time())
-    return jwt.encode({"alg": "HS256"}, {"sub": user, "iat": now, "exp": now + 3600}, OctKey.import_key(SECRET))
 
 
 def build_tenants(data: Path, conversations: int, tenants: int) -> list[str]:
@@ -74,7 +68,7 @@ async def load(url: str, users: list[str], queries: list[str], clients: int, sec
     async def one_client(i: int) -> None:
         rng = random.Random(i)
         user = users[i % len(users)]
-        async with Client(url, auth=BearerAuth(token(user)), timeout=120) as c:
+        async with Client(url, auth=BearerAuth(hs256_token(user, SECRET)), timeout=120) as c:
             # At least one call each: the 0.01 s warm-up used to end before any session opened,
             # so the measured run began with cold readers (30 first calls racing on 3 memories).
             calls = 0

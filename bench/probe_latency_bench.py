@@ -44,7 +44,7 @@ import time
 from pathlib import Path
 
 from bench.report import pct
-from bench.stack_processes import BIN, start, stop_all
+from bench.stack_processes import BIN, hs256_token, start, stop_all
 from shared.child_process import free_port
 
 SECRET = "bench-secret-0123456789abcdef0123456789"
@@ -52,13 +52,6 @@ USER = "bench-user"
 PROBE_EVERY_S = 0.5
 PROBE_TIMEOUT_S = 10.0  # longer than any probe's timeout, to see how late a late answer is
 
-
-def token() -> str:
-    from joserfc import jwt
-    from joserfc.jwk import OctKey
-
-    now = int(time.time())
-    return jwt.encode({"alg": "HS256"}, {"sub": USER, "iat": now, "exp": now + 3600}, OctKey.import_key(SECRET))
 
 
 def probe_forever(port: int, paths: list[str], out: Path) -> None:
@@ -122,7 +115,7 @@ async def mcp_load(url: str, queries: list[str], clients: int, seconds: float, s
             t0 = time.perf_counter()
             try:
                 if session_per_call:
-                    async with Client(url, auth=BearerAuth(token()), timeout=60) as own:
+                    async with Client(url, auth=BearerAuth(hs256_token(USER, SECRET)), timeout=60) as own:
                         res = await own.call_tool("recall_my_conversations", {"query": q})
                 else:
                     res = await c.call_tool("recall_my_conversations", {"query": q})
@@ -137,7 +130,7 @@ async def mcp_load(url: str, queries: list[str], clients: int, seconds: float, s
             answers[kind] = answers.get(kind, 0) + 1
 
     async with contextlib.AsyncExitStack() as stack:
-        sessions = [await stack.enter_async_context(Client(url, auth=BearerAuth(token()), timeout=60)) for _ in range(clients)]
+        sessions = [await stack.enter_async_context(Client(url, auth=BearerAuth(hs256_token(USER, SECRET)), timeout=60)) for _ in range(clients)]
         await sessions[0].call_tool("recall_my_conversations", {"query": "warm up"})
         t0 = time.time()
         await asyncio.gather(*[one(i, c) for i, c in enumerate(sessions)])
@@ -168,7 +161,7 @@ def recall(args) -> None:
     try:
         time.sleep(3)
         idle = probe_summary(out, 0, time.time())
-        print(f"idle: " + "; ".join(f"{p} {fmt(s)}" for p, s in idle.items()), flush=True)
+        print("idle: " + "; ".join(f"{p} {fmt(s)}" for p, s in idle.items()), flush=True)
         for clients in args.clients:
             t0 = time.time()
             load = asyncio.run(mcp_load(f"http://127.0.0.1:{port}/mcp", queries, clients, args.seconds,

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from bench.corpus import conversation_lines, generate
 from bench.report import ms, pct, table, write_section
-from bench.stack_processes import BIN, start, stop_all, tree_cpu_s
+from bench.stack_processes import BIN, hs256_token, start, stop_all, tree_cpu_s
 from shared.child_process import free_port
 from shared.engine.embedder import shared_embedder
 from shared.engine.index_run import index_tree
@@ -37,13 +37,6 @@ from shared.tenant_paths import TenantPaths
 SECRET = "bench-secret-0123456789abcdef0123456789"
 USER = "bench-user"
 
-
-def token() -> str:
-    from joserfc import jwt
-    from joserfc.jwk import OctKey
-
-    now = int(time.time())
-    return jwt.encode({"alg": "HS256"}, {"sub": USER, "iat": now, "exp": now + 3600}, OctKey.import_key(SECRET))
 
 
 async def mcp_latencies(url: str, queries: list[str], clients: int, calls: int, server_pid: int) -> tuple[list[float], float, float]:
@@ -63,7 +56,7 @@ async def mcp_latencies(url: str, queries: list[str], clients: int, calls: int, 
             assert res.content[0].text and "unavailable" not in res.content[0].text
 
     async with contextlib.AsyncExitStack() as stack:
-        sessions = [await stack.enter_async_context(Client(url, auth=BearerAuth(token()))) for _ in range(clients)]
+        sessions = [await stack.enter_async_context(Client(url, auth=BearerAuth(hs256_token(USER, SECRET)))) for _ in range(clients)]
         for c in sessions:
             await c.call_tool("recall_my_conversations", {"query": "warm up"})
         cpu0, wall0 = tree_cpu_s(server_pid), time.perf_counter()

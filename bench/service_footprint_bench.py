@@ -29,7 +29,7 @@ import redis
 
 from bench.ingest_bench import KEY, payload
 from bench.report import pct, table, write_section
-from bench.stack_processes import start, stop_all
+from bench.stack_processes import hs256_token, start, stop_all
 from shared.child_process import free_port
 from shared.redis_server import EmbeddedRedis
 
@@ -67,13 +67,6 @@ class Prober(threading.Thread):
                 time.sleep(0.1)
 
 
-def mint(user: str) -> str:
-    from joserfc import jwt
-    from joserfc.jwk import OctKey
-
-    now = int(time.time())
-    return jwt.encode({"alg": "HS256"}, {"sub": user, "iat": now, "exp": now + 3600}, OctKey.import_key(JWT_SECRET))
-
 
 async def recall_load(port: int, tenants: int, seconds: float, clients: int = 4) -> int:
     from fastmcp import Client
@@ -87,7 +80,7 @@ async def recall_load(port: int, tenants: int, seconds: float, clients: int = 4)
         rng = random.Random(c)
         while time.perf_counter() < deadline:
             user = rng.randrange(tenants)
-            async with Client(f"http://127.0.0.1:{port}/mcp", auth=BearerAuth(mint(f"user-{user}"))) as mcp:
+            async with Client(f"http://127.0.0.1:{port}/mcp", auth=BearerAuth(hs256_token(f"user-{user}", JWT_SECRET))) as mcp:
                 for _ in range(5):
                     await mcp.call_tool("recall_my_conversations", {"query": f"ticket on line N-{rng.randrange(99)}"})
                     calls += 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -54,3 +55,12 @@ def tree_cpu_s(pid: int) -> float:
 def _cpu_s(proc: psutil.Process) -> float:
     times = proc.cpu_times()
     return times.user + times.system
+
+
+def hs256_token(user: str, secret: str, ttl_s: int = 3600) -> str:
+    """A token the recall service started with RECALL_JWT_SECRET=secret accepts for `user`."""
+    from joserfc import jwt
+    from joserfc.jwk import OctKey
+
+    now = int(time.time())
+    return jwt.encode({"alg": "HS256"}, {"sub": user, "iat": now, "exp": now + ttl_s}, OctKey.import_key(secret))

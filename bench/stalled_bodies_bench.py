@@ -23,7 +23,7 @@ from pathlib import Path
 
 import psutil
 
-from bench.stack_processes import start, stop_all
+from bench.stack_processes import hs256_token, start, stop_all
 from shared.child_process import free_port
 from shared.redis_server import EmbeddedRedis
 
@@ -32,13 +32,6 @@ JWT_SECRET = "bench-stalled-jwt-secret-0123456789abcdef"
 DECLARED = 2**20
 PATHS = {"serve": ("/mcp", "RECALL_RECALL_PORT"), "ingest": ("/turns", "RECALL_INGEST_PORT")}
 
-
-def mint(user: str) -> str:
-    from joserfc import jwt
-    from joserfc.jwk import OctKey
-
-    now = int(time.time())
-    return jwt.encode({"alg": "HS256"}, {"sub": user, "iat": now, "exp": now + 3600}, OctKey.import_key(JWT_SECRET))
 
 
 def how_it_ended(conn: socket.socket, wait_s: float) -> str:
@@ -70,7 +63,7 @@ def run(service: str, connections: int, declared: int, sent: int, read_timeout: 
     proc = start(service, env, port, work)
     ps = psutil.Process(proc.pid)
     head = (f"POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
-            f"accept: application/json, text/event-stream\r\nx-ingest-key: {KEY}\r\nauthorization: Bearer {mint('alice')}\r\n"
+            f"accept: application/json, text/event-stream\r\nx-ingest-key: {KEY}\r\nauthorization: Bearer {hs256_token('alice', JWT_SECRET)}\r\n"
             f"content-length: {declared}\r\n\r\n").encode()
     try:
         time.sleep(2)

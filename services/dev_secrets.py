@@ -33,7 +33,9 @@ def _configured(name: str) -> bool:
     return bool(os.environ.get(name) or dotenv_values(".env").get(name))
 
 
-def _read(path: Path) -> dict:
+def stored(data_dir: Path) -> dict:
+    """What DATA_DIR/dev-secrets.json holds (empty when there is none)."""
+    path = data_dir / FILE
     return json.loads(path.read_text()) if path.exists() else {}
 
 
@@ -49,28 +51,28 @@ def export_defaults(data_dir: Path, create: bool) -> None:
     `recall up` (create) first writes it: a generated value for each secret its environment
     leaves unset (kept from an earlier run), and the names of those it sets (FROM_ENVIRONMENT)."""
     path = data_dir / FILE
-    stored = _read(path)
+    kept = stored(data_dir)
     if create:
-        wanted = _wanted(data_dir, stored)
+        wanted = _wanted(data_dir, kept)
         from_environment = [name for name in WANTED if _configured(name)]
         if set(wanted) <= set(from_environment) and not path.exists():
             return  # nothing generated, and no earlier dev secret a second shell could pick up
-        stored = {name: stored.get(name) or secrets.token_urlsafe(n) for name, n in wanted.items()
-                  if name not in from_environment} | {FROM_ENVIRONMENT: from_environment}
+        kept = {name: kept.get(name) or secrets.token_urlsafe(n) for name, n in wanted.items()
+                if name not in from_environment} | {FROM_ENVIRONMENT: from_environment}
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as fh:
-            json.dump(stored, fh)
+            json.dump(kept, fh)
     for name in WANTED:
-        if name in stored and not _configured(name):  # an empty value counts as unset, as README says
-            os.environ[name] = stored[name]
+        if name in kept and not _configured(name):  # an empty value counts as unset, as README says
+            os.environ[name] = kept[name]
 
 
 def require(data_dir: Path, command: str, *names: str) -> None:
     """Problem (one line) when a secret is neither set nor in the dev file of this data dir."""
     export_defaults(data_dir, create=False)
     missing = [name for name in names if not _configured(name)]
-    elsewhere = [name for name in missing if name in _read(data_dir / FILE).get(FROM_ENVIRONMENT, [])]
+    elsewhere = [name for name in missing if name in stored(data_dir).get(FROM_ENVIRONMENT, [])]
     if elsewhere:
         raise Problem(f"recall {command}: the recall up of {data_dir} took {' and '.join(elsewhere)} from its "
                       f"environment; set the same {' and '.join(elsewhere)} here")

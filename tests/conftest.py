@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import shutil
 import subprocess
@@ -382,19 +381,15 @@ def user_hash_under(key: str, user: str) -> str:
         tenant_paths._keyed = saved
 
 
-def _dev_secrets(data: Path) -> dict:
-    path = data / "dev-secrets.json"
-    return json.loads(path.read_text()) if path.exists() else {}
-
-
 def indexed_chunks(env: dict[str, str], user: str) -> int:
     import sqlite3
 
+    from services.dev_secrets import stored
     from shared.tenant_paths import user_hash
 
     data = Path(env["RECALL_DATA_DIR"])
     # The services' key: one a test gives them, or the one `recall up` generated for a new data dir.
-    key = env.get("RECALL_USER_HASH_KEY") or _dev_secrets(data).get("RECALL_USER_HASH_KEY")
+    key = env.get("RECALL_USER_HASH_KEY") or stored(data).get("RECALL_USER_HASH_KEY")
     db = data / (user_hash_under(key, user) if key else user_hash(user)) / "memory" / "chunks.sqlite3"
     if not db.exists():
         return 0

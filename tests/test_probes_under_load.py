@@ -25,6 +25,34 @@ BIG_TURNS = 18  # ~3.6 MB: under the 4 MiB body limit
 POSTERS = 12
 PROBE_EVERY_S = 0.2
 LOADED_S = 10.0
+TEXT = "The KESTREL rollout moved to Thursday after the pump P-12 gland leak; " * 3000
+HEADERS = {"content-type": "application/json", "x-ingest-key": INGEST_KEY}
+
+
+def large_body() -> bytes:
+    # Encoded once per test: the posting threads then hold this process's GIL for little (they
+    # would otherwise slow the probes measured here, not the service's).
+    return json.dumps(conversation_payload("big-poster", "logs", [f"{i} {TEXT}"[:BIG_TURN_CHARS] for i in range(BIG_TURNS)])).encode()
+
+
+def post(conn: http.client.HTTPConnection, body: bytes) -> int:
+    conn.request("POST", "/turns", body=body, headers=HEADERS)
+    resp = conn.getresponse()
+    resp.read()
+    return resp.status
+
+
+def start_posting(port: int, body: bytes, posters: int, stop: threading.Event, statuses: list[int]) -> list[threading.Thread]:
+    """`posters` connections posting `body` back to back until `stop`, each answer's status kept."""
+    def post_until_stopped() -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        while not stop.is_set():
+            statuses.append(post(conn, body))
+
+    threads = [threading.Thread(target=post_until_stopped, daemon=True) for _ in range(posters)]
+    for t in threads:
+        t.start()
+    return threads
 
 
 def probe_s(port: int, path: str = "/healthz") -> float:
@@ -43,24 +71,9 @@ def probe_s(port: int, path: str = "/healthz") -> float:
 def test_ingest_answers_healthz_promptly_while_many_large_posts_are_redacted(services, service_env):
     ingest = services("ingest")
     port = int(service_env["RECALL_INGEST_PORT"])
-    text = "The KESTREL rollout moved to Thursday after the pump P-12 gland leak; " * 3000
-    # Encoded once: the posting threads then hold this process's GIL for little (they would
-    # otherwise slow the probes measured here, not the service's).
-    body = json.dumps(conversation_payload("big-poster", "logs", [f"{i} {text}"[:BIG_TURN_CHARS] for i in range(BIG_TURNS)])).encode()
     stop = threading.Event()
     accepted: list[int] = []
-
-    def post_until_stopped() -> None:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-        while not stop.is_set():
-            conn.request("POST", "/turns", body=body, headers={"content-type": "application/json", "x-ingest-key": INGEST_KEY})
-            resp = conn.getresponse()
-            resp.read()
-            accepted.append(resp.status)
-
-    posters = [threading.Thread(target=post_until_stopped, daemon=True) for _ in range(POSTERS)]
-    for t in posters:
-        t.start()
+    posters = start_posting(port, large_body(), POSTERS, stop, accepted)
     time.sleep(2.0)  # every poster has a body in the service
     latencies = []
     until = time.monotonic() + LOADED_S
@@ -87,26 +100,9 @@ def test_a_small_post_is_not_held_behind_large_posts_being_redacted(services, se
     waits for a step of each large one, not for all of them."""
     services("ingest")
     port = int(service_env["RECALL_INGEST_PORT"])
-    text = "The KESTREL rollout moved to Thursday after the pump P-12 gland leak; " * 3000
-    big = json.dumps(conversation_payload("big-poster", "logs", [f"{i} {text}"[:BIG_TURN_CHARS] for i in range(BIG_TURNS)])).encode()
     small = json.dumps(conversation_payload("small-poster", "chat", ["The KESTREL rollout moves to Thursday."] * 6)).encode()
-    headers = {"content-type": "application/json", "x-ingest-key": INGEST_KEY}
     stop = threading.Event()
-
-    def post(conn: http.client.HTTPConnection, body: bytes) -> int:
-        conn.request("POST", "/turns", body=body, headers=headers)
-        resp = conn.getresponse()
-        resp.read()
-        return resp.status
-
-    def post_large_until_stopped() -> None:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-        while not stop.is_set():
-            post(conn, big)
-
-    posters = [threading.Thread(target=post_large_until_stopped, daemon=True) for _ in range(8)]
-    for t in posters:
-        t.start()
+    posters = start_posting(port, large_body(), 8, stop, [])
     time.sleep(2.0)
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
     waits = []
@@ -118,7 +114,7 @@ def test_a_small_post_is_not_held_behind_large_posts_being_redacted(services, se
         time.sleep(PROBE_EVERY_S)
     # The machine's pace at this moment: one step of each of the 8 large posts, redacted here
     # (~18 ms beside the posters on 2 otherwise idle cores; ~100 ms with six busy processes too).
-    step = text[:CLEANING_STEP_CHARS]
+    step = TEXT[:CLEANING_STEP_CHARS]
     redactor = Redactor(pii=False)
     paces = []
     for _ in range(3):
