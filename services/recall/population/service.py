@@ -45,6 +45,8 @@ class PopulationService:
                 constitution: Constitution = parse_stored_body("constitution", existing.body) if existing else \
                     default_constitution(realm_id, separate_author_and_reviewer)  # type: ignore[assignment]
                 documents = self._missing_documents(tx, realm_id, constitution, written=existing is not None)
+                if not documents:  # another owner's init committed between the reads above (READ COMMITTED)
+                    raise already
                 made = [self._accepted(tx, caller, realm_id, *doc) for doc in documents]
                 self.store.mark_for_index(tx, realm_id, [a.artifact_id for a in made])
                 charters = self.store.accepted_heads(tx, realm_id, [charter_path(role) for role in constitution.roles])
