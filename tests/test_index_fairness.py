@@ -52,8 +52,10 @@ def test_a_small_users_turn_is_searchable_within_seconds_while_two_huge_pastes_i
                       600, 0.5), "both huge pastes were indexed"
     assert all(r.get(keys.pending_bytes(user_hash(u))) is None for u in huge), "a finished run clears what it covered"
     # Each paste's run grew the process by ~270 MB (onnxruntime's arena, glibc's free pages),
-    # which it kept for good; now a heavy run hands it back when it ends.
-    assert wait_until(lambda: rss_mib(indexer.proc.pid) < loaded + 120, 10), (loaded, rss_mib(indexer.proc.pid))
+    # which it kept for good; now a heavy run hands it back when it ends. What stays is the model's
+    # working set: +60-124 MiB across clean-clone runs (124 under a loaded suite), so the bar sits
+    # at +200, still under one paste's kept growth.
+    assert wait_until(lambda: rss_mib(indexer.proc.pid) < loaded + 200, 10), (loaded, rss_mib(indexer.proc.pid))
     print(f"small turn searchable after {waited:.1f} s; indexer RSS {loaded:.0f} -> {rss_mib(indexer.proc.pid):.0f} MiB")
 
 
