@@ -56,7 +56,7 @@ def _ingest(args: argparse.Namespace) -> int:
         raise ConfigProblem(*problems)
     _settle_user_hash(s, None, register=True)
     configure_logging(s.log_level)
-    serve_http(create_app(s), s.ingest_host, s.ingest_port, s.stop_grace_s, s.request_read_timeout_s)
+    serve_http(create_app(s), s.ingest_host, s.ingest_port, s)
     return 0
 
 

@@ -21,6 +21,15 @@ the connection is closed only if no answer has started `ANSWER_GRACE_S` later. C
 a caller with a valid key or token that stalled its body got no answer, the MCP endpoint logged
 the disconnect as an error with its stack, and nothing counted it.
 
+uvicorn closes a connection idle for 5 s after its last response, as long as httpx keeps an idle
+connection in its pool: a caller that reuses one just as the timer fires sends a request into a
+closing socket and gets a ReadError (behind a load balancer, a 502). A busy process makes that
+window wide, since its loop runs the timer before it reads the socket: a pool of httpx clients
+posting every 4.9-5 s to ingest beside large posts lost ~1 in 6 of its requests
+(docs/benchmarks.md, round 35). The keep-alive is `keep_alive_s` (RECALL_HTTP_KEEP_ALIVE_S, 75 s:
+longer than common clients' and load balancers' idle timeouts, so the caller closes first); a
+stop still closes idle connections at once.
+
 After a graceful stop uvicorn re-raises the signal that asked for it, so a stopped ingest or
 recall service exited 143 (-15) and an orchestrator saw a clean stop as an error, unlike the
 indexer's 0. `GracefulServer` exits 0 once it has shut down as asked.
@@ -35,15 +44,17 @@ from collections.abc import Iterator
 from starlette.types import ASGIApp
 
 from shared.http_body import READ_DEADLINE
+from shared.settings_base import CommonSettings
 
 ANSWER_GRACE_S = 2.0  # for the app's 408 once the read deadline has passed
 
 
-def serve_http(app: ASGIApp, host: str, port: int, stop_grace_s: float, read_timeout_s: float) -> None:
+def serve_http(app: ASGIApp, host: str, port: int, settings: CommonSettings) -> None:
     import uvicorn
 
-    config = uvicorn.Config(app, host=host, port=port, loop="uvloop", http=bounded_read_protocol(read_timeout_s),
-                            log_config=None, access_log=False, timeout_graceful_shutdown=stop_grace_s)
+    config = uvicorn.Config(app, host=host, port=port, loop="uvloop", http=bounded_read_protocol(settings.request_read_timeout_s),
+                            log_config=None, access_log=False, timeout_graceful_shutdown=settings.stop_grace_s,
+                            timeout_keep_alive=settings.http_keep_alive_s)
 
     class GracefulServer(uvicorn.Server):
         @contextlib.contextmanager

@@ -32,6 +32,11 @@ class CommonSettings(BaseSettings):
     request_read_timeout_s: float = Field(30.0, gt=0, description="How long ingest and the recall service wait for a request "
                                           "to arrive whole (headers and body, from its first byte or the connection's opening) "
                                           "before closing the connection: idle or stalled connections cannot pile up.")
+    http_keep_alive_s: float = Field(75.0, gt=0, description="How long ingest, the recall service and the indexer keep an "
+                                     "idle connection open between requests. Keep it above the idle timeout of every client "
+                                     "and proxy that reuses connections to them (httpx 5 s, aiohttp 15 s, AWS ALB 60 s; "
+                                     "Go's http.Transport 90 s and Google's load balancers 600 s need more): a request sent "
+                                     "as the service closes the connection fails at the caller (ReadError, 502).")
     body_buffer_bytes: int = Field(64 * 2**20, ge=2**20, description="Bytes that the request bodies still arriving may hold "
                                    "together in ingest or a recall replica (each until it is whole, refused, or "
                                    "RECALL_REQUEST_READ_TIMEOUT_S): a body whose next chunk would pass it is refused at "

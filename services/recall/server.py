@@ -363,4 +363,4 @@ async def _no_such_endpoint(request: Request, exc: HTTPException) -> Response:
 def serve() -> None:
     s = RecallSettings()
     configure_logging(s.log_level)
-    serve_http(build_app(s), s.recall_host, s.recall_port, s.stop_grace_s, s.request_read_timeout_s)
+    serve_http(build_app(s), s.recall_host, s.recall_port, s)
