@@ -66,10 +66,32 @@ class BodyStalled(Exception):
         self.detail = detail
 
 
+class BodyCompressed(Exception):
+    """The body came with a Content-Encoding (gzip, br …); `detail` says so, for a 415."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+
+def compressed_body(headers: Headers) -> str | None:
+    """Why a body sent with a Content-Encoding is refused, or None for one sent as it is. The
+    services read JSON as sent: a gzip body was answered "not UTF-8: byte 0x8b at offset 1" (ingest)
+    or a JSON-RPC parse error (/mcp), which names the wrong thing; and inflating one would read
+    past every size limit (a kilobyte of gzip inflates to megabytes)."""
+    encoding = headers.get("content-encoding", "").strip()
+    if encoding.lower() in ("", "identity"):
+        return None
+    return f"Content-Encoding {encoding[:40]!r} is not accepted: send the body uncompressed"
+
+
 async def read_body(request: Request, limit: int, budget: BodyBudget) -> bytes:
-    """The body, read no further than `limit` bytes; BodyTooLarge past it (a declared
-    Content-Length over the limit is refused before anything is read), BodyStalled when it has not
-    arrived by the request's read deadline, BodyBusy when its next chunk would pass `budget`."""
+    """The body, read no further than `limit` bytes; BodyCompressed for one sent compressed,
+    BodyTooLarge past the limit (a declared Content-Length over it is refused before anything is
+    read), BodyStalled when it has not arrived by the request's read deadline, BodyBusy when its
+    next chunk would pass `budget`."""
+    if problem := compressed_body(request.headers):
+        raise BodyCompressed(problem)
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
         BODIES_REFUSED.labels("too_large").inc()
@@ -141,7 +163,10 @@ class BodyLimit:
             return await self.app(scope, receive, send)
         if self.admit is not None and not await self.admit(scope):
             return await self.app(scope, receive, send)
-        declared = Headers(scope=scope).get("content-length")
+        headers = Headers(scope=scope)
+        if problem := compressed_body(headers):
+            return await JSONResponse({"error": "body_encoding", "detail": problem}, status_code=415)(scope, receive, send)
+        declared = headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > self.limit:
             return await self._refuse(scope, receive, send)
         messages: list[Message] = []

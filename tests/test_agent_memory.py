@@ -4,6 +4,7 @@ SQLite and a real PostgreSQL."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 import subprocess
@@ -161,6 +162,9 @@ async def test_a_body_in_another_encoding_or_with_a_huge_integer_is_refused_sayi
     for raw, said in [(body.encode("utf-16"), "UTF-16LE"), (codecs.BOM_UTF8 + body.encode(), "byte order mark")]:
         resp = alice.post("/memory", content=raw, headers=json_type)
         assert resp.status_code == 415 and resp.json()["error"] == "body_encoding" and said in resp.json()["detail"], resp.text
+    gzipped = alice.post("/memory", content=gzip.compress(body.encode()), headers={**json_type, "content-encoding": "gzip"})
+    assert gzipped.status_code == 415 and gzipped.json()["error"] == "body_encoding", gzipped.text
+    assert "Content-Encoding 'gzip' is not accepted" in gzipped.json()["detail"]
     huge = alice.post("/memory", content=body[:-1].encode() + b', "n": ' + b"9" * 5000 + b"}", headers=json_type)
     assert huge.status_code == 422 and "5,000 digits" in huge.json()["detail"], huge.text
     assert "set_int_max_str_digits" not in huge.text

@@ -5,9 +5,9 @@ neither ingest nor the recall service past its stop grace."""
 from __future__ import annotations
 
 import codecs
+import gzip
 import json
 import re
-import signal
 import socket
 import time
 
@@ -161,6 +161,20 @@ def test_a_body_that_is_not_plain_utf8_is_415_naming_its_encoding(ingest, r, raw
     [problem] = resp.json()["fields"]
     assert problem["field"] == "body" and named in problem["message"] and "RFC 8259" in problem["message"], problem
     assert r.xlen("recall:turns") == 0
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "br", "GZIP, identity"])
+def test_a_compressed_body_is_415_naming_content_encoding_and_stores_nothing(ingest, r, encoding):
+    """A gzip body was answered 400 "malformed JSON: not UTF-8: byte 0x8b at offset 1", which sent
+    the gateway's author after its JSON; inflated, it would pass every size limit."""
+    body = json.dumps(conversation_payload("alice", "c", ["the N-11 upgrade"])).encode()
+    headers = {"content-type": "application/json", "x-ingest-key": INGEST_KEY, "content-encoding": encoding}
+    resp = httpx.post(f"{ingest}/turns", content=gzip.compress(body), headers=headers, timeout=30)
+    assert resp.status_code == 415, resp.text
+    assert resp.json()["fields"] == [{"field": "content-encoding",
+                                      "message": f"Content-Encoding {encoding!r} is not accepted: send the body uncompressed"}]
+    assert r.xlen("recall:turns") == 0
+    assert post_raw(ingest, body).status_code == 202
 
 
 @pytest.mark.parametrize("method, path, raw, field", [

@@ -6,6 +6,7 @@ stored and carried back by every read."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import time
 
@@ -309,7 +310,7 @@ def test_a_caller_without_a_valid_token_is_refused_before_its_body_is_read(realm
 
     url = urlparse(recall_url(realm_server))
     with socket.create_connection((url.hostname, url.port), timeout=10) as conn:
-        head = [f"POST /mcp HTTP/1.1", f"Host: {url.hostname}", "Content-Type: application/json",
+        head = ["POST /mcp HTTP/1.1", f"Host: {url.hostname}", "Content-Type: application/json",
                 "Accept: application/json, text/event-stream", "Content-Length: 1000000"]
         if authorization:
             head.append(f"Authorization: {authorization}")
@@ -337,3 +338,16 @@ async def test_an_mcp_request_larger_than_any_tool_call_is_refused_413_before_it
     async with Client(f"{recall_url(env)}/mcp", auth=BearerAuth(member)) as mcp:
         answer = await mcp.call_tool("recall_my_conversations", {"query": "contract 7"})
     assert answer.content[0].text
+
+
+def test_an_mcp_request_sent_compressed_is_refused_415_naming_the_encoding(realm_server):
+    """A gzip body got the MCP SDK's JSON-RPC "Parse error: expected value at line 1 column 1"."""
+    call = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
+    headers = {"authorization": f"Bearer {mint('member-1', realms={REALM: 'member'})}", "content-type": "application/json",
+               "accept": "application/json, text/event-stream"}
+    with httpx.Client(base_url=recall_url(realm_server), timeout=30, headers=headers) as http:
+        refused = http.post("/mcp", content=gzip.compress(json.dumps(call).encode()), headers={"content-encoding": "gzip"})
+        listed = http.post("/mcp", content=json.dumps(call).encode())
+    assert refused.status_code == 415, refused.text
+    assert refused.json() == {"error": "body_encoding", "detail": "Content-Encoding 'gzip' is not accepted: send the body uncompressed"}
+    assert listed.status_code == 200 and "recall_my_conversations" in listed.text

@@ -44,7 +44,7 @@ from services.ingest.settings import IngestSettings
 from services.ingest.stream_readers import StreamReaders, group_readers
 from shared.error_site import exception_site, new_incident
 from shared.body_budget import BodyBudget
-from shared.http_body import BodyBusy, BodyNotUtf8, BodyStalled, BodyTooLarge, huge_integer, read_body, utf8_text
+from shared.http_body import BodyBusy, BodyCompressed, BodyNotUtf8, BodyStalled, BodyTooLarge, huge_integer, read_body, utf8_text
 from shared.logging_setup import get_logger
 from shared.metrics_http import metrics_endpoint
 from shared.raw_url import NOT_UTF8, not_utf8_parameters, query_pairs
@@ -306,6 +306,8 @@ class IngestAPI:
             raise HTTPProblem(408, "request body timeout", [("body", exc.detail)]) from None
         except BodyBusy as exc:  # load, not a failure: the gateway retries a 503
             raise HTTPProblem(503, "busy, retry later", [("body", exc.detail)]) from None
+        except BodyCompressed as exc:
+            raise HTTPProblem(415, "unsupported content encoding", [("content-encoding", exc.detail)]) from None
         if not raw and not required:
             return None
         if not _is_json(request.headers.get("content-type", "")):

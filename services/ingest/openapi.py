@@ -31,7 +31,7 @@ def openapi_document() -> dict:
             "responses": {"202": {"description": "Receipt; poll GET /deletions/{receipt}",
                                   "content": {"application/json": {"schema": ref("DeletionReceipt")}}},
                           "400": err("Malformed JSON body"), "401": err("Missing or wrong ingest key"),
-                          "413": err("Body too large"), "415": err("A body that is not application/json, or not UTF-8 (UTF-16, UTF-32, a byte order mark)"),
+                          "413": err("Body too large"), "415": err("A body that is not application/json, not UTF-8 (UTF-16, UTF-32, a byte order mark), or sent compressed (a Content-Encoding)"),
                           "422": err(unprocessable),
                           "503": err("Redis unreachable, or busy (the bodies arriving hold RECALL_BODY_BUFFER_BYTES); retry")},
         }
@@ -54,7 +54,7 @@ def openapi_document() -> dict:
                             "content": {"application/json": {"schema": ref("Accepted")}}},
                     "400": err("Malformed JSON (or nested too deeply)"), "401": err("Missing or wrong ingest key"),
                     "413": err("Over a configured limit (body size, turn count, turn text)"),
-                    "415": err("The body is not application/json, or not UTF-8 (UTF-16, UTF-32, a byte order mark)"),
+                    "415": err("The body is not application/json, not UTF-8 (UTF-16, UTF-32, a byte order mark), or sent compressed (a Content-Encoding)"),
                     "422": err("A field is invalid; `fields` names it"),
                     "503": err("Redis unreachable, the data dir not writable, or busy (the bodies arriving hold "
                                "RECALL_BODY_BUFFER_BYTES); retry"),
@@ -84,7 +84,7 @@ def openapi_document() -> dict:
                 "requestBody": {"required": True, "content": {"application/json": {"schema": ref("RetentionOverride")}}},
                 "responses": {"200": {"description": "Stored", "content": {"application/json": {"schema": ref("RetentionOverride")}}},
                               "400": err("Malformed JSON"), "401": err("Missing or wrong ingest key"),
-                              "413": err("Body too large"), "415": err("The body is not application/json, or not UTF-8 (UTF-16, UTF-32, a byte order mark)"),
+                              "413": err("Body too large"), "415": err("The body is not application/json, not UTF-8 (UTF-16, UTF-32, a byte order mark), or sent compressed (a Content-Encoding)"),
                               "422": err("Invalid days (1-36500 or null) or user"),
                               "503": err("Redis unreachable, or busy (the bodies arriving hold RECALL_BODY_BUFFER_BYTES); retry")},
             }, "delete": {

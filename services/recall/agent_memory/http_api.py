@@ -41,7 +41,7 @@ from services.recall.artifacts.tool_access import CONCURRENT_CHANGE
 from services.recall.artifacts.tools import next_offset
 from services.recall.metrics import REALM_CALLS
 from shared.body_budget import BodyBudget
-from shared.http_body import BodyBusy, BodyNotUtf8, BodyStalled, BodyTooLarge, huge_integer, read_body, utf8_text
+from shared.http_body import BodyBusy, BodyCompressed, BodyNotUtf8, BodyStalled, BodyTooLarge, huge_integer, read_body, utf8_text
 from shared.raw_url import NOT_UTF8, not_utf8_parameters
 
 STATUS = {"realm_membership": 403, "realm_role": 403, "record_author": 403, "people_write": 403, "not_found": 404,
@@ -74,6 +74,8 @@ async def _json(request: Request, model: type[BaseModel], limit: int, bodies: Bo
         raise RuleBroken("body_timeout", exc.detail) from None
     except BodyBusy as exc:
         raise RuleBroken("busy", exc.detail) from None
+    except BodyCompressed as exc:
+        raise RuleBroken("body_encoding", exc.detail) from None
     try:
         raw = json.loads(utf8_text(body), parse_int=_convertible_int)
     except BodyNotUtf8 as exc:
