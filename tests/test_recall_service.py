@@ -861,3 +861,17 @@ async def test_a_new_users_calls_before_the_first_index_run_say_it_is_indexing_n
     metrics = httpx.get(f"{recall_url(service_env)}/metrics").text
     assert metric_value(metrics, 'recall_tool_latency_seconds_count{outcome="indexing"}') == 1
     assert metric_value(metrics, 'recall_tool_latency_seconds_count{outcome="unavailable"}') == 1
+
+
+async def test_mcp_clients_are_told_recalls_own_name_and_version(services, service_env):
+    """serverInfo named fastmcp's version (4.2.3), which clients show and log as the server's."""
+    from importlib.metadata import version
+
+    from fastmcp import Client
+    from fastmcp.client.auth import BearerAuth
+
+    services("serve")
+    async with Client(f"{recall_url(service_env)}/mcp", auth=BearerAuth(mint("alice"))) as client:
+        info = client.server_info  # from initialize or server/discover, whichever the client negotiated
+    assert (info.name, info.version) == ("recall", version("recall"))
+    assert info.version != version("fastmcp")

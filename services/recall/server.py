@@ -45,6 +45,7 @@ from shared.body_budget import BodyBudget
 from shared.data_dir_identity import SharedDirWatch
 from shared.engine.api import Engine, MemoryState, NoIndex
 from shared.engine.identifiers import query_codes
+from shared.engine.version import recall_version
 from shared.http_body import BodyLimit
 from shared.http_serving import serve_http
 from shared.index_requests import IndexRequests
@@ -287,7 +288,8 @@ def build_app(settings: RecallSettings | None = None):
     shared_dir = SharedDirWatch(async_redis(s.redis), s.data_dir, register=False) if s.redis_url else None
     service = RecallService(s, backend, index_requests)
     verifier = build_verifier(s)
-    mcp = FastMCP("recall", auth=verifier, mask_error_details=True,
+    # version: recall's, which MCP clients show and log (left unset, it was fastmcp's own).
+    mcp = FastMCP("recall", version=recall_version(), auth=verifier, mask_error_details=True,
                   instructions="Memory of this user's earlier conversations. If the user refers to earlier work, "
                                "recall first, then answer.")
     mcp.add_middleware(UnexpectedToolErrors())  # first: the outermost

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from shared.engine.hybrid_search import RecallParams
+from shared.engine.version import recall_version
 
 
 def funes_home() -> Path:
@@ -21,18 +22,9 @@ def _memory(arg: str | None) -> Path:
     return Path(arg) if arg else funes_home() / "memory"
 
 
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("recall")
-    except PackageNotFoundError:
-        return "dev"
-
-
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="recall-engine", description="Hybrid search over your own conversation history.")
-    p.add_argument("--version", action="version", version=f"recall-engine {_version()} (funes 1.8.0 command line)")
+    p.add_argument("--version", action="version", version=f"recall-engine {recall_version()} (funes 1.8.0 command line)")
     sub = p.add_subparsers(dest="command", required=True)
 
     ix = sub.add_parser("index", help="index a tree of *.funes.jsonl files into $FUNES_HOME/memory")
