@@ -30,6 +30,12 @@ posting every 4.9-5 s to ingest beside large posts lost ~1 in 6 of its requests
 longer than common clients' and load balancers' idle timeouts, so the caller closes first); a
 stop still closes idle connections at once.
 
+httptools keeps a request's headers in memory until their end, however long they are: four
+connections without a key, each sending a 64 MiB header, took ingest from 74 to 336 MB (its pod's
+limit is 512). A request whose request line and headers pass `max_header_bytes`
+(RECALL_MAX_HEADER_BYTES, 64 KiB, as AWS's load balancers allow) is answered 431 and its connection
+closed; one socket read (at most 256 KiB) is the most it holds past that.
+
 After a graceful stop uvicorn re-raises the signal that asked for it, so a stopped ingest or
 recall service exited 143 (-15) and an orchestrator saw a clean stop as an error, unlike the
 indexer's 0. `GracefulServer` exits 0 once it has shut down as asked.
@@ -39,12 +45,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import Iterator
 
 from starlette.types import ASGIApp
 
 from shared.http_body import READ_DEADLINE
+from shared.logging_setup import get_logger
 from shared.settings_base import CommonSettings
+
+log = get_logger("recall.http")
 
 ANSWER_GRACE_S = 2.0  # for the app's 408 once the read deadline has passed
 
@@ -52,7 +62,7 @@ ANSWER_GRACE_S = 2.0  # for the app's 408 once the read deadline has passed
 def serve_http(app: ASGIApp, host: str, port: int, settings: CommonSettings) -> None:
     import uvicorn
 
-    config = uvicorn.Config(app, host=host, port=port, loop="uvloop", http=bounded_read_protocol(settings.request_read_timeout_s),
+    config = uvicorn.Config(app, host=host, port=port, loop="uvloop", http=bounded_read_protocol(settings),
                             log_config=None, access_log=False, timeout_graceful_shutdown=settings.stop_grace_s,
                             timeout_keep_alive=settings.http_keep_alive_s)
 
@@ -66,17 +76,39 @@ def serve_http(app: ASGIApp, host: str, port: int, settings: CommonSettings) -> 
     GracefulServer(config).run()
 
 
-def bounded_read_protocol(read_timeout_s: float) -> type[asyncio.Protocol]:
-    """httptools' protocol (uvicorn's) with a deadline on reading each request whole."""
+def bounded_read_protocol(settings: CommonSettings) -> type[asyncio.Protocol]:
+    """httptools' protocol (uvicorn's) with a deadline on reading each request whole and a limit on
+    the size of its headers."""
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    read_timeout_s, max_header_bytes = settings.request_read_timeout_s, settings.max_header_bytes
 
     class BoundedReadProtocol(HttpToolsProtocol):
         _read_deadline: asyncio.TimerHandle | None = None
         _answer_grace = False  # the app was given ANSWER_GRACE_S past this request's deadline
+        _awaiting_headers = True  # the next bytes belong to a request line and headers not yet whole
+        _header_bytes = 0  # bytes received of them
+        _boundary = False  # a request's headers or body ended within the read being parsed
 
         def connection_made(self, transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
             self._arm()
+
+        def data_received(self, data: bytes) -> None:
+            self._boundary = False
+            super().data_received(data)
+            # Counted once the parser has had them, and only reads that all belong to one request's
+            # headers: one that ended a request holds its body too (a pipelined request's headers
+            # may start in it: at most one read more then).
+            if self._boundary or not self._awaiting_headers or self.transport.is_closing():
+                return
+            self._header_bytes += len(data)
+            if self._header_bytes > max_header_bytes:
+                self._refuse_headers()
+
+        def on_headers_complete(self) -> None:
+            self._awaiting_headers, self._header_bytes, self._boundary = False, 0, True
+            super().on_headers_complete()
 
         def on_message_begin(self) -> None:  # a request's first byte (a kept-alive connection's next one too)
             super().on_message_begin()
@@ -86,7 +118,16 @@ def bounded_read_protocol(read_timeout_s: float) -> type[asyncio.Protocol]:
 
         def on_message_complete(self) -> None:
             self._disarm()
+            self._awaiting_headers, self._header_bytes, self._boundary = True, 0, True
             super().on_message_complete()
+
+        def _refuse_headers(self) -> None:
+            log.warning("http.headers_too_large", received_bytes=self._header_bytes, limit_bytes=max_header_bytes)
+            detail = json.dumps({"error": "headers_too_large",
+                                 "detail": f"the request line and headers passed {max_header_bytes:,} bytes (RECALL_MAX_HEADER_BYTES)"})
+            self.transport.write(b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
+                                 b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(detail), detail.encode()))
+            self.transport.close()
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()

@@ -32,6 +32,10 @@ class CommonSettings(BaseSettings):
     request_read_timeout_s: float = Field(30.0, gt=0, description="How long ingest and the recall service wait for a request "
                                           "to arrive whole (headers and body, from its first byte or the connection's opening) "
                                           "before closing the connection: idle or stalled connections cannot pile up.")
+    max_header_bytes: int = Field(64 * 1024, ge=8 * 1024, description="The most bytes a request line and its headers may "
+                                  "take in ingest and the recall service (a bearer token included): past it, 431 and the "
+                                  "connection closed. The parser holds them until their end, so without a bound a few "
+                                  "connections without a key could fill the process's memory.")
     http_keep_alive_s: float = Field(75.0, gt=0, description="How long ingest, the recall service and the indexer keep an "
                                      "idle connection open between requests. Keep it above the idle timeout of every client "
                                      "and proxy that reuses connections to them (httpx 5 s, aiohttp 15 s, AWS ALB 60 s; "

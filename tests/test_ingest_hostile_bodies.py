@@ -223,6 +223,47 @@ def test_connections_that_send_nothing_or_half_their_headers_are_closed_after_th
             conn.close()
 
 
+@pytest.mark.parametrize("command, port_var", [("ingest", "RECALL_INGEST_PORT"), ("serve", "RECALL_RECALL_PORT"),
+                                               ("indexer", "RECALL_INDEXER_PORT")])
+def test_headers_past_the_limit_get_431_and_the_connection_closed_while_a_long_token_fits(services, service_env,
+                                                                                          command, port_var):
+    """httptools held a request's headers until their end, however long: four connections without a
+    key sending a 64 MiB header each took ingest from 74 to 336 MB (its pod's limit is 512)."""
+    service = services(command)
+    port = int(service_env[port_var])
+    with socket.create_connection(("127.0.0.1", port)) as conn:
+        conn.sendall(b"GET /healthz HTTP/1.1\r\nhost: 127.0.0.1\r\nx-junk: ")
+        with pytest.raises(OSError):  # the service stops reading and closes: the sender is cut off
+            for _ in range(64):
+                conn.sendall(b"a" * 2**20)
+        head, body = read_answer(conn)
+    assert head.startswith(b"HTTP/1.1 431 "), head
+    assert json.loads(body)["error"] == "headers_too_large"
+    assert "http.headers_too_large" in service.output() and "Traceback" not in service.output()
+    # 32 KiB of headers (an identity provider's token with many groups) still fit in the default 64 KiB.
+    ok = httpx.get(f"http://127.0.0.1:{port}/healthz", headers={"x-trace": "t" * 32_768}, timeout=10)
+    assert ok.status_code == 200, ok.text
+
+
+def test_requests_whose_bodies_arrive_with_their_headers_are_not_counted_as_headers(ingest, r):
+    """Two posts of ~300 KB written at once on one connection: a socket read that ended a request
+    was counted as header bytes of the next one (a first version of the 431), which refused them."""
+    def post(conversation_id: str) -> bytes:
+        body = json.dumps(conversation_payload("alice", conversation_id, [f"{k} " + "word " * 10_000 for k in range(6)])).encode()
+        return (b"POST /turns HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+                b"x-ingest-key: %s\r\ncontent-length: %d\r\n\r\n%s" % (INGEST_KEY.encode(), len(body), body))
+
+    port = int(ingest.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port)) as conn:
+        conn.sendall(post("c1") + post("c2"))
+        conn.settimeout(30)
+        answers = b""
+        while answers.count(b"HTTP/1.1 ") < 2 and (chunk := conn.recv(65536)):
+            answers += chunk
+    assert re.findall(rb"HTTP/1.1 (\d+)", answers) == [b"202", b"202"], answers[:300]
+    assert wait_until(lambda: r.xlen("recall:turns") == 2, 10)
+
+
 def read_answer(conn: socket.socket) -> tuple[bytes, bytes]:
     """(status line and headers, body) of the one answer, read until the service closes."""
     conn.settimeout(15)

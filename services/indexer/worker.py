@@ -36,6 +36,7 @@ from services.indexer.stream_consumer import StreamConsumer
 from shared.data_dir_identity import SharedDirWatch
 from shared.engine.embedder import Embedder
 from shared.error_site import exception_site, loggable_failure, new_incident
+from shared.http_serving import bounded_read_protocol
 from shared.logging_setup import get_logger
 from shared.metrics_http import metrics_endpoint
 from shared.redis_client import READY_CHECK_S, async_redis, retry_options
@@ -166,7 +167,7 @@ async def run_worker(settings: IndexerSettings) -> None:
     shared_dir = SharedDirWatch(client, settings.data_dir, register=True)
     await storage.check()
     http = uvicorn.Server(uvicorn.Config(_http_app(client, storage, shared_dir), host=settings.indexer_host, port=settings.indexer_port,
-                                         log_config=None, lifespan="off", timeout_graceful_shutdown=settings.stop_grace_s,
+                                         http=bounded_read_protocol(settings), log_config=None, lifespan="off", timeout_graceful_shutdown=settings.stop_grace_s,
                                          timeout_keep_alive=settings.http_keep_alive_s))
     http.install_signal_handlers = lambda: None  # this process handles SIGTERM itself
 
