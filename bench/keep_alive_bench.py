@@ -23,17 +23,13 @@ import argparse
 import asyncio
 import os
 import random
-import shutil
 import sys
-import tempfile
 import time
 from collections import Counter
-from pathlib import Path
 
 from bench.probe_latency_bench import INGEST_KEY, turns_payload
 from bench.report import table, write_section
-from bench.stack_processes import start, stop_all
-from shared.child_process import free_port
+from bench.stack_processes import ingest_alone
 
 BIG_TEXT = "The KESTREL rollout moved to Thursday after the pump P-12 gland leak; " * 9
 
@@ -99,23 +95,9 @@ async def one_run(url: str, args, seed: int) -> tuple[Counter, int, int]:
 
 
 def run_with(keep_alive: float, args, seed: int) -> dict:
-    from shared.redis_server import EmbeddedRedis
-
-    work = Path(tempfile.mkdtemp(prefix="keep-alive-bench-"))
-    (work / "data").mkdir()
-    (work / "redis").mkdir()
-    redis = EmbeddedRedis(work / "redis")
-    redis.start()
-    port = free_port()
-    env = {"RECALL_DATA_DIR": str(work / "data"), "RECALL_REDIS_URL": redis.url, "RECALL_INGEST_KEY": INGEST_KEY,
-           "RECALL_INGEST_PORT": str(port), "RECALL_LOG_LEVEL": "WARNING", "RECALL_HTTP_KEEP_ALIVE_S": str(keep_alive)}
-    ingest = start("ingest", env, port, work)
-    try:
+    env = {"RECALL_INGEST_KEY": INGEST_KEY, "RECALL_HTTP_KEEP_ALIVE_S": str(keep_alive)}
+    with ingest_alone(env, "keep-alive-bench-") as (_, port):
         outcomes, opened, busy = asyncio.run(one_run(f"http://127.0.0.1:{port}", args, seed))
-    finally:
-        stop_all(ingest)
-        redis.stop()
-        shutil.rmtree(work, ignore_errors=True)
     return {"keep_alive": keep_alive, "outcomes": outcomes, "opened": opened, "busy": busy, "load": os.getloadavg()[0]}
 
 

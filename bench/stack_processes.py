@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 
-from shared.child_process import stop, wait_healthy
+from shared.child_process import free_port, stop, wait_healthy
 
 BIN = Path(sys.executable).parent
 
@@ -28,6 +32,30 @@ def start(command: str, env: dict[str, str], port: int, log_dir: Path, bin_dir: 
     except RuntimeError as exc:
         raise RuntimeError(f"{exc}; see {log.name}") from None
     return proc
+
+
+@contextlib.contextmanager
+def ingest_alone(env: dict[str, str], prefix: str) -> Iterator[tuple[subprocess.Popen, int]]:
+    """A real `recall ingest` on a free port, with `env` over its settings, beside an embedded
+    Redis of its own in a throwaway directory; (the process, its port); all gone on exit."""
+    from shared.redis_server import EmbeddedRedis
+
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    (work / "data").mkdir()
+    (work / "redis").mkdir()
+    redis = EmbeddedRedis(work / "redis")
+    redis.start()
+    port = free_port()
+    try:
+        ingest = start("ingest", {"RECALL_DATA_DIR": str(work / "data"), "RECALL_REDIS_URL": redis.url,
+                                  "RECALL_INGEST_PORT": str(port), "RECALL_LOG_LEVEL": "WARNING", **env}, port, work)
+        try:
+            yield ingest, port
+        finally:
+            stop(ingest)
+    finally:
+        redis.stop()
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def stop_all(*procs: subprocess.Popen) -> None:

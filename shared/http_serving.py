@@ -36,6 +36,13 @@ limit is 512). A request whose request line and headers pass `max_header_bytes`
 (RECALL_MAX_HEADER_BYTES, 64 KiB, as AWS's load balancers allow) is answered 431 and its connection
 closed; one socket read (at most 256 KiB) is the most it holds past that.
 
+On SIGTERM uvicorn closed every idle kept-alive connection at once, and a request a caller had
+just sent on one was lost (ReadError: the caller cannot tell whether its turn was stored): 20
+pooled callers posting ~20 times a second lost 3 posts over 4 stops (docs/benchmarks.md, round
+35). A stop now first drains for up to DRAIN_S: it takes no new connection, and every answer
+closes its own (`connection: close`), so a caller in the middle of its traffic leaves cleanly;
+uvicorn's shutdown then closes what is left, connections idle all that while.
+
 After a graceful stop uvicorn re-raises the signal that asked for it, so a stopped ingest or
 recall service exited 143 (-15) and an orchestrator saw a clean stop as an error, unlike the
 indexer's 0. `GracefulServer` exits 0 once it has shut down as asked.
@@ -57,12 +64,14 @@ from shared.settings_base import CommonSettings
 log = get_logger("recall.http")
 
 ANSWER_GRACE_S = 2.0  # for the app's 408 once the read deadline has passed
+DRAIN_S = 2.0  # a stop's drain: a caller sending every second or more often has left by then
 
 
 def serve_http(app: ASGIApp, host: str, port: int, settings: CommonSettings) -> None:
     import uvicorn
 
-    config = uvicorn.Config(app, host=host, port=port, loop="uvloop", http=bounded_read_protocol(settings),
+    protocol = bounded_read_protocol(settings)
+    config = uvicorn.Config(app, host=host, port=port, loop="uvloop", http=protocol,
                             log_config=None, access_log=False, timeout_graceful_shutdown=settings.stop_grace_s,
                             timeout_keep_alive=settings.http_keep_alive_s)
 
@@ -72,6 +81,23 @@ def serve_http(app: ASGIApp, host: str, port: int, settings: CommonSettings) -> 
             with super().capture_signals():
                 yield
                 self._captured_signals.clear()  # it shut down as asked: nothing is left for the signal to do
+
+        async def shutdown(self, sockets: list | None = None) -> None:
+            if not self.force_exit:  # a second Ctrl-C skips the drain
+                await self._drain(sockets)
+            await super().shutdown(sockets)
+
+        async def _drain(self, sockets: list | None) -> None:
+            for server in self.servers:
+                server.close()  # no new connection
+            for sock in sockets or []:
+                sock.close()
+            protocol.draining = True
+            for connection in list(self.server_state.connections):
+                connection.close_after_answer()
+            deadline = asyncio.get_running_loop().time() + DRAIN_S
+            while self.server_state.connections and not self.force_exit and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.05)
 
     GracefulServer(config).run()
 
@@ -89,6 +115,7 @@ def bounded_read_protocol(settings: CommonSettings) -> type[asyncio.Protocol]:
         _awaiting_headers = True  # the next bytes belong to a request line and headers not yet whole
         _header_bytes = 0  # bytes received of them
         _boundary = False  # a request's headers or body ended within the read being parsed
+        draining = False  # set on the class when the service stops: every answer then closes its connection
 
         def connection_made(self, transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -109,6 +136,13 @@ def bounded_read_protocol(settings: CommonSettings) -> type[asyncio.Protocol]:
         def on_headers_complete(self) -> None:
             self._awaiting_headers, self._header_bytes, self._boundary = False, 0, True
             super().on_headers_complete()
+            if self.draining:
+                self.close_after_answer()
+
+        def close_after_answer(self) -> None:
+            """The answer in progress, or the next one, says `connection: close` and ends the connection."""
+            if self.cycle is not None and not self.cycle.response_complete:
+                self.cycle.keep_alive = False
 
         def on_message_begin(self) -> None:  # a request's first byte (a kept-alive connection's next one too)
             super().on_message_begin()
