@@ -43,6 +43,11 @@ pooled callers posting ~20 times a second lost 3 posts over 4 stops (docs/benchm
 closes its own (`connection: close`), so a caller in the middle of its traffic leaves cleanly;
 uvicorn's shutdown then closes what is left, connections idle all that while.
 
+uvicorn queues every request a connection pipelines while an earlier one is answered, without a
+bound: four connections without a key writing 16 MiB of `GET /healthz` each, and reading no
+answer, took ingest from 74 MB to 3.6 GB, kept after they closed. A connection with more than
+MAX_PIPELINED requests waiting is cut off (HTTP clients in use do not pipeline at all).
+
 After a graceful stop uvicorn re-raises the signal that asked for it, so a stopped ingest or
 recall service exited 143 (-15) and an orchestrator saw a clean stop as an error, unlike the
 indexer's 0. `GracefulServer` exits 0 once it has shut down as asked.
@@ -65,6 +70,7 @@ log = get_logger("recall.http")
 
 ANSWER_GRACE_S = 2.0  # for the app's 408 once the read deadline has passed
 DRAIN_S = 2.0  # a stop's drain: a caller sending every second or more often has left by then
+MAX_PIPELINED = 16  # requests one connection may have waiting behind the one being answered
 
 
 def serve_http(app: ASGIApp, host: str, port: int, settings: CommonSettings) -> None:
@@ -100,6 +106,10 @@ def serve_http(app: ASGIApp, host: str, port: int, settings: CommonSettings) -> 
                 await asyncio.sleep(0.05)
 
     GracefulServer(config).run()
+
+
+class PipelineTooDeep(Exception):
+    pass
 
 
 def bounded_read_protocol(settings: CommonSettings) -> type[asyncio.Protocol]:
@@ -138,6 +148,10 @@ def bounded_read_protocol(settings: CommonSettings) -> type[asyncio.Protocol]:
             super().on_headers_complete()
             if self.draining:
                 self.close_after_answer()
+            if len(self.pipeline) > MAX_PIPELINED:
+                log.warning("http.pipeline_too_deep", waiting=len(self.pipeline))
+                # Raised from the parser's callback, it stops the parse of this read: uvicorn answers 400 and closes.
+                raise PipelineTooDeep(f"more than {MAX_PIPELINED} pipelined requests waiting")
 
         def close_after_answer(self) -> None:
             """The answer in progress, or the next one, says `connection: close` and ends the connection."""

@@ -5,6 +5,7 @@ neither ingest nor the recall service past its stop grace."""
 from __future__ import annotations
 
 import codecs
+import contextlib
 import gzip
 import json
 import re
@@ -243,6 +244,36 @@ def test_headers_past_the_limit_get_431_and_the_connection_closed_while_a_long_t
     # 32 KiB of headers (an identity provider's token with many groups) still fit in the default 64 KiB.
     ok = httpx.get(f"http://127.0.0.1:{port}/healthz", headers={"x-trace": "t" * 32_768}, timeout=10)
     assert ok.status_code == 200, ok.text
+
+
+@pytest.mark.parametrize("command, port_var", [("ingest", "RECALL_INGEST_PORT"), ("serve", "RECALL_RECALL_PORT"),
+                                               ("indexer", "RECALL_INDEXER_PORT")])
+def test_a_connection_pipelining_more_requests_than_the_bound_is_cut_off_while_a_short_pipeline_is_answered(
+        services, service_env, command, port_var):
+    """uvicorn queued every pipelined request without a bound: four keyless connections writing
+    16 MiB of GET /healthz each, reading no answer, took ingest from 74 MB to 3.6 GB."""
+    service = services(command)
+    port = int(service_env[port_var])
+    request = b"GET /healthz HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n"
+
+    def answers_to(count: int) -> tuple[bytes, bool]:
+        """What the service wrote back, and whether it closed the connection."""
+        with socket.create_connection(("127.0.0.1", port)) as conn:
+            conn.sendall(request * count)
+            conn.settimeout(2)
+            got = b""
+            with contextlib.suppress(TimeoutError):
+                while chunk := conn.recv(65536):
+                    got += chunk
+                return got, True
+            return got, False
+
+    answered, closed = answers_to(10)
+    assert answered.count(b"HTTP/1.1 200") == 10 and not closed
+    flooded, closed = answers_to(1000)
+    assert closed and b"HTTP/1.1 400 " in flooded and flooded.count(b"HTTP/1.1 200") <= 20, flooded[-300:]
+    assert "http.pipeline_too_deep" in service.output()
+    assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=10).status_code == 200
 
 
 def test_requests_whose_bodies_arrive_with_their_headers_are_not_counted_as_headers(ingest, r):
