@@ -25,10 +25,9 @@ uvicorn closes a connection idle for 5 s after its last response, as long as htt
 connection in its pool: a caller that reuses one just as the timer fires sends a request into a
 closing socket and gets a ReadError (behind a load balancer, a 502). A busy process makes that
 window wide, since its loop runs the timer before it reads the socket: a pool of httpx clients
-posting every 4.9-5 s to ingest beside large posts lost ~1 in 6 of its requests
-(docs/benchmarks.md, round 35). The keep-alive is `keep_alive_s` (RECALL_HTTP_KEEP_ALIVE_S, 75 s:
-longer than common clients' and load balancers' idle timeouts, so the caller closes first); a
-stop still closes idle connections at once.
+posting every 4.9-5 s to ingest beside large posts lost ~1 in 10 of its requests
+(docs/benchmarks.md, round 35). The keep-alive is RECALL_HTTP_KEEP_ALIVE_S (75 s: longer than
+common clients' and load balancers' idle timeouts, so the caller closes first).
 
 httptools keeps a request's headers in memory until their end, however long they are: four
 connections without a key, each sending a 64 MiB header, took ingest from 74 to 336 MB (its pod's
@@ -37,9 +36,8 @@ limit is 512). A request whose request line and headers pass `max_header_bytes`
 closed; one socket read (at most 256 KiB) is the most it holds past that.
 
 On SIGTERM uvicorn closed every idle kept-alive connection at once, and a request a caller had
-just sent on one was lost (ReadError: the caller cannot tell whether its turn was stored): 20
-pooled callers posting ~20 times a second lost 3 posts over 4 stops (docs/benchmarks.md, round
-35). A stop now first drains for up to DRAIN_S: it takes no new connection, and every answer
+just sent on one was lost (ReadError: the caller cannot tell whether its turn was stored): 40
+pooled callers lost 43 posts over 10 stops (docs/benchmarks.md, round 35). A stop now first drains for up to DRAIN_S: it takes no new connection, and every answer
 closes its own (`connection: close`), so a caller in the middle of its traffic leaves cleanly;
 uvicorn's shutdown then closes what is left, connections idle all that while.
 
@@ -113,8 +111,8 @@ class PipelineTooDeep(Exception):
 
 
 def bounded_read_protocol(settings: CommonSettings) -> type[asyncio.Protocol]:
-    """httptools' protocol (uvicorn's) with a deadline on reading each request whole and a limit on
-    the size of its headers."""
+    """httptools' protocol (uvicorn's) with a deadline on reading each request whole, limits on the
+    size of its headers and on the requests pipelined behind it, and the stop's drain."""
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
     read_timeout_s, max_header_bytes = settings.request_read_timeout_s, settings.max_header_bytes

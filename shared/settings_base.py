@@ -33,7 +33,7 @@ class CommonSettings(BaseSettings):
                                           "to arrive whole (headers and body, from its first byte or the connection's opening) "
                                           "before closing the connection: idle or stalled connections cannot pile up.")
     max_header_bytes: int = Field(64 * 1024, ge=8 * 1024, description="The most bytes a request line and its headers may "
-                                  "take in ingest and the recall service (a bearer token included): past it, 431 and the "
+                                  "take in ingest, the recall service and the indexer (a bearer token included): past it, 431 and the "
                                   "connection closed. The parser holds them until their end, so without a bound a few "
                                   "connections without a key could fill the process's memory.")
     http_keep_alive_s: float = Field(75.0, gt=0, description="How long ingest, the recall service and the indexer keep an "

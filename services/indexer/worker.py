@@ -167,7 +167,8 @@ async def run_worker(settings: IndexerSettings) -> None:
     shared_dir = SharedDirWatch(client, settings.data_dir, register=True)
     await storage.check()
     http = uvicorn.Server(uvicorn.Config(_http_app(client, storage, shared_dir), host=settings.indexer_host, port=settings.indexer_port,
-                                         http=bounded_read_protocol(settings), log_config=None, lifespan="off", timeout_graceful_shutdown=settings.stop_grace_s,
+                                         http=bounded_read_protocol(settings), log_config=None, lifespan="off",
+                                         timeout_graceful_shutdown=settings.stop_grace_s,
                                          timeout_keep_alive=settings.http_keep_alive_s))
     http.install_signal_handlers = lambda: None  # this process handles SIGTERM itself
 
