@@ -58,6 +58,7 @@ import contextlib
 import json
 from collections.abc import Iterator
 
+from prometheus_client import Counter
 from starlette.types import ASGIApp
 
 from shared.http_body import READ_DEADLINE
@@ -65,6 +66,13 @@ from shared.logging_setup import get_logger
 from shared.settings_base import CommonSettings
 
 log = get_logger("recall.http")
+
+CONNECTIONS_CUT = Counter("recall_http_connections_cut_total",
+                          "Connections closed mid-request by reason: headers_too_large (431: a request line and "
+                          "headers past RECALL_MAX_HEADER_BYTES), pipeline_too_deep (400: more than MAX_PIPELINED "
+                          "requests pipelined behind the one being answered).", ["reason"])
+for _reason in ("headers_too_large", "pipeline_too_deep"):
+    CONNECTIONS_CUT.labels(_reason)
 
 ANSWER_GRACE_S = 2.0  # for the app's 408 once the read deadline has passed
 DRAIN_S = 2.0  # a stop's drain: a caller sending every second or more often has left by then
@@ -147,6 +155,7 @@ def bounded_read_protocol(settings: CommonSettings) -> type[asyncio.Protocol]:
             if self.draining:
                 self.close_after_answer()
             if len(self.pipeline) > MAX_PIPELINED:
+                CONNECTIONS_CUT.labels("pipeline_too_deep").inc()
                 log.warning("http.pipeline_too_deep", waiting=len(self.pipeline))
                 # Raised from the parser's callback, it stops the parse of this read: uvicorn answers 400 and closes.
                 raise PipelineTooDeep(f"more than {MAX_PIPELINED} pipelined requests waiting")
@@ -168,6 +177,7 @@ def bounded_read_protocol(settings: CommonSettings) -> type[asyncio.Protocol]:
             super().on_message_complete()
 
         def _refuse_headers(self) -> None:
+            CONNECTIONS_CUT.labels("headers_too_large").inc()
             log.warning("http.headers_too_large", received_bytes=self._header_bytes, limit_bytes=max_header_bytes)
             detail = json.dumps({"error": "headers_too_large",
                                  "detail": f"the request line and headers passed {max_header_bytes:,} bytes (RECALL_MAX_HEADER_BYTES)"})

@@ -241,6 +241,7 @@ def test_headers_past_the_limit_get_431_and_the_connection_closed_while_a_long_t
     assert head.startswith(b"HTTP/1.1 431 "), head
     assert json.loads(body)["error"] == "headers_too_large"
     assert "http.headers_too_large" in service.output() and "Traceback" not in service.output()
+    assert connections_cut(port, "headers_too_large") == 1
     # 32 KiB of headers (an identity provider's token with many groups) still fit in the default 64 KiB.
     ok = httpx.get(f"http://127.0.0.1:{port}/healthz", headers={"x-trace": "t" * 32_768}, timeout=10)
     assert ok.status_code == 200, ok.text
@@ -272,7 +273,7 @@ def test_a_connection_pipelining_more_requests_than_the_bound_is_cut_off_while_a
     assert answered.count(b"HTTP/1.1 200") == 10 and not closed
     flooded, closed = answers_to(1000)
     assert closed and b"HTTP/1.1 400 " in flooded and flooded.count(b"HTTP/1.1 200") <= 20, flooded[-300:]
-    assert "http.pipeline_too_deep" in service.output()
+    assert "http.pipeline_too_deep" in service.output() and connections_cut(port, "pipeline_too_deep") == 1
     assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=10).status_code == 200
 
 
@@ -305,11 +306,18 @@ def read_answer(conn: socket.socket) -> tuple[bytes, bytes]:
     return head, body
 
 
-def bodies_refused(port: int, reason: str) -> float:
+def counted(port: int, series: str, reason: str) -> float:
     metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
-    [value] = [line.split()[-1] for line in metrics.splitlines()
-               if line.startswith(f'recall_http_bodies_refused_total{{reason="{reason}"}}')]
+    [value] = [line.split()[-1] for line in metrics.splitlines() if line.startswith(f'{series}{{reason="{reason}"}}')]
     return float(value)
+
+
+def bodies_refused(port: int, reason: str) -> float:
+    return counted(port, "recall_http_bodies_refused_total", reason)
+
+
+def connections_cut(port: int, reason: str) -> float:
+    return counted(port, "recall_http_connections_cut_total", reason)
 
 
 @pytest.mark.parametrize("command, port_var, path", [("ingest", "RECALL_INGEST_PORT", "/turns"),
