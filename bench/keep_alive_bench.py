@@ -23,12 +23,11 @@ import argparse
 import asyncio
 import os
 import random
-import sys
 import time
 from collections import Counter
 
 from bench.probe_latency_bench import INGEST_KEY, turns_payload
-from bench.report import table, write_section
+from bench.report import publish, table
 from bench.stack_processes import ingest_alone
 
 BIG_TEXT = "The KESTREL rollout moved to Thursday after the pump P-12 gland leak; " * 9
@@ -130,10 +129,7 @@ def main() -> None:
         for keep_alive in (args.keep_alive if r % 2 == 0 else args.keep_alive[::-1]):
             runs.append(run_with(keep_alive, args, seed=r))
             print(render(args, runs[-1:]).splitlines()[-1], flush=True)
-    body = render(args, runs)
-    print(body)
-    if not args.no_doc:
-        write_section("keep_alive_bench", "python -m bench.keep_alive_bench " + " ".join(sys.argv[1:]), body)
+    publish("keep_alive_bench", render(args, runs), args.no_doc)
 
 
 if __name__ == "__main__":

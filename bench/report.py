@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import statistics
+import sys
 from pathlib import Path
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
@@ -40,3 +41,11 @@ def write_section(name: str, command: str, body: str) -> None:
     else:
         text = text.rstrip() + "\n\n" + block + "\n"
     DOC.write_text(text)
+
+
+def publish(name: str, body: str, no_doc: bool) -> None:
+    """Print a benchmark's tables and, unless --no-doc, write them into docs/benchmarks.md beside
+    the command that made them (`bench.<name>` with this run's arguments)."""
+    print(body)
+    if not no_doc:
+        write_section(name, f"python -m bench.{name} " + " ".join(sys.argv[1:]), body)

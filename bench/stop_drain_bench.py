@@ -22,13 +22,12 @@ import argparse
 import asyncio
 import random
 import signal
-import sys
 import time
 from collections import Counter
 from pathlib import Path
 
 from bench.probe_latency_bench import INGEST_KEY, turns_payload
-from bench.report import median, table, write_section
+from bench.report import median, publish, table
 from bench.stack_processes import ingest_alone
 
 SIGTERM_AFTER_S = 2.5
@@ -108,10 +107,7 @@ def main() -> None:
         for label, tree in (list(trees.items()) if n % 2 == 0 else list(trees.items())[::-1]):
             runs[label].append(one_stop(tree, args, seed=n))
             print(label, dict(runs[label][-1]["outcomes"]), f"stop {runs[label][-1]['stop_s']:.2f}s", flush=True)
-    body = render(args, runs)
-    print(body)
-    if not args.no_doc:
-        write_section("stop_drain_bench", "python -m bench.stop_drain_bench " + " ".join(sys.argv[1:]), body)
+    publish("stop_drain_bench", render(args, runs), args.no_doc)
 
 
 if __name__ == "__main__":
