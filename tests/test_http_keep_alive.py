@@ -4,11 +4,22 @@ from __future__ import annotations
 
 import http.client
 import signal
+import socket
 import time
 
 import pytest
 
+from tests.conftest import wait_until
+
 SERVICES = [("ingest", "RECALL_INGEST_PORT"), ("serve", "RECALL_RECALL_PORT"), ("indexer", "RECALL_INDEXER_PORT")]
+
+
+def accepts_connections(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
 
 
 def healthz_on(conn: http.client.HTTPConnection) -> int:
@@ -60,11 +71,12 @@ def test_a_stop_answers_a_request_on_a_kept_alive_connection_and_closes_it_after
     (docs/benchmarks.md, round 35). The stop now drains: the request is answered with
     `connection: close`, and the service exits once no connection is left."""
     service = services(command)
-    conn = http.client.HTTPConnection("127.0.0.1", int(service_env[port_var]), timeout=10)
+    port = int(service_env[port_var])
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     try:
         assert healthz_on(conn) == 200
         service.proc.send_signal(signal.SIGTERM)
-        time.sleep(0.5)  # the stop has begun
+        assert wait_until(lambda: not accepts_connections(port), 5), "the stop did not begin"
         conn.request("GET", "/healthz")
         answer = conn.getresponse()
         answer.read()
