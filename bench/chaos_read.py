@@ -101,7 +101,6 @@ def build_tenants(data: Path, n: int, conversations: int, seed: int = 11) -> tup
     return tenants, time.perf_counter() - t0
 
 
-
 def zipf_weights(n: int, s: float) -> list[float]:
     """Tenant i (0-based) is called with weight 1/(i+1)^s: a few hot tenants, a long cold tail."""
     return [1.0 / (i + 1) ** s for i in range(n)]

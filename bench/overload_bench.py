@@ -42,7 +42,6 @@ SECRET = "bench-secret-0123456789abcdef0123456789"
 BUSY_PREFIX = "Conversation memory is busy"
 
 
-
 def build_tenants(data: Path, conversations: int, tenants: int) -> list[str]:
     """One indexed memory, copied for every tenant (same size, independent readers)."""
     users = [f"bench-user-{i}" for i in range(tenants)]

@@ -53,7 +53,6 @@ PROBE_EVERY_S = 0.5
 PROBE_TIMEOUT_S = 10.0  # longer than any probe's timeout, to see how late a late answer is
 
 
-
 def probe_forever(port: int, paths: list[str], out: Path) -> None:
     """The prober process: each path every PROBE_EVERY_S on a fresh connection (as kubelet does);
     appends `{"path", "t", "s", "status"}` lines to `out` (status 0: no answer within the timeout)."""

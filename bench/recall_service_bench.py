@@ -38,7 +38,6 @@ SECRET = "bench-secret-0123456789abcdef0123456789"
 USER = "bench-user"
 
 
-
 async def mcp_latencies(url: str, queries: list[str], clients: int, calls: int, server_pid: int) -> tuple[list[float], float, float]:
     """Per-call latencies, then the wall time and the service's CPU seconds of the measured calls
     (sessions opened and warmed up before the clock starts)."""

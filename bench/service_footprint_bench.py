@@ -67,7 +67,6 @@ class Prober(threading.Thread):
                 time.sleep(0.1)
 
 
-
 async def recall_load(port: int, tenants: int, seconds: float, clients: int = 4) -> int:
     from fastmcp import Client
     from fastmcp.client.auth import BearerAuth

@@ -33,7 +33,6 @@ DECLARED = 2**20
 PATHS = {"serve": ("/mcp", "RECALL_RECALL_PORT"), "ingest": ("/turns", "RECALL_INGEST_PORT")}
 
 
-
 def how_it_ended(conn: socket.socket, wait_s: float) -> str:
     conn.settimeout(wait_s)
     try:
